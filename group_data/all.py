@@ -1,0 +1,67 @@
+# Every knob rigup reads, declared once with its default. Groups and hosts override, never add:
+# inventory.py rejects a key that is not declared here. Derived values (image names with the
+# registry, per-release apt suites) are computed in rigup at the point of use, not here.
+
+_sudo = True  # pyinfra global argument: run operations through sudo (the SSH user needs it)
+
+# --- Variant -------------------------------------------------------------------------------
+variant = "dual"  # catalog variant this host serves (list: python -m rigup render --list)
+gpu_count = None  # int or None: GPUs this host must have; preflight fails on a different count
+variant_overrides = {}  # per-host recipe overrides: max_model_len, gpu_memory_utilization, port, ...
+
+# --- Paths on the rig ----------------------------------------------------------------------
+install_root = "/opt/rigup"  # compose/env files, sources, state and provenance live under it
+model_dir = "/opt/rigup/models"  # model and draft directories (mounted into the container)
+
+# --- Preflight ------------------------------------------------------------------------------
+preflight_os_allowed = ["ubuntu 22.04", "ubuntu 24.04"]  # "<os-release ID> <VERSION_ID>" list
+preflight_disk_margin_gb = 10  # GB free beyond model + image + sources before anything starts
+preflight_vram_misfit = "fail"  # fail|warn: what a variant that does not fit the GPUs' VRAM does
+
+# --- NVIDIA driver -------------------------------------------------------------------------
+nvidia_driver_branch = 580  # wanted driver branch; an installed branch below it is replaced
+nvidia_driver_flavour = "open"  # open|proprietary kernel modules (open needs Turing or newer)
+nvidia_driver_source = "ubuntu"  # ubuntu (archive, Canonical-signed modules)|cuda (NVIDIA's repo)
+nvidia_cuda_repo_url = "https://developer.download.nvidia.com/compute/cuda/repos"  # + /ubuntu2404/x86_64
+nvidia_cuda_repo_key_url = "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/3bf863cc.pub"  # {distro}: ubuntu2404
+driver_reboot = "auto"  # auto: reboot when the loaded module is not the wanted one|never: report only
+driver_reboot_timeout_s = 900  # seconds to wait for a rig to come back after a reboot
+gpu_persistence_enabled = True  # nvidia-smi -pm 1 at boot (oneshot unit)
+gpu_power_cap_watts = 230  # per-GPU power limit in W applied at boot; None leaves the default
+
+# --- Docker --------------------------------------------------------------------------------
+docker_apt_url = "https://download.docker.com/linux/ubuntu"  # apt repository (suite = release codename)
+docker_apt_key_url = "https://download.docker.com/linux/ubuntu/gpg"  # ASCII-armoured signing key
+docker_packages = ["docker-ce", "docker-ce-cli", "containerd.io", "docker-compose-plugin"]  # apt packages
+
+# --- NVIDIA container toolkit ---------------------------------------------------------------
+nvidia_ctk_apt_url = "https://nvidia.github.io/libnvidia-container/stable/deb"  # + /$(ARCH)
+nvidia_ctk_apt_key_url = "https://nvidia.github.io/libnvidia-container/gpgkey"  # signing key
+nvidia_ctk_packages = ["nvidia-container-toolkit"]  # apt packages
+gpu_smoke_image = "nvidia/cuda:12.6.0-base-ubuntu22.04"  # image whose nvidia-smi must see every GPU
+
+# --- Container images ----------------------------------------------------------------------
+container_registry = "docker.io"  # registry prefix for every image (point at a mirror)
+
+# --- Sources (git) --------------------------------------------------------------------------
+vllm_fork_git_url = "https://github.com/noonghunna/vllm.git"  # patched vLLM fork (Marlin files)
+genesis_git_url = "https://github.com/Sandermage/genesis-vllm-patches.git"  # Genesis patch tree
+
+# --- Models (Hugging Face) -----------------------------------------------------------------
+hf_endpoint = "https://huggingface.co"  # Hugging Face endpoint or mirror (HF_ENDPOINT)
+hf_token_file = None  # control-machine path of a 0600 file holding HF_TOKEN; env HF_TOKEN wins
+lock_file = "rigs.lock.yaml"  # lock file on the control machine (relative to the inventory)
+model_reverify = False  # True: re-hash every model file instead of trusting verified stamps
+model_download_retries = 3  # attempts per file before the host fails on a hash mismatch
+model_fleet_source = "auto"  # auto: the first rig fetches from the hub, others copy from it|off
+
+# --- Serving -------------------------------------------------------------------------------
+serving_bind_address = "0.0.0.0"  # host address the API port is published on
+serving_api_key_file = None  # control-machine path of a 0600 file holding the API key; None: open
+serving_health_timeout_s = None  # seconds for the health gate; None scales with model size
+serving_keep_generations = 2  # rendered generations kept for rollback (current + previous)
+
+# --- Rollout -------------------------------------------------------------------------------
+rollout_canary_group = "canary"  # inventory group converged and gated before the rest
+rollout_batch = 1  # hosts rebooted or restarted at a time during a rollout
+rollout_max_failures = 0  # failed hosts tolerated before the rollout stops

@@ -1,0 +1,3 @@
+from rigup.cli import main
+
+raise SystemExit(main())
