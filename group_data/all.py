@@ -46,6 +46,7 @@ container_registry = "docker.io"  # registry prefix for every image (point at a 
 # --- Sources (git) --------------------------------------------------------------------------
 vllm_fork_git_url = "https://github.com/noonghunna/vllm.git"  # patched vLLM fork (Marlin files)
 genesis_git_url = "https://github.com/Sandermage/genesis-vllm-patches.git"  # Genesis patch tree
+club3090_git_url = "https://github.com/noonghunna/club-3090.git"  # vendored sidecars, chat templates, Gemma overlays
 
 # --- Models (Hugging Face) -----------------------------------------------------------------
 hf_endpoint = "https://huggingface.co"  # Hugging Face endpoint or mirror (HF_ENDPOINT)
@@ -54,6 +55,8 @@ lock_file = "rigs.lock.yaml"  # lock file on the control machine (relative to th
 model_reverify = False  # True: re-hash every model file instead of trusting verified stamps
 model_download_retries = 3  # attempts per file before the host fails on a hash mismatch
 model_fleet_source = "auto"  # auto: the first rig fetches from the hub, others copy from it|off
+model_fleet_port = 8765  # TCP port the fleet source rig serves verified model files on (token-protected, only while peers fetch)
+model_fleet_address = None  # str or None: address peers use to reach this rig's file server; None: its ssh_hostname
 
 # --- Serving -------------------------------------------------------------------------------
 serving_bind_address = "0.0.0.0"  # host address the API port is published on

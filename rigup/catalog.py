@@ -1,0 +1,275 @@
+"""The serving-variant catalog (rigup/catalog.yaml): loaded once, inheritance resolved, validated.
+
+Entries under `variants:` whose name starts with "_" are shared bases, not variants. A variant
+(or base) may name another entry in `base:`; the loader merges it over that entry: mappings merge
+key by key, while lists and the keys in REPLACED_KEYS (a variant states its whole `env`,
+usually from YAML anchors; a null value drops a variable) replace the base's value.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CATALOG_FILE = Path(__file__).with_name("catalog.yaml")
+
+# Keys whose value replaces the base's instead of merging into it.
+REPLACED_KEYS = frozenset({"speculative", "genesis", "alternative_envelopes", "env"})
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+_SHA = re.compile(r"^[0-9a-f]{40}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# Variant keys: name -> (required, accepted types). None in the types tuple means null is allowed.
+_VARIANT_SCHEMA: dict[str, tuple[bool, tuple[type | None, ...]]] = {
+    "description": (True, (str,)),
+    "image": (True, (str,)),
+    "port": (True, (int,)),
+    "container_name": (True, (str,)),
+    "served_model_name": (True, (str,)),
+    "model": (True, (str,)),
+    "draft": (False, (str, None)),
+    "sources": (False, (list,)),
+    "source_mounts": (False, (list,)),
+    "cache_mounts": (False, (dict,)),
+    "tensor_parallel_size": (True, (int,)),
+    "tensor_parallel_sizes": (True, (list,)),
+    "min_compute_capability": (True, (str,)),
+    "min_gpu_memory_gb": (True, (int, float)),
+    "vram_per_gpu_gb": (True, (int, float, None)),
+    "alternative_envelopes": (False, (list,)),
+    "dtype": (True, (str,)),
+    "quantization": (False, (str, None)),
+    "max_model_len": (True, (int,)),
+    "gpu_memory_utilization": (True, (float,)),
+    "max_num_seqs": (True, (int,)),
+    "max_num_batched_tokens": (True, (int, None)),
+    "kv_cache_dtype": (True, (str, None)),
+    "speculative": (True, (dict, None)),
+    "language_model_only": (True, (bool,)),
+    "trust_remote_code": (True, (bool,)),
+    "reasoning_parser": (False, (str, None)),
+    "tool_call_parser": (False, (str, None)),
+    "chat_template": (False, (str, None)),
+    "prefix_caching": (True, (bool,)),
+    "chunked_prefill": (True, (bool,)),
+    "extra_args": (False, (list,)),
+    "env": (True, (dict,)),
+    "env_refs": (False, (dict,)),
+    "genesis": (False, (dict, None)),
+    "sidecars": (False, (list,)),
+    "entrypoint_prelude": (False, (list,)),
+    "shm_size": (True, (str,)),
+    "ipc": (True, (str,)),
+    "base": (False, (str,)),
+}
+
+
+class CatalogError(ValueError):
+    """catalog.yaml is malformed; the message names the entry and key."""
+
+
+def _merge(base: Any, child: Any, key: str | None = None) -> Any:
+    if key in REPLACED_KEYS or not (isinstance(base, dict) and isinstance(child, dict)):
+        return copy.deepcopy(child)
+    merged = copy.deepcopy(base)
+    for k, value in child.items():
+        merged[k] = _merge(merged[k], value, k) if k in merged else copy.deepcopy(value)
+    return merged
+
+
+def _flatten(entries: Mapping[str, Any], name: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    if name in seen:
+        raise CatalogError(f"variants: base cycle {' -> '.join((*seen, name))}")
+    if name not in entries:
+        raise CatalogError(f"variants.{seen[-1]}: base {name!r} is not an entry of variants")
+    entry = entries[name]
+    if not isinstance(entry, dict):
+        raise CatalogError(f"variants.{name}: must be a mapping")
+    parent = entry.get("base")
+    if parent is None:
+        return copy.deepcopy(entry)
+    return _merge(_flatten(entries, parent, (*seen, name)), entry)
+
+
+def _type_ok(value: Any, types: tuple[type | None, ...]) -> bool:
+    if value is None:
+        return None in types
+    if isinstance(value, bool):
+        return bool in types
+    if isinstance(value, int) and int not in types and float in types:
+        return False  # utilisation must be written as a float (0.92), not an int
+    return any(t is not None and isinstance(value, t) for t in types)
+
+
+def _validate_variant(name: str, v: dict[str, Any], cat: Mapping[str, Any]) -> None:
+    where = f"variants.{name}"
+    for key in v:
+        if key not in _VARIANT_SCHEMA:
+            raise CatalogError(f"{where}: unknown key {key!r}")
+    for key, (required, types) in _VARIANT_SCHEMA.items():
+        if key not in v:
+            if required:
+                raise CatalogError(f"{where}: missing key {key!r}")
+            continue
+        if not _type_ok(v[key], types):
+            raise CatalogError(f"{where}.{key}: wrong type {type(v[key]).__name__}")
+
+    if v["image"] not in cat["images"]:
+        raise CatalogError(f"{where}.image: unknown image {v['image']!r}")
+    for role in ("model", "draft"):
+        if v.get(role) is not None and v[role] not in cat["models"]:
+            raise CatalogError(f"{where}.{role}: unknown model {v[role]!r}")
+    model = cat["models"][v["model"]]
+    for field in ("max_context", "valid_tensor_parallel_sizes"):
+        if field not in model:
+            raise CatalogError(f"models.{v['model']}: a main model needs {field!r}")
+
+    sizes = v["tensor_parallel_sizes"]
+    if v["tensor_parallel_size"] not in sizes:
+        raise CatalogError(f"{where}: tensor_parallel_size {v['tensor_parallel_size']} not in tensor_parallel_sizes")
+    bad = [s for s in sizes if s not in model["valid_tensor_parallel_sizes"]]
+    if bad:
+        raise CatalogError(f"{where}.tensor_parallel_sizes: {bad} invalid for model {v['model']!r}")
+    if not 1 <= v["port"] <= 65535:
+        raise CatalogError(f"{where}.port: out of range")
+    if not 0.5 <= v["gpu_memory_utilization"] <= 0.99:
+        raise CatalogError(f"{where}.gpu_memory_utilization: out of range")
+    if not 1024 <= v["max_model_len"] <= model["max_context"]:
+        raise CatalogError(f"{where}.max_model_len: above the model's {model['max_context']}")
+    if not re.fullmatch(r"\d+\.\d+", v["min_compute_capability"]):
+        raise CatalogError(f"{where}.min_compute_capability: write it as MAJOR.MINOR")
+
+    spec = v["speculative"]
+    if spec is not None:
+        extra = set(spec) - {"kind", "method", "uses_draft", "num_speculative_tokens"}
+        if extra or not isinstance(spec.get("num_speculative_tokens"), int) or spec.get("kind") not in ("mtp", "dflash"):
+            raise CatalogError(f"{where}.speculative: needs kind (mtp|dflash) and num_speculative_tokens; unknown keys {sorted(extra)}")
+        if bool(spec.get("uses_draft")) != (v.get("draft") is not None):
+            raise CatalogError(f"{where}.speculative: uses_draft must be true exactly when a draft is set")
+    elif v.get("draft") is not None:
+        raise CatalogError(f"{where}: a draft model without a speculative config")
+
+    sources = v.get("sources") or []
+    for s in sources:
+        if s not in cat["sources"]:
+            raise CatalogError(f"{where}.sources: unknown source {s!r}")
+    targets: set[str] = set()
+    for i, mount in enumerate(v.get("source_mounts") or []):
+        if not isinstance(mount, dict) or set(mount) != {"source", "path", "target"}:
+            raise CatalogError(f"{where}.source_mounts[{i}]: needs exactly source, path, target")
+        if mount["source"] not in sources:
+            raise CatalogError(f"{where}.source_mounts[{i}]: source {mount['source']!r} not in sources")
+        if mount["path"].startswith("/") or ".." in mount["path"].split("/"):
+            raise CatalogError(f"{where}.source_mounts[{i}].path: must be relative inside the checkout")
+        if not mount["target"].startswith("/") or mount["target"] in targets:
+            raise CatalogError(f"{where}.source_mounts[{i}].target: must be absolute and unique")
+        targets.add(mount["target"])
+    for s in sources:
+        if not any(m["source"] == s for m in v.get("source_mounts") or []):
+            raise CatalogError(f"{where}.sources: {s!r} is listed but nothing is mounted from it")
+
+    for script in v.get("sidecars") or []:
+        if script not in targets:
+            raise CatalogError(f"{where}.sidecars: {script!r} is not the target of a source mount")
+    if v.get("genesis") is None and v.get("sidecars"):
+        raise CatalogError(f"{where}.sidecars: sidecars run after Genesis apply_all; set genesis")
+    for key, value in v["env"].items():
+        if not _ENV_NAME.match(str(key)) or not (value is None or isinstance(value, (str, int, float))):
+            raise CatalogError(f"{where}.env.{key}: names are shell identifiers, values scalars")
+    genesis = v.get("genesis")
+    if genesis is not None:
+        if "genesis" not in sources:
+            raise CatalogError(f"{where}.genesis: needs the genesis source")
+        if not isinstance(genesis.get("pip"), list) or not genesis["pip"]:
+            raise CatalogError(f"{where}.genesis.pip: list the packages apply_all needs")
+    for i, env in enumerate(v.get("alternative_envelopes") or []):
+        if not isinstance(env, dict) or not {"max_model_len", "gpu_memory_utilization"} <= set(env):
+            raise CatalogError(f"{where}.alternative_envelopes[{i}]: needs max_model_len and gpu_memory_utilization")
+
+
+def _validate(cat: Any) -> dict[str, Any]:
+    if not isinstance(cat, dict):
+        raise CatalogError("catalog: top level must be a mapping")
+    sections = ("images", "sources", "models", "variants")
+    for section in sections:
+        if not isinstance(cat.get(section), dict) or not cat[section]:
+            raise CatalogError(f"catalog: missing section {section!r}")
+    for key in cat:
+        if key not in sections and not str(key).startswith("x-"):  # x-*: anchor holders
+            raise CatalogError(f"catalog: unknown top-level key {key!r}")
+    for key, image in cat["images"].items():
+        for field in ("repository", "tag", "cuda_runtime", "approx_size_gb"):
+            if field not in image:
+                raise CatalogError(f"images.{key}: missing {field!r}")
+        if not isinstance(image["cuda_runtime"], str) or not re.fullmatch(r"\d+\.\d+", image["cuda_runtime"]):
+            raise CatalogError(f"images.{key}.cuda_runtime: a quoted MAJOR.MINOR string")
+    for key, source in cat["sources"].items():
+        if not _NAME.match(key):
+            raise CatalogError(f"sources.{key}: names are lower-case words joined by '-'")
+        for field in ("url_knob", "ref", "full_clone", "approx_size_gb"):
+            if field not in source:
+                raise CatalogError(f"sources.{key}: missing {field!r}")
+    for key, model in cat["models"].items():
+        for field in ("family", "repo_id", "dir", "approx_size_gb", "verify_glob", "gated"):
+            if field not in model:
+                raise CatalogError(f"models.{key}: missing {field!r}")
+        if "/" in model["dir"] or model["dir"] in ("", ".", ".."):
+            raise CatalogError(f"models.{key}.dir: a single directory name")
+
+    entries = cat["variants"]
+    variants: dict[str, dict[str, Any]] = {}
+    for name in entries:
+        if name.startswith("_"):
+            continue
+        if not _NAME.match(name):
+            raise CatalogError(f"variants.{name}: names are lower-case words joined by '-'")
+        flat = _flatten(entries, name)
+        flat.pop("base", None)
+        _validate_variant(name, flat, cat)
+        flat["name"] = name
+        variants[name] = flat
+
+    containers: dict[str, str] = {}
+    for name, v in variants.items():
+        other = containers.setdefault(v["container_name"], name)
+        if other != name:
+            raise CatalogError(f"variants.{name}.container_name: also used by {other!r}")
+    return {
+        "images": cat["images"],
+        "sources": cat["sources"],
+        "models": cat["models"],
+        "variants": variants,
+    }
+
+
+def load_catalog_file(path: Path) -> dict[str, Any]:
+    """Load and validate a catalog file (tests use it on broken copies)."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: 10x faster
+    with path.open() as fh:
+        raw = yaml.load(fh, Loader=loader)  # noqa: S506 - a safe loader
+    return _validate(raw)
+
+
+@functools.cache
+def _cached() -> dict[str, Any]:
+    return load_catalog_file(CATALOG_FILE)
+
+
+def load_catalog() -> dict[str, Any]:
+    """The validated catalog with inheritance resolved: images, sources, models, variants.
+
+    Cached for the process; callers must not mutate it.
+    """
+    return _cached()
+
+
+def variant_names() -> list[str]:
+    """Every serving variant, in catalog order."""
+    return list(load_catalog()["variants"])
