@@ -1,0 +1,202 @@
+"""Fixtures for end-to-end tests on the test bed (tests/testbed).
+
+  testbed_factory   session: make(specs, instance=None, hub=True) -> Testbed, booted; all torn down at
+                    session end
+  testbed           session: the default bed: rig-01 (group canary) + rig-02 (group rigs), 2x RTX 3090
+                    each; RIGUP_TESTBED_HOSTS=N changes the count
+  fleet_file        session: the default bed's fleet file (every URL knob at the hub, Debian 12 allowed)
+  pyinfra_run       function: run(fleet, *args, opts=()) -> CompletedProcess of the real pyinfra CLI
+
+Beds live under <cache>/runs/<instance> (cache: RIGUP_TESTBED_CACHE or .cache/testbed); a session holds
+<runs>/<instance>.lock for each of its beds. A session first tears down the beds of crashed sessions
+(state.json present, lock free). Sessions can run side by side: each bed has its own namespaces,
+cgroups and /24.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from tests.testbed.fleet import Testbed, host_names
+from tests.testbed.hosts import HostSpec
+from tests.testbed.image import REPO_ROOT, cache_dir
+
+REQUIRED_TOOLS = ("debootstrap", "systemd-nspawn", "ip", "unshare", "ssh", "ssh-keygen", "mount")
+PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
+
+
+def _prerequisites_missing() -> str | None:
+    if os.geteuid() != 0:
+        return "the test bed needs root (namespaces, mounts, cgroups)"
+    missing = [t for t in REQUIRED_TOOLS if shutil.which(t) is None]
+    if missing:
+        return f"missing tools: {', '.join(missing)}"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reason = _prerequisites_missing()
+    if reason is None:
+        return
+    if os.environ.get("RIGUP_REQUIRE_E2E") == "1":
+        # CI sets this: a test bed that cannot start must turn the run red, not skip silently.
+        raise pytest.UsageError(f"end-to-end tests required but cannot run: {reason}")
+    for item in items:
+        if "e2e" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def runs_dir() -> Path:
+    return cache_dir() / "runs"
+
+
+class InstanceBusy(RuntimeError):
+    pass
+
+
+class InstanceLock:
+    """<runs>/<name>.lock, held while a bed of that name exists in this process. The kernel drops it
+    when the process dies, so a crashed session's beds are recognisably stale; `release` removes it."""
+
+    def __init__(self, name: str) -> None:
+        base = runs_dir()
+        base.mkdir(parents=True, exist_ok=True)
+        self.path = base / f"{name}.lock"
+        while True:
+            handle = open(self.path, "a")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.close()
+                raise InstanceBusy(f"test-bed instance {name!r} is in use by another session") from None
+            try:
+                if os.fstat(handle.fileno()).st_ino == os.stat(self.path).st_ino:
+                    break  # not a file a releasing holder just unlinked
+            except FileNotFoundError:
+                pass
+            handle.close()
+        self.handle = handle
+
+    def release(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self.handle.close()
+
+
+def lock_instance(name: str) -> InstanceLock:
+    return InstanceLock(name)
+
+
+def clean_stale_runs() -> list[str]:
+    """Tear down every bed a dead session left behind (its lock is free). Returns what was cleaned."""
+    cleaned: list[str] = []
+    base = runs_dir()
+    if not base.exists():
+        return cleaned
+    for state in sorted(base.glob("*/state.json")):
+        name = state.parent.name
+        try:
+            lock = lock_instance(name)
+        except InstanceBusy:
+            continue  # a live session's bed
+        try:
+            Testbed(state.parent, name).down()
+            cleaned.append(name)
+        finally:
+            lock.release()
+    return cleaned
+
+
+@pytest.fixture(scope="session")
+def _testbed_session() -> Iterator[None]:
+    """Stale beds of crashed sessions removed first; SIGTERM unwinds like Ctrl-C so fixtures still
+    tear down."""
+    clean_stale_runs()
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.fixture(scope="session")
+def testbed_factory(_testbed_session: None) -> Iterator[Callable[..., Testbed]]:
+    beds: list[tuple[Testbed, InstanceLock]] = []
+    session_id = f"{os.getpid() % 100000:05d}"
+
+    def make(specs: Sequence[HostSpec], instance: str | None = None, *, hub: bool = True) -> Testbed:
+        """Boot a bed of `specs`. Without `instance`, a name unique to this session is used (several
+        sessions can run at once: each bed has its own namespaces, cgroups and subnet)."""
+        name = instance or f"t{session_id}{len(beds)}"
+        try:
+            lock = lock_instance(name)
+        except InstanceBusy as exc:
+            pytest.fail(str(exc))
+        bed = Testbed(runs_dir() / name, name, hub=hub)
+        beds.append((bed, lock))
+        if bed.created:  # left by a crashed session that used the same name
+            bed.down()
+        bed.up(specs)
+        return bed
+
+    try:
+        yield make
+    finally:
+        problems = []
+        for bed, lock in reversed(beds):
+            try:
+                bed.down()
+                lock.release()
+            except Exception as exc:  # tear down the others anyway; a kept lock marks the bed in use
+                problems.append(f"{bed.instance}: {exc}")
+        if problems:
+            pytest.fail("test-bed teardown: " + "; ".join(problems))
+
+
+def default_specs() -> list[HostSpec]:
+    count = int(os.environ.get("RIGUP_TESTBED_HOSTS", "2"))
+    names = host_names(count)
+    return [HostSpec(n, group="canary" if i == 0 else "rigs") for i, n in enumerate(names)]
+
+
+@pytest.fixture(scope="session")
+def testbed(testbed_factory: Callable[..., Testbed]) -> Testbed:
+    return testbed_factory(default_specs())
+
+
+@pytest.fixture(scope="session")
+def fleet_file(testbed: Testbed) -> Path:
+    return testbed.write_fleet(testbed.workdir / "rigs.yaml")
+
+
+@pytest.fixture
+def pyinfra_run() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run the real pyinfra CLI from the repo root with inventory.py reading `fleet` (RIGUP_RIGS):
+    run(fleet, "deploy.py") or run(fleet, "exec", "--", "uptime", opts=["--limit", "canary"])."""
+
+    def run(
+        fleet: Path, *args: str, opts: Sequence[str] = (), timeout: float = 900
+    ) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "RIGUP_RIGS": str(fleet)}
+        return subprocess.run(
+            [PYINFRA, "-y", *opts, "inventory.py", *args],
+            cwd=REPO_ROOT,
+            env=env,
+            text=True,
+            capture_output=True,
+            timeout=timeout,
+        )
+
+    return run
