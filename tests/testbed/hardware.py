@@ -10,7 +10,7 @@ Schema (version 1), all keys always present:
     {
       "schema": 1,
       "preset": "2x3090",
-      "driver_cuda": "13.0",          # "CUDA Version" the installed driver reports
+      "driver_cuda": null,            # "CUDA Version" override; null: what the installed branch reports (550: 12.4, 580: 13.0)
       "secure_boot": false,           # what mokutil --sb-state says
       "topology": "PIX",              # link between GPU0 and GPU1 (nvidia-smi topo -m); null for 1 GPU
       "gpus": [
@@ -72,7 +72,7 @@ class Hardware:
 
     preset: str
     gpus: tuple[Gpu, ...]
-    driver_cuda: str = "13.0"
+    driver_cuda: str | None = None
     secure_boot: bool = False
     topology: str | None = "PIX"
     schema: int = field(default=SCHEMA_VERSION)
@@ -117,7 +117,7 @@ def build(
     *,
     preset: str,
     topology: str | None = "PIX",
-    driver_cuda: str = "13.0",
+    driver_cuda: str | None = None,
     secure_boot: bool = False,
 ) -> Hardware:
     """Hardware for `host` with one GPU per entry of `models`, on PCI buses 01, 02, ..."""
@@ -160,7 +160,7 @@ PRESETS: Mapping[str, tuple[tuple[GpuModel, ...], str | None]] = {
 }
 
 
-def preset(name: str, host: str, *, secure_boot: bool = False, driver_cuda: str = "13.0") -> Hardware:
+def preset(name: str, host: str, *, secure_boot: bool = False, driver_cuda: str | None = None) -> Hardware:
     """The preset `name` as seen on `host` (GPU UUIDs depend on the host name)."""
     try:
         models, topology = PRESETS[name]
@@ -187,7 +187,7 @@ def from_dict(data: Mapping[str, Any]) -> Hardware:
     return Hardware(
         preset=str(data["preset"]),
         gpus=tuple(gpus),
-        driver_cuda=str(data["driver_cuda"]),
+        driver_cuda=None if data["driver_cuda"] is None else str(data["driver_cuda"]),
         secure_boot=bool(data["secure_boot"]),
         topology=topology,
     )

@@ -29,7 +29,7 @@ def test_reference_rig_preset_matches_an_rtx_3090_pair() -> None:
     assert [g.name for g in h.gpus] == ["NVIDIA GeForce RTX 3090"] * 2
     assert [(g.memory_total_mib, g.compute_cap, g.power_default_w, g.power_limit_w) for g in h.gpus] == [(24576, "8.6", 350, 350)] * 2
     assert [g.pci_bus_id for g in h.gpus] == ["00000000:01:00.0", "00000000:02:00.0"]
-    assert (h.driver_cuda, h.secure_boot, h.topology) == ("13.0", False, "PIX")
+    assert (h.driver_cuda, h.secure_boot, h.topology) == (None, False, "PIX")  # None: the branch decides
 
 
 def test_gpu_uuids_are_stable_per_host_and_distinct_across_hosts() -> None:
