@@ -28,11 +28,13 @@ driver_reboot = "auto"  # auto: reboot when the loaded module is not the wanted 
 driver_reboot_timeout_s = 900  # seconds to wait for a rig to come back after a reboot
 gpu_persistence_enabled = True  # nvidia-smi -pm 1 at boot (oneshot unit)
 gpu_power_cap_watts = 230  # per-GPU power limit in W applied at boot; None leaves the default
+gpu_interconnect = "auto"  # auto|force_on|force_off: NVLink NCCL settings (custom all-reduce) from nvidia-smi topo, or forced
 
 # --- Docker --------------------------------------------------------------------------------
 docker_apt_url = "https://download.docker.com/linux/ubuntu"  # apt repository (suite = release codename)
 docker_apt_key_url = "https://download.docker.com/linux/ubuntu/gpg"  # ASCII-armoured signing key
 docker_packages = ["docker-ce", "docker-ce-cli", "containerd.io", "docker-compose-plugin"]  # apt packages
+docker_insecure_registries = []  # "host:port" registries Docker may pull from over plain HTTP (merged into daemon.json)
 
 # --- NVIDIA container toolkit ---------------------------------------------------------------
 nvidia_ctk_apt_url = "https://nvidia.github.io/libnvidia-container/stable/deb"  # + /$(ARCH)

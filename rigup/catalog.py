@@ -43,6 +43,7 @@ _VARIANT_SCHEMA: dict[str, tuple[bool, tuple[type | None, ...]]] = {
     "min_compute_capability": (True, (str,)),
     "min_gpu_memory_gb": (True, (int, float)),
     "vram_per_gpu_gb": (True, (int, float, None)),
+    "measured_on_gpu_mib": (True, (int,)),
     "alternative_envelopes": (False, (list,)),
     "dtype": (True, (str,)),
     "quantization": (False, (str, None)),
@@ -143,6 +144,10 @@ def _validate_variant(name: str, v: dict[str, Any], cat: Mapping[str, Any]) -> N
         raise CatalogError(f"{where}.gpu_memory_utilization: out of range")
     if not 1024 <= v["max_model_len"] <= model["max_context"]:
         raise CatalogError(f"{where}.max_model_len: above the model's {model['max_context']}")
+    if not 1024 <= v["measured_on_gpu_mib"] <= 1_048_576:
+        raise CatalogError(f"{where}.measured_on_gpu_mib: the measuring card's memory.total in MiB")
+    if v["vram_per_gpu_gb"] is not None and v["vram_per_gpu_gb"] * 1000 > v["measured_on_gpu_mib"]:
+        raise CatalogError(f"{where}.vram_per_gpu_gb: more than the measuring card holds")
     if not re.fullmatch(r"\d+\.\d+", v["min_compute_capability"]):
         raise CatalogError(f"{where}.min_compute_capability: write it as MAJOR.MINOR")
 

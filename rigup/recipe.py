@@ -1,7 +1,8 @@
 """The resolved recipe: one frozen object with everything a task needs to serve one variant on one rig.
 
-`resolve(host_data, lock)` combines the catalog entry (rigup/catalog.yaml), the host's knobs
-(group_data/all.py keys, including `variant_overrides`) and, when given, the lock's exact pins.
+`resolve(host_data, lock, interconnect)` combines the catalog entry (rigup/catalog.yaml), the host's
+knobs (group_data/all.py keys, including `variant_overrides`), when given the lock's exact pins, and
+the GPU interconnect detected on the host (rigup/interconnect.py: NVLink changes the NCCL settings).
 Tasks, `rigup render`, `rigup doctor` and `rigup status` read this object; nothing re-derives it.
 """
 
@@ -12,11 +13,12 @@ import json
 import math
 import posixpath
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from rigup.catalog import CatalogError, load_catalog
+from rigup.interconnect import Interconnect, apply_env, effective, nccl_settings
 
 # Where every vLLM image of the catalog installs the vllm package (python 3.12 site-packages).
 VLLM_SITE = "/usr/local/lib/python3.12/dist-packages/vllm"
@@ -189,6 +191,7 @@ class Recipe:
     min_compute_capability: tuple[int, int]  # (8, 6): Ampere RTX 3090
     min_gpu_memory_gb: float  # smallest card the envelope was measured on (GB = 1000 MiB)
     vram_per_gpu_gb: float | None  # measured peak per card at the documented settings; None: not measured
+    measured_on_gpu_mib: int  # memory.total (MiB) of the card the envelopes were measured on (RTX 3090)
     envelope_is_documented: bool  # False when overrides moved context/util/seqs/TP off the measured point
     alternative_envelopes: tuple[Envelope, ...]
     # engine settings (also present, in order, in vllm_args)
@@ -217,6 +220,10 @@ class Recipe:
     paths: RigPaths
     host_dirs: tuple[str, ...]  # directories the serving task creates before start (cache mounts)
     overrides: Mapping[str, Any] = field(default_factory=dict)  # variant_overrides as applied
+    # GPU interconnect the NCCL settings were planned for (TP >= 2 only; None: the catalog's PCIe-safe
+    # settings, i.e. nothing detected and nothing forced)
+    interconnect: Interconnect | None = None
+    interconnect_note: str | None = None  # set when the settings differ from the catalog's (compose header)
 
     @property
     def model(self) -> ModelSpec:
@@ -295,13 +302,38 @@ def _check_override(key: str, value: Any, variant: Mapping[str, Any], model: Map
     if key == "tensor_parallel_size":
         sizes = tuple(variant["tensor_parallel_sizes"])
         if not _is_int(value) or value not in sizes:
+            hint = ""
+            if _is_int(value) and value > 0:
+                model_sizes = tuple(model["valid_tensor_parallel_sizes"])
+                if value not in model_sizes:
+                    hint = (
+                        f"; model {model['repo_id']} cannot be split {value} ways "
+                        f"(valid tensor parallel sizes: {', '.join(map(str, model_sizes))})"
+                    )
+                layout = nearest_layout(value, sizes)
+                if layout is not None:
+                    hint += f"; on {value} GPUs use tensor_parallel_size {layout[0]}" + (
+                        f" and leave {layout[1]} idle" if layout[1] else ""
+                    )
             raise RecipeError(
-                f"{where} must be one of {list(sizes)} for variant {variant['name']!r}, got {value!r}"
+                f"{where} must be one of {list(sizes)} for variant {variant['name']!r}, got {value!r}{hint}"
             )
         return value
     raise RecipeError(  # pragma: no cover - callers check the key first
         f"unknown variant_overrides key {key!r}"
     )
+
+
+def nearest_layout(gpus: int, sizes: Sequence[int]) -> tuple[int, int] | None:
+    """(tensor parallel size, idle GPUs) of the largest size in `sizes` that fits on `gpus` GPUs.
+
+    Qwen3.6-27B (24 attention / 4 KV heads) splits 1, 2, 4 or 8 ways: 3 GPUs -> (2, 1), 6 -> (4, 2).
+    None when even the smallest size needs more GPUs.
+    """
+    fits = [s for s in sizes if s <= gpus]
+    if not fits:
+        return None
+    return max(fits), gpus - max(fits)
 
 
 def _registry_prefix(registry: Any) -> str:
@@ -400,7 +432,9 @@ def _speculative(variant: Mapping[str, Any], draft: ModelSpec | None) -> tuple[s
     return json.dumps(config, separators=(",", ":")), str(spec["kind"])
 
 
-def _vllm_args(v: Mapping[str, Any], main: ModelSpec, spec_json: str | None, knobs: Mapping[str, Any]) -> tuple[str, ...]:
+def _vllm_args(
+    v: Mapping[str, Any], main: ModelSpec, spec_json: str | None, knobs: Mapping[str, Any], custom_all_reduce: bool = False
+) -> tuple[str, ...]:
     """The `vllm serve` argument list, in the upstream composes' order."""
     args: list[str] = ["--model", main.container_path, "--served-model-name", v["served_model_name"]]
     if v.get("quantization") is not None:
@@ -408,7 +442,8 @@ def _vllm_args(v: Mapping[str, Any], main: ModelSpec, spec_json: str | None, kno
     args += ["--dtype", v["dtype"]]
     args += ["--tensor-parallel-size", str(knobs["tensor_parallel_size"])]
     # PCIe-only 3090s: custom all-reduce needs P2P/NVLink, which the stack disables (NCCL_P2P_DISABLE=1).
-    if knobs["tensor_parallel_size"] > 1:
+    # rigup.interconnect turns it on for NVLink hosts.
+    if knobs["tensor_parallel_size"] > 1 and not custom_all_reduce:
         args.append("--disable-custom-all-reduce")
     args += ["--max-model-len", str(knobs["max_model_len"])]
     args += ["--gpu-memory-utilization", _fmt_float(knobs["gpu_memory_utilization"])]
@@ -467,13 +502,15 @@ def _entrypoint(v: Mapping[str, Any]) -> tuple[str, ...]:
     return ("/bin/bash", "-c", "\n".join(lines) + "\n", "--")
 
 
-def resolve(host_data: Mapping[str, Any], lock: Lock | None = None) -> Recipe:
+def resolve(host_data: Mapping[str, Any], lock: Lock | None = None, interconnect: Interconnect | None = None) -> Recipe:
     """Turn (catalog, host data, lock) into the recipe for the host's `variant`.
 
     + host_data: the host's knobs (group_data/all.py names): variant, variant_overrides,
-      install_root, model_dir, container_registry, serving_bind_address and the *_git_url knobs
-      the variant's sources name
+      install_root, model_dir, container_registry, serving_bind_address, gpu_interconnect and the
+      *_git_url knobs the variant's sources name
     + lock: exact pins (git commits, model revisions, image digests); None keeps the catalog's refs
+    + interconnect: what rigup.interconnect detected on the host (`detect`/`choose`); None keeps the
+      catalog's PCIe-safe NCCL settings unless the gpu_interconnect knob forces them
     """
     catalog = load_catalog()
     name = _require(host_data, "variant")
@@ -548,7 +585,16 @@ def resolve(host_data: Mapping[str, Any], lock: Lock | None = None) -> Recipe:
     )
 
     spec_json, spec_method = _speculative(v, draft)
-    env = tuple(EnvVar(k, str(val)) for k, val in (v.get("env") or {}).items() if val is not None)
+    env_map = {k: str(val) for k, val in (v.get("env") or {}).items() if val is not None}
+    try:
+        planned = effective(host_data.get("gpu_interconnect", "auto"), interconnect)
+    except ValueError as exc:
+        raise RecipeError(str(exc)) from None
+    tp = knobs["tensor_parallel_size"]
+    nccl = nccl_settings(planned, tp)
+    if nccl is not None:
+        env_map = apply_env(env_map, nccl)
+    env = tuple(EnvVar(k, val) for k, val in env_map.items())
     image = _image(catalog, v["image"], registry, lock)
     documented = all(knobs[k] == v.get(k) for k in OVERRIDE_KEYS if k != "port")
     disk = image.approx_size_gb + sum(m.approx_size_gb for m in models) + sum(s.approx_size_gb for s in sources)
@@ -571,6 +617,7 @@ def resolve(host_data: Mapping[str, Any], lock: Lock | None = None) -> Recipe:
         min_compute_capability=_capability(v["min_compute_capability"]),
         min_gpu_memory_gb=float(v["min_gpu_memory_gb"]),
         vram_per_gpu_gb=None if v.get("vram_per_gpu_gb") is None else float(v["vram_per_gpu_gb"]),
+        measured_on_gpu_mib=int(v["measured_on_gpu_mib"]),
         envelope_is_documented=documented,
         alternative_envelopes=tuple(
             Envelope(
@@ -592,7 +639,7 @@ def resolve(host_data: Mapping[str, Any], lock: Lock | None = None) -> Recipe:
         language_model_only=bool(v.get("language_model_only")),
         genesis=v.get("genesis") is not None,
         entrypoint=_entrypoint(v),
-        vllm_args=_vllm_args(v, models[0], spec_json, knobs),
+        vllm_args=_vllm_args(v, models[0], spec_json, knobs, nccl is not None and nccl.custom_all_reduce),
         environment=env,
         environment_refs=tuple(EnvRef(k, ref) for k, ref in (v.get("env_refs") or {}).items()),
         mounts=tuple(mounts),
@@ -604,6 +651,8 @@ def resolve(host_data: Mapping[str, Any], lock: Lock | None = None) -> Recipe:
         paths=paths,
         host_dirs=tuple(host_dirs),
         overrides=dict(overrides),
+        interconnect=planned if tp > 1 else None,
+        interconnect_note=None if nccl is None else nccl.summary,
     )
 
 
@@ -621,5 +670,6 @@ __all__ = [
     "RecipeError",
     "RigPaths",
     "SourceSpec",
+    "nearest_layout",
     "resolve",
 ]

@@ -20,8 +20,10 @@ import jinja2
 
 from rigup import REPO_ROOT
 from rigup.catalog import load_catalog, variant_names
+from rigup.interconnect import TopologyError, resolve_for_host, topology
 from rigup.knobs import load_defaults, parse_data_value
-from rigup.recipe import Recipe, RecipeError, resolve
+from rigup.lock import LockError, LockFile, lock_problems
+from rigup.recipe import Recipe, RecipeError
 
 TEMPLATES_DIR = REPO_ROOT / "templates"
 
@@ -140,10 +142,18 @@ def _cmd_render(args: argparse.Namespace) -> int:
         return 2
     try:
         host_data = host_data_for_cli(args.variant, args.data)
-        recipe = resolve(host_data)
-    except RecipeError as exc:
+        lock = LockFile.load(args.lock) if args.lock is not None else None
+        topo = None
+        if args.topo is not None:
+            topo = topology(Path(args.topo).read_text(), None if args.p2p is None else Path(args.p2p).read_text())
+        recipe = resolve_for_host(host_data, topo, lock)
+    except (RecipeError, LockError, TopologyError, OSError) as exc:
         print(f"rigup render: {exc}", file=sys.stderr)
         return 2
+    if lock is not None:
+        for problem in lock_problems(recipe, host_data, lock):
+            # Rendered anyway (it is a preview); a deploy refuses to run with this lock.
+            print(f"rigup render: warning: {lock.path}: {problem}", file=sys.stderr)
     hf_present = bool(os.environ.get("HF_TOKEN")) or host_data.get("hf_token_file") is not None
     api_present = host_data.get("serving_api_key_file") is not None
     out = Path(args.out)
@@ -154,11 +164,18 @@ def _cmd_render(args: argparse.Namespace) -> int:
         dest.chmod(int(rendered.mode, 8))
         note = f"  (deploy appends: {', '.join(rendered.secret_keys)})" if rendered.secret_keys else ""
         print(f"{rendered.mode} {dest}{note}")
+    if lock is not None:
+        print(f"pins from {lock.path}:")
+        print(f"  {recipe.image.lock_name}: {recipe.image.digest or 'tag only (no digest locked)'}")
+        for source in recipe.sources:
+            print(f"  {source.lock_name}: {source.commit if source.locked else 'not locked'}")
+        for model in recipe.models:
+            print(f"  {model.lock_name}: {model.revision or 'not locked'}")
     return 0
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register `render VARIANT --out DIR [--data key=value ...] [--list]`."""
+    """Register `render VARIANT --out DIR [--data key=value ...] [--lock FILE] [--topo FILE [--p2p FILE]] [--list]`."""
     parser = subparsers.add_parser(
         "render",
         help="write the compose file, .env and systemd unit a deploy would put on a rig",
@@ -173,6 +190,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a group_data/all.py knob (values parse like pyinfra --data: true/false, ints, JSON, text)",
     )
+    parser.add_argument(
+        "--lock", metavar="FILE", help="lock file (rigs.lock.yaml): render with its pinned commits, revisions and digests"
+    )
+    parser.add_argument(
+        "--topo", metavar="FILE", help="a host's `nvidia-smi topo -m` output: plan NCCL settings for its interconnect"
+    )
+    parser.add_argument("--p2p", metavar="FILE", help="with --topo: the host's `nvidia-smi topo -p2p r` output")
     parser.add_argument("--list", action="store_true", help="list the catalog's variants and exit")
     parser.set_defaults(func=_cmd_render)
     return parser

@@ -203,6 +203,7 @@ def test_long_text_runs_inputs_embeds_sidecar_from_club3090() -> None:
 def test_vram_compute_capability_and_cuda(variant: str) -> None:
     r = recipe_for(variant)
     assert r.vram_per_gpu_gb == VRAM.get(variant)
+    assert r.measured_on_gpu_mib == 24576  # every envelope was measured on RTX 3090s
     assert r.min_compute_capability == (8, 6)
     assert r.image.cuda_runtime == "13.0"
     assert r.envelope_is_documented
@@ -269,6 +270,8 @@ def test_unmodified_copy_loads(tmp_path: Path) -> None:
         (lambda raw: raw["variants"]["single-tools-text"].update(container_name="vllm-qwen36-27b"), "also used by"),
         (lambda raw: raw["variants"]["dual"].update(gpu_memory_utilization=1), "wrong type"),
         (lambda raw: raw["images"]["vllm-nightly-7a1eb8ac"].update(cuda_runtime=13.0), "cuda_runtime"),
+        (lambda raw: raw["variants"]["dual"].update(vram_per_gpu_gb=25.0), "more than the measuring card holds"),
+        (lambda raw: raw["variants"]["_common"].pop("measured_on_gpu_mib"), "missing key 'measured_on_gpu_mib'"),
     ],
 )
 def test_broken_catalog_is_rejected(tmp_path: Path, edit: Any, message: str) -> None:

@@ -1,0 +1,127 @@
+"""Facts the fit (rigup/fit.py) and interconnect (rigup/interconnect.py) checks read on a rig.
+
+Each runs read-only nvidia-smi commands, guarded so that a host without a working driver gives None
+instead of a failed fact; the parsing is in rigup/fit.py and rigup/interconnect.py (unit-tested on
+captures).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra.api import FactBase
+
+from rigup.fit import (
+    APPS_QUERY_FIELDS,
+    MEMORY_QUERY_FIELDS,
+    FitParseError,
+    GpuState,
+    exclude_own,
+    own_pids,
+    parse_compute_apps,
+    parse_driver_cuda,
+    parse_memory_query,
+)
+from rigup.interconnect import Topology, TopologyError, parse_topo_p2p, topology
+
+_ABSENT = "@rigup-no-nvidia-smi"
+_SPLIT = "@rigup-section"
+
+
+def _guarded(command: str) -> str:
+    return f"if command -v nvidia-smi >/dev/null 2>&1; then {command}; else echo '{_ABSENT}'; fi"
+
+
+def _sections(output: list[str]) -> list[list[str]]:
+    parts: list[list[str]] = [[]]
+    for line in output:
+        if line.strip() == _SPLIT:
+            parts.append([])
+        else:
+            parts[-1].append(line)
+    return parts
+
+
+def _absent(output: list[str]) -> bool:
+    return any(line.strip() == _ABSENT for line in output)
+
+
+# Ancestry of every GPU process: "pid parent grandparent ..." per line (to find our own container's).
+_CHAINS = (
+    "for p in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); do "
+    'q=$p; chain=""; n=0; '
+    'while [ -n "$q" ] && [ "$q" -gt 1 ] 2>/dev/null && [ $n -lt 64 ]; do '
+    'chain="$chain $q"; n=$((n+1)); q=$(awk \'/^PPid:/{print $2}\' /proc/$q/status 2>/dev/null); done; '
+    'echo "$chain"; done'
+)
+
+
+class GpuMemoryUse(FactBase[tuple[GpuState, ...] | None]):
+    """
+    Each GPU's memory total and the memory other processes hold (this variant's running container
+    excluded: a converge replaces it), for ``rigup.fit.assess``.
+
+    .. code:: python
+
+        (GpuState(index=0, name="NVIDIA GeForce RTX 3090", memory_total_mib=24576, memory_used_mib=512,
+                  compute_cap=(8, 6), uuid="GPU-..."), ...)
+        None  # nvidia-smi missing or the driver not answering
+    """
+
+    def command(self, container_name: str) -> str:
+        gpu_query = ",".join(MEMORY_QUERY_FIELDS)
+        apps_query = ",".join(APPS_QUERY_FIELDS)
+        name = shlex.quote(container_name)
+        return _guarded(
+            f"nvidia-smi --query-gpu={gpu_query} --format=csv,noheader,nounits 2>&1; "
+            f"echo {_SPLIT}; nvidia-smi --query-compute-apps={apps_query} --format=csv,noheader,nounits 2>/dev/null; "
+            f"echo {_SPLIT}; (docker inspect --format '{{{{.State.Pid}}}}' {name} 2>/dev/null || true); "
+            f"echo {_SPLIT}; {_CHAINS}; true"
+        )
+
+    def process(self, output: list[str]) -> tuple[GpuState, ...] | None:
+        if _absent(output):
+            return None
+        parts = _sections(output) + [[], [], []]
+        try:
+            gpus = parse_memory_query(parts[0])
+            apps = parse_compute_apps(parts[1])
+        except FitParseError:
+            return None  # no driver, a version mismatch: the GPUs facts say why
+        pid_text = " ".join(parts[2]).strip()
+        container_pid = int(pid_text) if pid_text.isdigit() else None
+        chains = [[int(p) for p in line.split() if p.isdigit()] for line in parts[3]]
+        return exclude_own(gpus, apps, own_pids(container_pid, chains))
+
+
+class DriverCudaVersion(FactBase[str | None]):
+    """The CUDA version the loaded driver supports ("13.0"), as nvidia-smi reports it; None without one."""
+
+    def command(self) -> str:
+        return _guarded("nvidia-smi --version 2>/dev/null | grep -i 'CUDA Version' || nvidia-smi 2>&1 | head -n 6 || true")
+
+    def process(self, output: list[str]) -> str | None:
+        if _absent(output):
+            return None
+        return parse_driver_cuda(output)
+
+
+class GpuTopology(FactBase[Topology | None]):
+    """``nvidia-smi topo -m`` and ``topo -p2p r`` as a rigup.interconnect.Topology; None without a driver."""
+
+    def command(self) -> str:
+        return _guarded(f"nvidia-smi topo -m 2>&1; echo {_SPLIT}; nvidia-smi topo -p2p r 2>&1; true")
+
+    def process(self, output: list[str]) -> Topology | None:
+        if _absent(output):
+            return None
+        parts = _sections(output) + [[]]
+        try:
+            topo = topology(parts[0])
+        except TopologyError:
+            return None
+        try:
+            p2p = parse_topo_p2p(parts[1])
+        except TopologyError:
+            return topo  # older drivers without -p2p: the matrix alone decides
+        return Topology(topo.gpus, topo.links, p2p)
