@@ -49,6 +49,7 @@ container_registry = "docker.io"  # registry prefix for every image (point at a 
 vllm_fork_git_url = "https://github.com/noonghunna/vllm.git"  # patched vLLM fork (Marlin files)
 genesis_git_url = "https://github.com/Sandermage/genesis-vllm-patches.git"  # Genesis patch tree
 club3090_git_url = "https://github.com/noonghunna/club-3090.git"  # vendored sidecars, chat templates, Gemma overlays
+source_refs = {}  # source name (vllm-fork|genesis|club3090) -> branch, tag or commit replacing the catalog's pin
 
 # --- Models (Hugging Face) -----------------------------------------------------------------
 hf_endpoint = "https://huggingface.co"  # Hugging Face endpoint or mirror (HF_ENDPOINT)

@@ -43,6 +43,7 @@ OPTIONAL_KNOB_TYPES: dict[str, tuple[type, ...]] = {
     "hf_token_file": (str,),
     "serving_api_key_file": (str,),
     "serving_health_timeout_s": (int, float),
+    "model_fleet_address": (str,),
 }
 SSH_KEY_TYPES: dict[str, tuple[type, ...]] = {
     "ssh_port": (int,),

@@ -378,7 +378,8 @@ def _source(
     spec = cat["sources"][name]
     lock_name = f"git:{name}"
     locked = lock.git_commit(lock_name) if lock is not None else None
-    ref = str(spec["ref"])
+    # A host (or a mirror's fleet file) may pin another branch, tag or commit than the catalog's.
+    ref = str((host_data.get("source_refs") or {}).get(name, spec["ref"]))
     commit = locked if locked is not None else (ref if _is_full_sha(ref) else None)
     return SourceSpec(
         name=name,
@@ -518,6 +519,15 @@ def resolve(host_data: Mapping[str, Any], lock: Lock | None = None, interconnect
         raise RecipeError(f"unknown variant {name!r}; known: {', '.join(sorted(catalog['variants']))}")
     v = catalog["variants"][name]
     main_spec = catalog["models"][v["model"]]
+
+    source_refs = host_data.get("source_refs") or {}
+    if not isinstance(source_refs, Mapping):
+        raise RecipeError(f"source_refs must be a mapping, got {type(source_refs).__name__}")
+    for source, ref in source_refs.items():
+        if source not in catalog["sources"]:
+            raise RecipeError(f"unknown source_refs key {source!r}; known: {', '.join(sorted(catalog['sources']))}")
+        if not isinstance(ref, str) or not ref.strip():
+            raise RecipeError(f"source_refs[{source!r}] must be a branch, tag or commit, got {ref!r}")
 
     overrides = host_data.get("variant_overrides") or {}
     if not isinstance(overrides, Mapping):

@@ -217,6 +217,8 @@ class Testbed:
             raise TestbedError(f"the hub serves nothing for {', '.join(missing)}; refusing to leave them on the internet")
         top: dict[str, Any] = {"preflight_os_allowed": ["debian 12"]}
         top.update({k: urls[k] for k in knobs if k in urls})
+        if "source_refs" in urls:  # stand-in commits for sources the catalog pins to upstream SHAs
+            top["source_refs"] = dict(urls["source_refs"])
         top.update(data or {})
         groups: dict[str, dict[str, Any]] = {}
         for h in self.hosts:

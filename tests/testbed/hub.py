@@ -57,6 +57,13 @@ class Service:
     ready: dict[str, Any] = field(default_factory=dict)
 
 
+def _source_refs(remotes: dict[str, Any]) -> dict[str, str]:
+    """The stand-in remotes cannot hold upstream's commits, so pin the sources whose catalog ref is an
+    upstream SHA to the stand-ins' equivalents: Genesis v7.69 (tag on a dev-only commit, like 2db18df)
+    and club-3090's S2 snapshot."""
+    return {"genesis": "v7.69", "club3090": remotes["club3090"]["pin"]}
+
+
 def _git_knobs(base: str, root: Path) -> dict[str, str]:
     """Every *_git_url knob whose GitHub repo the hub serves, at the same <owner>/<name>.git path."""
     from tests.testbed.fleet import url_knobs
@@ -126,7 +133,7 @@ class Hub:
                 args=["--root", str(w / "git"), "--bind", ip, "--port", str(PORTS["git_daemon"]),
                       "--http-port", str(PORTS["git"]), "--ready-file", str(w / "git/ready.json")],
                 ready_file=w / "git/ready.json",
-                knobs=lambda r: _git_knobs(r["git_url"], w / "git"),
+                knobs=lambda r: {**_git_knobs(r["git_url"], w / "git"), "source_refs": _source_refs(r["remotes"])},
             ),
         ]  # fmt: skip
 

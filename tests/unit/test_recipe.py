@@ -175,3 +175,18 @@ def test_without_lock_refs_stay_as_documented() -> None:
     assert r.image.digest is None and r.model.revision is None
     partial = resolve(host("dual-turbo"), FakeLock({}))  # a lock without entries changes nothing
     assert partial.sources == r.sources and partial.image == r.image
+
+
+def test_source_refs_replace_the_catalog_pin_and_are_validated():
+    from rigup.knobs import load_defaults
+    from rigup.recipe import RecipeError, resolve
+
+    data = {**load_defaults(), "variant": "dual-turbo"}
+    genesis = next(s for s in resolve(data).sources if s.name == "genesis")
+    assert genesis.ref == "2db18df4bc3abd4eb58a9b2e0342082fa7012c64" and genesis.commit == genesis.ref
+    moved = next(s for s in resolve({**data, "source_refs": {"genesis": "v7.72.2"}}).sources if s.name == "genesis")
+    assert (moved.ref, moved.commit) == ("v7.72.2", None)  # a tag: the lock resolves it
+    with pytest.raises(RecipeError, match="unknown source_refs key 'genesys'"):
+        resolve({**data, "source_refs": {"genesys": "dev"}})
+    with pytest.raises(RecipeError, match=r"source_refs\['genesis'\] must be"):
+        resolve({**data, "source_refs": {"genesis": ""}})

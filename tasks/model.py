@@ -1,0 +1,55 @@
+"""Model: the variant's model (and draft) files on the rig, each verified against the locked SHA-256.
+
+True afterwards: every file the lock lists for the variant's models (weights, configs, tokenizers)
+is in {model_dir}/<dir> (e.g. qwen3.6-27b-autoround-int4, qwen3.6-27b-dflash) with the locked
+SHA-256, and stamped in {install_root}/state/model-stamps.json. A re-run with an unchanged lock
+reads stamps only (nothing hashed or downloaded); --data model_reverify=true hashes everything.
+Progress: tail -f {install_root}/state/fetch.log on the rig.
+Reads: variant, install_root, model_dir, lock_file, hf_endpoint, hf_token_file (or env HF_TOKEN on
+the control machine), model_reverify, model_download_retries, model_fleet_source, model_fleet_port,
+model_fleet_address, preflight_disk_margin_gb.
+Restarts: nothing (serving restarts when the model revision in its provenance changes).
+Not idempotent: none. In fleet mode the first rig that needs a model serves it to the others in
+"Copy model files between rigs", only while a peer needs files.
+"""
+
+from pyinfra import host, state
+from pyinfra.api.exceptions import DeployError
+from pyinfra.operations import apt, files
+
+from rigup.lock import LockError
+from rigup.modelops import RIGFETCH_SRC, model_files, model_fleet_share, plan_models
+
+try:
+    plan = plan_models(state, host)
+except LockError as exc:
+    raise DeployError(str(exc)) from None
+
+reverify = bool(host.data.get("model_reverify", False))
+retries = host.data.get("model_download_retries", 3)
+token_file = host.data.get("hf_token_file")
+
+apt.packages(name="Install python3 for rigfetch", packages=["python3"])
+files.directory(name="Create the rigup bin directory", path=plan.script.rsplit("/", 1)[0], mode="755")
+files.put(name="Upload rigfetch (model fetch and verify helper)", src=str(RIGFETCH_SRC), dest=plan.script, mode="755")
+
+model_files(
+    name="Fetch locked model files from the hub",
+    manifest=plan.hub_manifest,
+    script=plan.script,
+    reverify=reverify,
+    retries=retries,
+    hf_token_file=token_file,
+)
+model_fleet_share(
+    name="Copy model files between rigs (fleet mode)",
+    fetch_manifest=plan.fetch_manifest,
+    serve_manifest=plan.serve_manifest,
+    peers=list(plan.peers),
+    sources=plan.sources,
+    script=plan.script,
+    listen_port=plan.listen_port,
+    reverify=reverify,
+    retries=retries,
+    hf_token_file=token_file,
+)

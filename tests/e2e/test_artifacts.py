@@ -1,0 +1,183 @@
+"""Artifacts on the test bed: sources at the locked commits, model files fetched and verified, a re-run
+that moves zero bytes, and fleet mode (three rigs, each file crosses the hub endpoint once).
+
+The bed: rig-01 (canary, variant dual), rig-02 and rig-03 (variant dual-dflash). rig-01 is the fleet
+source of the main model, rig-02 of the DFlash draft; rig-03 copies both from them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rigup.lock import LockFile
+from tests.testbed.fleet import Testbed
+from tests.testbed.hfhub import HubAdmin
+from tests.testbed.hosts import HostSpec
+from tests.testbed.image import REPO_ROOT
+
+pytestmark = pytest.mark.e2e
+
+TASKS = ("tasks/sources.py", "tasks/model.py")
+QWEN = "Lorbus/Qwen3.6-27B-int4-AutoRound"
+DFLASH = "z-lab/Qwen3.6-27B-DFlash"
+QWEN_DIR = "/opt/rigup/models/qwen3.6-27b-autoround-int4"
+SHARD2 = "model-00002-of-00002.safetensors"
+RUN = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(scope="module")
+def bed(testbed_factory: Callable[..., Testbed]) -> Testbed:
+    return testbed_factory(
+        [HostSpec("rig-01", group="canary"), HostSpec("rig-02", group="rigs"), HostSpec("rig-03", group="rigs")],
+        "rigart",
+    )
+
+
+@pytest.fixture(scope="module")
+def fleet(bed: Testbed) -> Path:
+    path = bed.write_fleet(
+        bed.workdir / "rigs.yaml",
+        group_data={"canary": {"variant": "dual"}, "rigs": {"variant": "dual-dflash"}},
+        # These tasks only reach git and the Hugging Face endpoint (both at the hub); the hosts have no
+        # route anywhere else, so knobs the hub does not serve yet cannot leak.
+        require_all_urls=False,
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "rigup", "lock"],
+        cwd=REPO_ROOT,
+        env={**os.environ, "RIGUP_RIGS": str(path)},
+        text=True,
+        capture_output=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    bed.ledger.add("file", path=str(path.with_name("rigs.lock.yaml")))
+    return path
+
+
+@pytest.fixture(scope="module")
+def lock(fleet: Path) -> LockFile:
+    return LockFile.load(fleet.with_name("rigs.lock.yaml"))
+
+
+@pytest.fixture(scope="module")
+def hub(bed: Testbed) -> HubAdmin:
+    return HubAdmin(bed.urls["hf_endpoint"])
+
+
+def _converge(pyinfra_run: RUN, fleet: Path, *opts: str) -> subprocess.CompletedProcess[str]:
+    proc = pyinfra_run(fleet, *TASKS, opts=["-v", *opts], timeout=900)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
+    return proc
+
+
+def _results(output: str) -> dict[str, tuple[int, int, int]]:
+    """Operation -> (success, error, no change) from pyinfra's results table."""
+    rows: dict[str, tuple[int, int, int]] = {}
+    lines = output.split("--> Results:", 1)[1].splitlines()[2:]
+    for line in lines:
+        parts = line.split()
+        if parts[:1] == ["Grand"]:
+            break
+        if len(parts) < 5:
+            continue
+        counts = [0 if p == "-" else int(p) for p in parts[-4:]]  # hosts, success, error, no change
+        rows[" ".join(parts[:-4])] = (counts[1], counts[2], counts[3])
+    return rows
+
+
+def _locked_files(lock: LockFile, repo: str) -> dict[str, Any]:
+    return {f.path: f for f in lock.models[f"model:{repo}"].files}
+
+
+def _model_bytes(lock: LockFile, *repos: str) -> int:
+    return sum(f.size for repo in repos for f in lock.models[f"model:{repo}"].files)
+
+
+def _report(host: Any) -> dict[str, Any]:
+    return json.loads(host.ssh("sudo cat /opt/rigup/state/fetch-report.json").stdout)
+
+
+def test_fresh_converge_fetches_each_file_from_the_hub_once(
+    bed: Testbed, fleet: Path, lock: LockFile, hub: HubAdmin, pyinfra_run: RUN
+) -> None:
+    hub.reset_stats()
+    _converge(pyinfra_run, fleet)
+
+    stats = hub.stats()
+    # Three rigs, two models: every byte crossed the endpoint exactly once.
+    assert stats["total_bytes"] == _model_bytes(lock, QWEN, DFLASH)
+    for repo in (QWEN, DFLASH):
+        for path, pin in _locked_files(lock, repo).items():
+            assert stats["files"][f"{repo}/{path}"]["bytes"] == pin.size, path
+
+    one, two, three = bed.hosts
+    assert _report(three)["bytes_from_hub"] == 0
+    assert _report(three)["bytes_from_peer"] == _model_bytes(lock, QWEN, DFLASH)
+
+    for host, repos in ((one, (QWEN,)), (two, (QWEN, DFLASH)), (three, (QWEN, DFLASH))):
+        for repo in repos:
+            name = "qwen3.6-27b-autoround-int4" if repo == QWEN else "qwen3.6-27b-dflash"
+            listing = host.ssh(f"cd /opt/rigup/models/{name} && sudo sha256sum $(sudo find . -type f -printf '%P ')").stdout
+            got = {line.split()[1]: line.split()[0] for line in listing.splitlines()}
+            assert got == {p: f.sha256 for p, f in _locked_files(lock, repo).items()}, (host.name, repo)
+        checkout = host.ssh("sudo git -C /opt/rigup/sources/vllm-fork rev-parse HEAD").stdout.strip()
+        assert checkout == lock.git_commit("git:vllm-fork")
+    # rig-01's variant has no draft: it was not downloaded there.
+    assert one.ssh("test -e /opt/rigup/models/qwen3.6-27b-dflash", check=False).returncode != 0
+
+
+def test_rerun_changes_nothing_and_moves_zero_bytes(bed: Testbed, fleet: Path, hub: HubAdmin, pyinfra_run: RUN) -> None:
+    reports = {h.name: _report(h) for h in bed.hosts}
+    hub.reset_stats()
+    proc = _converge(pyinfra_run, fleet)
+    rows = _results(proc.stdout + proc.stderr)
+    assert rows["Fetch locked model files from the hub"] == (0, 0, 3)
+    assert rows["Copy model files between rigs (fleet mode)"] == (0, 0, 3)
+    assert rows["Check out each source at its locked commit"] == (0, 0, 3)
+    changed = {op: counts for op, counts in rows.items() if counts[0] or counts[1]}
+    assert changed == {}, rows
+    assert hub.stats()["total_bytes"] == 0
+    # rigfetch did not even run: nothing was hashed (its last report is the previous run's).
+    assert {h.name: _report(h) for h in bed.hosts} == reports
+
+
+def test_corrupted_shard_is_refetched_from_the_fleet_source(
+    bed: Testbed, fleet: Path, lock: LockFile, hub: HubAdmin, pyinfra_run: RUN
+) -> None:
+    three = bed.hosts[2]
+    three.ssh(f"sudo dd if=/dev/zero of={QWEN_DIR}/{SHARD2} bs=1 count=32 seek=4096 conv=notrunc status=none")
+    hub.reset_stats()
+    _converge(pyinfra_run, fleet)
+    report = _report(three)
+    size = _locked_files(lock, QWEN)[SHARD2].size
+    assert (report["bytes_hashed"], report["bytes_downloaded"], report["bytes_from_peer"]) == (size, size, size)
+    assert hub.stats()["total_bytes"] == 0
+    got = three.ssh(f"sudo sha256sum {QWEN_DIR}/{SHARD2}").stdout.split()[0]
+    assert got == _locked_files(lock, QWEN)[SHARD2].sha256
+
+
+def test_reverify_rehashes_without_downloading(bed: Testbed, fleet: Path, lock: LockFile, hub: HubAdmin, pyinfra_run: RUN) -> None:
+    hub.reset_stats()
+    _converge(pyinfra_run, fleet, "--limit", "rig-01", "--data", "model_reverify=true")
+    report = _report(bed.hosts[0])
+    assert (report["bytes_hashed"], report["bytes_downloaded"]) == (_model_bytes(lock, QWEN), 0)
+    assert hub.stats()["total_bytes"] == 0
+
+
+def test_stale_lock_stops_the_deploy_before_any_change(bed: Testbed, fleet: Path, pyinfra_run: RUN) -> None:
+    proc = pyinfra_run(
+        fleet, *TASKS, opts=["--data", "vllm_fork_git_url=git://10.0.0.1/elsewhere/vllm.git"], timeout=300
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "git:vllm-fork: locked from" in output and "python -m rigup lock" in output
+    assert "Beginning operation run" not in output
