@@ -1,0 +1,243 @@
+"""The NVIDIA driver state machine: wanted (branch, flavour, source) vs installed packages vs the
+loaded module, and what each host's run decided about it.
+
+`plan_driver` is pure (unit-tested on captures). `record`/`serving_blocked`/`driver_changed` carry
+the decision of tasks/nvidia_driver.py to later task files of the same run:
+
+    from rigup import driverstate
+    if driverstate.serving_blocked(host) is None: ...          # prepare time, plain Python
+    _if=lambda: not driverstate.driver_changed(host)             # execute time
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rigup.parsers import (
+    DebPackage,
+    DriverPackage,
+    DriverSource,
+    Flavour,
+    LoadedModule,
+    driver_packages,
+    package_branch,
+)
+
+DRIVER_SOURCES: tuple[str, ...] = ("ubuntu", "cuda")
+FLAVOURS: tuple[str, ...] = ("open", "proprietary")
+REBOOT_POLICIES: tuple[str, ...] = ("auto", "never")
+
+# Highest CUDA version each driver branch supports (NVIDIA's CUDA toolkit release notes, table 3).
+BRANCH_CUDA: dict[int, tuple[int, int]] = {
+    535: (12, 2),
+    545: (12, 3),
+    550: (12, 4),
+    555: (12, 5),
+    560: (12, 6),
+    565: (12, 7),
+    570: (12, 8),
+    575: (12, 9),
+    580: (13, 0),
+    590: (13, 1),
+    595: (13, 2),
+}
+
+
+def branch_cuda(branch: int) -> tuple[int, int] | None:
+    """CUDA version a driver branch supports: the entry for the highest listed branch <= branch."""
+    known = [b for b in BRANCH_CUDA if b <= branch]
+    return BRANCH_CUDA[max(known)] if known else None
+
+
+@dataclass(frozen=True)
+class DriverWant:
+    branch: int  # minimum branch
+    flavour: Flavour
+    source: DriverSource
+
+    @classmethod
+    def from_data(cls, data: Any) -> DriverWant:
+        """Read nvidia_driver_branch / _flavour / _source from host.data (or a mapping)."""
+        get = data.get
+        branch = get("nvidia_driver_branch", 580)
+        flavour = get("nvidia_driver_flavour", "open")
+        source = get("nvidia_driver_source", "ubuntu")
+        if isinstance(branch, bool) or not isinstance(branch, (int, str)) or not str(branch).isdigit():
+            raise ValueError(f"nvidia_driver_branch must be a number like 580, got {branch!r}")
+        if flavour not in FLAVOURS:
+            raise ValueError(f"nvidia_driver_flavour must be one of {FLAVOURS}, got {flavour!r}")
+        if source not in DRIVER_SOURCES:
+            raise ValueError(f"nvidia_driver_source must be one of {DRIVER_SOURCES}, got {source!r}")
+        return cls(int(branch), flavour, source)
+
+    @property
+    def suffix(self) -> str:
+        return "-open" if self.flavour == "open" else ""
+
+    @property
+    def branch_flavour(self) -> str:
+        """"580-open" or "580": the infix of Ubuntu's package names."""
+        return f"{self.branch}{self.suffix}"
+
+
+def wanted_packages(want: DriverWant, prebuilt: Iterable[str] = ()) -> tuple[str, ...]:
+    """The apt packages that install the wanted driver.
+
+    + prebuilt: Canonical-signed module packages for the running kernel (ubuntu source only); when
+      installed in the same transaction the driver needs no DKMS build
+    """
+    if want.source == "cuda":
+        return (f"nvidia-open-{want.branch}",) if want.flavour == "open" else (f"cuda-drivers-{want.branch}",)
+    return (f"nvidia-driver-{want.branch_flavour}", *prebuilt)
+
+
+def needs_unsigned_modules(want: DriverWant, prebuilt_available: bool) -> bool:
+    """True when installing `want` builds modules with DKMS (unsigned unless a MOK is enrolled)."""
+    return want.source == "cuda" or not prebuilt_available
+
+
+Action = Literal["none", "reboot", "install"]
+
+
+@dataclass(frozen=True)
+class DriverPlan:
+    action: Action
+    installed: DriverPackage | None  # the metapackage that satisfies `want` (or None)
+    loaded: LoadedModule | None
+    remove: tuple[str, ...]  # installed packages of other branches, removed in the install transaction
+    unhold: tuple[str, ...]  # held packages that would block the install
+    summary: str  # one line for humans (noop text, doctor, reports)
+
+
+def _satisfies(d: DriverPackage, want: DriverWant) -> bool:
+    return d.branch >= want.branch and d.flavour == want.flavour and d.source == want.source
+
+
+def plan_driver(want: DriverWant, packages: Iterable[DebPackage], loaded: LoadedModule | None) -> DriverPlan:
+    """Compare wanted branch, installed driver packages and the loaded module.
+
+    none: a satisfying driver is installed and its module is the one loaded.
+    reboot: it is installed but the loaded module is missing or another version/flavour.
+    install: no satisfying driver package is installed.
+    """
+    pkgs = tuple(packages)
+    metas = driver_packages(pkgs)
+    good = [d for d in metas if _satisfies(d, want)]
+    loaded_text = "no module loaded" if loaded is None else f"loaded {loaded.version} ({loaded.flavour})"
+    if good:
+        best = good[0]
+        if loaded is not None and loaded.version == best.version and loaded.flavour == best.flavour:
+            return DriverPlan("none", best, loaded, (), (), f"{best.name} {best.version} installed and loaded")
+        return DriverPlan(
+            "reboot",
+            best,
+            loaded,
+            (),
+            (),
+            f"{best.name} {best.version} installed but {loaded_text}: reboot required",
+        )
+    remove = tuple(
+        sorted(p.name for p in pkgs if p.installed and (b := package_branch(p.name)) is not None and b != want.branch)
+    )
+    unhold = tuple(
+        sorted(
+            p.name
+            for p in pkgs
+            if p.held and p.installed and (b := package_branch(p.name)) is not None
+        )
+    )
+    have = ", ".join(f"{d.name} {d.version}" for d in metas) or "no driver package"
+    wanted = wanted_packages(want)[0]
+    return DriverPlan(
+        "install",
+        None,
+        loaded,
+        remove,
+        unhold,
+        f"{have} installed, {loaded_text}; want {wanted} (branch >= {want.branch}, {want.flavour}, from {want.source})",
+    )
+
+
+def branch_packages(packages: Iterable[DebPackage], branch: int) -> tuple[str, ...]:
+    """Installed userspace/DKMS packages of `branch`: what the hold covers.
+
+    Canonical's prebuilt module packages (linux-modules-nvidia-*, linux-objects-*, linux-signatures-*)
+    are left unheld: their versions follow the kernel, and holding them would let a kernel update
+    boot without any NVIDIA module."""
+    return tuple(
+        sorted(
+            p.name
+            for p in packages
+            if p.installed and not p.name.startswith("linux-") and package_branch(p.name) == branch
+        )
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Per-host decisions of this run, shared between task files.
+
+
+@dataclass(frozen=True)
+class HostDriverState:
+    plan: DriverPlan
+    reboot_policy: str  # auto | never
+    changed: Callable[[], bool]  # execute time: did the driver operation do anything on this host
+
+    @property
+    def serving_blocked(self) -> str | None:
+        """Why serving must not start on this host in this run, or None."""
+        if self.plan.action != "none" and self.reboot_policy == "never":
+            return (
+                f"REBOOT REQUIRED: {self.plan.summary}; driver_reboot=never, so GPU containers are not "
+                "started on this host until it is rebooted and the deploy re-run"
+            )
+        return None
+
+
+_STATES: weakref.WeakKeyDictionary[Any, HostDriverState] = weakref.WeakKeyDictionary()
+
+
+def _real(host: Any) -> Any:
+    # pyinfra's `host` is a context proxy; key on the Host object behind it.
+    getter = getattr(host, "_get_module", None)
+    return getter() if callable(getter) else host
+
+
+def record(host: Any, state: HostDriverState) -> None:
+    _STATES[_real(host)] = state
+
+
+def get(host: Any) -> HostDriverState | None:
+    return _STATES.get(_real(host))
+
+
+def serving_blocked(host: Any) -> str | None:
+    """Reason this host must not start GPU containers in this run (driver_reboot=never and the
+    driver is not the wanted one, loaded); None when serving may proceed."""
+    state = get(host)
+    return None if state is None else state.serving_blocked
+
+
+def driver_changed(host: Any) -> bool:
+    """At execute time: the driver operation installed or rebooted on this host in this run."""
+    state = get(host)
+    return False if state is None else bool(state.changed())
+
+
+# Operations of one task file whose changes a later task file reacts to (e.g. the GPU smoke test in
+# tasks/container_toolkit.py runs when Docker's packages from tasks/docker.py changed).
+_CHANGES: weakref.WeakKeyDictionary[Any, dict[str, list[Any]]] = weakref.WeakKeyDictionary()
+
+
+def note_change(host: Any, key: str, *ops: Any) -> None:
+    """Remember operations (OperationMeta) under `key` for this host (prepare time)."""
+    _CHANGES.setdefault(_real(host), {}).setdefault(key, []).extend(ops)
+
+
+def changed(host: Any, *keys: str) -> bool:
+    """At execute time: did any operation noted under one of `keys` change this host."""
+    noted = _CHANGES.get(_real(host), {})
+    return any(op.did_change() for key in keys for op in noted.get(key, ()))

@@ -1,0 +1,74 @@
+"""NVIDIA container toolkit: installed from NVIDIA's repository and wired into Docker.
+
+True afterwards: /etc/apt/sources.list.d/rigup-nvidia-container-toolkit.list is the only enabled apt
+entry for nvidia_ctk_apt_url (others were disabled by tasks/nvidia_driver.py before any apt command); nvidia_ctk_packages are installed; `docker info` lists the nvidia
+runtime (added with `nvidia-ctk runtime configure`, which merges into /etc/docker/daemon.json and keeps
+the user's keys); /dev/char links exist for the NVIDIA device nodes and a udev rule recreates them, so
+a systemd daemon-reload does not take GPUs away from running containers (toolkit#48). When the
+driver, Docker or the toolkit changed in this run, a container of gpu_smoke_image (with
+container_registry) must see as many GPUs as the host.
+
+Reads: nvidia_ctk_apt_url, nvidia_ctk_apt_key_url, nvidia_ctk_packages, gpu_smoke_image,
+container_registry.
+Restarts: docker.service, only when the nvidia runtime was just configured.
+Not idempotent: the smoke test (runs only after a change; skipped when the driver waits for a reboot).
+"""
+
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.facts.deb import DebArch
+from pyinfra.operations import apt, files, systemd
+from pyinfra.operations.util import any_changed
+
+from rigup import driverstate, hostops
+
+KEYRING = hostops.CTK_KEYRING
+SOURCE_LIST = hostops.CTK_LIST
+
+
+arch = host.get_fact(DebArch) or "amd64"
+uri = hostops.ctk_repo_uri(host.data.nvidia_ctk_apt_url)
+
+files.directory(name="Ensure the apt keyring directory exists", path="/etc/apt/keyrings", mode="755")
+key = files.download(
+    name="Download NVIDIA's container toolkit signing key",
+    src=host.data.nvidia_ctk_apt_key_url,
+    dest=KEYRING,
+    mode="644",
+)
+source = files.put(
+    name="Add NVIDIA's container toolkit apt repository",
+    src=StringIO(f"deb [signed-by={KEYRING}] {uri} /\n"),
+    dest=SOURCE_LIST,
+    mode="644",
+)
+apt.update(name="Update apt after a container toolkit repository change", _if=any_changed(key, source))
+toolkit = apt.packages(name="Install the NVIDIA container toolkit", packages=list(host.data.nvidia_ctk_packages))
+
+runtime = hostops.docker_nvidia_runtime(name="Register the nvidia runtime with Docker")
+systemd.service(
+    name="Restart Docker after the runtime configuration changed",
+    service="docker.service",
+    running=True,
+    restarted=True,
+    _if=runtime.did_change,
+)
+
+files.put(
+    name="Install the udev rule that keeps /dev/char links for NVIDIA devices",
+    src="files/71-nvidia-dev-char.rules",
+    dest="/etc/udev/rules.d/71-nvidia-dev-char.rules",
+    mode="644",
+)
+hostops.nvidia_dev_char_links(name="Create /dev/char links for NVIDIA devices")
+
+blocked = driverstate.serving_blocked(host)
+hostops.gpu_smoke_test(
+    name="Check a CUDA container sees every GPU (after a driver, Docker or toolkit change)",
+    image=hostops.image_ref(host.data.container_registry, host.data.gpu_smoke_image),
+    _if=[
+        lambda: blocked is None,
+        lambda: toolkit.did_change() or runtime.did_change() or driverstate.changed(host, "driver", "docker"),
+    ],
+)

@@ -1,0 +1,89 @@
+"""Docker: Docker CE and the compose v2 plugin from Docker's signed apt repository.
+
+True afterwards: /etc/apt/sources.list.d/rigup-docker.list is the only enabled apt entry for
+docker_apt_url (suite = the host's VERSION_CODENAME, signed-by /etc/apt/keyrings/rigup-docker.asc);
+tasks/nvidia_driver.py disabled other entries for it before the run's first apt command, so apt never
+sees conflicting Signed-By values.
+Distribution packages that conflict with Docker CE (docker.io, podman-docker, containerd, runc...)
+are removed, docker_packages are installed and docker.service is running and enabled. A snap
+Docker fails the host in preflight.
+
+docker_insecure_registries are merged into /etc/docker/daemon.json (other keys kept).
+
+Reads: docker_apt_url, docker_apt_key_url, docker_packages, docker_insecure_registries.
+Restarts: docker.service, only when daemon.json changed while Docker was already running (starts it
+when it is not running). apt-get update runs only when the key or the source file changed.
+Not idempotent: none.
+"""
+
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.facts.deb import DebArch, DebPackages
+from pyinfra.facts.systemd import SystemdStatus
+from pyinfra.operations import apt, files, systemd
+from pyinfra.operations.util import any_changed
+
+from rigup import driverstate, hostops
+from rigup.facts import OsReleaseInfo
+
+KEYRING = hostops.DOCKER_KEYRING
+SOURCE_LIST = hostops.DOCKER_LIST
+PREREQUISITES = ["ca-certificates", "curl"]  # https apt sources; files.download fetches the key with curl
+# Distribution packages Docker's own packages conflict with (Docker's install guide removes them).
+CONFLICTING = ["docker.io", "docker-doc", "docker-compose", "docker-compose-v2", "podman-docker", "containerd", "runc"]
+
+os_info = host.get_fact(OsReleaseInfo)
+if os_info is not None and os_info.codename:
+    arch = host.get_fact(DebArch) or "amd64"
+    installed = host.get_fact(DebPackages) or {}
+    missing = [p for p in PREREQUISITES if p not in installed]
+
+    if missing:  # only a box without them needs the package lists refreshed first
+        apt.update(name="Update apt before installing missing prerequisites")
+    apt.packages(name="Install apt transport prerequisites", packages=PREREQUISITES)
+
+    files.directory(name="Ensure the apt keyring directory exists", path="/etc/apt/keyrings", mode="755")
+    key = files.download(
+        name="Download Docker's apt signing key",
+        src=host.data.docker_apt_key_url,
+        dest=KEYRING,
+        mode="644",
+    )
+    source = files.put(
+        name="Add Docker's apt repository",
+        src=StringIO(
+            f"deb [arch={arch} signed-by={KEYRING}] {host.data.docker_apt_url} {os_info.codename} stable\n"
+        ),
+        dest=SOURCE_LIST,
+        mode="644",
+    )
+    apt.update(name="Update apt after a Docker repository change", _if=any_changed(key, source))
+
+    # Written before the packages, so a fresh Docker starts with it; a running one is restarted below.
+    docker_was_running = bool(host.get_fact(SystemdStatus, services=["docker.service"]).get("docker.service"))
+    daemon = hostops.docker_daemon_config(
+        name="Merge rigup's settings into Docker's daemon.json",
+        insecure_registries=list(host.data.get("docker_insecure_registries") or []),
+    )
+
+    removed = apt.packages(
+        name="Remove distribution packages that conflict with Docker CE",
+        packages=CONFLICTING,
+        present=False,
+    )
+    packages = apt.packages(name="Install Docker CE and the compose plugin", packages=list(host.data.docker_packages))
+    started = systemd.service(
+        name="Ensure Docker is running and enabled",
+        service="docker.service",
+        running=True,
+        enabled=True,
+    )
+    restarted = systemd.service(
+        name="Restart Docker after a daemon.json change",
+        service="docker.service",
+        running=True,
+        restarted=True,
+        _if=[daemon.did_change, lambda: docker_was_running],
+    )
+    driverstate.note_change(host, "docker", removed, packages, started, restarted)

@@ -1,0 +1,171 @@
+"""NVIDIA driver: branch >= nvidia_driver_branch installed, loaded, held; GPU power settings at boot.
+
+True afterwards: the driver metapackage for nvidia_driver_branch / _flavour / _source is installed
+(Ubuntu archive: nvidia-driver-<branch>[-open] plus Canonical-signed linux-modules-nvidia when the
+archive has them for the running kernel; CUDA repo: nvidia-open-<branch> / cuda-drivers-<branch>),
+its module is the one loaded (verified after the reboot), its packages are held and excluded from
+unattended-upgrades, nouveau is blacklisted, and rigup-gpu-power.service sets persistence mode and
+gpu_power_cap_watts at every boot (re-applied now only when nvidia-smi shows drift).
+
+Also disables hand-made apt entries for Docker's and the toolkit's repositories first (they would
+break every apt update once rigup adds its own; tasks/docker.py and container_toolkit.py add those).
+
+Reads: nvidia_driver_branch, nvidia_driver_flavour, nvidia_driver_source, nvidia_cuda_repo_url,
+nvidia_cuda_repo_key_url, docker_apt_url, nvidia_ctk_apt_url, driver_reboot, driver_reboot_timeout_s, gpu_persistence_enabled,
+gpu_power_cap_watts, rollout_batch, variant.
+Stops: rigup-<variant>.service before the driver changes. Reboots: when the installed driver is not
+the loaded one and driver_reboot is auto, at most rollout_batch hosts at a time (the smallest value
+in the inventory). With driver_reboot: never it reports REBOOT REQUIRED and rigup.driverstate marks
+the host so later tasks do not start GPU containers.
+Not idempotent: none (the reboot only happens while the driver is not converged).
+"""
+
+from io import StringIO
+
+from pyinfra import host, inventory
+from pyinfra.facts.deb import DebArch
+from pyinfra.facts.files import File
+from pyinfra.facts.server import Which
+from pyinfra.operations import apt, files, server, systemd
+from pyinfra.operations.util import any_changed
+
+from rigup import driverstate, hostops
+from rigup.driverstate import DriverWant, HostDriverState, plan_driver, wanted_packages
+from rigup.facts import NvidiaKernelModule, NvidiaPackages, OsReleaseInfo, PrebuiltNvidiaModules
+
+KEYRING_DIR = hostops.KEYRING_DIR
+CUDA_KEYRING = hostops.CUDA_KEYRING
+CUDA_LIST = hostops.CUDA_LIST
+POWER_UNIT = "rigup-gpu-power.service"
+POWER_UNIT_FILE = f"/etc/systemd/system/{POWER_UNIT}"
+CUDA_ARCH_DIRS = {"amd64": "x86_64", "arm64": "sbsa"}
+
+try:
+    want = DriverWant.from_data(host.data)
+except ValueError:
+    want = None  # preflight has already failed this host with the key and the fix
+
+if want is not None:
+    arch = host.get_fact(DebArch) or "amd64"
+    os_info = host.get_fact(OsReleaseInfo)
+    reboot = host.data.get("driver_reboot", "auto") == "auto"
+
+    # A hand-made entry for Docker's or the toolkit's repository next to the one rigup adds makes
+    # apt refuse every update ("Conflicting values set for option Signed-By"), the driver install's
+    # included: disable them before the first apt command of the run.
+    hostops.apt_source_exclusive(
+        name="Disable other apt entries for Docker's repository",
+        uri=host.data.docker_apt_url,
+        keep=hostops.DOCKER_LIST,
+        arch=arch,
+    )
+    hostops.apt_source_exclusive(
+        name="Disable other apt entries for NVIDIA's container toolkit repository",
+        uri=hostops.ctk_repo_uri(host.data.nvidia_ctk_apt_url),
+        keep=hostops.CTK_LIST,
+        arch=arch,
+    )
+
+    if want.source == "cuda" and os_info is not None:
+        distro = os_info.cuda_repo_distro
+        repo_uri = f"{host.data.nvidia_cuda_repo_url.rstrip('/')}/{distro}/{CUDA_ARCH_DIRS.get(arch, arch)}/"
+        files.directory(name="Ensure the apt keyring directory exists", path=KEYRING_DIR, mode="755")
+        cuda_key = files.download(
+            name="Download NVIDIA's CUDA repository key",
+            src=host.data.nvidia_cuda_repo_key_url.format(distro=distro),
+            dest=CUDA_KEYRING,
+            mode="644",
+        )
+        cuda_source = files.put(
+            name="Add NVIDIA's CUDA apt repository",
+            src=StringIO(f"deb [signed-by={CUDA_KEYRING}] {repo_uri} /\n"),
+            dest=CUDA_LIST,
+            mode="644",
+        )
+        cuda_exclusive = hostops.apt_source_exclusive(
+            name="Disable other entries for NVIDIA's CUDA repository", uri=repo_uri, keep=CUDA_LIST, arch=arch
+        )
+        apt.update(
+            name="Update apt after a CUDA repository change",
+            _if=any_changed(cuda_key, cuda_source, cuda_exclusive),
+        )
+
+    blacklist = files.put(
+        name="Blacklist nouveau",
+        src="files/blacklist-nouveau.conf",
+        dest="/etc/modprobe.d/blacklist-nouveau.conf",
+        mode="644",
+    )
+    if host.get_fact(Which, command="update-initramfs"):
+        server.shell(
+            name="Rebuild the initramfs after the nouveau blacklist changed",
+            commands=["update-initramfs -u"],
+            _if=blacklist.did_change,
+        )
+    files.put(
+        name="Keep unattended-upgrades away from the NVIDIA driver",
+        src="files/52rigup-nvidia-driver",
+        dest="/etc/apt/apt.conf.d/52rigup-nvidia-driver",
+        mode="644",
+    )
+
+    persistence = bool(host.data.get("gpu_persistence_enabled", True))
+    power_cap = host.data.get("gpu_power_cap_watts")
+    if persistence or power_cap is not None:
+        power_unit = files.template(
+            name="Render the GPU power unit",
+            src="templates/rigup-gpu-power.service.j2",
+            dest=POWER_UNIT_FILE,
+            mode="644",
+            persistence=persistence,
+            power_cap_watts=power_cap,
+            nvidia_smi="/usr/bin/nvidia-smi",
+        )
+        # Only on change: every daemon-reload risks GPU loss in running containers (toolkit#48).
+        systemd.daemon_reload(name="Reload systemd after the GPU power unit changed", _if=power_unit.did_change)
+        systemd.service(name="Enable the GPU power unit at boot", service=POWER_UNIT, running=None, enabled=True)
+    elif host.get_fact(File, path=POWER_UNIT_FILE):
+        server.shell(
+            name="Remove the GPU power unit (no power cap or persistence wanted)",
+            commands=[f"systemctl disable {POWER_UNIT}", f"rm -f {POWER_UNIT_FILE}", "systemctl daemon-reload"],
+        )
+
+    prebuilt = (
+        host.get_fact(PrebuiltNvidiaModules, branch_flavour=want.branch_flavour) if want.source == "ubuntu" else None
+    )
+    driver = hostops.nvidia_driver(
+        name="Install and load the NVIDIA driver (stop serving, install, reboot, verify)",
+        branch=want.branch,
+        flavour=want.flavour,
+        source=want.source,
+        packages=list(wanted_packages(want, prebuilt.packages if prebuilt is not None else ())),
+        stop_units=[f"rigup-{host.data.variant}.service"],
+        reboot=reboot,
+        reboot_timeout=int(host.data.get("driver_reboot_timeout_s", 900)),
+        _parallel=hostops.fleet_value("rollout_batch", 1, inventory),
+    )
+    hostops.nvidia_driver_hold(
+        name="Hold the NVIDIA driver packages",
+        branch=want.branch,
+        flavour=want.flavour,
+        source=want.source,
+    )
+    if persistence or power_cap is not None:
+        hostops.gpu_power_state(
+            name="Apply GPU persistence mode and power cap where nvidia-smi shows drift",
+            unit=POWER_UNIT,
+            power_cap_watts=power_cap,
+            persistence=persistence,
+        )
+
+    # The decision later task files read: prepare-time facts decide it, nothing earlier in the run
+    # changes the loaded module.
+    driverstate.record(
+        host,
+        HostDriverState(
+            plan=plan_driver(want, host.get_fact(NvidiaPackages), host.get_fact(NvidiaKernelModule)),
+            reboot_policy="auto" if reboot else "never",
+            changed=driver.did_change,
+        ),
+    )
+    driverstate.note_change(host, "driver", driver)

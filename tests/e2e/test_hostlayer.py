@@ -1,0 +1,265 @@
+"""The host layer (preflight, NVIDIA driver, Docker, container toolkit) on the test bed.
+
+One 6-host bed, each host one scenario, converged together with the real pyinfra CLI
+(`pyinfra -y --json inventory.py tests/e2e/hostlayer_deploy.py`):
+
+  rig-fresh   fresh 2x3090: driver installed, rebooted, verified, held; Docker, toolkit, smoke test
+  rig-old     driver 550 installed, held and loaded beforehand: upgraded to 580, rebooted
+  rig-never   driver_reboot: never: driver installed, REBOOT REQUIRED reported, no reboot, no smoke test
+  rig-sb      Secure Boot on, no signed modules for its kernel: fails preflight, nothing changes
+  rig-one     1x3090 given the TP=2 variant: fails preflight, nothing changes
+  rig-dirty   a hand-made Docker source entry (other keyring) and a daemon.json with user keys
+
+Then a second converge must change nothing on the converged hosts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rigup.knobs import load_defaults
+from rigup.recipe import resolve
+from tests.testbed.fleet import Testbed
+from tests.testbed.hosts import Host, HostSpec, wait_ready
+from tests.testbed.image import REPO_ROOT
+
+pytestmark = pytest.mark.e2e
+
+PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
+DEPLOY = "tests/e2e/hostlayer_deploy.py"
+SPECS = [
+    HostSpec("rig-fresh", group="canary"),
+    HostSpec("rig-old"),
+    HostSpec("rig-never", data={"driver_reboot": "never"}),
+    HostSpec("rig-sb", secure_boot=True),
+    HostSpec("rig-one", hardware="1x3090"),
+    HostSpec("rig-dirty"),
+]
+CONVERGED = ("rig-fresh", "rig-old", "rig-dirty")
+REFUSED = ("rig-sb", "rig-one")
+USER_DAEMON_JSON = {"log-driver": "json-file", "log-opts": {"max-size": "10m", "max-file": "3"}}
+DRIVER_OP = "Install and load the NVIDIA driver (stop serving, install, reboot, verify)"
+SMOKE_OP = "Check a CUDA container sees every GPU (after a driver, Docker or toolkit change)"
+PREFLIGHT_OP = "Run preflight checks (a failed check fails this host)"
+
+
+def disk_needed_gb() -> float:
+    data = load_defaults()
+    return resolve(data).disk_needed_gb + float(data["preflight_disk_margin_gb"])
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+
+
+def sh(host: Host, command: str, timeout: float = 300) -> str:
+    proc = host.ssh(command, check=False, timeout=timeout)
+    assert proc.returncode == 0, f"{host.name}: {command}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def boot_times(host: Host) -> list[float]:
+    path = host.run_dir / "boots"
+    return [float(x) for x in path.read_text().split()] if path.exists() else []
+
+
+def reboot(host: Host) -> None:
+    before = host.boots()
+    host.ssh("sudo systemctl reboot", check=False, timeout=30)
+    deadline = time.monotonic() + 120
+    while host.boots() == before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert host.boots() > before, f"{host.name} did not reboot"
+    wait_ready([host], timeout=180)
+
+
+def snapshot(host: Host) -> str:
+    """What a deploy would change: packages, apt sources, modprobe and systemd config, daemon.json."""
+    return sh(
+        host,
+        "dpkg-query -W -f='${Package} ${Version} ${db:Status-Abbrev}\\n' | sort; "
+        "ls -l --time-style=+%s /etc/apt/sources.list.d /etc/modprobe.d /etc/systemd/system /etc/apt/apt.conf.d; "
+        "sudo cat /etc/docker/daemon.json 2>/dev/null || true",
+    )
+
+
+def deploy(fleet: Path) -> tuple[int, dict[str, Any], str]:
+    started = time.monotonic()
+    proc = subprocess.run(
+        [PYINFRA, "-y", "--json", "inventory.py", DEPLOY],
+        cwd=REPO_ROOT,
+        env={**os.environ, "RIGUP_RIGS": str(fleet)},
+        text=True,
+        capture_output=True,
+        timeout=1500,
+    )
+    print(f"hostlayer deploy over the bed: {time.monotonic() - started:.1f} s")  # shown with -s
+    start = proc.stdout.find("{")
+    assert start >= 0, f"no JSON on stdout\n{proc.stdout}\n{proc.stderr}"
+    return proc.returncode, json.loads(proc.stdout[start:]), proc.stdout + proc.stderr
+
+
+def changed(results: dict[str, Any], host: str) -> list[str]:
+    """Names of the operations that changed `host`."""
+    return [op["name"] for op in results["results"]["operations"] if host in op["success"]]
+
+
+def op(results: dict[str, Any], suffix: str) -> dict[str, Any]:
+    (found,) = [o for o in results["results"]["operations"] if o["name"].endswith(suffix)]
+    return found
+
+
+# --------------------------------------------------------------------------------------------
+# the bed, prepared, and two converges
+
+
+@pytest.fixture(scope="module")
+def bed(testbed_factory: Any, tmp_path_factory: pytest.TempPathFactory) -> Testbed:
+    free = shutil.disk_usage(tmp_path_factory.getbasetemp()).free / 1e9
+    if free < disk_needed_gb() + 5:
+        pytest.skip(f"the hosts share this machine's disk: {free:.0f} GB free, preflight wants {disk_needed_gb():.0f} GB")
+    return testbed_factory(SPECS)
+
+
+@pytest.fixture(scope="module")
+def prepared(bed: Testbed) -> dict[str, str]:
+    old = bed.host("rig-old")
+    sh(old, "sudo apt-get update -q")
+    sh(old, "sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q nvidia-driver-550")
+    sh(old, "sudo apt-mark hold nvidia-driver-550 nvidia-utils-550 nvidia-dkms-550 nvidia-kernel-common-550")
+    reboot(old)
+    assert "Kernel Module  550.163.01" in sh(old, "cat /proc/driver/nvidia/version")
+
+    dirty = bed.host("rig-dirty")
+    url = bed.urls["docker_apt_url"]
+    # Docker's documented manual setup with its own keyring file, plus an old line without signed-by.
+    sh(dirty, f"sudo mkdir -p /etc/apt/keyrings && curl -fsS {url}/gpg | sudo tee /etc/apt/keyrings/docker.asc >/dev/null")
+    sh(dirty, f"echo 'deb [arch=amd64 signed-by=/etc/apt/keyrings/docker.asc] {url} bookworm stable' "
+              "| sudo tee /etc/apt/sources.list.d/docker.list >/dev/null")
+    sh(dirty, f"echo 'deb {url} bookworm stable' | sudo tee -a /etc/apt/sources.list >/dev/null")
+    sh(dirty, "sudo mkdir -p /etc/docker && echo '" + json.dumps(USER_DAEMON_JSON) + "' | sudo tee /etc/docker/daemon.json")
+    return {h: snapshot(bed.host(h)) for h in REFUSED}
+
+
+@pytest.fixture(scope="module")
+def fleet(bed: Testbed, prepared: dict[str, str]) -> Path:
+    # The hub's registry speaks plain HTTP, as a LAN mirror often does: Docker must be told.
+    registry = bed.urls["container_registry"].split("/")[0]
+    return bed.write_fleet(bed.workdir / "hostlayer-rigs.yaml", data={"docker_insecure_registries": [registry]})
+
+
+@pytest.fixture(scope="module")
+def first(bed: Testbed, fleet: Path) -> Iterator[tuple[int, dict[str, Any], str, dict[str, list[float]]]]:
+    before = {h.name: boot_times(h) for h in bed.hosts}
+    code, results, log = deploy(fleet)
+    yield code, results, log, before
+
+
+@pytest.fixture(scope="module")
+def second(bed: Testbed, fleet: Path, first: Any) -> tuple[int, dict[str, Any], str]:
+    return deploy(fleet)
+
+
+# --------------------------------------------------------------------------------------------
+# first converge
+
+
+def test_refused_hosts_fail_preflight_and_stay_untouched(bed: Testbed, first: Any, prepared: dict[str, str]) -> None:
+    code, results, log, before = first
+    assert code == 1  # failed hosts make the run fail
+    pre = op(results, PREFLIGHT_OP)
+    assert set(REFUSED) <= set(pre["error"])
+    for name in REFUSED:
+        assert changed(results, name) == [], name
+        assert snapshot(bed.host(name)) == prepared[name], f"{name} changed although preflight failed"
+        assert boot_times(bed.host(name)) == before[name]
+    assert "rig-one: tensor-parallel: variant 'dual' needs 2 GPUs" in log
+    assert "rig-sb: secure-boot: Secure Boot is on" in log and "[key: nvidia_driver_source]" in log
+
+
+def test_fresh_host_gets_driver_docker_toolkit_and_passes_smoke(bed: Testbed, first: Any) -> None:
+    code, results, log, before = first
+    host = bed.host("rig-fresh")
+    assert len(boot_times(host)) == len(before["rig-fresh"]) + 1  # exactly one reboot
+    assert "Open Kernel Module for x86_64  580.95.05" in sh(host, "cat /proc/driver/nvidia/version")
+    held = sh(host, "apt-mark showhold").split()
+    assert {"nvidia-driver-580-open", "nvidia-utils-580", "nvidia-dkms-580-open", "nvidia-kernel-common-580"} <= set(held)
+    smi = sh(host, "nvidia-smi --query-gpu=power.limit,persistence_mode --format=csv,noheader,nounits")
+    assert smi.split("\n")[:2] == ["230.00, Enabled", "230.00, Enabled"]
+    assert "nouveau" in sh(host, "cat /etc/modprobe.d/blacklist-nouveau.conf")
+    assert '"libnvidia-";' in sh(host, "cat /etc/apt/apt.conf.d/52rigup-nvidia-driver")
+    assert sh(host, "systemctl is-enabled rigup-gpu-power.service").strip() == "enabled"
+    assert "nvidia" in sh(host, "sudo docker info --format '{{json .Runtimes}}'")
+    assert sh(host, "docker compose version --short || sudo docker compose version --short").strip()
+    smoke = op(results, SMOKE_OP)
+    assert "rig-fresh" in smoke["success"], (smoke, log[-6000:])
+    assert "rig-fresh" in op(results, DRIVER_OP)["success"]
+
+
+def test_old_driver_is_upgraded_with_one_reboot(bed: Testbed, first: Any) -> None:
+    code, results, log, before = first
+    host = bed.host("rig-old")
+    assert len(boot_times(host)) == len(before["rig-old"]) + 1
+    assert "580.95.05" in sh(host, "cat /proc/driver/nvidia/version")
+    packages = sh(host, "dpkg-query -W -f='${Package} ${db:Status-Abbrev}\\n' 'nvidia-*' 2>/dev/null || true")
+    installed = {line.split()[0] for line in packages.splitlines() if line.split()[1:2] in (["ii"], ["hi"])}
+    assert "nvidia-driver-580-open" in installed
+    assert not {p for p in installed if "550" in p}, installed
+
+
+def test_reboots_one_host_at_a_time(bed: Testbed, first: Any) -> None:
+    """rollout_batch is 1: the second host's reboot starts only after the first came back."""
+    _, _, _, before = first
+    new_boots = sorted(
+        boot_times(bed.host(name))[len(before[name])] for name in ("rig-fresh", "rig-old")
+    )
+    assert new_boots[1] - new_boots[0] >= 5, new_boots  # reconnect wait alone is 5 s
+
+
+def test_never_policy_installs_reports_and_does_not_reboot(bed: Testbed, first: Any) -> None:
+    code, results, log, before = first
+    host = bed.host("rig-never")
+    assert boot_times(host) == before["rig-never"]
+    assert "REBOOT REQUIRED" in log and "driver_reboot=never" in log
+    assert "nvidia-driver-580-open" in sh(host, "apt-mark showhold")
+    assert host.ssh("test -e /proc/driver/nvidia/version", check=False).returncode != 0
+    assert "rig-never" not in op(results, SMOKE_OP)["success"]  # containers would not see GPUs yet
+
+
+def test_conflicting_docker_source_is_replaced_and_user_daemon_keys_kept(bed: Testbed, first: Any) -> None:
+    host = bed.host("rig-dirty")
+    assert sh(host, "grep -c '^# disabled by rigup' /etc/apt/sources.list.d/docker.list").strip() == "1"
+    assert "# disabled by rigup" in sh(host, "cat /etc/apt/sources.list")
+    sh(host, "sudo apt-get update -q")  # apt works again (no conflicting Signed-By)
+    daemon = json.loads(sh(host, "sudo cat /etc/docker/daemon.json"))
+    assert daemon["log-driver"] == "json-file" and daemon["log-opts"] == USER_DAEMON_JSON["log-opts"]
+    assert "nvidia" in daemon["runtimes"]  # nvidia-ctk's merge
+    assert daemon["insecure-registries"] == [bed.urls["container_registry"].split("/")[0]]  # rigup's merge
+    assert "nvidia" in sh(host, "sudo docker info --format '{{json .Runtimes}}'")
+
+
+# --------------------------------------------------------------------------------------------
+# second converge
+
+
+def test_second_converge_changes_nothing(bed: Testbed, first: Any, second: Any) -> None:
+    _, _, _, before = first
+    code, results, log = second
+    for name in CONVERGED:
+        assert changed(results, name) == [], (name, changed(results, name))
+    # the never-reboot host is not converged: it reports again, and nothing else changes
+    assert changed(results, "rig-never") == [f"tasks/nvidia_driver.py | {DRIVER_OP}"]
+    assert "REBOOT REQUIRED" in log
+    for name in ("rig-fresh", "rig-old", "rig-never"):
+        assert len(boot_times(bed.host(name))) == len(before[name]) + (0 if name == "rig-never" else 1)
+    assert code == 1 and set(REFUSED) <= set(op(results, PREFLIGHT_OP)["error"])

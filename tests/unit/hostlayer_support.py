@@ -1,0 +1,82 @@
+"""Host situations built from the captures in tests/fixtures, for the preflight and operation tests."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from rigup import parsers as P
+from rigup.facts import PrebuiltModules
+from rigup.knobs import load_defaults
+from rigup.preflight import HostFacts
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+GB = 10**9
+
+
+def fx(rel: str) -> str:
+    return (FIXTURES / rel).read_text()
+
+
+def disk(avail_gb: float, mount: str = "/", filesystem: str = "/dev/nvme0n1p2", paths: tuple[str, ...] = ()) -> dict:
+    paths = paths or ("/opt/rigup", "/opt/rigup/models", "/var/lib/docker")
+    return {
+        p: P.DiskFree(p, p, filesystem, mount, int(2000 * GB), int(avail_gb * GB))
+        for p in paths
+    }
+
+
+def prebuilt(available: bool, branch_flavour: str = "580-open", kernel: str = "6.8.0-45-generic") -> PrebuiltModules:
+    abi = f"linux-modules-nvidia-{branch_flavour}-{kernel}"
+    meta = f"linux-modules-nvidia-{branch_flavour}-generic"
+    policy = {abi: P.AptPolicy(None, "6.8.0-45.45+1"), meta: P.AptPolicy(None, "6.8.0-45.45+1")} if available else {}
+    return PrebuiltModules(kernel, abi, (meta,), policy)
+
+
+def fresh_2x3090(**changes: Any) -> HostFacts:
+    """Ubuntu 24.04, two RTX 3090 on nouveau, nothing installed."""
+    facts = HostFacts(
+        os=P.parse_os_release(fx("os-release/ubuntu-24.04.txt")),
+        smi=None,
+        pci=tuple(
+            d for d in P.parse_lspci(fx("lspci/2x3090-nouveau.txt")) if d.vendor_id == "10de" and d.class_code == "0300"
+        ),
+        loaded=None,
+        packages=P.parse_dpkg_query(fx("dpkg/fresh.txt")),
+        secure_boot="disabled",
+        prebuilt=prebuilt(True),
+        docker=None,
+        docker_snap=False,
+        pending_reboot=P.PendingReboot(False, ()),
+        disk=disk(300),
+        present_bytes={},
+    )
+    return dataclasses.replace(facts, **changes)
+
+
+def converged_2x3090(**changes: Any) -> HostFacts:
+    """Driver 580 open installed, held, loaded; Docker with the nvidia runtime."""
+    facts = fresh_2x3090(
+        smi=P.parse_gpu_query(fx("nvidia-smi/2x3090-580-capped.csv")),
+        loaded=P.parse_nvidia_version_file(fx("proc-nvidia-version/open-580.txt")),
+        packages=P.parse_dpkg_query(fx("dpkg/580-open-held.txt")),
+        docker=P.parse_docker_info(fx("docker-info/with-nvidia.json")),
+    )
+    return dataclasses.replace(facts, **changes)
+
+
+def one_3090_on_550(**changes: Any) -> HostFacts:
+    facts = fresh_2x3090(
+        smi=P.parse_gpu_query(fx("nvidia-smi/1x3090-550.csv")),
+        pci=tuple(d for d in P.parse_lspci(fx("lspci/1x3090-nvidia.txt")) if d.class_code == "0300"),
+        loaded=P.parse_nvidia_version_file(fx("proc-nvidia-version/proprietary-550.txt")),
+        packages=P.parse_dpkg_query(fx("dpkg/550-proprietary-held.txt")),
+    )
+    return dataclasses.replace(facts, **changes)
+
+
+def host_data(**changes: Any) -> dict[str, Any]:
+    data = load_defaults()
+    data.update(changes)
+    return data

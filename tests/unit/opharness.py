@@ -1,0 +1,96 @@
+"""A small harness for rigup's custom operations: scripted facts in, commands (or noop text) out.
+
+Same idea as pyinfra_testing (which calls `op._inner` with mocked facts), without its wrapper for
+argument-less facts: a scripted fact value comes back exactly as given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyinfra.api import Config, FunctionCommand, StringCommand
+from pyinfra.context import ctx_host, ctx_state
+
+
+class ScriptedData:
+    def __init__(self, values: Mapping[str, Any]):
+        self._values = dict(values)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._values.get(key, default)
+
+    def dict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self._values[key]
+        except KeyError as exc:
+            raise AttributeError(key) from exc
+
+
+@dataclass
+class ScriptedHost:
+    """Stands in for pyinfra's Host. `facts` maps a fact class to its value, or to a function of
+    the fact's keyword arguments; a fact nobody scripted is a test error."""
+
+    facts: dict[type, Any]
+    data: Any = None
+    name: str = "rig-test"
+    noops: list[str] = field(default_factory=list)
+    logs: list[str] = field(default_factory=list)
+    fact_calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    current_op_global_arguments: dict[str, Any] | None = None  # read by built-in ops used via _inner
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.data, ScriptedData):
+            self.data = ScriptedData(self.data or {})
+
+    def get_fact(self, cls: type, **kwargs: Any) -> Any:
+        self.fact_calls.append((cls.__name__, kwargs))
+        if cls not in self.facts:
+            raise AssertionError(f"fact {cls.__name__}({kwargs}) was not scripted")
+        value = self.facts[cls]
+        return value(**kwargs) if callable(value) and not isinstance(value, type) else value
+
+    def noop(self, description: str) -> None:
+        self.noops.append(description)
+
+    def log_styled(self, message: str, **_: Any) -> None:
+        self.logs.append(message)
+
+    def log(self, message: str, **_: Any) -> None:
+        self.logs.append(message)
+
+
+@dataclass
+class ScriptedState:
+    is_executing: bool = True
+    config: Any = field(default_factory=Config)
+
+
+def render(command: Any) -> Any:
+    if isinstance(command, StringCommand):
+        return command.get_raw_value()
+    if isinstance(command, FunctionCommand):
+        return ("function", command.function.__name__)
+    return repr(command)
+
+
+def run_op(op: Callable[..., Any], host: ScriptedHost, executing: bool = True, **kwargs: Any) -> list[Any]:
+    """The commands `op` yields for `host` (rendered); noop texts land in host.noops."""
+    return [render(c) for c in raw_commands(op, host, executing, **kwargs)]
+
+
+def raw_commands(op: Callable[..., Any], host: ScriptedHost, executing: bool = True, **kwargs: Any) -> list[Any]:
+    with ctx_host.use(host), ctx_state.use(ScriptedState(executing)):
+        return list(op._inner(**kwargs))  # type: ignore[attr-defined]
+
+
+def call_function(command: FunctionCommand, host: ScriptedHost) -> Any:
+    """Run a FunctionCommand through pyinfra's own FunctionCommand.execute: functions whose
+    parameters are named (state, host) get both and their return value is the status."""
+    with ctx_host.use(host), ctx_state.use(ScriptedState(True)):
+        return command.execute(ScriptedState(True), host, {})  # type: ignore[arg-type]
