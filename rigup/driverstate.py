@@ -111,6 +111,12 @@ class DriverPlan:
     unhold: tuple[str, ...]  # held packages that would block the install
     summary: str  # one line for humans (noop text, doctor, reports)
 
+    @property
+    def external(self) -> bool:
+        """The loaded driver satisfies the wanted branch but no apt package installed it (runfile
+        installer, or a driver the hypervisor/host provides): rigup neither installs over it nor holds it."""
+        return self.action == "none" and self.installed is None
+
 
 def _satisfies(d: DriverPackage, want: DriverWant) -> bool:
     return d.branch >= want.branch and d.flavour == want.flavour and d.source == want.source
@@ -119,7 +125,9 @@ def _satisfies(d: DriverPackage, want: DriverWant) -> bool:
 def plan_driver(want: DriverWant, packages: Iterable[DebPackage], loaded: LoadedModule | None) -> DriverPlan:
     """Compare wanted branch, installed driver packages and the loaded module.
 
-    none: a satisfying driver is installed and its module is the one loaded.
+    none: a satisfying driver is installed and its module is the one loaded; or no driver package
+      is installed at all and the loaded module is of a wanted branch and flavour (runfile or
+      host-provided driver, see DriverPlan.external): apt-installing over it would break it.
     reboot: it is installed but the loaded module is missing or another version/flavour.
     install: no satisfying driver package is installed.
     """
@@ -127,6 +135,23 @@ def plan_driver(want: DriverWant, packages: Iterable[DebPackage], loaded: Loaded
     metas = driver_packages(pkgs)
     good = [d for d in metas if _satisfies(d, want)]
     loaded_text = "no module loaded" if loaded is None else f"loaded {loaded.version} ({loaded.flavour})"
+    packaged = any(p.installed and package_branch(p.name) is not None for p in pkgs)
+    if (
+        not metas
+        and not packaged
+        and loaded is not None
+        and loaded.branch >= want.branch
+        and loaded.flavour == want.flavour
+    ):
+        return DriverPlan(
+            "none",
+            None,
+            loaded,
+            (),
+            (),
+            f"driver {loaded.version} ({loaded.flavour}) loaded, not installed by apt (runfile or host-provided): "
+            f"satisfies branch >= {want.branch}; left as is (not reinstalled, not held)",
+        )
     if good:
         best = good[0]
         if loaded is not None and loaded.version == best.version and loaded.flavour == best.flavour:
