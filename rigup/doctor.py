@@ -12,9 +12,10 @@ import json
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TextIO
 
-from rigup.preflight import Check, HostFacts, failures, gather, run_checks
+from rigup.preflight import Check, HostFacts, failures, gather, host_recipe, run_checks
 
 
 @dataclass
@@ -40,19 +41,16 @@ class HostReport:
         }
 
 
-def _recipe(data: dict[str, Any]) -> tuple[Any | None, str | None]:
-    from rigup.recipe import resolve
-
-    try:
-        return resolve(data), None
-    except Exception as exc:  # reported as the "recipe" check, like the task does
-        return None, f"{type(exc).__name__}: {exc}"
-
-
-def collect(hosts: Sequence[tuple[str, dict[str, Any]]], sudo: bool = True) -> list[HostReport]:
+def collect(
+    hosts: Sequence[tuple[str, dict[str, Any]]], sudo: bool = True, lock_dir: Path | None = None
+) -> list[HostReport]:
     """Connect to `hosts` ((name, host data) pairs, data already merged with the knob defaults)
-    with pyinfra's API and run every check on each one."""
+    with pyinfra's API and run every check on each one. The recipe is built as the deploy builds it
+    (rigup.lock.locked_recipe with the host's GPU topology); a relative lock_file is read from
+    `lock_dir` (default: the fleet file's directory)."""
     from pyinfra.api import Config, Inventory, State
+
+    from rigup.fitfacts import GpuTopology
     from pyinfra.api.exceptions import PyinfraError
     from pyinfra.api.connect import connect_all
     from pyinfra.api.state import StateStage
@@ -73,15 +71,17 @@ def collect(hosts: Sequence[tuple[str, dict[str, Any]]], sudo: bool = True) -> l
                 reports.append(HostReport(host.name, False, error="could not connect (see the log above)"))
                 continue
             data = host.data.dict()
-            recipe, recipe_error = _recipe(data)
             with ctx_host.use(host):
                 try:
-                    facts = gather(lambda cls, **kw: host.get_fact(cls, **kw), data, recipe)
+                    topology = host.get_fact(GpuTopology)
+                    built = host_recipe(data, host.name, topology, lock_dir)
+                    facts = gather(lambda cls, **kw: host.get_fact(cls, **kw), data, built.recipe, topology)
                 except Exception as exc:  # a fact command failed on this host: report, go on
                     reports.append(HostReport(host.name, True, error=f"{type(exc).__name__}: {exc}"))
                     continue
             failed_by_fact = host in state.failed_hosts
-            report = HostReport(host.name, True, run_checks(facts, recipe, data, recipe_error), facts)
+            checks = run_checks(facts, built.recipe, data, built.error, built.lock_problem)
+            report = HostReport(host.name, True, checks, facts)
             if failed_by_fact:
                 report.error = "a fact could not be read (see the log above)"
             reports.append(report)
@@ -141,8 +141,9 @@ def _fleet_hosts(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
 def run(
     args: argparse.Namespace,
     out: TextIO = sys.stdout,
-    collector: Callable[[Sequence[tuple[str, dict[str, Any]]]], list[HostReport]] = collect,
+    collector: Callable[..., list[HostReport]] = collect,
 ) -> int:
+    """`collector(hosts, lock_dir=DIR)` runs the checks (tests pass their own)."""
     from rigup.fleet import FleetError
 
     try:
@@ -153,7 +154,10 @@ def run(
     if not hosts:
         print("rigup doctor: no hosts match", file=sys.stderr)
         return 2
-    reports = collector(hosts)
+    from rigup.fleet import fleet_path
+
+    fleet_file = Path(args.fleet).expanduser().resolve() if args.fleet else fleet_path()
+    reports = collector(hosts, lock_dir=fleet_file.parent)
     if args.json:
         json.dump({"ok": all(r.ok for r in reports), "hosts": [r.to_json() for r in reports]}, out, indent=2)
         out.write("\n")
@@ -169,8 +173,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="run the preflight checks against the fleet's hosts (read-only)",
         description=(
             "Connect to every host of the fleet file with pyinfra and run the preflight checks the "
-            "deploy runs first: OS, GPUs and tensor-parallel size, compute capability, VRAM, driver "
-            "branch vs image CUDA, Secure Boot, disk, snap Docker. Changes nothing."
+            "deploy runs first: OS, GPUs and their layout for the variant's tensor-parallel size, compute "
+            "capability, VRAM fit against the measured envelopes, driver branch and loaded driver vs the "
+            "image's CUDA, interconnect, Secure Boot, disk, snap Docker, lock. Changes nothing."
         ),
     )
     parser.add_argument("--fleet", metavar="FILE", help="fleet file (default: $RIGUP_RIGS, else rigs.yaml)")

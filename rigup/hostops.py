@@ -1,4 +1,5 @@
-"""Custom operations for the host layer: preflight gate, NVIDIA driver state machine, apt holds,
+"""Custom operations for the host layer: preflight gate (and its re-run once a new driver is
+loaded), NVIDIA driver state machine, apt holds,
 apt source conflicts, Docker's daemon.json and nvidia runtime, /dev/char links, GPU power state,
 GPU smoke test.
 
@@ -43,8 +44,9 @@ from rigup.facts import (
     NvidiaKernelModule,
     NvidiaPackages,
 )
+from rigup.fitfacts import GpuTopology
 from rigup.parsers import AptSource
-from rigup.preflight import failures, gather, run_checks
+from rigup.preflight import Check, failures, gather, host_recipe, run_checks
 
 # Files rigup owns for the third-party apt repositories (one place, used by several task files).
 KEYRING_DIR = "/etc/apt/keyrings"
@@ -85,13 +87,14 @@ def _fail_host(state: Any, host: Any, title: str, lines: list[str]) -> bool:
 # Preflight
 
 
-def _recipe_for(data: Mapping[str, Any]) -> tuple[Any | None, str | None]:
-    from rigup.recipe import resolve
-
-    try:
-        return resolve(data), None
-    except Exception as exc:  # RecipeError, CatalogError, bad knob types: all reported as a check
-        return None, f"{type(exc).__name__}: {exc}"
+def preflight_report(target: Any) -> list[Check]:
+    """Every preflight check for `target` (a pyinfra Host), from facts read now: the recipe is the
+    one the later phases build (rigup.lock.locked_recipe with the host's GPU topology)."""
+    data = target.data.dict()
+    topology = target.get_fact(GpuTopology)
+    built = host_recipe(data, target.name, topology)
+    facts = gather(lambda cls, **kw: target.get_fact(cls, **kw), data, built.recipe, topology)
+    return run_checks(facts, built.recipe, data, built.error, built.lock_problem)
 
 
 @operation()
@@ -100,8 +103,9 @@ def preflight_checks():
     Fail this host before anything changes when a preflight check fails; no-op when all pass.
 
     Reads the facts rigup.preflight needs (OS, GPUs, driver packages and module, Secure Boot, disk,
-    Docker) and the host's recipe. Failed checks of severity "error" fail the host (not the run)
-    with one line per check naming the host, the key and the fix; warnings are logged.
+    Docker, GPU memory in use, driver CUDA version, GPU topology) and the host's recipe. Failed checks
+    of severity "error" fail the host (not the run) with one line per check naming the host, the key
+    and the fix; warnings are logged.
 
     **Example:**
 
@@ -109,10 +113,7 @@ def preflight_checks():
 
         hostops.preflight_checks(name="Run preflight checks")
     """
-    data = host.data.dict()
-    recipe, recipe_error = _recipe_for(data)
-    facts = gather(lambda cls, **kw: host.get_fact(cls, **kw), data, recipe)
-    checks = run_checks(facts, recipe, data, recipe_error)
+    checks = preflight_report(host)
     failed = failures(checks)
     warnings = [c for c in checks if not c.ok and not c.failed]
     if state.is_executing:
@@ -127,6 +128,39 @@ def preflight_checks():
         for line in lines:
             logger.warning(f"[{host.name}] preflight will fail: {line}")
     yield FunctionCommand(_fail_host, (f"preflight failed ({len(failed)} checks)", lines), {})
+
+
+def _preflight_now(state: Any, host: Any) -> bool:
+    checks = preflight_report(host)
+    failed = failures(checks)
+    for check in checks:
+        if not check.ok and not check.failed:
+            host.log_styled(f"preflight warning: {check.describe(host.name)}", fg="yellow", log_func=logger.warning)
+    if failed:
+        return _fail_host(
+            state, host, f"preflight failed with the driver loaded ({len(failed)} checks)", [c.describe(host.name) for c in failed]
+        )
+    host.log_styled(f"preflight with the driver loaded: {len(checks)} checks passed", fg="green", log_func=logger.info)
+    return True
+
+
+@operation()
+def preflight_after_driver():
+    """
+    Run every preflight check again from facts read now, and fail this host when one fails.
+
+    Before the driver is loaded preflight knows the GPUs from lspci only: VRAM of cards whose PCI id
+    is shared by boards of several memory sizes, compute capability of unknown cards, power limits
+    and the driver's CUDA version wait for nvidia-smi. Run it ``_if`` the driver operation changed
+    the host (it rebooted onto a new driver), before Docker, sources and the model are set up.
+
+    **Example:**
+
+    .. code:: python
+
+        hostops.preflight_after_driver(name="Re-run preflight with the new driver loaded", _if=driver.did_change)
+    """
+    yield FunctionCommand(_preflight_now, (), {})
 
 
 # --------------------------------------------------------------------------------------------
@@ -309,6 +343,9 @@ def nvidia_driver_hold(branch: int, flavour: str = "open", source: str = "ubuntu
     want = DriverWant(int(branch), flavour, source)  # type: ignore[arg-type]
     packages = host.get_fact(NvidiaPackages)
     plan = plan_driver(want, packages, host.get_fact(NvidiaKernelModule))
+    if plan.external:  # no apt package to hold: the driver came from a runfile or the host
+        host.noop(plan.summary)
+        return
     if plan.installed is None:
         names = list(wanted_packages(want))
         held: set[str] = set()

@@ -27,9 +27,13 @@ import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:  # only for hints: the functions below import rigup.recipe lazily
+    from rigup.interconnect import Topology
+    from rigup.recipe import Recipe
 
 LOCK_VERSION = 1
 SHA40 = re.compile(r"^[0-9a-f]{40}$")
@@ -381,12 +385,27 @@ def deploy_lock(host_data: Mapping[str, Any], base_dir: Path | None = None) -> L
     return lock
 
 
-def locked_recipe(host_data: Mapping[str, Any], host_name: str = "this host", base_dir: Path | None = None) -> tuple[Any, LockFile]:
-    """(recipe resolved with the lock, lock) for a host; LockError when an entry is missing or stale."""
-    from rigup.recipe import resolve
+def locked_recipe(
+    host_data: Mapping[str, Any],
+    host_name: str = "this host",
+    base_dir: Path | None = None,
+    topology: Topology | None = None,
+) -> tuple[Recipe, LockFile]:
+    """(recipe, lock) for a host: THE way every phase (preflight, serving, status, doctor) builds a
+    host's recipe, so they all render and compare the same thing.
+
+    + host_data: the host's knobs
+    + host_name: for the error message
+    + base_dir: directory a relative lock_file is read from (default: the fleet file's)
+    + topology: rigup.interconnect.Topology read on the host (fact rigup.fitfacts.GpuTopology); None
+      when nothing was detected (no driver yet): the gpu_interconnect knob alone decides the NCCL settings
+
+    Raises LockError when the lock file is missing or an entry the variant needs is missing or stale.
+    """
+    from rigup.interconnect import resolve_for_host
 
     lock = deploy_lock(host_data, base_dir)
-    recipe = resolve(host_data, lock)
+    recipe = resolve_for_host(host_data, topology, lock)
     problems = lock_problems(recipe, host_data, lock)
     if problems:
         raise LockError(

@@ -41,22 +41,28 @@ class KnownGpu(_Jsonable):
     name: str  # as nvidia-smi prints it
     architecture: str
     compute_capability: tuple[int, int]
-    memory_mib: int  # nvidia-smi memory.total of the common board
+    # nvidia-smi memory.total of every board with this device id; None when boards with the same id
+    # come with different memory sizes (the driver alone can tell)
+    memory_mib: int | None
+    memory_note: str = ""  # why memory_mib is None
 
+
+# Reference boards with more memory soldered on keep their device id: lspci cannot tell them apart.
+_SHARED_ID = "boards with {sizes} share PCI device id {id}"
 
 # PCI device id (lower-case hex, vendor 10de) -> card. memory_mib is what nvidia-smi reports as
-# memory.total on the reference board; used only while no driver is loaded.
+# memory.total; used only while no driver is loaded.
 KNOWN_GPUS: dict[str, KnownGpu] = {
     "1b06": KnownGpu("NVIDIA GeForce GTX 1080 Ti", "Pascal", (6, 1), 11264),
-    "1e04": KnownGpu("NVIDIA GeForce RTX 2080 Ti", "Turing", (7, 5), 11264),
-    "1e07": KnownGpu("NVIDIA GeForce RTX 2080 Ti", "Turing", (7, 5), 11264),
+    "1e04": KnownGpu("NVIDIA GeForce RTX 2080 Ti", "Turing", (7, 5), None, _SHARED_ID.format(sizes="11 GB and 22 GB", id="1e04")),
+    "1e07": KnownGpu("NVIDIA GeForce RTX 2080 Ti", "Turing", (7, 5), None, _SHARED_ID.format(sizes="11 GB and 22 GB", id="1e07")),
     "1eb8": KnownGpu("Tesla T4", "Turing", (7, 5), 15360),
     "20b0": KnownGpu("NVIDIA A100-SXM4-40GB", "Ampere", (8, 0), 40960),
     "20b2": KnownGpu("NVIDIA A100-SXM4-80GB", "Ampere", (8, 0), 81920),
     "20b5": KnownGpu("NVIDIA A100 80GB PCIe", "Ampere", (8, 0), 81920),
     "2204": KnownGpu("NVIDIA GeForce RTX 3090", "Ampere", (8, 6), 24576),
     "2203": KnownGpu("NVIDIA GeForce RTX 3090 Ti", "Ampere", (8, 6), 24564),
-    "2206": KnownGpu("NVIDIA GeForce RTX 3080", "Ampere", (8, 6), 10240),
+    "2206": KnownGpu("NVIDIA GeForce RTX 3080", "Ampere", (8, 6), None, _SHARED_ID.format(sizes="10 GB and 20 GB", id="2206")),
     "2230": KnownGpu("NVIDIA RTX A6000", "Ampere", (8, 6), 49140),
     "2231": KnownGpu("NVIDIA RTX A5000", "Ampere", (8, 6), 24564),
     "2684": KnownGpu("NVIDIA GeForce RTX 4090", "Ada Lovelace", (8, 9), 24564),

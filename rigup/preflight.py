@@ -1,13 +1,17 @@
 """Preflight checks: pure functions from (facts, recipe, host data) to a list of Check results.
 
 tasks/preflight.py (through rigup.hostops.preflight_checks) fails a host on any failed check of
-severity "error"; `python -m rigup doctor` prints the same list as a table or JSON.
+severity "error"; `python -m rigup doctor` prints the same list as a table or JSON. The recipe's fit
+on the host (VRAM envelope, driver CUDA vs the image, GPU layout, interconnect) comes from
+rigup.fit.assess and is reported as checks of the same kind.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from rigup.driverstate import (
@@ -35,6 +39,9 @@ from rigup.facts import (
     RebootPending,
     SecureBoot,
 )
+from rigup.fit import GpuState, assess
+from rigup.fitfacts import DriverCudaVersion, GpuMemoryUse, GpuTopology
+from rigup.interconnect import Topology
 from rigup.parsers import (
     DebPackage,
     DiskFree,
@@ -47,6 +54,7 @@ from rigup.parsers import (
     SecureBootState,
     SmiQuery,
     gpus_from_pci,
+    known_gpu,
 )
 
 Severity = Literal["error", "warning", "info"]
@@ -95,6 +103,11 @@ class HostFacts:
     pending_reboot: PendingReboot | None
     disk: Mapping[str, DiskFree] = field(default_factory=dict)
     present_bytes: Mapping[str, int] = field(default_factory=dict)  # path or image ref -> bytes already there
+    # rigup.fitfacts, None without a working driver: memory per GPU (this variant's container's own
+    # use excluded), the CUDA version the loaded driver supports, nvidia-smi topo
+    gpu_memory: tuple[GpuState, ...] | None = None
+    driver_cuda: str | None = None
+    topology: Topology | None = None
 
     @property
     def gpus(self) -> tuple[Gpu, ...]:
@@ -121,8 +134,11 @@ class HostFacts:
 def _jsonable(value: Any) -> Any:
     if hasattr(value, "to_json"):
         return value.to_json()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, Mapping):
-        return {k: _jsonable(v) for k, v in value.items()}
+        # Topology keys GPU pairs by (a, b): "0-1" in JSON
+        return {"-".join(map(str, k)) if isinstance(k, tuple) else k: _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
     return value
@@ -139,10 +155,45 @@ def disk_paths(host_data: Mapping[str, Any], docker: DockerInfo | None) -> dict[
 
 
 FactGetter = Callable[..., Any]
+_UNREAD: Any = object()
 
 
-def gather(get_fact: FactGetter, host_data: Mapping[str, Any], recipe: Any | None) -> HostFacts:
-    """Read every fact the checks need through `get_fact(FactClass, **kwargs)` (host.get_fact)."""
+@dataclass(frozen=True)
+class HostRecipe:
+    """A host's recipe as the checks see it, and why it is missing or unpinned."""
+
+    recipe: Any | None  # rigup.recipe.Recipe
+    error: str | None = None  # why there is no recipe (a failed "recipe" check)
+    lock_problem: str | None = None  # why the lock's pins were not used (a "lock" warning)
+
+
+def host_recipe(
+    host_data: Mapping[str, Any], host_name: str, topology: Topology | None, base_dir: Path | None = None
+) -> HostRecipe:
+    """The recipe every later phase will build (rigup.lock.locked_recipe: lock pins + the interconnect
+    of `topology`). Without a usable lock, the catalog's refs stand in so the hardware checks still
+    run; the sources, model and serving phases refuse to run until `python -m rigup lock` is done."""
+    from rigup.interconnect import resolve_for_host
+    from rigup.lock import LockError, locked_recipe
+
+    lock_problem: str | None = None
+    try:
+        return HostRecipe(locked_recipe(host_data, host_name, base_dir, topology)[0])
+    except LockError as exc:
+        lock_problem = str(exc)
+    except Exception as exc:  # RecipeError, CatalogError, bad knob types: reported as the "recipe" check
+        return HostRecipe(None, f"{type(exc).__name__}: {exc}")
+    try:
+        return HostRecipe(resolve_for_host(host_data, topology, None), None, lock_problem)
+    except Exception as exc:
+        return HostRecipe(None, f"{type(exc).__name__}: {exc}", lock_problem)
+
+
+def gather(
+    get_fact: FactGetter, host_data: Mapping[str, Any], recipe: Any | None, topology: Topology | None = _UNREAD
+) -> HostFacts:
+    """Read every fact the checks need through `get_fact(FactClass, **kwargs)` (host.get_fact).
+    `topology`: GpuTopology when the caller read it already (to build the recipe)."""
     try:
         want = DriverWant.from_data(host_data)
     except ValueError:
@@ -172,6 +223,9 @@ def gather(get_fact: FactGetter, host_data: Mapping[str, Any], recipe: Any | Non
         pending_reboot=get_fact(RebootPending),
         disk=get_fact(FreeDisk, paths=sorted(set(paths.values()))),
         present_bytes=present,
+        gpu_memory=get_fact(GpuMemoryUse, container_name=recipe.container_name) if recipe is not None else None,
+        driver_cuda=get_fact(DriverCudaVersion),
+        topology=get_fact(GpuTopology) if topology is _UNREAD else topology,
     )
 
 
@@ -256,47 +310,9 @@ def check_gpus(facts: HostFacts, recipe: Any | None, host_data: Mapping[str, Any
 
     if recipe is None:
         return out
+    # The GPU count against tensor parallelism and the VRAM are the fit's (gpu-layout, vram-fit).
     need = int(recipe.gpu_count)
     variant = recipe.variant
-    if recipe.tensor_parallel_size not in recipe.valid_tensor_parallel_sizes:
-        out.append(
-            _fail(
-                "tensor-parallel",
-                f"tensor parallel size {recipe.tensor_parallel_size} is not valid for variant {variant!r} "
-                f"(valid: {list(recipe.valid_tensor_parallel_sizes)})",
-                "set variant_overrides.tensor_parallel_size to a valid size",
-                "variant_overrides",
-            )
-        )
-    if len(gpus) < need:
-        fits = [s for s in recipe.valid_tensor_parallel_sizes if s <= len(gpus)]
-        fix = (
-            f"choose a variant for {len(gpus)} GPU(s)"
-            + (f" or set variant_overrides.tensor_parallel_size to {max(fits)}" if fits else "")
-        )
-        out.append(
-            _fail(
-                "tensor-parallel",
-                f"variant {variant!r} needs {need} GPUs (tensor parallel {recipe.tensor_parallel_size}), "
-                f"this host has {len(gpus)}",
-                fix,
-                "variant",
-            )
-        )
-    elif len(gpus) > need:
-        out.append(
-            Check(
-                "tensor-parallel",
-                False,
-                "warning",
-                f"variant {variant!r} uses {need} of {len(gpus)} GPUs; the rest stay idle",
-                "choose a variant with a larger tensor parallel size to use every GPU",
-                "variant",
-            )
-        )
-    else:
-        out.append(_ok("tensor-parallel", f"{need} GPU(s) for tensor parallel {recipe.tensor_parallel_size}", "variant"))
-
     used = gpus[:need] if len(gpus) >= need else gpus
     min_cc = tuple(recipe.min_compute_capability)
     unknown = [g for g in used if g.compute_capability is None]
@@ -318,36 +334,73 @@ def check_gpus(facts: HostFacts, recipe: Any | None, host_data: Mapping[str, Any
                 "compute-capability",
                 False,
                 "warning",
-                f"{unknown[0].name} is not a known card and no driver is loaded: compute capability unchecked",
-                "run the deploy again after the driver is loaded (nvidia-smi reports it)",
+                f"{unknown[0].name} is not a known card and no driver is loaded: compute capability "
+                f"unchecked; {rechecked_when(facts, host_data)}",
+                None,
                 "variant",
             )
         )
     else:
         out.append(_ok("compute-capability", f"all used GPUs >= {min_cc[0]}.{min_cc[1]}", "variant"))
 
-    min_mib = float(recipe.min_gpu_memory_gb) * 1000  # catalog GB = nvidia-smi MiB / 1000
-    small = [g for g in used if g.memory_mib is not None and g.memory_mib < min_mib]
-    misfit = str(host_data.get("preflight_vram_misfit") or "fail")
-    if small:
-        g = small[0]
-        out.append(
-            Check(
-                "vram",
-                False,
-                "error" if misfit == "fail" else "warning",
-                f"GPU {g.index} ({g.name}) has {g.memory_mib} MiB; variant {variant!r} was measured on "
-                f">= {recipe.min_gpu_memory_gb:g} GB cards",
-                "choose a smaller variant, lower variant_overrides.max_model_len, or set preflight_vram_misfit: warn",
-                "preflight_vram_misfit",
-            )
-        )
-    elif any(g.memory_mib is None for g in used):
-        out.append(
-            Check("vram", False, "warning", "VRAM of an unknown card could not be checked", None, "preflight_vram_misfit")
-        )
+    return out
+
+
+def rechecked_when(facts: HostFacts, host_data: Mapping[str, Any]) -> str:
+    """When a check that needs the driver runs again (rigup.hostops.preflight_after_driver re-runs
+    every check once the driver op rebooted the host onto a new driver)."""
+    try:
+        want = DriverWant.from_data(host_data)
+    except ValueError:
+        return "re-checked once the driver is loaded"
+    if plan_driver(want, facts.packages, facts.loaded).action == "none":
+        return "re-checked by the next deploy once nvidia-smi answers"
+    if host_data.get("driver_reboot", "auto") == "auto":
+        return "re-checked after the driver's reboot, before Docker and the model are set up"
+    return "re-checked by the next deploy once the host has been rebooted onto the driver (driver_reboot: never)"
+
+
+FIT_SEVERITY: dict[str, Severity] = {"fail": "error", "warn": "warning", "info": "info"}
+
+
+def _pre_driver_vram(check: Check, facts: HostFacts, recipe: Any, host_data: Mapping[str, Any]) -> Check:
+    """vram-fit on GPUs only lspci knows: memory from the PCI id table, or honestly unknown."""
+    unknown = [g for g in facts.gpus[: recipe.gpu_count] if g.memory_mib is None]
+    if not unknown:
+        return dataclasses.replace(check, message=f"no driver yet, memory from the PCI ids: {check.message}")
+    g = unknown[0]
+    dev = next((d for d in facts.pci or () if d.bus_id == g.bus_id), None)
+    known = known_gpu(device_id=dev.device_id) if dev is not None else None
+    if known is not None and known.memory_note:
+        why = known.memory_note
     else:
-        out.append(_ok("vram", f"every used GPU has >= {recipe.min_gpu_memory_gb:g} GB", "preflight_vram_misfit"))
+        why = f"PCI id 10de:{dev.device_id} is not in rigup's table of cards" if dev is not None else "not a known card"
+    return Check(
+        "vram-fit",
+        False,
+        "warning",
+        f"VRAM unknown until the driver loads: GPU {g.index} ({g.name}): {why}; {rechecked_when(facts, host_data)}",
+        None,
+        "preflight_vram_misfit",
+    )
+
+
+def check_fit(facts: HostFacts, recipe: Any | None, host_data: Mapping[str, Any], plan: DriverPlan | None) -> list[Check]:
+    """rigup.fit.assess as checks: cuda-compat, gpu-layout, gpu-mix, vram-fit, vram-driver, interconnect."""
+    gpus: tuple[Any, ...] = facts.gpu_memory if facts.gpu_memory is not None else facts.gpus
+    if recipe is None or not gpus:
+        return []  # no recipe, or no GPU: the "recipe" / "gpus" checks say so
+    # The loaded driver's CUDA only matters when this run keeps it; otherwise driver-cuda checks the planned branch.
+    keeps_driver = plan is None or plan.action == "none"
+    cuda = facts.driver_cuda if keeps_driver else None
+    out: list[Check] = []
+    for f in assess(recipe, gpus, cuda, str(host_data.get("preflight_vram_misfit", "fail"))):
+        if f.name == "cuda-compat" and not keeps_driver:
+            continue
+        check = Check(f.name, f.ok, FIT_SEVERITY[f.severity], f.message, f.fix, f.key)
+        if f.name == "vram-fit" and facts.gpu_memory is None and facts.gpu_source == "lspci":
+            check = _pre_driver_vram(check, facts, recipe, host_data)
+        out.append(check)
     return out
 
 
@@ -532,13 +585,15 @@ def run_checks(
     recipe: Any | None,
     host_data: Mapping[str, Any],
     recipe_error: str | None = None,
+    lock_problem: str | None = None,
 ) -> list[Check]:
     """Every preflight check for one host, in a stable order.
 
     + facts: what `gather` read from the host
-    + recipe: rigup.recipe.resolve(host_data), or None when it could not be built
+    + recipe: the host's recipe (`host_recipe`), or None when it could not be built
     + host_data: the host's knobs
     + recipe_error: why the recipe could not be built (reported as a failed check)
+    + lock_problem: why the lock's pins could not be used (reported as a warning)
     """
     checks: list[Check] = [check_os(facts, host_data)]
     if recipe is None:
@@ -552,8 +607,20 @@ def run_checks(
         )
     else:
         checks.append(_ok("recipe", f"variant {recipe.variant!r}", "variant"))
+    if lock_problem is not None:
+        checks.append(
+            Check(
+                "lock",
+                False,
+                "warning",
+                f"checked against the catalog's refs: {lock_problem}",
+                "python -m rigup lock (the sources, model and serving phases refuse to run without it)",
+                "lock_file",
+            )
+        )
     checks += check_gpus(facts, recipe, host_data)
     want, plan, driver_check = driver_plan(facts, host_data)
+    checks += check_fit(facts, recipe, host_data, plan)
     checks.append(driver_check)
     for extra in (
         check_reboot_policy(host_data),

@@ -5,14 +5,16 @@ True afterwards: the driver metapackage for nvidia_driver_branch / _flavour / _s
 archive has them for the running kernel; CUDA repo: nvidia-open-<branch> / cuda-drivers-<branch>),
 its module is the one loaded (verified after the reboot), its packages are held and excluded from
 unattended-upgrades, nouveau is blacklisted, and rigup-gpu-power.service sets persistence mode and
-gpu_power_cap_watts at every boot (re-applied now only when nvidia-smi shows drift).
+gpu_power_cap_watts at every boot (re-applied now only when nvidia-smi shows drift). After a
+driver change and its reboot every preflight check runs again with nvidia-smi answering (VRAM,
+driver CUDA, compute capability, power limits) and fails the host before Docker and the model.
 
 Also disables hand-made apt entries for Docker's and the toolkit's repositories first (they would
 break every apt update once rigup adds its own; tasks/docker.py and container_toolkit.py add those).
 
 Reads: nvidia_driver_branch, nvidia_driver_flavour, nvidia_driver_source, nvidia_cuda_repo_url,
 nvidia_cuda_repo_key_url, docker_apt_url, nvidia_ctk_apt_url, driver_reboot, driver_reboot_timeout_s, gpu_persistence_enabled,
-gpu_power_cap_watts, rollout_batch, variant.
+gpu_power_cap_watts, rollout_batch, variant; after a driver change also every key tasks/preflight.py reads.
 Stops: rigup-<variant>.service before the driver changes. Reboots: when the installed driver is not
 the loaded one and driver_reboot is auto, at most rollout_batch hosts at a time (the smallest value
 in the inventory). With driver_reboot: never it reports REBOOT REQUIRED and rigup.driverstate marks
@@ -150,6 +152,13 @@ if want is not None:
         flavour=want.flavour,
         source=want.source,
     )
+    if reboot:
+        # Preflight saw the GPUs through lspci only (or an old driver): VRAM, CUDA and power limits
+        # are checked again with the new driver before anything else is set up on this host.
+        hostops.preflight_after_driver(
+            name="Re-run the preflight checks with the new driver loaded (VRAM, CUDA, GPUs)",
+            _if=driver.did_change,
+        )
     if persistence or power_cap is not None:
         hostops.gpu_power_state(
             name="Apply GPU persistence mode and power cap where nvidia-smi shows drift",

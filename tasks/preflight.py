@@ -1,15 +1,23 @@
 """Preflight: fail a host before anything changes on it.
 
 True afterwards: every host still in the run runs an allowed OS, has enough GPUs of a supported
-compute capability and VRAM for its variant (a valid tensor-parallel size), enough free disk for
-the model, image and sources (+ preflight_disk_margin_gb), no Secure Boot conflict with the driver
-path that would be installed, and no snap Docker. A host that fails is dropped from the run with
-one line per failed check naming the host, the key and the fix (`python -m rigup doctor` prints the
-same checks without deploying).
+compute capability for its variant (gpu-layout: a valid tensor-parallel size), GPUs whose memory
+(free of other processes) fits one of the variant's measured VRAM envelopes (vram-fit; rigup.fit),
+a loaded driver that supports the image's CUDA runtime unless this run replaces it (cuda-compat;
+driver-cuda checks the planned branch), enough free disk for the model, image and sources
+(+ preflight_disk_margin_gb), no Secure Boot conflict with the driver path that would be
+installed, and no snap Docker. A host that fails is dropped from the run with one line per failed
+check naming the host, the key and the fix (`python -m rigup doctor` prints the same checks without
+deploying). Before a driver is loaded the GPUs are known from lspci only: where the PCI id does not
+tell the memory size, VRAM is a warning here and tasks/nvidia_driver.py runs every check again
+after the driver's reboot. The recipe checked is the one the later phases build
+(rigup.lock.locked_recipe with the GPU topology); without a usable lock the catalog's refs stand in
+and a warning says so.
 
-Reads: variant, variant_overrides, gpu_count, preflight_os_allowed, preflight_disk_margin_gb,
-preflight_vram_misfit, nvidia_driver_branch, nvidia_driver_flavour, nvidia_driver_source,
-driver_reboot, gpu_power_cap_watts, install_root, model_dir, container_registry.
+Reads: variant, variant_overrides, gpu_count, gpu_interconnect, preflight_os_allowed,
+preflight_disk_margin_gb, preflight_vram_misfit, nvidia_driver_branch, nvidia_driver_flavour,
+nvidia_driver_source, driver_reboot, gpu_power_cap_watts, install_root, model_dir,
+container_registry, lock_file.
 Changes: nothing. Restarts: nothing.
 """
 

@@ -183,7 +183,7 @@ def test_refused_hosts_fail_preflight_and_stay_untouched(bed: Testbed, first: An
         assert changed(results, name) == [], name
         assert snapshot(bed.host(name)) == prepared[name], f"{name} changed although preflight failed"
         assert boot_times(bed.host(name)) == before[name]
-    assert "rig-one: tensor-parallel: variant 'dual' needs 2 GPUs" in log
+    assert "rig-one: gpu-layout: variant 'dual' runs tensor parallel 2; this host has 1 GPU(s)" in log
     assert "rig-sb: secure-boot: Secure Boot is on" in log and "[key: nvidia_driver_source]" in log
 
 

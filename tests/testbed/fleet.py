@@ -49,6 +49,12 @@ def url_knobs(group_data: Path = GROUP_DATA) -> dict[str, str]:
     return knobs
 
 
+def registry_host_port(registry: str) -> str:
+    """host:port of a container_registry value ("10.0.0.1:5000", "mirror.lan:5000/dockerhub"), as
+    Docker's insecure-registries list wants it."""
+    return registry.split("://", 1)[-1].split("/", 1)[0]
+
+
 def host_names(count: int, prefix: str = "rig") -> list[str]:
     return [f"{prefix}-{i:02d}" for i in range(1, count + 1)]
 
@@ -209,7 +215,8 @@ class Testbed:
         require_all_urls: bool = True,
     ) -> dict[str, Any]:
         """The fleet document (CONTRACT.md format) for this bed: every URL knob at the hub, Debian 12
-        allowed, each host with pinned SSH settings and its GPU count."""
+        allowed, the hub's plain-HTTP registry in docker_insecure_registries (as a LAN mirror user
+        sets it), each host with pinned SSH settings and its GPU count. `data` overrides any of it."""
         urls = self.urls
         knobs = url_knobs()
         missing = [k for k in knobs if k not in urls]
@@ -219,6 +226,9 @@ class Testbed:
         top.update({k: urls[k] for k in knobs if k in urls})
         if "source_refs" in urls:  # stand-in commits for sources the catalog pins to upstream SHAs
             top["source_refs"] = dict(urls["source_refs"])
+        if "container_registry" in urls:
+            # The hub's registry speaks plain HTTP, as a LAN mirror often does: Docker must be told.
+            top["docker_insecure_registries"] = [registry_host_port(urls["container_registry"])]
         top.update(data or {})
         groups: dict[str, dict[str, Any]] = {}
         for h in self.hosts:

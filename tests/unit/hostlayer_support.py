@@ -8,6 +8,8 @@ from typing import Any
 
 from rigup import parsers as P
 from rigup.facts import PrebuiltModules
+from rigup.fit import parse_memory_query
+from rigup.interconnect import topology
 from rigup.knobs import load_defaults
 from rigup.preflight import HostFacts
 
@@ -56,12 +58,17 @@ def fresh_2x3090(**changes: Any) -> HostFacts:
 
 
 def converged_2x3090(**changes: Any) -> HostFacts:
-    """Driver 580 open installed, held, loaded; Docker with the nvidia runtime."""
+    """Driver 580 open installed, held, loaded (CUDA 13.0); Docker with the nvidia runtime; the two
+    cards idle under the CPU's host bridge (fit facts from tests/fixtures/fit/2x3090-pcie)."""
+    fit = FIXTURES / "fit" / "2x3090-pcie"
     facts = fresh_2x3090(
         smi=P.parse_gpu_query(fx("nvidia-smi/2x3090-580-capped.csv")),
         loaded=P.parse_nvidia_version_file(fx("proc-nvidia-version/open-580.txt")),
         packages=P.parse_dpkg_query(fx("dpkg/580-open-held.txt")),
         docker=P.parse_docker_info(fx("docker-info/with-nvidia.json")),
+        gpu_memory=parse_memory_query((fit / "memory.csv").read_text()),
+        driver_cuda="13.0",
+        topology=topology((fit / "topo.txt").read_text(), (fit / "p2p.txt").read_text()),
     )
     return dataclasses.replace(facts, **changes)
 

@@ -19,6 +19,7 @@ import subprocess
 from rigup import REPO_ROOT
 from rigup.recipe import resolve
 from rigup.knobs import load_defaults
+from tests.unit.fit_fake_support import fit_responses
 from tests.unit.hostlayer_support import fx
 
 TASKS = ("preflight", "nvidia_driver", "docker", "container_toolkit")
@@ -61,6 +62,7 @@ def responses(kind: str) -> dict:
             smi = fx("nvidia-smi/1x3090-550.csv").splitlines()
             proc = fx("proc-nvidia-version/proprietary-550.txt").splitlines()
     return {
+        **fit_responses(kind),  # first: "nvidia-smi --query-gpu" below would match GpuMemoryUse too
         "cat /etc/os-release": fx("os-release/ubuntu-24.04.txt").splitlines(),
         "uname -s": "Linux",
         "dpkg --print-architecture": "amd64",
@@ -178,7 +180,7 @@ def test_host_layer_on_fake_rigs(default_run):
     ]
     assert changing == []
     assert "REBOOT REQUIRED" in result["output"]
-    assert "rig-one-gpu: tensor-parallel: variant 'dual' needs 2 GPUs" in result["output"]
+    assert "rig-one-gpu: gpu-layout: variant 'dual' runs tensor parallel 2; this host has 1 GPU(s)" in result["output"]
     assert result["exit_code"] == 1  # a failed host makes the run fail
 
 

@@ -13,10 +13,12 @@ from pyinfra.api import FunctionCommand
 from pyinfra.facts.systemd import SystemdStatus
 
 from rigup import facts as F
+from rigup import fitfacts as FF
 from rigup import hostops
 from rigup import parsers as P
 from rigup.knobs import load_defaults
-from tests.unit.hostlayer_support import GB, converged_2x3090, disk, fx, one_3090_on_550
+from tests.unit.fit_fake_support import offline_lock
+from tests.unit.hostlayer_support import GB, converged_2x3090, disk, fresh_2x3090, fx, one_3090_on_550
 from tests.unit.opharness import ScriptedHost, call_function, raw_commands, run_op
 
 DPKG = "DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold"
@@ -394,9 +396,14 @@ def test_image_ref():
 # -- preflight_checks -------------------------------------------------------------------------
 
 
-def preflight_host(facts, **data) -> ScriptedHost:
+def preflight_host(facts, lock_dir: Path | None = None, **data) -> ScriptedHost:
+    """A host answering with `facts`; with `lock_dir`, a lock file there pins its variant."""
     values = load_defaults()
     values.update(data)
+    if lock_dir is not None:
+        values["lock_file"] = str(offline_lock(values, lock_dir / "rigs.lock.yaml"))
+    else:
+        values["lock_file"] = "/nonexistent/rigs.lock.yaml"
     scripted = {
         F.OsReleaseInfo: facts.os,
         F.NvidiaGpus: facts.smi,
@@ -411,18 +418,29 @@ def preflight_host(facts, **data) -> ScriptedHost:
         F.FreeDisk: lambda paths: {p: facts.disk[p] for p in paths},
         F.PathSizes: lambda paths: {p: 0 for p in paths},
         F.DockerImageSize: lambda image: None,
+        FF.GpuMemoryUse: lambda container_name: facts.gpu_memory,
+        FF.DriverCudaVersion: facts.driver_cuda,
+        FF.GpuTopology: facts.topology,
     }
     return ScriptedHost(scripted, values, name="rig-07")
 
 
-def test_preflight_passes_quietly():
+def test_preflight_passes_quietly(tmp_path: Path):
+    host = preflight_host(converged_2x3090(), tmp_path)
+    assert run_op(hostops.preflight_checks, host) == []
+    assert host.noops == ["preflight: 14 checks passed (0 warnings)"]
+    assert ("GpuMemoryUse", {"container_name": "vllm-qwen36-27b-dual"}) in host.fact_calls  # its own use is free
+
+
+def test_preflight_without_a_lock_warns_and_checks_the_catalog_refs():
     host = preflight_host(converged_2x3090())
     assert run_op(hostops.preflight_checks, host) == []
-    assert host.noops and host.noops[0].startswith("preflight: ") and "checks passed" in host.noops[0]
+    assert host.noops == ["preflight: 15 checks passed (1 warnings)"]
+    assert host.logs[0].startswith("preflight warning: rig-07: lock: checked against the catalog's refs: /nonexistent")
 
 
-def test_preflight_fails_the_host_not_the_run():
-    host = preflight_host(one_3090_on_550())
+def test_preflight_fails_the_host_not_the_run(tmp_path: Path):
+    host = preflight_host(one_3090_on_550(), tmp_path)
     (cmd,) = raw_commands(hostops.preflight_checks, host)
     assert isinstance(cmd, FunctionCommand)
     # warnings are logged while the checks run (execute time)
@@ -430,17 +448,57 @@ def test_preflight_fails_the_host_not_the_run():
     host.logs.clear()
     assert call_function(cmd, host) is False  # pyinfra fails this host only
     assert host.logs[0] == "preflight failed (1 checks)"
-    assert host.logs[1].startswith("  rig-07: tensor-parallel: variant 'dual' needs 2 GPUs")
-    assert "-> fix: choose a variant for 1 GPU(s)" in host.logs[1]
+    assert host.logs[1].startswith("  rig-07: gpu-layout: variant 'dual' runs tensor parallel 2; this host has 1 GPU(s)")
+    assert "-> fix: use tensor parallel 1: variant single" in host.logs[1]
     assert len(host.logs) == 2
 
 
-def test_preflight_reads_disk_where_docker_keeps_images():
+def test_preflight_builds_the_recipe_with_the_host_topology(tmp_path: Path):
+    from rigup.interconnect import Topology
+
+    nvlink = Topology((0, 1), {(0, 1): "NV4", (1, 0): "NV4"})
+    host = preflight_host(converged_2x3090(topology=nvlink), tmp_path)
+    report = {c.name: c for c in hostops.preflight_report(host)}
+    assert report["interconnect"].message.startswith("NVLink (detected: GPU0-GPU1 NV4)")
+    assert [name for name, _ in host.fact_calls].count("GpuTopology") == 1  # read once, for recipe and facts
+
+
+def test_preflight_after_driver_rechecks_with_the_loaded_driver(tmp_path: Path):
+    """Preflight let a fresh 2x RTX 3080 pass (10 GB and 20 GB boards share the PCI id); once the
+    driver reports 20480 MiB cards, the re-check fails the host before Docker and the model."""
+    from rigup.fit import parse_memory_query
+
+    before = fresh_2x3090(pci=P.parse_lspci(
+        "0000:01:00.0 VGA compatible controller [0300]: NVIDIA Corporation GA102 [GeForce RTX 3080] [10de:2206] (rev a1)\n"
+        "0000:02:00.0 VGA compatible controller [0300]: NVIDIA Corporation GA102 [GeForce RTX 3080] [10de:2206] (rev a1)\n"
+    ))
+    host = preflight_host(before, tmp_path)
+    assert run_op(hostops.preflight_checks, host) == []  # a warning, not a failure
+    assert any("vram-fit: VRAM unknown until the driver loads" in line and "re-checked after the driver's reboot" in line
+               for line in host.logs)
+
+    memory = parse_memory_query((Path(__file__).parents[1] / "fixtures/fit/2x3080-20g/memory.csv").read_text())
+    after = converged_2x3090(gpu_memory=memory)
+    host = preflight_host(after, tmp_path)
+    (cmd,) = raw_commands(hostops.preflight_after_driver, host)
+    host.logs.clear()
+    assert call_function(cmd, host) is False
+    assert host.logs[0] == "preflight failed with the driver loaded (1 checks)"
+    assert host.logs[1].startswith("  rig-07: vram-fit: variant 'dual' (max_model_len 262144, gpu_memory_utilization 0.92) does not fit")
+    assert "20480 MiB" in host.logs[1] and "[key: preflight_vram_misfit]" in host.logs[1]
+
+    host = preflight_host(converged_2x3090(), tmp_path)
+    (cmd,) = raw_commands(hostops.preflight_after_driver, host)
+    assert call_function(cmd, host) is True
+    assert host.logs[-1] == "preflight with the driver loaded: 14 checks passed"
+
+
+def test_preflight_reads_disk_where_docker_keeps_images(tmp_path: Path):
     facts = converged_2x3090(
         docker=P.parse_docker_info(fx("docker-info/without-nvidia.json")),
         disk={**disk(300, paths=("/opt/rigup", "/opt/rigup/models")), **disk(1, mount="/srv", paths=("/srv/docker",))},
     )
-    host = preflight_host(facts)
+    host = preflight_host(facts, tmp_path)
     (cmd,) = raw_commands(hostops.preflight_checks, host)
     call_function(cmd, host)
     assert any("/srv has 1.0 GB free" in line for line in host.logs)

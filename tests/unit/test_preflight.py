@@ -38,7 +38,7 @@ CASES = [
         {"preflight_os_allowed": ["debian 12"]},
         set(),
     ),
-    ("one-gpu-for-tp2", one_3090_on_550(), {}, {"tensor-parallel"}),
+    ("one-gpu-for-tp2", one_3090_on_550(), {}, {"gpu-layout"}),
     ("gpu-count-knob-differs", fresh_2x3090(), {"gpu_count": 4}, {"gpu-count"}),
     ("disk-too-small", fresh_2x3090(disk=disk(40)), {}, {"disk"}),
     ("disk-margin", fresh_2x3090(disk=disk(55)), {"preflight_disk_margin_gb": 10}, {"disk"}),
@@ -62,9 +62,9 @@ def test_failing_checks(facts, data, expected):
 def test_messages_name_key_and_fix():
     (check,) = failing(one_3090_on_550()).values()
     assert check.key == "variant"
-    assert "needs 2 GPUs" in check.message and "this host has 1" in check.message
-    assert check.fix and "choose a variant for 1 GPU" in check.fix
-    assert check.describe("rig-07").startswith("rig-07: tensor-parallel: variant 'dual' needs 2 GPUs")
+    assert "runs tensor parallel 2" in check.message and "this host has 1 GPU(s)" in check.message
+    assert check.fix and check.fix.startswith("use tensor parallel 1: variant single")
+    assert check.describe("rig-07").startswith("rig-07: gpu-layout: variant 'dual' runs tensor parallel 2")
     assert "[key: variant]" in check.describe("rig-07")
 
 
@@ -74,18 +74,21 @@ def test_pre_turing_card_with_open_modules():
         "0000:02:00.0 VGA compatible controller [0300]: NVIDIA Corporation GP102 [GeForce GTX 1080 Ti] [10de:1b06] (rev a1)\n"
     )
     bad = failing(fresh_2x3090(pci=pascal))
-    assert set(bad) == {"open-modules", "compute-capability", "vram"}
+    assert set(bad) == {"open-modules", "compute-capability", "vram-fit"}  # 11264 MiB: every board of 10de:1b06
     assert bad["open-modules"].fix == "set nvidia_driver_flavour: proprietary"
     assert "6.1" in bad["compute-capability"].message
 
 
 def test_vram_misfit_warn_only_warns():
-    small = P.parse_lspci(
-        "0000:01:00.0 VGA compatible controller [0300]: NVIDIA Corporation GA102 [GeForce RTX 3080] [10de:2206] (rev a1)\n"
-        "0000:02:00.0 VGA compatible controller [0300]: NVIDIA Corporation GA102 [GeForce RTX 3080] [10de:2206] (rev a1)\n"
+    pascal = P.parse_lspci(
+        "0000:01:00.0 VGA compatible controller [0300]: NVIDIA Corporation GP102 [GeForce GTX 1080 Ti] [10de:1b06] (rev a1)\n"
+        "0000:02:00.0 VGA compatible controller [0300]: NVIDIA Corporation GP102 [GeForce GTX 1080 Ti] [10de:1b06] (rev a1)\n"
     )
-    assert set(failing(fresh_2x3090(pci=small))) == {"vram"}
-    assert set(failing(fresh_2x3090(pci=small), preflight_vram_misfit="warn")) == set()
+    data = {"nvidia_driver_flavour": "proprietary", "variant_overrides": {}}
+    bad = failing(fresh_2x3090(pci=pascal), **data)
+    assert set(bad) == {"compute-capability", "vram-fit"}
+    assert bad["vram-fit"].message.startswith("no driver yet, memory from the PCI ids: variant 'dual'")
+    assert set(failing(fresh_2x3090(pci=pascal), preflight_vram_misfit="warn", **data)) == {"compute-capability"}
 
 
 def test_disk_counts_what_is_already_there():

@@ -157,6 +157,8 @@ def test_fleet_points_every_url_knob_at_the_hub_and_loads_with_rigup_fleet(tmp_p
     doc = bed.fleet()
     assert doc["data"]["preflight_os_allowed"] == ["debian 12"]
     assert {k: doc["data"][k] for k in url_knobs()} == urls
+    assert doc["data"]["docker_insecure_registries"] == ["10.213.9.1:8080"]  # Docker pulls from the hub over HTTP
+    assert bed.fleet(data={"docker_insecure_registries": []})["data"]["docker_insecure_registries"] == []
     rig1 = doc["groups"]["canary"]["hosts"]["rig-01"]
     assert rig1["ssh_strict_host_key_checking"] == "yes" and rig1["gpu_count"] == 2 and rig1["ssh_user"] == "rigup"
     assert doc["groups"]["rigs"]["hosts"]["rig-02"]["gpu_count"] == 1

@@ -1,0 +1,214 @@
+"""The fit checks (rigup.fit through rigup.preflight) on the test bed.
+
+One 3-host bed, converged together with the real pyinfra CLI (`pyinfra -y --json inventory.py
+tests/e2e/hostlayer_deploy.py`), after `python -m rigup doctor --json` read the same checks:
+
+  rig-ok     fresh 2x RTX 3090: passes preflight, driver installed, rebooted, re-checked, Docker,
+             toolkit: the host layer converges in the same run as the refused hosts
+  rig-small  2x RTX 3080 20 GB with driver 580 already installed and loaded, whose driver reports
+             CUDA 12.4 (hardware.json "driver_cuda"): the variant 'dual' does not fit 20480 MiB and the
+             CUDA 13.0 image would not start: fails preflight, nothing changes on it
+  rig-late   fresh 2x RTX 3080 20 GB: lspci's PCI id 10de:2206 is shared by 10 GB and 20 GB boards, so
+             preflight only warns (VRAM unknown until the driver loads); the driver is installed and
+             the host rebooted, then the re-run of the checks fails it before Docker is installed
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rigup.knobs import load_defaults
+from rigup.recipe import resolve
+from tests.testbed.fleet import Testbed
+from tests.testbed.hosts import Host, HostSpec, wait_ready
+from tests.testbed.image import REPO_ROOT
+
+pytestmark = pytest.mark.e2e
+
+PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
+DEPLOY = "tests/e2e/hostlayer_deploy.py"
+SPECS = [
+    HostSpec("rig-ok", group="canary"),
+    HostSpec("rig-small", hardware="2x3080-20gb"),
+    HostSpec("rig-late", hardware="2x3080-20gb"),
+]
+PREFLIGHT_OP = "Run preflight checks (a failed check fails this host)"
+DRIVER_OP = "Install and load the NVIDIA driver (stop serving, install, reboot, verify)"
+RECHECK_OP = "Re-run the preflight checks with the new driver loaded (VRAM, CUDA, GPUs)"
+SMOKE_OP = "Check a CUDA container sees every GPU (after a driver, Docker or toolkit change)"
+
+
+def disk_needed_gb() -> float:
+    data = load_defaults()
+    return resolve(data).disk_needed_gb + float(data["preflight_disk_margin_gb"])
+
+
+def sh(host: Host, command: str, timeout: float = 300) -> str:
+    proc = host.ssh(command, check=False, timeout=timeout)
+    assert proc.returncode == 0, f"{host.name}: {command}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def reboot(host: Host) -> None:
+    before = host.boots()
+    host.ssh("sudo systemctl reboot", check=False, timeout=30)
+    deadline = time.monotonic() + 120
+    while host.boots() == before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert host.boots() > before, f"{host.name} did not reboot"
+    wait_ready([host], timeout=180)
+
+
+def snapshot(host: Host) -> str:
+    """What a deploy could change: packages (with holds), apt sources and config, modprobe and
+    systemd config, daemon.json, anything under /opt/rigup."""
+    return sh(
+        host,
+        "dpkg-query -W -f='${Package} ${Version} ${db:Status-Abbrev}\\n' | sort; "
+        "ls -l --time-style=+%s /etc/apt/sources.list.d /etc/modprobe.d /etc/systemd/system /etc/apt/apt.conf.d; "
+        "sudo cat /etc/docker/daemon.json 2>/dev/null || true; "
+        "sudo find /opt/rigup 2>/dev/null | sort || true",
+    )
+
+
+def run_json(argv: list[str], fleet: Path, timeout: float) -> tuple[int, dict[str, Any], str]:
+    proc = subprocess.run(
+        argv, cwd=REPO_ROOT, env={**os.environ, "RIGUP_RIGS": str(fleet)}, text=True, capture_output=True, timeout=timeout
+    )
+    start = proc.stdout.find("{")
+    assert start >= 0, f"no JSON on stdout\n{proc.stdout}\n{proc.stderr}"
+    return proc.returncode, json.loads(proc.stdout[start:]), proc.stdout + proc.stderr
+
+
+def op(results: dict[str, Any], suffix: str) -> dict[str, Any]:
+    (found,) = [o for o in results["results"]["operations"] if o["name"].endswith(suffix)]
+    return found
+
+
+def changed(results: dict[str, Any], host: str) -> list[str]:
+    return [o["name"] for o in results["results"]["operations"] if host in o["success"]]
+
+
+# --------------------------------------------------------------------------------------------
+# the bed, prepared, doctor, one converge
+
+
+@pytest.fixture(scope="module")
+def bed(testbed_factory: Any, tmp_path_factory: pytest.TempPathFactory) -> Testbed:
+    free = shutil.disk_usage(tmp_path_factory.getbasetemp()).free / 1e9
+    if free < disk_needed_gb() + 5:
+        pytest.skip(f"the hosts share this machine's disk: {free:.0f} GB free, preflight wants {disk_needed_gb():.0f} GB")
+    return testbed_factory(SPECS)
+
+
+@pytest.fixture(scope="module")
+def prepared(bed: Testbed) -> dict[str, Any]:
+    """rig-small: driver 580 installed and loaded by hand, its nvidia-smi saying CUDA 12.4."""
+    small = bed.host("rig-small")
+    hardware = json.loads(sh(small, "cat /etc/rigup-testbed/hardware.json"))
+    hardware["driver_cuda"] = "12.4"
+    sh(small, f"echo '{json.dumps(hardware)}' | sudo tee /etc/rigup-testbed/hardware.json >/dev/null")
+    sh(small, "sudo apt-get update -q")
+    sh(small, "sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q nvidia-driver-580-open")
+    reboot(small)
+    assert sh(small, "nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits").split() == ["20480", "20480"]
+    assert "CUDA Version        : 12.4" in sh(small, "nvidia-smi --version")
+    return {
+        "snapshot": snapshot(small),
+        "boots": {h.name: h.boots() for h in bed.hosts},
+    }
+
+
+@pytest.fixture(scope="module")
+def fleet(bed: Testbed, prepared: dict[str, Any]) -> Path:
+    return bed.write_fleet(bed.workdir / "fit-rigs.yaml")  # no lock file next to it: hardware phases only
+
+
+@pytest.fixture(scope="module")
+def doctor(fleet: Path) -> tuple[int, dict[str, Any], str]:
+    return run_json([sys.executable, "-m", "rigup", "doctor", "--fleet", str(fleet), "--json"], fleet, 300)
+
+
+@pytest.fixture(scope="module")
+def converge(bed: Testbed, fleet: Path, doctor: Any) -> Iterator[tuple[int, dict[str, Any], str]]:
+    started = time.monotonic()
+    result = run_json([PYINFRA, "-y", "--json", "inventory.py", DEPLOY], fleet, 1500)
+    print(f"hostlayer deploy over the fit bed: {time.monotonic() - started:.1f} s")  # shown with -s
+    yield result
+
+
+def checks_of(doc: dict[str, Any], host: str) -> dict[str, dict[str, Any]]:
+    (report,) = [h for h in doc["hosts"] if h["host"] == host]
+    return {c["name"]: c for c in report["checks"]}
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def test_doctor_reports_the_fit_from_the_hosts_facts(doctor: tuple[int, dict[str, Any], str]) -> None:
+    code, doc, log = doctor
+    assert code == 1, log  # rig-small fails
+    ok = {h["host"]: h["ok"] for h in doc["hosts"]}
+    assert ok == {"rig-ok": True, "rig-small": False, "rig-late": True}, log
+
+    small = checks_of(doc, "rig-small")
+    assert [n for n, c in small.items() if not c["ok"] and c["severity"] == "error"] == ["cuda-compat", "vram-fit"]
+    assert "GPU 0 (NVIDIA GeForce RTX 3080): 20480 MiB" in small["vram-fit"]["message"]
+    assert small["cuda-compat"]["message"].startswith("the driver supports CUDA 12.4 but ")
+    assert small["driver-cuda"]["ok"]  # branch 580 itself would do: the loaded driver says otherwise
+    assert small["interconnect"]["message"].startswith("PCIe (detected: GPU0-GPU1 PIX")  # topology read on the rig
+    (report,) = [h for h in doc["hosts"] if h["host"] == "rig-small"]
+    assert [g["memory_total_mib"] for g in report["facts"]["gpu_memory"]] == [20480, 20480]
+
+    late = checks_of(doc, "rig-late")
+    assert late["vram-fit"]["severity"] == "warning" and late["vram-fit"]["message"].startswith(
+        "VRAM unknown until the driver loads: GPU 0 (NVIDIA GeForce RTX 3080): boards with 10 GB and 20 GB share PCI device id 2206"
+    )
+    assert "lock" in late and late["lock"]["severity"] == "warning"  # no lock file: hardware checks still ran
+    assert checks_of(doc, "rig-ok")["vram-fit"]["ok"]
+
+
+def test_too_small_host_fails_preflight_and_stays_untouched(bed: Testbed, prepared: dict[str, Any], converge: Any) -> None:
+    code, results, log = converge
+    assert code == 1  # failed hosts make the run fail
+    assert "rig-small" in op(results, PREFLIGHT_OP)["error"]
+    assert changed(results, "rig-small") == []
+    small = bed.host("rig-small")
+    assert snapshot(small) == prepared["snapshot"], "rig-small changed although preflight failed"
+    assert small.boots() == prepared["boots"]["rig-small"]
+    assert "rig-small: vram-fit: variant 'dual' (max_model_len 262144, gpu_memory_utilization 0.92) does not fit" in log
+    assert "rig-small: cuda-compat: the driver supports CUDA 12.4" in log and "[key: nvidia_driver_branch]" in log
+
+
+def test_healthy_host_converges_in_the_same_run(bed: Testbed, prepared: dict[str, Any], converge: Any) -> None:
+    code, results, log = converge
+    host = bed.host("rig-ok")
+    assert host.boots() == prepared["boots"]["rig-ok"] + 1  # the driver's reboot
+    assert "rig-ok" in op(results, RECHECK_OP)["success"], log[-4000:]
+    assert "Open Kernel Module for x86_64  580.95.05" in sh(host, "cat /proc/driver/nvidia/version")
+    assert "rig-ok" in op(results, SMOKE_OP)["success"], log[-6000:]
+    assert "nvidia" in sh(host, "sudo docker info --format '{{json .Runtimes}}'")
+
+
+def test_ambiguous_card_is_rechecked_after_the_reboot(bed: Testbed, prepared: dict[str, Any], converge: Any) -> None:
+    code, results, log = converge
+    host = bed.host("rig-late")
+    assert "rig-late" not in op(results, PREFLIGHT_OP)["error"]  # a warning only: the PCI id cannot tell
+    assert "rig-late" in op(results, DRIVER_OP)["success"]
+    assert host.boots() == prepared["boots"]["rig-late"] + 1
+    assert "rig-late" in op(results, RECHECK_OP)["error"]
+    assert "preflight failed with the driver loaded" in log
+    assert "rig-late: vram-fit: variant 'dual' (max_model_len 262144, gpu_memory_utilization 0.92) does not fit" in log
+    # stopped before Docker: nothing after the re-check ran on it
+    assert "docker-ce" not in sh(host, "dpkg-query -W -f='${Package} ${db:Status-Abbrev}\\n' 'docker*' 2>/dev/null || true")
+    assert "rig-late" not in op(results, SMOKE_OP)["success"]
