@@ -120,7 +120,7 @@ def preflight_checks():
         for check in warnings:
             host.log_styled(f"preflight warning: {check.describe(host.name)}", fg="yellow", log_func=logger.warning)
     if not failed:
-        host.noop(f"preflight: {len(checks)} checks passed ({len(warnings)} warnings)")
+        host.noop(f"preflight: {len(checks) - len(warnings)} of {len(checks)} checks passed, {len(warnings)} warned, none failed")
         return
     lines = [c.describe(host.name) for c in failed]
     if not state.is_executing:

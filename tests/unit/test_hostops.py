@@ -428,14 +428,14 @@ def preflight_host(facts, lock_dir: Path | None = None, **data) -> ScriptedHost:
 def test_preflight_passes_quietly(tmp_path: Path):
     host = preflight_host(converged_2x3090(), tmp_path)
     assert run_op(hostops.preflight_checks, host) == []
-    assert host.noops == ["preflight: 14 checks passed (0 warnings)"]
+    assert host.noops == ["preflight: 14 of 14 checks passed, 0 warned, none failed"]
     assert ("GpuMemoryUse", {"container_name": "vllm-qwen36-27b-dual"}) in host.fact_calls  # its own use is free
 
 
 def test_preflight_without_a_lock_warns_and_checks_the_catalog_refs():
     host = preflight_host(converged_2x3090())
     assert run_op(hostops.preflight_checks, host) == []
-    assert host.noops == ["preflight: 15 checks passed (1 warnings)"]
+    assert host.noops == ["preflight: 14 of 15 checks passed, 1 warned, none failed"]
     assert host.logs[0].startswith("preflight warning: rig-07: lock: checked against the catalog's refs: /nonexistent")
 
 
