@@ -113,7 +113,11 @@ def _up(args: argparse.Namespace) -> int:
         return 0
     _print_rows(bed.status())
     print(f"\nmirrors at {bed.ledger.info['hub_ip']} (namespace {INSTANCE}-hub); up in {bed.timings.get('up_s', 0):.1f}s")
-    print(f"fleet file: {_rel(fleet)}\n\nnext:  RIGUP_RIGS={_rel(fleet)} pyinfra -y inventory.py deploy.py")
+    print(
+        f"fleet file: {_rel(fleet)}\n\nnext:  export RIGUP_RIGS={_rel(fleet)}\n"
+        "       python -m rigup lock                    # pin sources, models and images\n"
+        "       pyinfra -y inventory.py deploy.py"
+    )
     return 0
 
 

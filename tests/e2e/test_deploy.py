@@ -1,0 +1,102 @@
+"""The whole job on fresh test-bed rigs: lock, `pyinfra inventory.py deploy.py`, then converge again.
+
+The first converge takes two fresh 2x RTX 3090 hosts to health-gated vLLM servers (driver installed
+and loaded through a real reboot, Docker, toolkit, sources, verified model, serving unit). The second
+must change nothing: pyinfra's JSON results list no host under `success` for any operation.
+An HF token given to the control machine must not leak into pyinfra's output or onto the rigs
+outside 0600 files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rigup.knobs import load_defaults
+from rigup.recipe import resolve
+from tests.testbed.fleet import Testbed
+from tests.testbed.image import REPO_ROOT
+
+pytestmark = pytest.mark.e2e
+
+PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
+TOKEN = "hf_e2eSecretTokenThatMustNotLeak42"
+
+
+def run(fleet: Path, *argv: str, timeout: float = 1500) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "RIGUP_RIGS": str(fleet), "HF_TOKEN": TOKEN}
+    return subprocess.run(list(argv), cwd=REPO_ROOT, env=env, text=True, capture_output=True, timeout=timeout)
+
+
+def deploy(fleet: Path) -> tuple[dict[str, Any], str, float]:
+    started = time.monotonic()
+    proc = run(fleet, PYINFRA, "-y", "--json", "inventory.py", "deploy.py")
+    elapsed = time.monotonic() - started
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-6000:]
+    start = proc.stdout.find("{")
+    assert start >= 0, log[-3000:]
+    return json.loads(proc.stdout[start:]), log, elapsed
+
+
+@pytest.fixture(scope="module")
+def fleet(testbed: Testbed) -> Path:
+    path = testbed.write_fleet(testbed.workdir / "deploy-rigs.yaml")
+    locked = run(path, sys.executable, "-m", "rigup", "lock")
+    assert locked.returncode == 0, locked.stdout + locked.stderr
+    return path
+
+
+@pytest.fixture(scope="module")
+def converges(fleet: Path) -> list[tuple[dict[str, Any], str, float]]:
+    first = deploy(fleet)
+    second = deploy(fleet)
+    print(f"full deploy on 2 fresh hosts: {first[2]:.1f} s; converged re-run: {second[2]:.1f} s")
+    return [first, second]
+
+
+def test_first_converge_brings_every_host_up_without_errors(testbed: Testbed, converges: Any) -> None:
+    results, _, _ = converges[0]
+    operations = results["results"]["operations"]
+    assert [op["name"] for op in operations if op["error"]] == []
+    names = {h.name for h in testbed.hosts}
+    changed = {host for op in operations for host in op["success"]}
+    assert changed == names
+    recipe = resolve({**load_defaults(), "variant": "dual"})
+    for host in testbed.hosts:
+        with urllib.request.urlopen(f"http://{host.ip}:{recipe.host_port}/v1/models", timeout=10) as reply:
+            served = [m["id"] for m in json.load(reply)["data"]]
+        assert recipe.served_model_name in served, host.name
+        active = host.ssh(f"systemctl is-active {recipe.paths.unit_name}", check=False).stdout.strip()
+        assert active == "active", host.name
+
+
+def test_second_converge_changes_nothing(converges: Any) -> None:
+    results, _, _ = converges[1]
+    changed = [(op["name"], op["success"]) for op in results["results"]["operations"] if op["success"]]
+    assert changed == []
+    assert all(not op["error"] for op in results["results"]["operations"])
+
+
+def test_hf_token_stays_out_of_output_and_world_readable_files(testbed: Testbed, converges: Any) -> None:
+    for _, log, _ in converges:
+        assert TOKEN not in log
+    for host in testbed.hosts:
+        # The pattern goes in on stdin: on our own command line sudo would log it to the journal we search.
+        found = subprocess.run(
+            [*host.ssh_argv(), "sudo grep -rlF -f /dev/stdin /opt/rigup /etc/systemd/system /var/log /tmp || true"],
+            input=TOKEN + "\n", text=True, capture_output=True, timeout=60,
+        ).stdout.split()
+        # The token must reach the rig (the serving .env) but nowhere readable by others.
+        assert any(path.endswith("/.env") for path in found), found
+        for path in found:
+            mode = host.ssh(f"sudo stat -c %a {path}", check=False).stdout.strip()
+            assert mode == "600", f"{host.name}: {path} holds the token with mode {mode}"
