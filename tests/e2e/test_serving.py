@@ -1,0 +1,330 @@
+"""Serving end to end on the test bed: bring-up, converged re-run, pin change, variant switch, a failed
+gate that rolls back, the API key, and a fleet rollout with a canary and a host that is down.
+
+The scenarios share one 2-host bed (rig-01 in group canary, rig-02 in group rigs) and run in file order;
+after the variant switch (rig-02) the scenarios act on rig-01 alone (--limit), so each stands on its
+own. The rollout gets its own 4-host bed. Each deploy is the real `pyinfra -y inventory.py deploy.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rigup.lock import LockFile
+from tests.testbed.fleet import Testbed
+from tests.testbed.hosts import Host, HostSpec
+from tests.testbed.image import REPO_ROOT
+
+pytestmark = pytest.mark.e2e
+
+API_KEY = "sk-rigup-e2e-7f3a9c1d5b2e8f40"
+GATE_TIMEOUT_S = 60  # the stand-in responder is up in seconds; keep failures quick
+VARIANT = "dual"
+OTHER_VARIANT = "single-minimal"
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+
+
+class Bed:
+    """A test bed plus the fleet/lock files the deploys use, rewritable per scenario."""
+
+    def __init__(self, testbed: Testbed, workdir: Path) -> None:
+        self.testbed = testbed
+        self.fleet = workdir / "rigs.yaml"
+        self.lock = workdir / "rigs.lock.yaml"
+        self.data: dict[str, Any] = {"variant": VARIANT, "serving_health_timeout_s": GATE_TIMEOUT_S}
+        self.group_data: dict[str, dict[str, Any]] = {}
+
+    def write(self, *, relock: bool = True) -> None:
+        # The hub's registry speaks plain HTTP, as a LAN mirror often does: Docker must be told.
+        registry = self.testbed.urls["container_registry"].split("/")[0]
+        data = {"docker_insecure_registries": [registry], **self.data}
+        self.testbed.write_fleet(self.fleet, data=data, group_data=self.group_data)
+        if relock:
+            proc = subprocess.run(
+                [sys.executable, "-m", "rigup", "lock"], cwd=REPO_ROOT, env=self.env(),
+                capture_output=True, text=True, timeout=600,
+            )
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "RIGUP_RIGS": str(self.fleet)}
+
+    def pyinfra(self, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(Path(sys.executable).with_name("pyinfra")), "-y", "inventory.py", *args],
+            cwd=REPO_ROOT, env=self.env(), capture_output=True, text=True, timeout=timeout,
+        )
+
+    def deploy(self, *extra: str, expect_ok: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = self.pyinfra("deploy.py", *extra)
+        if expect_ok:
+            assert proc.returncode == 0, _tail(proc)
+        return proc
+
+    def deploy_json(self, *extra: str) -> dict[str, Any]:
+        proc = self.pyinfra("--json", "deploy.py", *extra)
+        assert proc.returncode == 0, _tail(proc)
+        return json.loads(proc.stdout)
+
+    def host(self, name: str) -> Host:
+        return self.testbed.host(name)
+
+
+def _tail(proc: subprocess.CompletedProcess[str], lines: int = 80) -> str:
+    return "\n".join((proc.stdout + proc.stderr).splitlines()[-lines:])
+
+
+def sh(host: Host, command: str, check: bool = True) -> str:
+    proc = host.ssh(f"sudo -n sh -c {_quote(command)}", check=False, timeout=120)
+    if check:
+        assert proc.returncode == 0, f"{host.name}: {command}: {proc.stdout}{proc.stderr}"
+    return proc.stdout.strip()
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+def unit_prop(host: Host, unit: str, prop: str) -> str:
+    return sh(host, f"systemctl show -p {prop} --value {unit}")
+
+
+def models(host: Host, port: int, key: str | None = None) -> tuple[int, Any]:
+    auth = f"-H 'Authorization: Bearer {key}'" if key else ""
+    out = sh(host, f"curl -s -o /tmp/models.json -w '%{{http_code}}' {auth} http://127.0.0.1:{port}/v1/models; echo; cat /tmp/models.json", check=False)
+    code, _, body = out.partition("\n")
+    try:
+        return int(code or 0), json.loads(body) if body.strip() else None
+    except ValueError:
+        return int(code or 0), body
+
+
+def provenance(host: Host) -> dict[str, Any]:
+    return json.loads(sh(host, "cat /opt/rigup/state/provenance.json"))
+
+
+def serving_ops(result: dict[str, Any]) -> list[dict[str, Any]]:
+    return [op for op in result["results"]["operations"] if op["name"].startswith("tasks/serving.py")]
+
+
+def starts_since(host: Host, unit: str, since_epoch: int) -> int:
+    """How many times systemd started `unit` since the given time (journal 'Started' lines)."""
+    out = sh(host, f"journalctl -u {unit} --since @{since_epoch} --no-pager -o cat | grep -c '^Started ' || true")
+    return int(out or 0)
+
+
+def port_of(variant: str) -> int:
+    from rigup.catalog import load_catalog
+
+    return int(load_catalog()["variants"][variant]["port"])
+
+
+def served_name(variant: str) -> str:
+    from rigup.catalog import load_catalog
+
+    return str(load_catalog()["variants"][variant]["served_model_name"])
+
+
+# --------------------------------------------------------------------------------------------
+# the shared 2-host bed
+
+
+@pytest.fixture(scope="module")
+def bed(testbed_factory: Callable[..., Testbed], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
+    testbed = testbed_factory([HostSpec("rig-01", group="canary"), HostSpec("rig-02", group="rigs")], "rigsv")
+    b = Bed(testbed, testbed.workdir)
+    b.write()
+    yield b
+
+
+def test_fresh_bring_up(bed: Bed) -> None:
+    proc = bed.deploy()
+    port, name = port_of(VARIANT), served_name(VARIANT)
+    for h in ("rig-01", "rig-02"):
+        host = bed.host(h)
+        assert unit_prop(host, f"rigup-{VARIANT}.service", "ActiveState") == "active"
+        assert unit_prop(host, f"rigup-{VARIANT}.service", "UnitFileState") == "enabled"
+        code, body = models(host, port)
+        assert code == 200 and [m["id"] for m in body["data"]] == [name]
+        prov = provenance(host)
+        assert prov["variant"] == VARIANT and prov["generation"] == 1 and prov["gate"]["result"] == "passed"
+        assert prov["gate"]["completion"]["completion_tokens"] >= 1
+        assert prov["release"]["image"]["ref"] and all(s["commit"] for s in prov["release"]["sources"])
+        assert sh(host, f"stat -c '%a %U' /opt/rigup/variants/{VARIANT}/.env") == "600 root"
+        assert sh(host, f"ls /opt/rigup/variants/{VARIANT}/generations") == "1"
+    assert "Health-gate the (re)started variant" in proc.stdout + proc.stderr
+
+
+def test_converged_rerun_does_not_restart(bed: Bed) -> None:
+    hosts = [bed.host("rig-01"), bed.host("rig-02")]
+    unit = f"rigup-{VARIANT}.service"
+    before = {h.name: unit_prop(h, unit, "ExecMainStartTimestamp") for h in hosts}
+    prov_before = {h.name: sh(h, "stat -c %Y /opt/rigup/state/provenance.json") for h in hosts}
+    started = time.monotonic()
+    result = bed.deploy_json()
+    elapsed = time.monotonic() - started
+    changed = {op["name"]: op["success"] for op in serving_ops(result) if op["success"]}
+    assert changed == {}, f"serving changed something on a converged re-run: {changed}"
+    for h in hosts:
+        assert unit_prop(h, unit, "ExecMainStartTimestamp") == before[h.name]
+        assert sh(h, "stat -c %Y /opt/rigup/state/provenance.json") == prov_before[h.name]
+    print(f"converged re-run of deploy.py on 2 hosts: {elapsed:.1f} s")
+
+
+def test_whole_deploy_converged_rerun_has_zero_changes(bed: Bed) -> None:
+    result = bed.deploy_json()
+    changed = {op["name"]: op["success"] for op in result["results"]["operations"] if op["success"]}
+    assert changed == {}, f"operations that changed on a converged re-run: {changed}"
+
+
+def test_pin_change_restarts_exactly_once(bed: Bed) -> None:
+    host = bed.host("rig-01")
+    unit = f"rigup-{VARIANT}.service"
+    lock = LockFile.load(bed.lock)
+    (name,) = [n for n in lock.images]  # one variant in use: one image
+    pin = lock.images[name]
+    new_digest = "sha256:" + ("5" * 64 if pin.digest != "sha256:" + "5" * 64 else "6" * 64)
+    lock.images[name] = type(pin)(pin.name, pin.repository, pin.tag, new_digest)
+    lock.save(bed.lock)
+    mark = int(sh(host, "date +%s")) - 1
+    before = unit_prop(host, unit, "ExecMainStartTimestamp")
+    bed.deploy()
+    assert unit_prop(host, unit, "ExecMainStartTimestamp") != before
+    assert starts_since(host, unit, mark) == 1
+    prov = provenance(host)
+    assert prov["release"]["image"]["digest"] == new_digest and prov["generation"] == 2
+    assert new_digest in sh(host, f"cat /opt/rigup/variants/{VARIANT}/compose.yaml")
+    # ...and only once: the next run leaves it alone.
+    after = unit_prop(host, unit, "ExecMainStartTimestamp")
+    bed.deploy()
+    assert unit_prop(host, unit, "ExecMainStartTimestamp") == after
+    assert starts_since(host, unit, mark) == 1
+
+
+def test_variant_switch_stops_the_old_one(bed: Bed) -> None:
+    host = bed.host("rig-02")
+    bed.group_data = {"rigs": {"variant": OTHER_VARIANT}}
+    bed.write()
+    bed.deploy()
+    old, new = f"rigup-{VARIANT}.service", f"rigup-{OTHER_VARIANT}.service"
+    assert unit_prop(host, old, "ActiveState") == "inactive"
+    assert unit_prop(host, old, "UnitFileState") == "disabled"
+    assert unit_prop(host, new, "ActiveState") == "active"
+    assert models(host, port_of(VARIANT))[0] == 0  # nothing listens on the old port
+    code, body = models(host, port_of(OTHER_VARIANT))
+    assert code == 200 and [m["id"] for m in body["data"]] == [served_name(OTHER_VARIANT)]
+    assert provenance(host)["variant"] == OTHER_VARIANT
+    # rig-01 kept its variant and was not restarted by the fleet change.
+    assert unit_prop(bed.host("rig-01"), old, "ActiveState") == "active"
+
+
+def test_failed_gate_rolls_back_and_the_old_generation_serves(bed: Bed) -> None:
+    host = bed.host("rig-01")
+    unit = f"rigup-{VARIANT}.service"
+    good_compose = sh(host, f"cat /opt/rigup/variants/{VARIANT}/compose.yaml")
+    good = provenance(host)
+    # The upgrade publishes the port on an address the rig does not have: the container cannot start
+    # (a real misconfiguration preflight does not catch), the gate fails, the last good one returns.
+    bed.group_data = {**bed.group_data, "canary": {"serving_bind_address": "192.0.2.55"}}
+    bed.write(relock=False)
+    proc = bed.deploy("--limit", "rig-01", expect_ok=False)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "FAILED and ROLLED BACK" in output, _tail(proc)
+    assert "RIGUP-GATE-RESULT: failed-and-rolled-back" in output
+    assert f"journalctl -u {unit}" in output
+    assert sh(host, f"cat /opt/rigup/variants/{VARIANT}/compose.yaml") == good_compose
+    assert unit_prop(host, unit, "ActiveState") == "active"
+    code, body = models(host, port_of(VARIANT))
+    assert code == 200 and [m["id"] for m in body["data"]] == [served_name(VARIANT)]
+    prov = provenance(host)
+    assert prov["generation"] == good["generation"] and prov["release_sha256"] == good["release_sha256"]
+    assert prov["last_rollback"]["outcome"] == "rolled back"
+    # The same bad upgrade again at once: its crash loop and the rollback's start count against the
+    # unit's start limit (5 in 15 min) from the first attempt, and neither may be refused for it.
+    again = bed.deploy("--limit", "rig-01", expect_ok=False)
+    assert "FAILED and ROLLED BACK" in again.stdout + again.stderr, _tail(again)
+    assert unit_prop(host, unit, "ActiveState") == "active"
+    assert models(host, port_of(VARIANT))[0] == 200
+    # Back to the good settings: converges without a restart of what already serves it.
+    bed.group_data = {k: v for k, v in bed.group_data.items() if k != "canary"}
+    bed.write(relock=False)
+    before = unit_prop(host, unit, "ExecMainStartTimestamp")
+    bed.deploy("--limit", "rig-01")
+    assert unit_prop(host, unit, "ExecMainStartTimestamp") == before
+
+
+def test_api_key_is_enforced_and_kept_secret(bed: Bed, tmp_path: Path) -> None:
+    key_file = tmp_path / "api.key"
+    key_file.write_text(API_KEY + "\n")
+    key_file.chmod(0o600)
+    bed.data = {**bed.data, "serving_api_key_file": str(key_file)}
+    bed.write(relock=False)
+    proc = bed.deploy("-vvv", "--limit", "rig-01")
+    assert API_KEY not in proc.stdout + proc.stderr
+    host = bed.host("rig-01")
+    port = port_of(VARIANT)
+    assert models(host, port)[0] == 401
+    code, body = models(host, port, API_KEY)
+    assert code == 200 and body["data"][0]["id"] == served_name(VARIANT)
+    env_file = f"/opt/rigup/variants/{VARIANT}/.env"
+    assert sh(host, f"stat -c '%a %U' {env_file}") == "600 root"
+    assert f"VLLM_API_KEY='{API_KEY}'" in sh(host, f"cat {env_file}")
+    for path in (f"/etc/systemd/system/rigup-{VARIANT}.service", f"/opt/rigup/variants/{VARIANT}/compose.yaml",
+                 f"/opt/rigup/variants/{VARIANT}/release.json", "/opt/rigup/state/provenance.json"):
+        assert API_KEY not in sh(host, f"cat {path}"), path
+    assert API_KEY not in sh(host, "ps -eo args")
+    assert API_KEY not in sh(host, f"journalctl -u rigup-{VARIANT}.service --no-pager -o cat", check=False)
+    # The gate itself used the key (it passed), and a re-run is converged.
+    assert provenance(host)["gate"]["result"] == "passed"
+    result = bed.deploy_json("--limit", "rig-01")
+    assert {op["name"]: op["success"] for op in serving_ops(result) if op["success"]} == {}
+
+
+# --------------------------------------------------------------------------------------------
+# rollout on 4 hosts: canary first, then batches; one host is down
+
+
+def test_rollout_with_a_canary_and_a_host_down(testbed_factory: Callable[..., Testbed]) -> None:
+    testbed = testbed_factory(
+        [HostSpec("rig-01", group="canary")] + [HostSpec(f"rig-0{i}", group="rigs") for i in (2, 3, 4)], "rigro"
+    )
+    b = Bed(testbed, testbed.workdir)
+    b.data["rollout_batch"] = 2
+    b.write()
+    down = b.host("rig-03")
+    down.ssh("sudo -n systemctl poweroff", check=False, timeout=30)
+    deadline = time.monotonic() + 60
+    while down.running() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not down.running()
+    proc = subprocess.run(
+        [sys.executable, "-m", "rigup.rollout", "--json", "--log-dir", str(testbed.workdir / "rollout")],
+        cwd=REPO_ROOT, env=b.env(), capture_output=True, text=True, timeout=1800,
+    )
+    result = json.loads(proc.stdout)
+    statuses = {h["host"]: (h["step"], h["status"]) for h in result["hosts"]}
+    assert statuses == {
+        "rig-01": ("canary", "ok"),
+        "rig-02": ("batch 1", "ok"),
+        "rig-03": ("batch 1", "down"),
+        "rig-04": ("batch 2", "ok"),
+    }, json.dumps(result, indent=1)
+    assert result["stopped"] is None and proc.returncode == 1
+    # The canary step ran (and gated) before any other host was touched.
+    canary_log = (testbed.workdir / "rollout" / "canary.log").read_text()
+    assert "rig-02" not in canary_log and "Health-gate the (re)started variant" in canary_log
+    for name in ("rig-01", "rig-02", "rig-04"):
+        assert provenance(b.host(name))["gate"]["result"] == "passed"
