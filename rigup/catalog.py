@@ -278,3 +278,8 @@ def load_catalog() -> dict[str, Any]:
 def variant_names() -> list[str]:
     """Every serving variant, in catalog order."""
     return list(load_catalog()["variants"])
+
+
+def rigup_container_names() -> tuple[str, ...]:
+    """Every container name a rigup variant runs under, sorted (one variant owns a rig's GPUs)."""
+    return tuple(sorted({str(v["container_name"]) for v in load_catalog()["variants"].values()}))

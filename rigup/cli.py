@@ -15,6 +15,8 @@ COMMAND_MODULES = (
     "rigup.verify",
     "rigup.bench",
     "rigup.status",
+    "rigup.rollout",
+    "rigup.router",
 )
 
 

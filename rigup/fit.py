@@ -186,11 +186,15 @@ def parse_driver_cuda(output: str | Iterable[str]) -> str | None:
     return match.group(1) if match else None
 
 
-def own_pids(container_pid: int | None, chains: Iterable[Sequence[int]]) -> frozenset[int]:
-    """GPU processes of our own container: those whose ancestry (pid, parent, ...) holds its init pid."""
-    if not container_pid:
+def own_pids(container_pids: int | Iterable[int] | None, chains: Iterable[Sequence[int]]) -> frozenset[int]:
+    """GPU processes of rigup's own containers: those whose ancestry (pid, parent, ...) holds one of
+    their init pids (a stopped container has pid 0 or none)."""
+    if isinstance(container_pids, int):
+        container_pids = (container_pids,)
+    roots = {pid for pid in container_pids or () if pid}
+    if not roots:
         return frozenset()
-    return frozenset(chain[0] for chain in chains if chain and container_pid in chain)
+    return frozenset(chain[0] for chain in chains if chain and roots.intersection(chain))
 
 
 def exclude_own(gpus: Sequence[GpuState], apps: Iterable[ComputeApp], own: Iterable[int]) -> tuple[GpuState, ...]:

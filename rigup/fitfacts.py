@@ -58,8 +58,9 @@ _CHAINS = (
 
 class GpuMemoryUse(FactBase[tuple[GpuState, ...] | None]):
     """
-    Each GPU's memory total and the memory other processes hold (this variant's running container
-    excluded: a converge replaces it), for ``rigup.fit.assess``.
+    Each GPU's memory total and the memory other processes hold, for ``rigup.fit.assess``. Memory of
+    the containers named (every rigup variant's) counts as free: a converge replaces this variant's
+    container and stops the others before it starts (one variant owns the GPUs).
 
     .. code:: python
 
@@ -68,10 +69,10 @@ class GpuMemoryUse(FactBase[tuple[GpuState, ...] | None]):
         None  # nvidia-smi missing or the driver not answering
     """
 
-    def command(self, container_name: str) -> str:
+    def command(self, container_names: tuple[str, ...]) -> str:
         gpu_query = ",".join(MEMORY_QUERY_FIELDS)
         apps_query = ",".join(APPS_QUERY_FIELDS)
-        name = shlex.quote(container_name)
+        name = " ".join(shlex.quote(n) for n in container_names)
         return _guarded(
             f"nvidia-smi --query-gpu={gpu_query} --format=csv,noheader,nounits 2>&1; "
             f"echo {_SPLIT}; nvidia-smi --query-compute-apps={apps_query} --format=csv,noheader,nounits 2>/dev/null; "
@@ -88,10 +89,9 @@ class GpuMemoryUse(FactBase[tuple[GpuState, ...] | None]):
             apps = parse_compute_apps(parts[1])
         except FitParseError:
             return None  # no driver, a version mismatch: the GPUs facts say why
-        pid_text = " ".join(parts[2]).strip()
-        container_pid = int(pid_text) if pid_text.isdigit() else None
+        container_pids = [int(p) for p in " ".join(parts[2]).split() if p.isdigit() and int(p) > 0]
         chains = [[int(p) for p in line.split() if p.isdigit()] for line in parts[3]]
-        return exclude_own(gpus, apps, own_pids(container_pid, chains))
+        return exclude_own(gpus, apps, own_pids(container_pids, chains))
 
 
 class DriverCudaVersion(FactBase[str | None]):

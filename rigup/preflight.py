@@ -40,6 +40,7 @@ from rigup.facts import (
     SecureBoot,
 )
 from rigup.fit import GpuState, assess
+from rigup.catalog import rigup_container_names
 from rigup.fitfacts import DriverCudaVersion, GpuMemoryUse, GpuTopology
 from rigup.interconnect import Topology
 from rigup.parsers import (
@@ -223,7 +224,7 @@ def gather(
         pending_reboot=get_fact(RebootPending),
         disk=get_fact(FreeDisk, paths=sorted(set(paths.values()))),
         present_bytes=present,
-        gpu_memory=get_fact(GpuMemoryUse, container_name=recipe.container_name) if recipe is not None else None,
+        gpu_memory=get_fact(GpuMemoryUse, container_names=rigup_container_names()) if recipe is not None else None,
         driver_cuda=get_fact(DriverCudaVersion),
         topology=get_fact(GpuTopology) if topology is _UNREAD else topology,
     )

@@ -86,6 +86,10 @@ def test_own_container_memory_is_not_counted() -> None:
     freed = F.exclude_own(gpus, apps, own)
     assert [g.memory_used_mib for g in freed] == [2, 420]  # the desktop's 418 MiB + 2 stay on GPU 1
     assert F.own_pids(None, chains) == frozenset()
+    # Several rigup containers (a variant switch): each one's processes count as ours; pid 0 is a
+    # stopped container and matches nothing.
+    assert F.own_pids([0, int(text("reconverge-3090/container-pid.txt"))], chains) == {4242, 4300}
+    assert F.own_pids([0], chains) == frozenset()
     # Someone else's process is never subtracted.
     busy = F.parse_memory_query(text("busy-3090/memory.csv"))
     others = F.parse_compute_apps(text("busy-3090/apps.csv"))
@@ -418,7 +422,7 @@ def run_fact(fact: Any, env: dict[str, str], *args: Any) -> Any:
 
 def test_facts_read_the_test_beds_nvidia_smi(standin: dict[str, Any]) -> None:
     env, rig = standin["env"], standin["rig"]
-    gpus = run_fact(GpuMemoryUse(), env, "vllm-qwen36-27b-dual")
+    gpus = run_fact(GpuMemoryUse(), env, ("vllm-qwen36-27b-dual",))
     assert [(g.memory_total_mib, g.memory_used_mib, g.uuid) for g in gpus] == [
         (24576, 1, rig.gpus[0].uuid), (24576, 1, rig.gpus[1].uuid)]  # 2001 minus our own 2000
     assert run_fact(DriverCudaVersion(), env) == "13.0"
@@ -429,14 +433,14 @@ def test_facts_read_the_test_beds_nvidia_smi(standin: dict[str, Any]) -> None:
 def test_facts_count_other_processes_and_survive_a_missing_driver(standin: dict[str, Any], tmp_path: Path) -> None:
     env = dict(standin["env"])
     (tmp_path / "bin" / "docker").write_text("#!/bin/sh\nexit 1\n")  # no variant container
-    gpus = run_fact(GpuMemoryUse(), env, "vllm-qwen36-27b-dual")
+    gpus = run_fact(GpuMemoryUse(), env, ("vllm-qwen36-27b-dual",))
     assert [g.memory_used_mib for g in gpus] == [1, 2001]
     (tmp_path / "root/proc/driver/nvidia/version").unlink()  # module not loaded
-    assert run_fact(GpuMemoryUse(), env, "x") is None
+    assert run_fact(GpuMemoryUse(), env, ("x",)) is None
     assert run_fact(DriverCudaVersion(), env) is None
     assert run_fact(GpuTopology(), env) is None
     (tmp_path / "bin" / "nvidia-smi").unlink()
-    assert run_fact(GpuMemoryUse(), env, "x") is None and run_fact(GpuTopology(), env) is None
+    assert run_fact(GpuMemoryUse(), env, ("x",)) is None and run_fact(GpuTopology(), env) is None
 
 
 def test_envelope_caveats_are_passed_on() -> None:
