@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rigup.facts import NvidiaGpus
+from rigup.fitfacts import GpuTopology
+from rigup.interconnect import Topology
 from rigup.lock import LockError, locked_recipe, read_hf_token
 from rigup.openai_client import ApiClient
 from rigup.parsers import SmiQuery
@@ -81,6 +83,7 @@ class Facts:
     units: dict[str, dict[str, Any]] = field(default_factory=dict)  # RigupVariantUnits
     smi: SmiQuery | None = None  # None: nvidia-smi not installed
     memory: list[tuple[int, int]] | None = None  # (used, total) MiB per GPU
+    topology: Topology | None = None  # GpuTopology: what the deploy renders the interconnect from
     file_hashes: dict[str, str | None] = field(default_factory=dict)  # relpath / "unit" -> sha256 now
 
 
@@ -104,8 +107,9 @@ class Item:
 # desired state (control machine)
 
 
-def desired_state(target: Target) -> Desired:
-    """The release tasks/serving.py would write for this host, from the fleet data and the lock."""
+def desired_state(target: Target, topology: Topology | None = None) -> Desired:
+    """The release tasks/serving.py would write for this host, from the fleet data, the lock and the
+    rig's GPU topology (NVLink changes the rendered NCCL settings, as in the deploy)."""
     data = target.data
     branch = data.get("nvidia_driver_branch")
     base = {
@@ -118,7 +122,7 @@ def desired_state(target: Target) -> Desired:
         "driver_branch": int(branch) if branch is not None else None,
     }
     try:
-        recipe, lock = locked_recipe(data, target.name)
+        recipe, lock = locked_recipe(data, target.name, topology=topology)
         api_key_present = load_api_key(data) is not None
         hf_token_present = read_hf_token(data.get("hf_token_file")) is not None
     except (LockError, RecipeError, SecretError, ValueError) as exc:
@@ -168,6 +172,9 @@ def gather_facts(runner: Runner, install_root: str) -> Facts:
             facts.memory = gpu_memory(runner)
         except RemoteError:
             facts.memory = None
+        topology = GpuTopology()
+        result = runner.run(topology.command(), timeout=60)
+        facts.topology = topology.process(result.stdout.splitlines()) if result.stdout.strip() else None
 
     if facts.provenance_text is not None:
         try:
@@ -401,7 +408,6 @@ def host_status(target: Target, quiet: bool = False) -> HostStatus:
         progress(f"[{target.name}] gathering state over SSH ...")
     if target.recipe is None:
         return HostStatus(target.name, target.variant, None, [Item("recipe", "a valid variant", target.error or "-", DRIFT)])
-    desired = desired_state(target)
     ssh = LazySsh(target.ssh)
     try:
         facts = gather_facts(ssh, target.recipe.paths.install_root)
@@ -409,6 +415,7 @@ def host_status(target: Target, quiet: bool = False) -> HostStatus:
         facts = Facts(reachable=False, error=str(exc))
     finally:
         ssh.close()
+    desired = desired_state(target, facts.topology)
     items = compare(desired, facts, check_health(target))
     if target.error is not None:
         items.insert(0, Item("api key", "readable", target.error, DRIFT))

@@ -245,7 +245,7 @@ def test_host_status_marks_an_unreachable_rig(tmp_path: Path, monkeypatch: pytes
     def refuse(runner: Any, install_root: str) -> S.Facts:
         raise RemoteError("ssh ops@10.0.0.1:22: connection refused")
 
-    monkeypatch.setattr(S, "desired_state", lambda t: desired(t, release))
+    monkeypatch.setattr(S, "desired_state", lambda t, topology=None: desired(t, release))
     monkeypatch.setattr(S, "gather_facts", refuse)
     monkeypatch.setattr(S, "check_health", lambda t: S.Health(False, "GET /v1/models: no response (connection refused)"))
     status = S.host_status(target, quiet=True)
