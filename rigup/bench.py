@@ -27,18 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rigup.openai_client import ApiClient, StreamResult
-from rigup.remote import (
-    FileLog,
-    JournalLog,
-    LazySsh,
-    RemoteError,
-    ServiceLog,
-    Target,
-    fleet_targets,
-    parallel,
-    progress,
-    url_target,
-)
+from rigup.remote import LazySsh, RemoteError, Target, api_targets, parallel, progress, service_log
 
 SCHEMA = 1
 DEFAULT_RESULTS_DIR = Path("results") / "bench"
@@ -329,11 +318,7 @@ def bench_target(
             document["prompts"][prompt] = run_prompt(client, served, prompt, settings, say)
         if settings.concurrency:
             document["concurrency"] = run_concurrency(target.api_url, target.api_key, served, settings, say)
-        log: ServiceLog | None = None
-        if log_file is not None:
-            log = FileLog(log_file)
-        elif target.recipe is not None and target.ssh is not None:
-            log = JournalLog(ssh, target.recipe.paths.unit_name)
+        log = service_log(target, ssh, log_file)
         if target.ssh is not None:
             document["gpus"] = gpu_snapshot(ssh)
         if log is not None:
@@ -502,7 +487,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         concurrency_runs=args.concurrency_runs,
     )
     try:
-        targets = [url_target(args.url, args.api_key_file)] if args.url else fleet_targets(args.limit)
+        targets = api_targets(args.url, args.api_key_file, args.limit)
     except (RemoteError, ValueError) as exc:
         print(f"rigup bench: {exc}", file=sys.stderr)
         return 2

@@ -148,6 +148,11 @@ def url_target(url: str, api_key_file: str | None = None) -> Target:
     return Target(name=url, api_url=url.rstrip("/"), api_key=api_key)
 
 
+def api_targets(url: str | None, api_key_file: str | None, limit: Sequence[str] | None) -> list[Target]:
+    """The API URL given on the command line (--url, --api-key-file), else the fleet's hosts (--limit)."""
+    return [url_target(url, api_key_file)] if url else fleet_targets(limit)
+
+
 def parallel(items: Sequence[T], work: Callable[[T], R], workers: int | None = None) -> list[R]:
     """work(item) for every item at once (threads; the work is network-bound), results in order."""
     if not items:
@@ -378,6 +383,16 @@ class FileLog:
     def grep(self, pattern: str, lines: int) -> list[str]:
         regex = re.compile(pattern)
         return [line for line in self._lines() if regex.search(line)][-lines:]
+
+
+def service_log(target: Target, runner: Runner, log_file: str | None) -> ServiceLog | None:
+    """The serving log to read: a local file given on the command line, else the unit's journal over
+    SSH; None for a bare URL (no recipe, no SSH)."""
+    if log_file is not None:
+        return FileLog(log_file)
+    if target.recipe is not None and target.ssh is not None:
+        return JournalLog(runner, target.recipe.paths.unit_name)
+    return None
 
 
 GPU_MEMORY_QUERY = "nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader,nounits"

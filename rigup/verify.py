@@ -29,17 +29,15 @@ from typing import Any
 
 from rigup.openai_client import ApiClient, ChatResult
 from rigup.remote import (
-    FileLog,
-    JournalLog,
     LazySsh,
     RemoteError,
     ServiceLog,
     Target,
-    fleet_targets,
+    api_targets,
     gpu_memory,
     parallel,
     progress,
-    url_target,
+    service_log,
 )
 
 PASS, FAIL, SKIP, WARN = "pass", "fail", "skip", "warn"
@@ -400,22 +398,20 @@ def _long_failure(result: ChatResult) -> str:
     return result.describe_failure()[:200]
 
 
+def tool_call_turn(call_id: str, function: str, arguments: dict[str, Any], output: str) -> list[dict[str, Any]]:
+    """The assistant's tool call and the tool's answer, as two chat messages."""
+    call = {"id": call_id, "type": "function", "function": {"name": function, "arguments": json.dumps(arguments)}}
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call_id, "content": output},
+    ]
+
+
 def check_tool_prefill(ctx: Context) -> CheckResult:
     filler = (NEWS_FILLER * (ctx.options.prefill_chars // len(NEWS_FILLER) + 1))[: ctx.options.prefill_chars]
     messages = [
         {"role": "user", "content": "What is new with graphics cards? Fetch the news."},
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": "call_news_1",
-                    "type": "function",
-                    "function": {"name": "fetch_news", "arguments": json.dumps({"topic": "graphics cards"})},
-                }
-            ],
-        },
-        {"role": "tool", "tool_call_id": "call_news_1", "content": filler},
+        *tool_call_turn("call_news_1", "fetch_news", {"topic": "graphics cards"}, filler),
         {"role": "user", "content": "Summarize the news above in three sentences."},
     ]
     payload = ctx.payload(messages, tools=[NEWS_TOOL], tool_choice="auto", max_tokens=500, **no_thinking())
@@ -490,18 +486,7 @@ def check_multi_turn_agent(ctx: Context) -> CheckResult:
     messages = [
         {"role": "system", "content": IDE_RULES},
         {"role": "user", "content": "Refactor utils.py: the two parse functions duplicate each other."},
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": "call_read_1",
-                    "type": "function",
-                    "function": {"name": "read_file", "arguments": json.dumps({"path": "utils.py"})},
-                }
-            ],
-        },
-        {"role": "tool", "tool_call_id": "call_read_1", "content": MOCK_FILE},
+        *tool_call_turn("call_read_1", "read_file", {"path": "utils.py"}, MOCK_FILE),
         {"role": "user", "content": "Now refactor it so parse_config_file reuses parse_config; show the new file."},
     ]
     payload = ctx.payload(messages, tools=tool_schemas(IDE_TOOLS), tool_choice="auto", max_tokens=1500, temperature=0.6)
@@ -717,11 +702,7 @@ def verify_target(
     client = ApiClient(target.api_url, target.api_key)
     ssh = LazySsh(target.ssh)
     try:
-        log: ServiceLog | None = None
-        if log_file is not None:
-            log = FileLog(log_file)
-        elif target.recipe is not None and target.ssh is not None:
-            log = JournalLog(ssh, target.recipe.paths.unit_name)
+        log = service_log(target, ssh, log_file)
         gpus = (lambda: gpu_memory(ssh)) if target.ssh is not None else None
         served = model or target.served_model
         if served is None:
@@ -791,12 +772,6 @@ def reports_json(reports: list[HostReport]) -> dict[str, Any]:
 # CLI
 
 
-def _targets(args: argparse.Namespace) -> list[Target]:
-    if args.url:
-        return [url_target(args.url, args.api_key_file)]
-    return fleet_targets(args.limit)
-
-
 def cmd_verify(args: argparse.Namespace) -> int:
     suite = "full" if args.full else "stress" if args.stress else "basic"
     options = VerifyOptions(
@@ -809,7 +784,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     try:
-        targets = _targets(args)
+        targets = api_targets(args.url, args.api_key_file, args.limit)
     except (RemoteError, ValueError) as exc:
         print(f"rigup verify: {exc}", file=sys.stderr)
         return 2

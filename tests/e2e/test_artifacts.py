@@ -8,7 +8,6 @@ source of the main model, rig-02 of the DFlash draft; rig-03 copies both from th
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -18,10 +17,10 @@ from typing import Any
 import pytest
 
 from rigup.lock import LockFile
+from tests.e2e.helpers import run
 from tests.testbed.fleet import Testbed
 from tests.testbed.hfhub import HubAdmin
 from tests.testbed.hosts import HostSpec
-from tests.testbed.image import REPO_ROOT
 
 pytestmark = pytest.mark.e2e
 
@@ -50,14 +49,7 @@ def fleet(bed: Testbed) -> Path:
         # route anywhere else, so knobs the hub does not serve yet cannot leak.
         require_all_urls=False,
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "rigup", "lock"],
-        cwd=REPO_ROOT,
-        env={**os.environ, "RIGUP_RIGS": str(path)},
-        text=True,
-        capture_output=True,
-        timeout=300,
-    )
+    proc = run([sys.executable, "-m", "rigup", "lock"], path, 300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     bed.ledger.add("file", path=str(path.with_name("rigs.lock.yaml")))
     return path

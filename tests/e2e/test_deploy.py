@@ -10,7 +10,6 @@ outside 0600 files.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -22,35 +21,35 @@ import pytest
 
 from rigup.knobs import load_defaults
 from rigup.recipe import resolve
+from tests.e2e.helpers import PYINFRA, run, run_json
 from tests.testbed.fleet import Testbed
-from tests.testbed.image import REPO_ROOT
 
 pytestmark = pytest.mark.e2e
 
-PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 TOKEN = "hf_e2eSecretTokenThatMustNotLeak42"
-
-
-def run(fleet: Path, *argv: str, timeout: float = 1500) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "RIGUP_RIGS": str(fleet), "HF_TOKEN": TOKEN}
-    return subprocess.run(list(argv), cwd=REPO_ROOT, env=env, text=True, capture_output=True, timeout=timeout)
 
 
 def deploy(fleet: Path) -> tuple[dict[str, Any], str, float]:
     started = time.monotonic()
-    proc = run(fleet, PYINFRA, "-y", "--json", "inventory.py", "deploy.py")
+    argv = [PYINFRA, "-y", "--json", "inventory.py", "deploy.py"]
+    code, results, log = run_json(argv, fleet, 1500, env={"HF_TOKEN": TOKEN})
     elapsed = time.monotonic() - started
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-6000:]
-    start = proc.stdout.find("{")
-    assert start >= 0, log[-3000:]
-    return json.loads(proc.stdout[start:]), log, elapsed
+    assert code == 0, log[-6000:]
+    return results, log, elapsed
 
 
 @pytest.fixture(scope="module")
-def fleet(testbed: Testbed) -> Path:
-    path = testbed.write_fleet(testbed.workdir / "deploy-rigs.yaml")
-    locked = run(path, sys.executable, "-m", "rigup", "lock")
+def bed(testbed_factory: Any) -> Testbed:
+    # Its own fresh hosts: the session's shared `testbed` is for tests that need undeployed rigs.
+    from tests.e2e.conftest import default_specs
+
+    return testbed_factory(default_specs())
+
+
+@pytest.fixture(scope="module")
+def fleet(bed: Testbed) -> Path:
+    path = bed.write_fleet(bed.workdir / "deploy-rigs.yaml")
+    locked = run([sys.executable, "-m", "rigup", "lock"], path, 1500, env={"HF_TOKEN": TOKEN})
     assert locked.returncode == 0, locked.stdout + locked.stderr
     return path
 
@@ -63,15 +62,15 @@ def converges(fleet: Path) -> list[tuple[dict[str, Any], str, float]]:
     return [first, second]
 
 
-def test_first_converge_brings_every_host_up_without_errors(testbed: Testbed, converges: Any) -> None:
+def test_first_converge_brings_every_host_up_without_errors(bed: Testbed, converges: Any) -> None:
     results, _, _ = converges[0]
     operations = results["results"]["operations"]
     assert [op["name"] for op in operations if op["error"]] == []
-    names = {h.name for h in testbed.hosts}
+    names = {h.name for h in bed.hosts}
     changed = {host for op in operations for host in op["success"]}
     assert changed == names
     recipe = resolve({**load_defaults(), "variant": "dual"})
-    for host in testbed.hosts:
+    for host in bed.hosts:
         with urllib.request.urlopen(f"http://{host.ip}:{recipe.host_port}/v1/models", timeout=10) as reply:
             served = [m["id"] for m in json.load(reply)["data"]]
         assert recipe.served_model_name in served, host.name
@@ -86,10 +85,10 @@ def test_second_converge_changes_nothing(converges: Any) -> None:
     assert all(not op["error"] for op in results["results"]["operations"])
 
 
-def test_hf_token_stays_out_of_output_and_world_readable_files(testbed: Testbed, converges: Any) -> None:
+def test_hf_token_stays_out_of_output_and_world_readable_files(bed: Testbed, converges: Any) -> None:
     for _, log, _ in converges:
         assert TOKEN not in log
-    for host in testbed.hosts:
+    for host in bed.hosts:
         # The pattern goes in on stdin: on our own command line sudo would log it to the journal we search.
         found = subprocess.run(
             [*host.ssh_argv(), "sudo grep -rlF -f /dev/stdin /opt/rigup /etc/systemd/system /var/log /tmp || true"],

@@ -16,27 +16,18 @@ Then a second converge must change nothing on the converged hosts.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rigup.knobs import load_defaults
-from rigup.recipe import resolve
+from tests.e2e.helpers import changed, converge_json, op, reboot, sh, skip_without_disk, snapshot
 from tests.testbed.fleet import Testbed
-from tests.testbed.hosts import Host, HostSpec, wait_ready
-from tests.testbed.image import REPO_ROOT
+from tests.testbed.hosts import Host, HostSpec
 
 pytestmark = pytest.mark.e2e
 
-PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
-DEPLOY = "tests/e2e/hostlayer_deploy.py"
 SPECS = [
     HostSpec("rig-fresh", group="canary"),
     HostSpec("rig-old"),
@@ -53,70 +44,14 @@ SMOKE_OP = "Check a CUDA container sees every GPU (after a driver, Docker or too
 PREFLIGHT_OP = "Run preflight checks (a failed check fails this host)"
 
 
-def disk_needed_gb() -> float:
-    data = load_defaults()
-    return resolve(data).disk_needed_gb + float(data["preflight_disk_margin_gb"])
-
-
-# --------------------------------------------------------------------------------------------
-# helpers
-
-
-def sh(host: Host, command: str, timeout: float = 300) -> str:
-    proc = host.ssh(command, check=False, timeout=timeout)
-    assert proc.returncode == 0, f"{host.name}: {command}\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
-
-
 def boot_times(host: Host) -> list[float]:
+    """When the supervisor started `host`, one entry a boot (seconds since the epoch)."""
     path = host.run_dir / "boots"
     return [float(x) for x in path.read_text().split()] if path.exists() else []
 
 
-def reboot(host: Host) -> None:
-    before = host.boots()
-    host.ssh("sudo systemctl reboot", check=False, timeout=30)
-    deadline = time.monotonic() + 120
-    while host.boots() == before and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert host.boots() > before, f"{host.name} did not reboot"
-    wait_ready([host], timeout=180)
-
-
-def snapshot(host: Host) -> str:
-    """What a deploy would change: packages, apt sources, modprobe and systemd config, daemon.json."""
-    return sh(
-        host,
-        "dpkg-query -W -f='${Package} ${Version} ${db:Status-Abbrev}\\n' | sort; "
-        "ls -l --time-style=+%s /etc/apt/sources.list.d /etc/modprobe.d /etc/systemd/system /etc/apt/apt.conf.d; "
-        "sudo cat /etc/docker/daemon.json 2>/dev/null || true",
-    )
-
-
 def deploy(fleet: Path) -> tuple[int, dict[str, Any], str]:
-    started = time.monotonic()
-    proc = subprocess.run(
-        [PYINFRA, "-y", "--json", "inventory.py", DEPLOY],
-        cwd=REPO_ROOT,
-        env={**os.environ, "RIGUP_RIGS": str(fleet)},
-        text=True,
-        capture_output=True,
-        timeout=1500,
-    )
-    print(f"hostlayer deploy over the bed: {time.monotonic() - started:.1f} s")  # shown with -s
-    start = proc.stdout.find("{")
-    assert start >= 0, f"no JSON on stdout\n{proc.stdout}\n{proc.stderr}"
-    return proc.returncode, json.loads(proc.stdout[start:]), proc.stdout + proc.stderr
-
-
-def changed(results: dict[str, Any], host: str) -> list[str]:
-    """Names of the operations that changed `host`."""
-    return [op["name"] for op in results["results"]["operations"] if host in op["success"]]
-
-
-def op(results: dict[str, Any], suffix: str) -> dict[str, Any]:
-    (found,) = [o for o in results["results"]["operations"] if o["name"].endswith(suffix)]
-    return found
+    return converge_json(fleet, "hostlayer deploy over the bed")
 
 
 # --------------------------------------------------------------------------------------------
@@ -125,9 +60,7 @@ def op(results: dict[str, Any], suffix: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def bed(testbed_factory: Any, tmp_path_factory: pytest.TempPathFactory) -> Testbed:
-    free = shutil.disk_usage(tmp_path_factory.getbasetemp()).free / 1e9
-    if free < disk_needed_gb() + 5:
-        pytest.skip(f"the hosts share this machine's disk: {free:.0f} GB free, preflight wants {disk_needed_gb():.0f} GB")
+    skip_without_disk(tmp_path_factory)
     return testbed_factory(SPECS)
 
 

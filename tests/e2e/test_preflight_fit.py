@@ -16,27 +16,19 @@ tests/e2e/hostlayer_deploy.py`), after `python -m rigup doctor --json` read the 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rigup.knobs import load_defaults
-from rigup.recipe import resolve
+from tests.e2e.helpers import changed, converge_json, op, reboot, run_json, sh, skip_without_disk, snapshot
 from tests.testbed.fleet import Testbed
-from tests.testbed.hosts import Host, HostSpec, wait_ready
-from tests.testbed.image import REPO_ROOT
+from tests.testbed.hosts import HostSpec
 
 pytestmark = pytest.mark.e2e
 
-PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
-DEPLOY = "tests/e2e/hostlayer_deploy.py"
 SPECS = [
     HostSpec("rig-ok", group="canary"),
     HostSpec("rig-small", hardware="2x3080-20gb"),
@@ -48,66 +40,13 @@ RECHECK_OP = "Re-run the preflight checks with the new driver loaded (VRAM, CUDA
 SMOKE_OP = "Check a CUDA container sees every GPU (after a driver, Docker or toolkit change)"
 
 
-def disk_needed_gb() -> float:
-    data = load_defaults()
-    return resolve(data).disk_needed_gb + float(data["preflight_disk_margin_gb"])
-
-
-def sh(host: Host, command: str, timeout: float = 300) -> str:
-    proc = host.ssh(command, check=False, timeout=timeout)
-    assert proc.returncode == 0, f"{host.name}: {command}\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
-
-
-def reboot(host: Host) -> None:
-    before = host.boots()
-    host.ssh("sudo systemctl reboot", check=False, timeout=30)
-    deadline = time.monotonic() + 120
-    while host.boots() == before and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert host.boots() > before, f"{host.name} did not reboot"
-    wait_ready([host], timeout=180)
-
-
-def snapshot(host: Host) -> str:
-    """What a deploy could change: packages (with holds), apt sources and config, modprobe and
-    systemd config, daemon.json, anything under /opt/rigup."""
-    return sh(
-        host,
-        "dpkg-query -W -f='${Package} ${Version} ${db:Status-Abbrev}\\n' | sort; "
-        "ls -l --time-style=+%s /etc/apt/sources.list.d /etc/modprobe.d /etc/systemd/system /etc/apt/apt.conf.d; "
-        "sudo cat /etc/docker/daemon.json 2>/dev/null || true; "
-        "sudo find /opt/rigup 2>/dev/null | sort || true",
-    )
-
-
-def run_json(argv: list[str], fleet: Path, timeout: float) -> tuple[int, dict[str, Any], str]:
-    proc = subprocess.run(
-        argv, cwd=REPO_ROOT, env={**os.environ, "RIGUP_RIGS": str(fleet)}, text=True, capture_output=True, timeout=timeout
-    )
-    start = proc.stdout.find("{")
-    assert start >= 0, f"no JSON on stdout\n{proc.stdout}\n{proc.stderr}"
-    return proc.returncode, json.loads(proc.stdout[start:]), proc.stdout + proc.stderr
-
-
-def op(results: dict[str, Any], suffix: str) -> dict[str, Any]:
-    (found,) = [o for o in results["results"]["operations"] if o["name"].endswith(suffix)]
-    return found
-
-
-def changed(results: dict[str, Any], host: str) -> list[str]:
-    return [o["name"] for o in results["results"]["operations"] if host in o["success"]]
-
-
 # --------------------------------------------------------------------------------------------
 # the bed, prepared, doctor, one converge
 
 
 @pytest.fixture(scope="module")
 def bed(testbed_factory: Any, tmp_path_factory: pytest.TempPathFactory) -> Testbed:
-    free = shutil.disk_usage(tmp_path_factory.getbasetemp()).free / 1e9
-    if free < disk_needed_gb() + 5:
-        pytest.skip(f"the hosts share this machine's disk: {free:.0f} GB free, preflight wants {disk_needed_gb():.0f} GB")
+    skip_without_disk(tmp_path_factory)
     return testbed_factory(SPECS)
 
 
@@ -124,7 +63,7 @@ def prepared(bed: Testbed) -> dict[str, Any]:
     assert sh(small, "nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits").split() == ["20480", "20480"]
     assert "CUDA Version        : 12.4" in sh(small, "nvidia-smi --version")
     return {
-        "snapshot": snapshot(small),
+        "snapshot": snapshot(small, install_root=True),
         "boots": {h.name: h.boots() for h in bed.hosts},
     }
 
@@ -141,10 +80,7 @@ def doctor(fleet: Path) -> tuple[int, dict[str, Any], str]:
 
 @pytest.fixture(scope="module")
 def converge(bed: Testbed, fleet: Path, doctor: Any) -> Iterator[tuple[int, dict[str, Any], str]]:
-    started = time.monotonic()
-    result = run_json([PYINFRA, "-y", "--json", "inventory.py", DEPLOY], fleet, 1500)
-    print(f"hostlayer deploy over the fit bed: {time.monotonic() - started:.1f} s")  # shown with -s
-    yield result
+    yield converge_json(fleet, "hostlayer deploy over the fit bed")
 
 
 def checks_of(doc: dict[str, Any], host: str) -> dict[str, dict[str, Any]]:
@@ -184,7 +120,7 @@ def test_too_small_host_fails_preflight_and_stays_untouched(bed: Testbed, prepar
     assert "rig-small" in op(results, PREFLIGHT_OP)["error"]
     assert changed(results, "rig-small") == []
     small = bed.host("rig-small")
-    assert snapshot(small) == prepared["snapshot"], "rig-small changed although preflight failed"
+    assert snapshot(small, install_root=True) == prepared["snapshot"], "rig-small changed although preflight failed"
     assert small.boots() == prepared["boots"]["rig-small"]
     assert "rig-small: vram-fit: variant 'dual' (max_model_len 262144, gpu_memory_utilization 0.92) does not fit" in log
     assert "rig-small: cuda-compat: the driver supports CUDA 12.4" in log and "[key: nvidia_driver_branch]" in log

@@ -9,7 +9,6 @@ deploy.py`; the scenarios run in file order and each one restores what it change
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.helpers import run
 from tests.e2e.test_serving import VARIANT, Bed, sh
 from tests.testbed.fleet import Testbed
 from tests.testbed.hosts import HostSpec
@@ -33,10 +33,7 @@ UNIT = f"rigup-{VARIANT}.service"
 def test_fresh_hosts_are_reached_over_ssh_and_reported_undeployed(testbed: Testbed, fleet_file: Path) -> None:
     """Before any deploy: SSH with the fleet's settings (strict host keys) works on every host in
     parallel, and each is drift (no provenance) and unhealthy (no service, no driver, no API)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "rigup", "status", "--json"],
-        cwd=REPO_ROOT, env={**os.environ, "RIGUP_RIGS": str(fleet_file)}, capture_output=True, text=True, timeout=300,
-    )
+    proc = run([sys.executable, "-m", "rigup", "status", "--json"], fleet_file, 300)
     report = json.loads(proc.stdout)
     assert proc.returncode == 3, proc.stderr
     assert {h["host"] for h in report["hosts"]} == {h.name for h in testbed.hosts}

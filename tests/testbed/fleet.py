@@ -117,6 +117,7 @@ class Testbed:
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise TestbedError(f"duplicate host names in {names}")
+        ensure_inotify_room(len(specs))
         try:
             return self._up(specs, image, ready_timeout)
         except BaseException as exc:
@@ -281,3 +282,26 @@ class Testbed:
                 }
             )
         return rows
+
+
+# Each booted systemd takes several inotify instances (path units, journald, udev); the kernel's
+# default of 128 per user runs out with a few dozen hosts alive at once, and hosts then boot
+# "degraded" (systemd-ask-password-*.path failed). Raised, never lowered, for the whole machine.
+INOTIFY_INSTANCES_PER_HOST = 64
+INOTIFY_SYSCTL = Path("/proc/sys/fs/inotify/max_user_instances")
+
+
+def ensure_inotify_room(new_hosts: int) -> None:
+    try:
+        current = int(INOTIFY_SYSCTL.read_text())
+    except (OSError, ValueError):
+        return
+    wanted = max(8192, INOTIFY_INSTANCES_PER_HOST * new_hosts)  # 8192: room for ~128 hosts across beds
+    if current < wanted:
+        try:
+            INOTIFY_SYSCTL.write_text(f"{wanted}\n")
+        except OSError as exc:
+            raise TestbedError(
+                f"fs.inotify.max_user_instances is {current}; booting more hosts needs {wanted} (sysctl -w): {exc}"
+            ) from None
+

@@ -41,7 +41,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping
@@ -51,6 +50,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tests.testbed.service import BackgroundServer, run_service
 
 # Existing repos are reused only if their stamp records the same content hash (of the fast-import stream).
 STAMP = "rigup-testbed-remote.json"
@@ -802,11 +803,6 @@ class _GitHttpHandler(http.server.BaseHTTPRequestHandler):
     do_POST = _handle
 
 
-class _HttpServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
 class GitHttpServer:
     """Git over HTTP: start() -> 'http://host:port', stop(). smart=False serves dumb HTTP only."""
 
@@ -816,29 +812,21 @@ class GitHttpServer:
         self.port = port
         self.smart = smart
         self.url: str | None = None
-        self._server: _HttpServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server: BackgroundServer | None = None
 
     def start(self) -> str:
         handler = type("BoundGitHttpHandler", (_GitHttpHandler,), {"root": self.root, "smart": self.smart})
-        family = socket.AF_INET6 if ":" in self.bind else socket.AF_INET
-        server_cls = type("GitHttp", (_HttpServer,), {"address_family": family})
-        server = server_cls((self.bind, self.port), handler)
+        server = BackgroundServer(self.bind, self.port, handler, "githttp")
         self._server = server
-        self.port = int(server.server_address[1])
+        self.port = server.port
         self.url = f"http://{_url_host(self.bind)}:{self.port}"
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="githttp", daemon=True)
-        self._thread.start()
+        server.start()
         return self.url
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.stop()
             self._server = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
 
 
 class GitServer:
@@ -889,27 +877,18 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.root)
     remotes = make_remotes(root)
     server = GitServer(root, args.bind, args.port, None if args.no_http else args.http_port, not args.dumb_http)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    server.start()
+
+    def start() -> tuple[dict[str, Any], list[str]]:
+        server.start()
+        info = {"git_url": server.git_url, "http_url": server.http_url, "remotes": remotes.to_json()}
+        return info, [url for url in (server.git_url, server.http_url) if url is not None]
+
+    def failed() -> str | None:
+        daemon = server.daemon.proc
+        return "git daemon exited" if daemon is None or daemon.poll() is not None else None
+
     ready = Path(args.ready_file) if args.ready_file else root / "gitremotes.ready.json"
-    tmp = ready.with_name(f".{ready.name}.tmp")
-    info = {"git_url": server.git_url, "http_url": server.http_url, "pid": os.getpid(), "remotes": remotes.to_json()}
-    tmp.write_text(json.dumps(info, indent=2))
-    os.replace(tmp, ready)
-    print(server.git_url, flush=True)
-    if server.http_url is not None:
-        print(server.http_url, flush=True)
-    try:
-        while not stop.wait(0.5):
-            if server.daemon.proc is None or server.daemon.proc.poll() is not None:
-                print("git daemon exited", file=sys.stderr, flush=True)
-                return 1
-    finally:
-        server.stop()
-        ready.unlink(missing_ok=True)
-    return 0
+    return run_service(ready, start, server.stop, failed)
 
 
 if __name__ == "__main__":

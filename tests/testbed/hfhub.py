@@ -38,7 +38,6 @@ import http.server
 import json
 import os
 import random
-import signal
 import socket
 import sys
 import threading
@@ -50,6 +49,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tests.testbed.service import BackgroundServer, ThreadingServer, run_service
 
 # Bump when the byte generator changes: it keys the on-disk hash cache.
 GENERATOR_VERSION = 1
@@ -1355,9 +1356,7 @@ def _corrupt(data: bytes, pos: int, corrupt_range: tuple[int | None, int]) -> by
     return bytes(buf)
 
 
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+class _Server(ThreadingServer):
     request_queue_size = 128
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -1402,8 +1401,7 @@ class HfHub:
         self.config = config or HubConfig()
         self.url: str | None = None
         self.state: HubState | None = None
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+        self._server: BackgroundServer | None = None
 
     def start(self) -> str:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -1411,26 +1409,19 @@ class HfHub:
         repos = build_repos(self.spec, self.config, cache, self.root)
         state = HubState(repos, self.config)
         handler = type("BoundHubHandler", (HubHandler,), {"state": state})
-        family = socket.AF_INET6 if ":" in self.bind else socket.AF_INET
-        server_cls = type("HubServer", (_Server,), {"address_family": family})
-        server = server_cls((self.bind, self.port), handler)
+        server = BackgroundServer(self.bind, self.port, handler, "hfhub", _Server)
         self._server = server
-        self.port = int(server.server_address[1])
+        self.port = server.port
         self.url = f"http://{_url_host(self.bind)}:{self.port}"
         state.base_url = self.url
         self.state = state
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="hfhub", daemon=True)
-        self._thread.start()
+        server.start()
         return self.url
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.stop()
             self._server = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
 
     def __enter__(self) -> HfHub:
         self.start()
@@ -1535,24 +1526,15 @@ def main(argv: list[str] | None = None) -> int:
         cdn_url=args.cdn_url,
     )
     hub = HfHub(root, args.bind, args.port, spec=spec, config=config)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    url = hub.start()
+
+    def start() -> tuple[dict[str, Any], list[str]]:
+        url = hub.start()
+        repos = hub.state.repos if hub.state is not None else {}
+        heads = {rid: {"branches": dict(r.refs), "commits": [c.sha for c in r.commits]} for rid, r in repos.items()}
+        return {"url": url, "repos": heads}, [url]
+
     ready = Path(args.ready_file) if args.ready_file else root / "hfhub.ready.json"
-    tmp = ready.with_name(f".{ready.name}.tmp")
-    repos = hub.state.repos if hub.state is not None else {}
-    heads = {rid: {"branches": dict(r.refs), "commits": [c.sha for c in r.commits]} for rid, r in repos.items()}
-    tmp.write_text(json.dumps({"url": url, "pid": os.getpid(), "repos": heads}, indent=2))
-    os.replace(tmp, ready)
-    print(url, flush=True)
-    try:
-        while not stop.wait(0.5):
-            pass
-    finally:
-        hub.stop()
-        ready.unlink(missing_ok=True)
-    return 0
+    return run_service(ready, start, hub.stop)
 
 
 if __name__ == "__main__":

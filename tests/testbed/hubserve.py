@@ -11,8 +11,8 @@ the rigs end up running. --config names a JSON file read on every request, in th
 registry.json format: {"missing": [refs], "digests": {ref: digest}} (refs as "repo:tag", without the
 registry host). There are no blobs: nothing pulls layers from here.
 
-Each server writes its ready file ({"url": ..., "pid": ...}) once it serves and stops on SIGTERM.
-Standard library only.
+Each server writes its ready file ({"url": ..., "pid": ...}) once it serves and stops on SIGTERM
+(tests/testbed/service.py). Standard library only.
 """
 
 from __future__ import annotations
@@ -21,15 +21,14 @@ import argparse
 import http.server
 import importlib.util
 import json
-import os
 import re
-import signal
 import sys
-import threading
 from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from tests.testbed.service import BackgroundServer, run_service
 
 STANDINS = Path(__file__).resolve().parent / "standins"
 MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
@@ -45,11 +44,6 @@ def _dockerclient() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
 
 
 class StaticHandler(http.server.SimpleHTTPRequestHandler):
@@ -109,24 +103,12 @@ class RegistryHandler(http.server.BaseHTTPRequestHandler):
         self._send(200, manifest, {"Content-Type": MANIFEST_TYPE, "Docker-Content-Digest": digest})
 
 
-def serve(server: http.server.HTTPServer, ready_file: Path, url: str) -> int:
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
-    thread.start()
-    tmp = ready_file.with_name(f".{ready_file.name}.tmp")
-    tmp.write_text(json.dumps({"url": url, "pid": os.getpid()}))
-    os.replace(tmp, ready_file)
-    print(url, flush=True)
-    try:
-        while not stop.wait(0.5):
-            pass
-    finally:
-        server.shutdown()
-        server.server_close()
-        ready_file.unlink(missing_ok=True)
-    return 0
+def serve(server: BackgroundServer, ready_file: Path, url: str) -> int:
+    def start() -> tuple[dict[str, Any], list[str]]:
+        server.start()
+        return {"url": url}, [url]
+
+    return run_service(ready_file, start, server.stop)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,11 +124,11 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--ready-file", required=True, type=Path)
     args = parser.parse_args(argv)
     if args.what == "static":
-        server = _Server((args.bind, args.port), partial(StaticHandler, directory=str(args.root)))
-        return serve(server, args.ready_file, f"http://{args.bind}:{server.server_address[1]}")
+        server = BackgroundServer(args.bind, args.port, partial(StaticHandler, directory=str(args.root)), "static")
+        return serve(server, args.ready_file, f"http://{args.bind}:{server.port}")
     handler = type("Handler", (RegistryHandler,), {"config_file": args.config, "dockerclient": _dockerclient()})
-    server = _Server((args.bind, args.port), handler)
-    handler.host_port = f"{args.bind}:{server.server_address[1]}"
+    server = BackgroundServer(args.bind, args.port, handler, "registry")
+    handler.host_port = f"{args.bind}:{server.port}"
     return serve(server, args.ready_file, handler.host_port)
 
 

@@ -181,12 +181,13 @@ def test_hub_registry_serves_the_digests_the_standin_engine_pulls(tmp_path: Path
     import urllib.request
 
     from tests.testbed import hubserve
+    from tests.testbed.service import ThreadingServer
 
     config = tmp_path / "registry.json"
     config.write_text(json.dumps({"missing": ["gone/image:1"], "digests": {"pinned/image:2": "sha256:" + "ab" * 32}}))
     dc = hubserve._dockerclient()
     handler = type("H", (hubserve.RegistryHandler,), {"config_file": config, "dockerclient": dc})
-    server = hubserve._Server(("127.0.0.1", 0), handler)
+    server = ThreadingServer(("127.0.0.1", 0), handler)
     handler.host_port = f"127.0.0.1:{server.server_address[1]}"
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:

@@ -1,0 +1,109 @@
+"""Helpers shared by the end-to-end tests: commands on bed hosts, reboots, snapshots of what a deploy
+could change, and runs of the real CLIs (pyinfra, `python -m rigup`) with a fleet file."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rigup.knobs import load_defaults
+from rigup.recipe import resolve
+from tests.testbed.hosts import Host, wait_ready
+from tests.testbed.image import REPO_ROOT
+
+PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
+HOSTLAYER_DEPLOY = "tests/e2e/hostlayer_deploy.py"  # the host-layer phases only (preflight .. toolkit)
+
+
+def disk_needed_gb() -> float:
+    data = load_defaults()
+    return resolve(data).disk_needed_gb + float(data["preflight_disk_margin_gb"])
+
+
+def skip_without_disk(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Skip when this machine's disk, which the bed's hosts share, is below what preflight wants."""
+    free = shutil.disk_usage(tmp_path_factory.getbasetemp()).free / 1e9
+    if free < disk_needed_gb() + 5:
+        pytest.skip(f"the hosts share this machine's disk: {free:.0f} GB free, preflight wants {disk_needed_gb():.0f} GB")
+
+
+def sh(host: Host, command: str, timeout: float = 300) -> str:
+    """`command` over SSH on `host`; it must succeed. Its stdout."""
+    proc = host.ssh(command, check=False, timeout=timeout)
+    assert proc.returncode == 0, f"{host.name}: {command}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def reboot(host: Host) -> None:
+    before = host.boots()
+    host.ssh("sudo systemctl reboot", check=False, timeout=30)
+    deadline = time.monotonic() + 120
+    while host.boots() == before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert host.boots() > before, f"{host.name} did not reboot"
+    wait_ready([host], timeout=180)
+
+
+def snapshot(host: Host, *, install_root: bool = False) -> str:
+    """What a deploy could change: packages (with holds), apt sources and config, modprobe and
+    systemd config, daemon.json; with `install_root`, anything under /opt/rigup too."""
+    command = (
+        "dpkg-query -W -f='${Package} ${Version} ${db:Status-Abbrev}\\n' | sort; "
+        "ls -l --time-style=+%s /etc/apt/sources.list.d /etc/modprobe.d /etc/systemd/system /etc/apt/apt.conf.d; "
+        "sudo cat /etc/docker/daemon.json 2>/dev/null || true"
+    )
+    if install_root:
+        command += "; sudo find /opt/rigup 2>/dev/null | sort || true"
+    return sh(host, command)
+
+
+def run(
+    argv: Sequence[str], fleet: Path, timeout: float, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`argv` from the repo root with inventory.py reading `fleet` (RIGUP_RIGS), plus `env`."""
+    return subprocess.run(
+        list(argv),
+        cwd=REPO_ROOT,
+        env={**os.environ, "RIGUP_RIGS": str(fleet), **(env or {})},
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+    )
+
+
+def run_json(
+    argv: Sequence[str], fleet: Path, timeout: float, env: Mapping[str, str] | None = None
+) -> tuple[int, dict[str, Any], str]:
+    """`run`, for a command printing JSON (after any other lines): exit code, the JSON, all output."""
+    proc = run(argv, fleet, timeout, env)
+    start = proc.stdout.find("{")
+    assert start >= 0, f"no JSON on stdout\n{proc.stdout}\n{proc.stderr}"
+    return proc.returncode, json.loads(proc.stdout[start:]), proc.stdout + proc.stderr
+
+
+def converge_json(fleet: Path, what: str, deploy: str = HOSTLAYER_DEPLOY) -> tuple[int, dict[str, Any], str]:
+    """`pyinfra -y --json inventory.py <deploy>` over the fleet; prints how long it took (shown with -s)."""
+    started = time.monotonic()
+    result = run_json([PYINFRA, "-y", "--json", "inventory.py", deploy], fleet, 1500)
+    print(f"{what}: {time.monotonic() - started:.1f} s")
+    return result
+
+
+def op(results: dict[str, Any], suffix: str) -> dict[str, Any]:
+    """The one operation in pyinfra's JSON results whose name ends with `suffix`."""
+    (found,) = [o for o in results["results"]["operations"] if o["name"].endswith(suffix)]
+    return found
+
+
+def changed(results: dict[str, Any], host: str) -> list[str]:
+    """Names of the operations that changed `host`."""
+    return [o["name"] for o in results["results"]["operations"] if host in o["success"]]
