@@ -121,7 +121,9 @@ if want is not None:
             mode="644",
             persistence=persistence,
             power_cap_watts=power_cap,
-            nvidia_smi="/usr/bin/nvidia-smi",
+            # Where the host has it (a runfile or host-provided driver lives outside /usr/bin);
+            # before any driver, where the driver packages install it.
+            nvidia_smi=host.get_fact(Which, command="nvidia-smi") or "/usr/bin/nvidia-smi",
         )
         # Only on change: every daemon-reload risks GPU loss in running containers (toolkit#48).
         systemd.daemon_reload(name="Reload systemd after the GPU power unit changed", _if=power_unit.did_change)
