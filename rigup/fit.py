@@ -38,6 +38,7 @@ smaller TP) cannot be predicted: those warn, and only check 1 (certain) can fail
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -92,6 +93,10 @@ class GpuState:
     memory_used_mib: int | None  # by processes other than this variant's container; None: not known
     compute_cap: tuple[int, int] | None = None
     uuid: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """For `pyinfra ... fact rigup.fitfacts.GpuMemoryUse` (pyinfra's JSON output calls it)."""
+        return dataclasses.asdict(self)
 
 
 # --------------------------------------------------------------------------------------------

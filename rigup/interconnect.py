@@ -49,6 +49,14 @@ class Topology:
     def link(self, a: int, b: int) -> str:
         return self.links[(a, b)]
 
+    def to_json(self) -> dict[str, Any]:
+        """For `pyinfra ... fact rigup.fitfacts.GpuTopology`: pairs as "a-b" keys (JSON has no tuples)."""
+
+        def pairs(mapping: Mapping[tuple[int, int], str]) -> dict[str, str]:
+            return {f"{a}-{b}": value for (a, b), value in sorted(mapping.items())}
+
+        return {"gpus": list(self.gpus), "links": pairs(self.links), "p2p": None if self.p2p is None else pairs(self.p2p)}
+
     def pairs(self, gpus: Sequence[int]) -> list[tuple[int, int]]:
         return list(itertools.combinations(gpus, 2))
 

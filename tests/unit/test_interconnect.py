@@ -262,3 +262,20 @@ def test_resolve_for_host_looks_at_the_gpus_the_variant_uses() -> None:
     assert four.environment == resolve(host("multi4")).environment and four.interconnect_note is None
     assert ic.resolve_for_host(host(), None) == resolve(host())
     assert ic.resolve_for_host(host("single"), topo) == resolve(host("single"))
+
+
+def test_fact_values_print_as_json() -> None:
+    # `pyinfra @host fact rigup.fitfacts.GpuTopology` / `GpuMemoryUse` print through
+    # pyinfra_cli.util.json_encode, which falls back to the object's to_json(). (pyinfra_cli is not
+    # imported here: importing it monkey-patches the interpreter with gevent.)
+    import json
+
+    from rigup.fit import GpuState
+    from rigup.interconnect import Topology
+
+    topology = Topology(gpus=(0, 1), links={(0, 1): "NV18", (1, 0): "NV18"}, p2p=None)
+    gpu = GpuState(0, "NVIDIA H200", 143771, 0, (9, 0), "GPU-1")
+    printed = json.loads(json.dumps({"topo": topology, "gpus": [gpu]}, default=lambda obj: obj.to_json()))
+    assert printed["topo"] == {"gpus": [0, 1], "links": {"0-1": "NV18", "1-0": "NV18"}, "p2p": None}
+    assert printed["gpus"] == [{"index": 0, "name": "NVIDIA H200", "memory_total_mib": 143771,
+                                "memory_used_mib": 0, "compute_cap": [9, 0], "uuid": "GPU-1"}]
