@@ -6,7 +6,9 @@ fleet file validation need the same names and defaults, so they read the one fil
 
 from __future__ import annotations
 
+import copy
 import functools
+import json
 import types
 from typing import Any
 
@@ -28,15 +30,11 @@ def _defaults() -> dict[str, Any]:
 
 def load_defaults() -> dict[str, Any]:
     """Knob name -> default value (a fresh copy: callers may mutate it)."""
-    import copy
-
     return copy.deepcopy(_defaults())
 
 
 def parse_data_value(text: str) -> Any:
     """Parse a `--data key=value` value the way pyinfra's CLI does: bools, ints, JSON, else text."""
-    import json
-
     lowered = text.lower()
     if lowered in ("true", "false"):
         return lowered == "true"

@@ -323,9 +323,10 @@ def need_problem(need: Need, lock: LockFile) -> str | None:
         if pin.url != need.url:
             return f"{need.name}: locked from {pin.url}, the host uses {need.url}"
         if pin.ref != need.ref:
-            return f"{need.name}: locked for ref {pin.ref!r}, the catalog now asks for {need.ref!r}"
+            # need.ref is the catalog's, or the host's source_refs override of it.
+            return f"{need.name}: locked for ref {pin.ref!r}, the host's recipe now asks for {need.ref!r}"
         if SHA40.match(need.ref) and pin.commit != need.ref:
-            return f"{need.name}: locked commit {pin.commit} differs from the catalog's pin {need.ref}"
+            return f"{need.name}: locked commit {pin.commit} differs from the recipe's pin {need.ref}"
         return None
     if isinstance(need, ModelNeed):
         pin = lock.models.get(need.name)
