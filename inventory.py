@@ -4,6 +4,6 @@ Each group of the fleet file becomes a pyinfra group; each host carries its merg
 `data`, then its group's `data`, then its own keys). See rigs.example.yaml for the format.
 """
 
-from rigup.fleet import load_fleet
+from rigup.desired.fleet import load_fleet
 
 globals().update(load_fleet().pyinfra_groups())

@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
@@ -39,9 +38,9 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from rigup import rigfetch  # noqa: E402 - path set above
+from rigup.rig import rigfetch  # noqa: E402 - path set above
 
-RIGFETCH = REPO_ROOT / "rigup" / "rigfetch.py"
+RIGFETCH = REPO_ROOT / "rigup" / "rig" / "rigfetch.py"
 GB = 1e9
 
 
@@ -255,8 +254,8 @@ def bench_download(work: Path, size: int) -> list[tuple[str, str, str]]:
 
 
 def bench_rerun(work: Path, model_gb: float) -> list[tuple[str, str, str]]:
-    from tests.testbed.gitremotes import GitServer, make_remotes
-    from tests.testbed.hfhub import HfHub, sandbox_spec
+    from rigup_testbed.gitremotes import GitServer, make_remotes
+    from rigup_testbed.hfhub import HfHub, sandbox_spec
 
     rows: list[tuple[str, str, str]] = []
     # The real sizes: Qwen3.6-27B int4 AutoRound (17.5 GB in the catalog) plus the DFlash draft (1.75 GB).
@@ -303,14 +302,14 @@ def bench_rerun(work: Path, model_gb: float) -> list[tuple[str, str, str]]:
              f"{second_s:.2f} s ({stats['total_bytes']} B from the hub)")
         )  # fmt: skip
         # The parts of that cost: the check the fact runs, and a stamps-only fetch.
-        from rigup.lock import LockFile
-        from rigup.modelops import model_entry
-        from rigup.recipe import resolve
+        from rigup.desired.lock import LockFile
+        from rigup.desired.models import model_entry
+        from rigup.desired.recipe import resolve
 
         lock = LockFile.load(work / "rigs.lock.yaml")
         data = {"variant": "dual-dflash", "install_root": f"{root}/opt", "model_dir": f"{root}/models",
                 "serving_bind_address": "0.0.0.0", "vllm_fork_git_url": rem.vllm.url(gurl)}  # fmt: skip
-        from rigup.knobs import load_defaults
+        from rigup.desired.knobs import load_defaults
 
         recipe = resolve({**load_defaults(), **data}, lock)
         models = [model_entry(m, lock.models[m.lock_name], url) for m in recipe.models]

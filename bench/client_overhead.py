@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""How much of a measured TPS is rigup's own OpenAI client (rigup/openai_client.py)?
+"""How much of a measured TPS is rigup's own OpenAI client (rigup/client/openai_client.py)?
 
-Runs tests/testbed/openai_responder.py as a separate process and streams chat completions from it
+Runs rigup_testbed/openai_responder.py as a separate process and streams chat completions from it
 through ApiClient.stream_chat, the path `rigup bench` measures with:
 
 1. unlimited rate: the fastest stream the client can take in at all;
@@ -31,9 +31,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rigup.openai_client import ApiClient, SSEParser, StreamResult, _apply_event  # noqa: E402
+from rigup.client.openai_client import ApiClient, SSEParser, StreamResult, _apply_event  # noqa: E402
 
-RESPONDER = REPO / "tests" / "testbed" / "openai_responder.py"
+RESPONDER = REPO / "rigup_testbed" / "openai_responder.py"
 MODEL = "overhead"
 REFERENCE_TPS = (70.0, 128.0)  # upstream dual-3090 narrative / DFlash code single-stream figures
 # One content event as vLLM sends it (pydantic's compact JSON).

@@ -10,7 +10,7 @@ converged: pyinfra's --json results must show zero operations that changed anyth
 the 8:1 ratio go into the "Serving: converged re-run" section of bench/results.md, replacing only
 that section (other helpers write their own sections in the same file).
 
-Needs what the test bed needs: root, debootstrap, systemd-nspawn (see tests/testbed).
+Needs what the test bed needs: root, debootstrap, systemd-nspawn (see rigup_testbed).
 """
 
 from __future__ import annotations
@@ -25,17 +25,17 @@ import shlex
 import shutil
 import statistics
 import subprocess
-import tempfile
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from tests.testbed.fleet import Testbed, host_names  # noqa: E402
-from tests.testbed.hosts import HostSpec  # noqa: E402
-from tests.testbed.image import cache_dir  # noqa: E402
+from rigup_testbed.fleet import Testbed, host_names  # noqa: E402
+from rigup_testbed.hosts import HostSpec  # noqa: E402
+from rigup_testbed.image import cache_dir  # noqa: E402
 
 SECTION = "## Serving: converged re-run of the full deploy (1, 2, 4, 8 hosts)"
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))

@@ -21,14 +21,17 @@ from pyinfra.facts.deb import DebArch
 from pyinfra.operations import apt, files, systemd
 from pyinfra.operations.util import any_changed
 
-from rigup import driverstate, hostops
+from rigup.operations.apt import CTK_KEYRING, CTK_LIST, ctk_repo_uri
+from rigup.operations.docker import docker_nvidia_runtime, image_ref
+from rigup.operations.gpu import gpu_smoke_test, nvidia_dev_char_links
+from rigup.runstate import changed, serving_blocked
 
-KEYRING = hostops.CTK_KEYRING
-SOURCE_LIST = hostops.CTK_LIST
+KEYRING = CTK_KEYRING
+SOURCE_LIST = CTK_LIST
 
 
 arch = host.get_fact(DebArch) or "amd64"
-uri = hostops.ctk_repo_uri(host.data.nvidia_ctk_apt_url)
+uri = ctk_repo_uri(host.data.nvidia_ctk_apt_url)
 
 files.directory(name="Ensure the apt keyring directory exists", path="/etc/apt/keyrings", mode="755")
 key = files.download(
@@ -46,7 +49,7 @@ source = files.put(
 apt.update(name="Update apt after a container toolkit repository change", _if=any_changed(key, source))
 toolkit = apt.packages(name="Install the NVIDIA container toolkit", packages=list(host.data.nvidia_ctk_packages))
 
-runtime = hostops.docker_nvidia_runtime(name="Register the nvidia runtime with Docker")
+runtime = docker_nvidia_runtime(name="Register the nvidia runtime with Docker")
 systemd.service(
     name="Restart Docker after the runtime configuration changed",
     service="docker.service",
@@ -61,14 +64,14 @@ files.put(
     dest="/etc/udev/rules.d/71-nvidia-dev-char.rules",
     mode="644",
 )
-hostops.nvidia_dev_char_links(name="Create /dev/char links for NVIDIA devices")
+nvidia_dev_char_links(name="Create /dev/char links for NVIDIA devices")
 
-blocked = driverstate.serving_blocked(host)
-hostops.gpu_smoke_test(
+blocked = serving_blocked(host)
+gpu_smoke_test(
     name="Check a CUDA container sees every GPU (after a driver, Docker or toolkit change)",
-    image=hostops.image_ref(host.data.container_registry, host.data.gpu_smoke_image),
+    image=image_ref(host.data.container_registry, host.data.gpu_smoke_image),
     _if=[
         lambda: blocked is None,
-        lambda: toolkit.did_change() or runtime.did_change() or driverstate.changed(host, "driver", "docker"),
+        lambda: toolkit.did_change() or runtime.did_change() or changed(host, "driver", "docker"),
     ],
 )

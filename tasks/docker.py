@@ -24,11 +24,13 @@ from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import apt, files, systemd
 from pyinfra.operations.util import any_changed
 
-from rigup import driverstate, hostops
-from rigup.facts import OsReleaseInfo
+from rigup.facts.system import OsReleaseInfo
+from rigup.operations.apt import DOCKER_KEYRING, DOCKER_LIST
+from rigup.operations.docker import docker_daemon_config
+from rigup.runstate import note_change
 
-KEYRING = hostops.DOCKER_KEYRING
-SOURCE_LIST = hostops.DOCKER_LIST
+KEYRING = DOCKER_KEYRING
+SOURCE_LIST = DOCKER_LIST
 PREREQUISITES = ["ca-certificates", "curl"]  # https apt sources; files.download fetches the key with curl
 # Distribution packages Docker's own packages conflict with (Docker's install guide removes them).
 CONFLICTING = ["docker.io", "docker-doc", "docker-compose", "docker-compose-v2", "podman-docker", "containerd", "runc"]
@@ -62,7 +64,7 @@ if os_info is not None and os_info.codename:
 
     # Written before the packages, so a fresh Docker starts with it; a running one is restarted below.
     docker_was_running = bool(host.get_fact(SystemdStatus, services=["docker.service"]).get("docker.service"))
-    daemon = hostops.docker_daemon_config(
+    daemon = docker_daemon_config(
         name="Merge rigup's settings into Docker's daemon.json",
         insecure_registries=list(host.data.get("docker_insecure_registries") or []),
     )
@@ -86,4 +88,4 @@ if os_info is not None and os_info.codename:
         restarted=True,
         _if=[daemon.did_change, lambda: docker_was_running],
     )
-    driverstate.note_change(host, "docker", removed, packages, started, restarted)
+    note_change(host, "docker", removed, packages, started, restarted)

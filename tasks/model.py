@@ -17,8 +17,9 @@ from pyinfra import host, state
 from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import apt, files
 
-from rigup.lock import LockError
-from rigup.modelops import RIGFETCH_SRC, model_files, model_fleet_share, plan_models
+from rigup.desired.lock import LockError
+from rigup.desired.models import plan_models
+from rigup.operations.model import RIGFETCH_SRC, model_files, model_fleet_share
 
 try:
     plan = plan_models(state, host)

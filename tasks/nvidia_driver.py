@@ -17,7 +17,7 @@ nvidia_cuda_repo_key_url, docker_apt_url, nvidia_ctk_apt_url, driver_reboot, dri
 gpu_power_cap_watts, rollout_batch, variant; after a driver change also every key tasks/preflight.py reads.
 Stops: rigup-<variant>.service before the driver changes. Reboots: when the installed driver is not
 the loaded one and driver_reboot is auto, at most rollout_batch hosts at a time (the smallest value
-in the inventory). With driver_reboot: never it reports REBOOT REQUIRED and rigup.driverstate marks
+in the inventory). With driver_reboot: never it reports REBOOT REQUIRED and rigup.checks.driver_plan marks
 the host so later tasks do not start GPU containers.
 Not idempotent: none (the reboot only happens while the driver is not converged).
 """
@@ -31,13 +31,26 @@ from pyinfra.facts.server import Which
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from rigup import driverstate, hostops
-from rigup.driverstate import DriverWant, HostDriverState, plan_driver, wanted_packages
-from rigup.facts import NvidiaKernelModule, NvidiaPackages, OsReleaseInfo, PrebuiltNvidiaModules
+from rigup.checks.driver_plan import DriverWant, plan_driver, wanted_packages
+from rigup.facts.driver import NvidiaKernelModule, NvidiaPackages, PrebuiltNvidiaModules
+from rigup.facts.system import OsReleaseInfo
+from rigup.operations.apt import (
+    CTK_LIST,
+    CUDA_KEYRING,
+    CUDA_LIST,
+    DOCKER_LIST,
+    KEYRING_DIR,
+    apt_source_exclusive,
+    ctk_repo_uri,
+)
+from rigup.operations.driver import nvidia_driver, nvidia_driver_hold
+from rigup.operations.gpu import gpu_power_state
+from rigup.operations.preflight import fleet_value, preflight_after_driver
+from rigup.runstate import HostDriverState, note_change, record
 
-KEYRING_DIR = hostops.KEYRING_DIR
-CUDA_KEYRING = hostops.CUDA_KEYRING
-CUDA_LIST = hostops.CUDA_LIST
+KEYRING_DIR = KEYRING_DIR
+CUDA_KEYRING = CUDA_KEYRING
+CUDA_LIST = CUDA_LIST
 POWER_UNIT = "rigup-gpu-power.service"
 POWER_UNIT_FILE = f"/etc/systemd/system/{POWER_UNIT}"
 CUDA_ARCH_DIRS = {"amd64": "x86_64", "arm64": "sbsa"}
@@ -55,16 +68,16 @@ if want is not None:
     # A hand-made entry for Docker's or the toolkit's repository next to the one rigup adds makes
     # apt refuse every update ("Conflicting values set for option Signed-By"), the driver install's
     # included: disable them before the first apt command of the run.
-    hostops.apt_source_exclusive(
+    apt_source_exclusive(
         name="Disable other apt entries for Docker's repository",
         uri=host.data.docker_apt_url,
-        keep=hostops.DOCKER_LIST,
+        keep=DOCKER_LIST,
         arch=arch,
     )
-    hostops.apt_source_exclusive(
+    apt_source_exclusive(
         name="Disable other apt entries for NVIDIA's container toolkit repository",
-        uri=hostops.ctk_repo_uri(host.data.nvidia_ctk_apt_url),
-        keep=hostops.CTK_LIST,
+        uri=ctk_repo_uri(host.data.nvidia_ctk_apt_url),
+        keep=CTK_LIST,
         arch=arch,
     )
 
@@ -84,7 +97,7 @@ if want is not None:
             dest=CUDA_LIST,
             mode="644",
         )
-        cuda_exclusive = hostops.apt_source_exclusive(
+        cuda_exclusive = apt_source_exclusive(
             name="Disable other entries for NVIDIA's CUDA repository", uri=repo_uri, keep=CUDA_LIST, arch=arch
         )
         apt.update(
@@ -137,7 +150,7 @@ if want is not None:
     prebuilt = (
         host.get_fact(PrebuiltNvidiaModules, branch_flavour=want.branch_flavour) if want.source == "ubuntu" else None
     )
-    driver = hostops.nvidia_driver(
+    driver = nvidia_driver(
         name="Install and load the NVIDIA driver (stop serving, install, reboot, verify)",
         branch=want.branch,
         flavour=want.flavour,
@@ -146,9 +159,9 @@ if want is not None:
         stop_units=[f"rigup-{host.data.variant}.service"],
         reboot=reboot,
         reboot_timeout=int(host.data.get("driver_reboot_timeout_s", 900)),
-        _parallel=hostops.fleet_value("rollout_batch", 1, inventory),
+        _parallel=fleet_value("rollout_batch", 1, inventory),
     )
-    hostops.nvidia_driver_hold(
+    nvidia_driver_hold(
         name="Hold the NVIDIA driver packages",
         branch=want.branch,
         flavour=want.flavour,
@@ -157,12 +170,12 @@ if want is not None:
     if reboot:
         # Preflight saw the GPUs through lspci only (or an old driver): VRAM, CUDA and power limits
         # are checked again with the new driver before anything else is set up on this host.
-        hostops.preflight_after_driver(
+        preflight_after_driver(
             name="Re-run the preflight checks with the new driver loaded (VRAM, CUDA, GPUs)",
             _if=driver.did_change,
         )
     if persistence or power_cap is not None:
-        hostops.gpu_power_state(
+        gpu_power_state(
             name="Apply GPU persistence mode and power cap where nvidia-smi shows drift",
             unit=POWER_UNIT,
             power_cap_watts=power_cap,
@@ -171,7 +184,7 @@ if want is not None:
 
     # The decision later task files read: prepare-time facts decide it, nothing earlier in the run
     # changes the loaded module.
-    driverstate.record(
+    record(
         host,
         HostDriverState(
             plan=plan_driver(want, host.get_fact(NvidiaPackages), host.get_fact(NvidiaKernelModule)),
@@ -179,4 +192,4 @@ if want is not None:
             changed=driver.did_change,
         ),
     )
-    driverstate.note_change(host, "driver", driver)
+    note_change(host, "driver", driver)

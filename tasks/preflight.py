@@ -2,7 +2,7 @@
 
 True afterwards: every host still in the run runs an allowed OS, has enough GPUs of a supported
 compute capability for its variant (gpu-layout: a valid tensor-parallel size), GPUs whose memory
-(free of other processes) fits one of the variant's measured VRAM envelopes (vram-fit; rigup.fit),
+(free of other processes) fits one of the variant's measured VRAM envelopes (vram-fit; rigup.checks.fit),
 a loaded driver that supports the image's CUDA runtime unless this run replaces it (cuda-compat;
 driver-cuda checks the planned branch), enough free disk for the model, image and sources
 (+ preflight_disk_margin_gb), no Secure Boot conflict with the driver path that would be
@@ -11,7 +11,7 @@ check naming the host, the key and the fix (`python -m rigup doctor` prints the 
 deploying). Before a driver is loaded the GPUs are known from lspci only: where the PCI id does not
 tell the memory size, VRAM is a warning here and tasks/nvidia_driver.py runs every check again
 after the driver's reboot. The recipe checked is the one the later phases build
-(rigup.lock.locked_recipe with the GPU topology); without a usable lock the catalog's refs stand in
+(rigup.desired.plan.locked_recipe with the GPU topology); without a usable lock the catalog's refs stand in
 and a warning says so.
 
 Reads: variant, variant_overrides, gpu_count, gpu_interconnect, preflight_os_allowed,
@@ -21,6 +21,6 @@ container_registry, lock_file.
 Changes: nothing. Restarts: nothing.
 """
 
-from rigup import hostops
+from rigup.operations.preflight import preflight_checks
 
-hostops.preflight_checks(name="Run preflight checks (a failed check fails this host)")
+preflight_checks(name="Run preflight checks (a failed check fails this host)")

@@ -33,23 +33,24 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.operations import apt, files
 
-from rigup import REPO_ROOT, driverstate
-from rigup.fitfacts import GpuTopology
-from rigup.lock import LockError, locked_recipe, read_hf_token
-from rigup.provenance import build_release, release_json, release_path
-from rigup.render import API_KEY_KEY, HF_TOKEN_KEY, render_variant
-from rigup.servingops import (
-    SecretError,
+from rigup.desired.lock import LockError
+from rigup.desired.plan import locked_recipe
+from rigup.desired.release import build_release, release_json, release_path
+from rigup.desired.render import API_KEY_KEY, HF_TOKEN_KEY, render_variant
+from rigup.desired.secrets import SecretError, load_api_key, read_hf_token
+from rigup.facts.gpu import GpuTopology
+from rigup.operations.serving import (
     ctl_path,
     health_gate,
     health_timeout_s,
     image_pulled,
-    load_api_key,
     secret_file,
     serving_verified,
     sole_variant,
     variant_service,
 )
+from rigup.rig import SERVINGCTL_SCRIPT
+from rigup.runstate import driver_changed, serving_blocked
 
 # The interconnect plan (NCCL / custom all-reduce) comes from the GPU topology read now, as preflight,
 # status and doctor read it. On a host whose driver is installed in this same run it is unknown here
@@ -70,7 +71,7 @@ try:
 except (LockError, SecretError, ValueError) as exc:
     raise DeployError(f"{host.name}: {exc}") from None
 
-blocked = driverstate.serving_blocked(host)
+blocked = serving_blocked(host)
 if blocked is not None:
     logger.warning(f"{host.print_prefix}SERVING SKIPPED: {blocked}")
 else:
@@ -92,7 +93,7 @@ else:
         files.directory(name="Create the variant's cache directories", path=cache_dir, mode="755")
     files.put(
         name="Upload rigup-servingctl (health gate, generations, rollback)",
-        src=str(REPO_ROOT / "rigup" / "servingctl.py"),
+        src=str(SERVINGCTL_SCRIPT),
         dest=ctl,
         mode="755",
     )
@@ -138,7 +139,7 @@ else:
         release=release_path(recipe),
         timeout_s=timeout_s,
         keep=keep,
-        _if=lambda: service.did_change() or driverstate.driver_changed(host),
+        _if=lambda: service.did_change() or driver_changed(host),
     )
     serving_verified(
         name="Ensure the variant serves its recorded release",

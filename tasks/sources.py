@@ -14,8 +14,9 @@ from pyinfra import host
 from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import apt, files
 
-from rigup.gitops import git_checkout
-from rigup.lock import LockError, locked_recipe
+from rigup.desired.lock import LockError
+from rigup.desired.plan import locked_recipe
+from rigup.operations.git import git_checkout
 
 try:
     recipe, _lock = locked_recipe(host.data.dict(), host.name)

@@ -1,4 +1,4 @@
-"""Fixtures for end-to-end tests on the test bed (tests/testbed).
+"""Fixtures for end-to-end tests on the test bed (rigup_testbed).
 
   testbed_factory   session: make(specs, instance=None, hub=True) -> Testbed, booted; all torn down at
                     session end
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.testbed.fleet import Testbed, host_names
-from tests.testbed.hosts import HostSpec
-from tests.testbed.image import REPO_ROOT, cache_dir
+from rigup_testbed.fleet import Testbed, host_names
+from rigup_testbed.hosts import HostSpec
+from rigup_testbed.image import REPO_ROOT, cache_dir
 
 REQUIRED_TOOLS = ("debootstrap", "systemd-nspawn", "ip", "unshare", "ssh", "ssh-keygen", "mount")
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))

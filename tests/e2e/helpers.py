@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from rigup.knobs import load_defaults
-from rigup.recipe import resolve
-from tests.testbed.hosts import Host, wait_ready
-from tests.testbed.image import REPO_ROOT
+from rigup.desired.knobs import load_defaults
+from rigup.desired.recipe import resolve
+from rigup_testbed.hosts import Host, wait_ready
+from rigup_testbed.image import REPO_ROOT
 
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 HOSTLAYER_DEPLOY = "tests/e2e/hostlayer_deploy.py"  # the host-layer phases only (preflight .. toolkit)

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from rigup.lock import LockFile
+from rigup.desired.lock import LockFile
+from rigup_testbed.fleet import Testbed
+from rigup_testbed.hfhub import HubAdmin
+from rigup_testbed.hosts import HostSpec
 from tests.e2e.helpers import run
-from tests.testbed.fleet import Testbed
-from tests.testbed.hfhub import HubAdmin
-from tests.testbed.hosts import HostSpec
 
 pytestmark = pytest.mark.e2e
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from rigup.knobs import load_defaults
-from rigup.recipe import resolve
+from rigup.desired.knobs import load_defaults
+from rigup.desired.recipe import resolve
+from rigup_testbed.fleet import Testbed
 from tests.e2e.helpers import PYINFRA, run, run_json
-from tests.testbed.fleet import Testbed
 
 pytestmark = pytest.mark.e2e
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
+from rigup_testbed.fleet import Testbed
+from rigup_testbed.hosts import Host, HostSpec
 from tests.e2e.helpers import changed, converge_json, op, reboot, sh, skip_without_disk, snapshot
-from tests.testbed.fleet import Testbed
-from tests.testbed.hosts import Host, HostSpec
 
 pytestmark = pytest.mark.e2e
 

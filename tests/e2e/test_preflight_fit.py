@@ -1,4 +1,4 @@
-"""The fit checks (rigup.fit through rigup.preflight) on the test bed.
+"""The fit checks (rigup.checks.fit through rigup.checks.preflight) on the test bed.
 
 One 3-host bed, converged together with the real pyinfra CLI (`pyinfra -y --json inventory.py
 tests/e2e/hostlayer_deploy.py`), after `python -m rigup doctor --json` read the same checks:
@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
+from rigup_testbed.fleet import Testbed
+from rigup_testbed.hosts import HostSpec
 from tests.e2e.helpers import changed, converge_json, op, reboot, run_json, sh, skip_without_disk, snapshot
-from tests.testbed.fleet import Testbed
-from tests.testbed.hosts import HostSpec
 
 pytestmark = pytest.mark.e2e
 

@@ -1,4 +1,4 @@
-"""The control machine's read-only SSH path (rigup/remote.py) on real test-bed hosts: the fleet's SSH
+"""The control machine's read-only SSH path (rigup/client/ssh.py) on real test-bed hosts: the fleet's SSH
 settings, sudo, and the service journal that verify and bench read SpecDecoding lines and patch
 markers from (journalctl of the unit's current run, over SSH)."""
 
@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from rigup.fleet import load_fleet
-from rigup.remote import JournalLog, LazySsh, RemoteError, SshSession, SshSettings, fleet_targets
-from rigup.verify import SPEC_LINE, acceptance_length
-from tests.testbed.fleet import Testbed
+from rigup.cli.runner import fleet_targets
+from rigup.cli.verify import SPEC_LINE, acceptance_length
+from rigup.client.ssh import JournalLog, LazySsh, RemoteError, SshSession, SshSettings
+from rigup.desired.fleet import load_fleet
+from rigup_testbed.fleet import Testbed
 
 pytestmark = pytest.mark.e2e
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from rigup.lock import LockFile
-from tests.testbed.fleet import Testbed
-from tests.testbed.hosts import Host, HostSpec
-from tests.testbed.image import REPO_ROOT
+from rigup.desired.lock import LockFile
+from rigup_testbed.fleet import Testbed
+from rigup_testbed.hosts import Host, HostSpec
+from rigup_testbed.image import REPO_ROOT
 
 pytestmark = pytest.mark.e2e
 
@@ -126,13 +126,13 @@ def starts_since(host: Host, unit: str, since_epoch: int) -> int:
 
 
 def port_of(variant: str) -> int:
-    from rigup.catalog import load_catalog
+    from rigup.desired.catalog import load_catalog
 
     return int(load_catalog()["variants"][variant]["port"])
 
 
 def served_name(variant: str) -> str:
-    from rigup.catalog import load_catalog
+    from rigup.desired.catalog import load_catalog
 
     return str(load_catalog()["variants"][variant]["served_model_name"])
 
@@ -311,7 +311,7 @@ def test_rollout_with_a_canary_and_a_host_down(testbed_factory: Callable[..., Te
         time.sleep(0.5)
     assert not down.running()
     proc = subprocess.run(
-        [sys.executable, "-m", "rigup.rollout", "--json", "--log-dir", str(testbed.workdir / "rollout")],
+        [sys.executable, "-m", "rigup.cli.rollout", "--json", "--log-dir", str(testbed.workdir / "rollout")],
         cwd=REPO_ROOT, env=b.env(), capture_output=True, text=True, timeout=1800,
     )
     result = json.loads(proc.stdout)

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
+from rigup_testbed.fleet import Testbed
+from rigup_testbed.hosts import HostSpec
+from rigup_testbed.image import REPO_ROOT
 from tests.e2e.helpers import run
 from tests.e2e.test_serving import VARIANT, Bed, sh
-from tests.testbed.fleet import Testbed
-from tests.testbed.hosts import HostSpec
-from tests.testbed.image import REPO_ROOT
 
 pytestmark = pytest.mark.e2e
 

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from rigup_testbed import hardware as hw
+from rigup_testbed.fleet import Testbed
+from rigup_testbed.hosts import Host
+from rigup_testbed.image import REPO_ROOT
+from rigup_testbed.state import CGROUP_TOP, cgroup_roots, is_same_process
 from tests.e2e.conftest import PYINFRA, lock_instance, runs_dir
-from tests.testbed import hardware as hw
-from tests.testbed.fleet import Testbed
-from tests.testbed.hosts import Host
-from tests.testbed.image import REPO_ROOT
-from tests.testbed.state import CGROUP_TOP, cgroup_roots, is_same_process
 
 pytestmark = pytest.mark.e2e
 
@@ -166,8 +166,8 @@ def test_teardown_after_a_crashed_run_leaves_nothing(_testbed_session: None) -> 
         f"""
         import os
         from pathlib import Path
-        from tests.testbed.fleet import Testbed
-        from tests.testbed.hosts import HostSpec
+        from rigup_testbed.fleet import Testbed
+        from rigup_testbed.hosts import HostSpec
         Testbed(Path({str(workdir)!r}), {instance!r}).up([HostSpec("rig-01", hardware="1x3090")])
         os._exit(0)
         """

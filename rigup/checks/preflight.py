@@ -1,0 +1,620 @@
+"""Preflight checks: pure functions from (facts, recipe, host data) to a list of Check results.
+
+tasks/preflight.py (through rigup.operations.preflight.preflight_checks) fails a host on any failed check of
+severity "error"; `python -m rigup doctor` prints the same list as a table or JSON. The recipe's fit
+on the host (VRAM envelope, driver CUDA vs the image, GPU layout, interconnect) comes from
+rigup.checks.fit.assess and is reported as checks of the same kind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from rigup.checks.driver_plan import (
+    BRANCH_CUDA,
+    REBOOT_POLICIES,
+    DriverPlan,
+    DriverWant,
+    branch_cuda,
+    needs_unsigned_modules,
+    plan_driver,
+)
+from rigup.checks.fit import GpuState, assess
+from rigup.desired.catalog import rigup_container_names
+from rigup.facts.docker import DockerEngineInfo, DockerImageSize, DockerSnap
+from rigup.facts.driver import NvidiaKernelModule, NvidiaPackages, PrebuiltModules, PrebuiltNvidiaModules
+from rigup.facts.gpu import DriverCudaVersion, GpuMemoryUse, GpuTopology, NvidiaGpus, PciGpus
+from rigup.facts.system import FreeDisk, OsReleaseInfo, PathSizes, RebootPending, SecureBoot
+from rigup.parsers.docker import DockerInfo
+from rigup.parsers.dpkg import DebPackage
+from rigup.parsers.gpu_models import known_gpu
+from rigup.parsers.lspci import PciDevice, gpus_from_pci
+from rigup.parsers.nvidia_smi import Gpu, SmiQuery
+from rigup.parsers.system import DiskFree, LoadedModule, OsInfo, PendingReboot, SecureBootState
+from rigup.parsers.topology import Topology
+
+Severity = Literal["error", "warning", "info"]
+OPEN_MODULES_MIN_CC = (7, 5)  # NVIDIA's open kernel modules support Turing and newer
+DEFAULT_DOCKER_ROOT = "/var/lib/docker"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    severity: Severity  # what a failed check means: error fails the host, warning only reports
+    message: str
+    fix: str | None = None
+    key: str | None = None  # the knob (group_data/all.py) the check is about
+
+    @property
+    def failed(self) -> bool:
+        return not self.ok and self.severity == "error"
+
+    def describe(self, host_name: str) -> str:
+        text = f"{host_name}: {self.name}: {self.message}"
+        if self.key:
+            text += f" [key: {self.key}]"
+        if self.fix:
+            text += f" -> fix: {self.fix}"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """Everything the checks read about one host (facts, gathered by `gather`)."""
+
+    os: OsInfo | None
+    smi: SmiQuery | None
+    pci: tuple[PciDevice, ...] | None
+    loaded: LoadedModule | None
+    packages: tuple[DebPackage, ...]
+    secure_boot: SecureBootState | None
+    prebuilt: PrebuiltModules | None
+    docker: DockerInfo | None
+    docker_snap: bool
+    pending_reboot: PendingReboot | None
+    disk: Mapping[str, DiskFree] = field(default_factory=dict)
+    present_bytes: Mapping[str, int] = field(default_factory=dict)  # path or image ref -> bytes already there
+    # rigup.facts.gpu, None without a working driver: memory per GPU (this variant's container's own
+    # use excluded), the CUDA version the loaded driver supports, nvidia-smi topo
+    gpu_memory: tuple[GpuState, ...] | None = None
+    driver_cuda: str | None = None
+    topology: Topology | None = None
+
+    @property
+    def gpus(self) -> tuple[Gpu, ...]:
+        """GPUs from nvidia-smi when the driver answers, else from lspci (fresh box, mismatch)."""
+        if self.smi is not None and self.smi.status == "ok":
+            return self.smi.gpus
+        return gpus_from_pci(self.pci or ())
+
+    @property
+    def gpu_source(self) -> str:
+        if self.smi is not None and self.smi.status == "ok":
+            return "nvidia-smi"
+        return "lspci" if self.pci is not None else "none"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            out[name] = _jsonable(value)
+        out["gpus"] = [_jsonable(g) for g in self.gpus]
+        return out
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "to_json"):
+        return value.to_json()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        # Topology keys GPU pairs by (a, b): "0-1" in JSON
+        return {"-".join(map(str, k)) if isinstance(k, tuple) else k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def disk_paths(host_data: Mapping[str, Any], docker: DockerInfo | None) -> dict[str, str]:
+    """Role -> rig path whose filesystem holds it: sources, models, the image (Docker's root)."""
+    root = str(host_data.get("install_root") or "/opt/rigup")
+    return {
+        "sources": root,
+        "models": str(host_data.get("model_dir") or f"{root}/models"),
+        "image": (docker.root_dir if docker is not None and docker.root_dir else DEFAULT_DOCKER_ROOT),
+    }
+
+
+FactGetter = Callable[..., Any]
+_UNREAD: Any = object()
+
+
+@dataclass(frozen=True)
+class HostRecipe:
+    """A host's recipe as the checks see it, and why it is missing or unpinned."""
+
+    recipe: Any | None  # rigup.desired.recipe.Recipe
+    error: str | None = None  # why there is no recipe (a failed "recipe" check)
+    lock_problem: str | None = None  # why the lock's pins were not used (a "lock" warning)
+
+
+def host_recipe(
+    host_data: Mapping[str, Any], host_name: str, topology: Topology | None, base_dir: Path | None = None
+) -> HostRecipe:
+    """The recipe every later phase will build (rigup.desired.plan.locked_recipe: lock pins + the interconnect
+    of `topology`). Without a usable lock, the catalog's refs stand in so the hardware checks still
+    run; the sources, model and serving phases refuse to run until `python -m rigup lock` is done."""
+    from rigup.desired.lock import LockError
+    from rigup.desired.plan import locked_recipe, resolve_for_host
+
+    lock_problem: str | None = None
+    try:
+        return HostRecipe(locked_recipe(host_data, host_name, base_dir, topology)[0])
+    except LockError as exc:
+        lock_problem = str(exc)
+    except Exception as exc:  # RecipeError, CatalogError, bad knob types: reported as the "recipe" check
+        return HostRecipe(None, f"{type(exc).__name__}: {exc}")
+    try:
+        return HostRecipe(resolve_for_host(host_data, topology, None), None, lock_problem)
+    except Exception as exc:
+        return HostRecipe(None, f"{type(exc).__name__}: {exc}", lock_problem)
+
+
+def gather(
+    get_fact: FactGetter, host_data: Mapping[str, Any], recipe: Any | None, topology: Topology | None = _UNREAD
+) -> HostFacts:
+    """Read every fact the checks need through `get_fact(FactClass, **kwargs)` (host.get_fact).
+    `topology`: GpuTopology when the caller read it already (to build the recipe)."""
+    try:
+        want = DriverWant.from_data(host_data)
+    except ValueError:
+        want = None
+    docker = get_fact(DockerEngineInfo)
+    paths = disk_paths(host_data, docker)
+    present: dict[str, int] = {}
+    if recipe is not None:
+        sizes = get_fact(PathSizes, paths=sorted({*(m.path for m in recipe.models), *(s.path for s in recipe.sources)}))
+        present.update(sizes)
+        if docker is not None and docker.running:
+            present[recipe.image.ref] = get_fact(DockerImageSize, image=recipe.image.ref) or 0
+    return HostFacts(
+        os=get_fact(OsReleaseInfo),
+        smi=get_fact(NvidiaGpus),
+        pci=get_fact(PciGpus),
+        loaded=get_fact(NvidiaKernelModule),
+        packages=get_fact(NvidiaPackages),
+        secure_boot=get_fact(SecureBoot),
+        prebuilt=(
+            get_fact(PrebuiltNvidiaModules, branch_flavour=want.branch_flavour)
+            if want is not None and want.source == "ubuntu"
+            else None
+        ),
+        docker=docker,
+        docker_snap=bool(get_fact(DockerSnap)),
+        pending_reboot=get_fact(RebootPending),
+        disk=get_fact(FreeDisk, paths=sorted(set(paths.values()))),
+        present_bytes=present,
+        gpu_memory=get_fact(GpuMemoryUse, container_names=rigup_container_names()) if recipe is not None else None,
+        driver_cuda=get_fact(DriverCudaVersion),
+        topology=get_fact(GpuTopology) if topology is _UNREAD else topology,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The checks
+
+
+def _ok(name: str, message: str, key: str | None = None) -> Check:
+    return Check(name, True, "info", message, None, key)
+
+
+def _fail(name: str, message: str, fix: str, key: str | None = None, severity: Severity = "error") -> Check:
+    return Check(name, False, severity, message, fix, key)
+
+
+def _norm_os(text: str) -> str:
+    return " ".join(str(text).lower().split())
+
+
+def check_os(facts: HostFacts, host_data: Mapping[str, Any]) -> Check:
+    allowed = [_norm_os(a) for a in host_data.get("preflight_os_allowed") or ()]
+    if facts.os is None:
+        return _fail("os", "cannot read /etc/os-release", "check the host is a Debian-family Linux", "preflight_os_allowed")
+    if facts.os.key in allowed:
+        return _ok("os", f"{facts.os.key} is allowed", "preflight_os_allowed")
+    return _fail(
+        "os",
+        f"{facts.os.key} is not in preflight_os_allowed {allowed}",
+        f"use one of {allowed} or add {facts.os.key!r} to preflight_os_allowed",
+        "preflight_os_allowed",
+    )
+
+
+def check_gpus(facts: HostFacts, recipe: Any | None, host_data: Mapping[str, Any]) -> list[Check]:
+    gpus = facts.gpus
+    out: list[Check] = []
+    if not gpus:
+        if facts.pci is None and (facts.smi is None or facts.smi.status != "ok"):
+            out.append(
+                _fail(
+                    "gpus",
+                    "no NVIDIA driver answers and lspci is not installed: cannot count GPUs",
+                    "apt-get install pciutils (or load the driver)",
+                )
+            )
+        else:
+            out.append(_fail("gpus", "no NVIDIA GPU found (nvidia-smi and lspci)", "check the cards are seated and powered"))
+        return out
+    names = sorted({g.name for g in gpus})
+    out.append(_ok("gpus", f"{len(gpus)} GPU(s) via {facts.gpu_source}: {', '.join(names)}"))
+
+    expected = host_data.get("gpu_count")
+    if expected is not None:
+        if int(expected) != len(gpus):
+            out.append(
+                _fail(
+                    "gpu-count",
+                    f"gpu_count is {expected} but {len(gpus)} GPU(s) are present",
+                    "fix the hardware or set gpu_count for this host to the real number",
+                    "gpu_count",
+                )
+            )
+        else:
+            out.append(_ok("gpu-count", f"{len(gpus)} GPU(s) as gpu_count says", "gpu_count"))
+
+    want: DriverWant | None
+    try:
+        want = DriverWant.from_data(host_data)
+    except ValueError:
+        want = None
+    if want is not None and want.flavour == "open":
+        old = [g for g in gpus if g.compute_capability is not None and g.compute_capability < OPEN_MODULES_MIN_CC]
+        if old:
+            out.append(
+                _fail(
+                    "open-modules",
+                    f"open kernel modules need Turing (7.5) or newer; {old[0].name} is {old[0].cc_text}",
+                    "set nvidia_driver_flavour: proprietary",
+                    "nvidia_driver_flavour",
+                )
+            )
+
+    if recipe is None:
+        return out
+    # The GPU count against tensor parallelism and the VRAM are the fit's (gpu-layout, vram-fit).
+    need = int(recipe.gpu_count)
+    variant = recipe.variant
+    used = gpus[:need] if len(gpus) >= need else gpus
+    min_cc = tuple(recipe.min_compute_capability)
+    unknown = [g for g in used if g.compute_capability is None]
+    too_old = [g for g in used if g.compute_capability is not None and g.compute_capability < min_cc]
+    if too_old:
+        g = too_old[0]
+        out.append(
+            _fail(
+                "compute-capability",
+                f"GPU {g.index} ({g.name}) has compute capability {g.cc_text}; variant {variant!r} needs "
+                f">= {min_cc[0]}.{min_cc[1]}",
+                "use newer GPUs or a variant that supports this card",
+                "variant",
+            )
+        )
+    elif unknown:
+        out.append(
+            Check(
+                "compute-capability",
+                False,
+                "warning",
+                f"{unknown[0].name} is not a known card and no driver is loaded: compute capability "
+                f"unchecked; {rechecked_when(facts, host_data)}",
+                None,
+                "variant",
+            )
+        )
+    else:
+        out.append(_ok("compute-capability", f"all used GPUs >= {min_cc[0]}.{min_cc[1]}", "variant"))
+
+    return out
+
+
+def rechecked_when(facts: HostFacts, host_data: Mapping[str, Any]) -> str:
+    """When a check that needs the driver runs again (rigup.operations.preflight.preflight_after_driver re-runs
+    every check once the driver op rebooted the host onto a new driver)."""
+    try:
+        want = DriverWant.from_data(host_data)
+    except ValueError:
+        return "re-checked once the driver is loaded"
+    if plan_driver(want, facts.packages, facts.loaded).action == "none":
+        return "re-checked by the next deploy once nvidia-smi answers"
+    if host_data.get("driver_reboot", "auto") == "auto":
+        return "re-checked after the driver's reboot, before Docker and the model are set up"
+    return "re-checked by the next deploy once the host has been rebooted onto the driver (driver_reboot: never)"
+
+
+FIT_SEVERITY: dict[str, Severity] = {"fail": "error", "warn": "warning", "info": "info"}
+
+
+def _pre_driver_vram(check: Check, facts: HostFacts, recipe: Any, host_data: Mapping[str, Any]) -> Check:
+    """vram-fit on GPUs only lspci knows: memory from the PCI id table, or honestly unknown."""
+    unknown = [g for g in facts.gpus[: recipe.gpu_count] if g.memory_mib is None]
+    if not unknown:
+        return dataclasses.replace(check, message=f"no driver yet, memory from the PCI ids: {check.message}")
+    g = unknown[0]
+    dev = next((d for d in facts.pci or () if d.bus_id == g.bus_id), None)
+    known = known_gpu(device_id=dev.device_id) if dev is not None else None
+    if known is not None and known.memory_note:
+        why = known.memory_note
+    else:
+        why = f"PCI id 10de:{dev.device_id} is not in rigup's table of cards" if dev is not None else "not a known card"
+    return Check(
+        "vram-fit",
+        False,
+        "warning",
+        f"VRAM unknown until the driver loads: GPU {g.index} ({g.name}): {why}; {rechecked_when(facts, host_data)}",
+        None,
+        "preflight_vram_misfit",
+    )
+
+
+def check_fit(facts: HostFacts, recipe: Any | None, host_data: Mapping[str, Any], plan: DriverPlan | None) -> list[Check]:
+    """rigup.checks.fit.assess as checks: cuda-compat, gpu-layout, gpu-mix, vram-fit, vram-driver, interconnect."""
+    gpus: tuple[Any, ...] = facts.gpu_memory if facts.gpu_memory is not None else facts.gpus
+    if recipe is None or not gpus:
+        return []  # no recipe, or no GPU: the "recipe" / "gpus" checks say so
+    # The loaded driver's CUDA only matters when this run keeps it; otherwise driver-cuda checks the planned branch.
+    keeps_driver = plan is None or plan.action == "none"
+    cuda = facts.driver_cuda if keeps_driver else None
+    out: list[Check] = []
+    for f in assess(recipe, gpus, cuda, str(host_data.get("preflight_vram_misfit", "fail"))):
+        if f.name == "cuda-compat" and not keeps_driver:
+            continue
+        check = Check(f.name, f.ok, FIT_SEVERITY[f.severity], f.message, f.fix, f.key)
+        if f.name == "vram-fit" and facts.gpu_memory is None and facts.gpu_source == "lspci":
+            check = _pre_driver_vram(check, facts, recipe, host_data)
+        out.append(check)
+    return out
+
+
+def check_power_cap(facts: HostFacts, host_data: Mapping[str, Any]) -> Check | None:
+    cap = host_data.get("gpu_power_cap_watts")
+    if cap is None or facts.smi is None or facts.smi.status != "ok":
+        return None  # nothing to check until the driver reports the limits
+    for g in facts.smi.gpus:
+        low, high = g.power_min_w, g.power_max_w
+        if (low is not None and cap < low) or (high is not None and cap > high):
+            return _fail(
+                "power-cap",
+                f"gpu_power_cap_watts {cap} W is outside GPU {g.index}'s range {low:g}-{high:g} W",
+                f"set gpu_power_cap_watts between {low:g} and {high:g} (or null to keep the default)",
+                "gpu_power_cap_watts",
+            )
+    return _ok("power-cap", f"{cap} W is within every GPU's power range", "gpu_power_cap_watts")
+
+
+def driver_plan(facts: HostFacts, host_data: Mapping[str, Any]) -> tuple[DriverWant | None, DriverPlan | None, Check]:
+    try:
+        want = DriverWant.from_data(host_data)
+    except ValueError as exc:
+        key = str(exc).split(" ", 1)[0]
+        return None, None, _fail("driver", str(exc), "use an allowed value (see group_data/all.py)", key)
+    plan = plan_driver(want, facts.packages, facts.loaded)
+    if plan.action == "none":
+        return want, plan, _ok("driver", plan.summary, "nvidia_driver_branch")
+    verb = "will install" if plan.action == "install" else "will reboot"
+    return want, plan, Check("driver", False, "warning", f"{verb}: {plan.summary}", None, "nvidia_driver_branch")
+
+
+def check_reboot_policy(host_data: Mapping[str, Any]) -> Check | None:
+    policy = host_data.get("driver_reboot", "auto")
+    if policy in REBOOT_POLICIES:
+        return None
+    return _fail("driver-reboot", f"driver_reboot is {policy!r}", f"use one of {list(REBOOT_POLICIES)}", "driver_reboot")
+
+
+def check_driver_cuda(want: DriverWant | None, plan: DriverPlan | None, recipe: Any | None) -> Check | None:
+    if want is None or recipe is None:
+        return None
+    branch = plan.installed.branch if plan is not None and plan.installed is not None else want.branch
+    supported = branch_cuda(branch)
+    needed = tuple(int(p) for p in str(recipe.image.cuda_runtime).split(".")[:2])
+    if supported is None:
+        return _fail(
+            "driver-cuda",
+            f"driver branch {branch} is older than any branch rigup knows",
+            "set nvidia_driver_branch to 580 or newer",
+            "nvidia_driver_branch",
+        )
+    if supported < needed:
+        newer = min((b for b, c in BRANCH_CUDA.items() if c >= needed), default=None)
+        return _fail(
+            "driver-cuda",
+            f"driver branch {branch} supports CUDA {supported[0]}.{supported[1]}; the image needs "
+            f"{recipe.image.cuda_runtime} (fails with error 804 at start)",
+            f"set nvidia_driver_branch to {newer}" if newer else "use an image with an older CUDA runtime",
+            "nvidia_driver_branch",
+        )
+    return _ok(
+        "driver-cuda",
+        f"branch {branch} supports CUDA {supported[0]}.{supported[1]} >= image {recipe.image.cuda_runtime}",
+        "nvidia_driver_branch",
+    )
+
+
+def check_secure_boot(facts: HostFacts, want: DriverWant | None, plan: DriverPlan | None) -> Check:
+    state = facts.secure_boot
+    if want is None or plan is None or plan.action != "install":
+        return _ok("secure-boot", f"Secure Boot {state or 'unknown'}; no driver install needed", "nvidia_driver_source")
+    prebuilt = facts.prebuilt is not None and facts.prebuilt.available
+    unsigned = needs_unsigned_modules(want, prebuilt)
+    if not unsigned:
+        return _ok(
+            "secure-boot",
+            f"Secure Boot {state or 'unknown'}; Canonical-signed modules exist for kernel {facts.prebuilt.kernel}"  # type: ignore[union-attr]
+            if facts.prebuilt is not None
+            else f"Secure Boot {state or 'unknown'}",
+            "nvidia_driver_source",
+        )
+    why = (
+        "the CUDA repository's driver builds its modules with DKMS"
+        if want.source == "cuda"
+        else f"Ubuntu's archive has no signed linux-modules-nvidia-{want.branch_flavour} package for the running "
+        "kernel, so the driver would be built with DKMS"
+    )
+    if state == "enabled":
+        return _fail(
+            "secure-boot",
+            f"Secure Boot is on and {why}: the unsigned module would not load",
+            "use nvidia_driver_source: ubuntu on a kernel with signed linux-modules-nvidia packages, "
+            "enroll a MOK key for DKMS, or turn Secure Boot off in the firmware",
+            "nvidia_driver_source",
+        )
+    if state is None:
+        return Check(
+            "secure-boot",
+            False,
+            "warning",
+            f"Secure Boot state unknown (mokutil missing) and {why}",
+            "apt-get install mokutil to let preflight check",
+            "nvidia_driver_source",
+        )
+    return _ok("secure-boot", f"Secure Boot {state}; DKMS-built modules will load", "nvidia_driver_source")
+
+
+def check_disk(facts: HostFacts, recipe: Any | None, host_data: Mapping[str, Any]) -> list[Check]:
+    if recipe is None:
+        return []
+    margin_gb = float(host_data.get("preflight_disk_margin_gb") or 0)
+    paths = disk_paths(host_data, facts.docker)
+    # (role, path that will hold it, GB still to download/unpack)
+    items: list[tuple[str, str, float]] = []
+    for m in recipe.models:
+        have = facts.present_bytes.get(m.path, 0) / 1e9
+        items.append((f"model {m.repo_id}", paths["models"], max(0.0, m.approx_size_gb - have)))
+    for s in recipe.sources:
+        have = facts.present_bytes.get(s.path, 0) / 1e9
+        items.append((f"source {s.name}", paths["sources"], max(0.0, s.approx_size_gb - have)))
+    have_image = facts.present_bytes.get(recipe.image.ref, 0) / 1e9
+    items.append((f"image {recipe.image.repository}", paths["image"], max(0.0, recipe.image.approx_size_gb - have_image)))
+
+    by_fs: dict[tuple[str, str], list[tuple[str, float]]] = {}
+    avail: dict[tuple[str, str], float] = {}
+    out: list[Check] = []
+    for role, path, gb in items:
+        disk = facts.disk.get(path)
+        if disk is None:
+            out.append(_fail("disk", f"no free-space reading for {path}", "check the path is reachable", "install_root"))
+            continue
+        fs = (disk.filesystem, disk.mount)
+        by_fs.setdefault(fs, []).append((role, gb))
+        avail[fs] = disk.avail_gb
+    for fs, roles in sorted(by_fs.items()):
+        need = sum(gb for _, gb in roles) + margin_gb
+        what = ", ".join(f"{role} {gb:.1f} GB" for role, gb in roles)
+        if avail[fs] < need:
+            out.append(
+                _fail(
+                    "disk",
+                    f"{fs[1]} has {avail[fs]:.1f} GB free; needs {need:.1f} GB ({what} + margin {margin_gb:g} GB)",
+                    f"free {need - avail[fs]:.1f} GB on {fs[1]}, move install_root/model_dir, or lower "
+                    "preflight_disk_margin_gb",
+                    "preflight_disk_margin_gb",
+                )
+            )
+        else:
+            out.append(_ok("disk", f"{fs[1]}: {avail[fs]:.1f} GB free >= {need:.1f} GB ({what} + margin)", "preflight_disk_margin_gb"))
+    return out
+
+
+def check_docker_snap(facts: HostFacts) -> Check:
+    if facts.docker_snap:
+        return _fail(
+            "docker-snap",
+            "Docker is installed as a snap; the NVIDIA container toolkit cannot configure it",
+            "sudo snap remove docker (rigup installs Docker CE from Docker's apt repository)",
+        )
+    return _ok("docker-snap", "no snap Docker")
+
+
+def check_pending_reboot(facts: HostFacts, plan: DriverPlan | None) -> Check | None:
+    pending = facts.pending_reboot
+    if pending is None or not pending.required:
+        return None
+    kernel = [p for p in pending.packages if p.startswith("linux-")]
+    if kernel:
+        return Check(
+            "pending-reboot",
+            False,
+            "warning",
+            f"a reboot is pending for {', '.join(kernel)}: the next boot runs another kernel",
+            "reboot the host before the deploy so the driver is checked against the kernel that will run",
+        )
+    return Check("pending-reboot", False, "warning", "the host flags a pending reboot", "reboot at a convenient time")
+
+
+def run_checks(
+    facts: HostFacts,
+    recipe: Any | None,
+    host_data: Mapping[str, Any],
+    recipe_error: str | None = None,
+    lock_problem: str | None = None,
+) -> list[Check]:
+    """Every preflight check for one host, in a stable order.
+
+    + facts: what `gather` read from the host
+    + recipe: the host's recipe (`host_recipe`), or None when it could not be built
+    + host_data: the host's knobs
+    + recipe_error: why the recipe could not be built (reported as a failed check)
+    + lock_problem: why the lock's pins could not be used (reported as a warning)
+    """
+    checks: list[Check] = [check_os(facts, host_data)]
+    if recipe is None:
+        checks.append(
+            _fail(
+                "recipe",
+                f"no recipe for this host: {recipe_error or 'unknown error'}",
+                "fix variant / variant_overrides (python -m rigup render --list)",
+                "variant",
+            )
+        )
+    else:
+        checks.append(_ok("recipe", f"variant {recipe.variant!r}", "variant"))
+    if lock_problem is not None:
+        checks.append(
+            Check(
+                "lock",
+                False,
+                "warning",
+                f"checked against the catalog's refs: {lock_problem}",
+                "python -m rigup lock (the sources, model and serving phases refuse to run without it)",
+                "lock_file",
+            )
+        )
+    checks += check_gpus(facts, recipe, host_data)
+    want, plan, driver_check = driver_plan(facts, host_data)
+    checks += check_fit(facts, recipe, host_data, plan)
+    checks.append(driver_check)
+    for extra in (
+        check_reboot_policy(host_data),
+        check_driver_cuda(want, plan, recipe),
+        check_secure_boot(facts, want, plan),
+        check_power_cap(facts, host_data),
+        check_docker_snap(facts),
+        check_pending_reboot(facts, plan),
+    ):
+        if extra is not None:
+            checks.append(extra)
+    checks += check_disk(facts, recipe, host_data)
+    return checks
+
+
+def failures(checks: list[Check]) -> list[Check]:
+    return [c for c in checks if c.failed]

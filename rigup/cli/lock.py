@@ -1,0 +1,100 @@
+"""`rigup lock`: resolve what the fleet's variants need into exact pins (rigs.lock.yaml); --upgrade moves pins on purpose and prints the difference."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # only for hints: the functions below import rigup.desired.recipe lazily
+    pass
+from rigup.desired.lock import LockError, LockFile, lock_path, need_problem
+from rigup.desired.pins import Resolver, fleet_needs, update_lock
+from rigup.desired.secrets import read_hf_token
+
+
+def run_lock(args: argparse.Namespace, out: Any = None) -> int:
+    from rigup.desired.fleet import FleetError, load_fleet
+    from rigup.desired.recipe import RecipeError
+
+    out = out or sys.stdout
+
+    def say(text: str) -> None:
+        print(text, file=out)
+
+    try:
+        fleet = load_fleet(args.fleet)
+        needs, lock_file = fleet_needs(fleet)
+        path = lock_path(lock_file, fleet.path.parent)
+        try:
+            old = LockFile.load(path)
+        except LockError:
+            if path.exists():
+                raise
+            old = LockFile(path=path)
+        if args.check:
+            problems = [p for p in (need_problem(n, old) for n in needs.values()) if p is not None]
+            extra = [n for n in old.names() if n not in needs]
+            if not path.exists():
+                say(f"{path}: missing")
+                return 1
+            for problem in problems:
+                say(f"stale: {problem}")
+            for name in extra:
+                say(f"unused: {name}")
+            if problems:
+                say(f"{path}: {len(problems)} entries missing or stale; run `python -m rigup lock`")
+                return 1
+            say(f"{path}: covers all {len(needs)} pins the fleet needs")
+            return 0
+        token = read_hf_token(_fleet_token_file(fleet))
+        resolver = Resolver(hf_token=token, image_digests=args.image_digests, log=(say if args.verbose else None))
+        upgrade = None if args.upgrade is None else list(args.upgrade)
+        new, changes = update_lock(old, needs, resolver, upgrade)
+    except (LockError, FleetError, RecipeError) as exc:
+        print(f"rigup lock: {exc}", file=sys.stderr)
+        return 2
+    for change in changes:
+        say(f"{change.kind:9} {change.name}")
+        for line in change.lines:
+            say(f"          {line}")
+    changed = new.dump() != (old.dump() if path.exists() else "")
+    if args.dry_run:
+        say(f"{path}: {'would change' if changed else 'unchanged'} (dry run)")
+        return 0
+    if changed:
+        new.save(path)
+        say(f"{path}: written ({len(needs)} pins); commit it")
+    else:
+        say(f"{path}: unchanged ({len(needs)} pins)")
+    return 0
+
+
+def _fleet_token_file(fleet: Any) -> str | None:
+    files = {fleet.resolved_data(h.name).get("hf_token_file") for h in fleet.hosts} - {None}
+    if len(files) > 1:
+        raise LockError(f"hosts name different hf_token_file values ({sorted(files)}); the lock tool reads one")
+    return files.pop() if files else None
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "lock",
+        help="pin git commits, model files (SHA-256) and images in rigs.lock.yaml",
+        description=__doc__.split("\n\n")[0],
+    )
+    parser.add_argument("--fleet", help="fleet file (default: $RIGUP_RIGS or rigs.yaml)")
+    parser.add_argument(
+        "--upgrade",
+        nargs="*",
+        metavar="NAME",
+        help="move pins to what the refs point at now: all, or the NAMEs given "
+        "(git:genesis, model:<repo id>, image:<repo>:<tag>; the prefix is optional)",
+    )
+    parser.add_argument("--check", action="store_true", help="only report missing/stale entries; exit 1 if any")
+    parser.add_argument("--image-digests", action="store_true", help="ask the registry for each image tag's digest")
+    parser.add_argument("--dry-run", action="store_true", help="show what would change; write nothing")
+    parser.add_argument("-v", "--verbose", action="store_true", help="print each resolution")
+    parser.set_defaults(func=run_lock)
+    return parser
+

@@ -1,0 +1,112 @@
+"""`rigup render`: write exactly what the deploy would write for a variant; --list lists the variants."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from rigup.desired.catalog import load_catalog, variant_names
+from rigup.desired.knobs import load_defaults, parse_data_value
+from rigup.desired.lock import LockError, LockFile, lock_problems
+from rigup.desired.plan import resolve_for_host
+from rigup.desired.recipe import RecipeError
+from rigup.desired.render import render_variant
+from rigup.parsers.topology import TopologyError, topology
+
+
+def _parse_data(pairs: list[str]) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise RecipeError(f"--data expects key=value, got {pair!r}")
+        data[key] = parse_data_value(value)
+    return data
+
+
+def host_data_for_cli(variant: str, data_pairs: list[str]) -> dict[str, Any]:
+    """group_data/all.py defaults, then --data overrides, then the variant argument."""
+    host_data = load_defaults()
+    overrides = _parse_data(data_pairs)
+    unknown = sorted(set(overrides) - set(host_data))
+    if unknown:
+        raise RecipeError(f"--data: unknown knob(s) {', '.join(unknown)} (declared in group_data/all.py)")
+    host_data.update(overrides)
+    host_data["variant"] = variant
+    return host_data
+
+
+def _cmd_render(args: argparse.Namespace) -> int:
+    if args.list:
+        catalog = load_catalog()
+        for name in variant_names():
+            v = catalog["variants"][name]
+            print(f"{name:26} :{v['port']:<5} TP={v['tensor_parallel_size']}  {v['description']}")
+        return 0
+    if args.variant is None or args.out is None:
+        print("rigup render: VARIANT and --out are required (or --list)", file=sys.stderr)
+        return 2
+    try:
+        host_data = host_data_for_cli(args.variant, args.data)
+        lock = LockFile.load(args.lock) if args.lock is not None else None
+        topo = None
+        if args.topo is not None:
+            topo = topology(Path(args.topo).read_text(), None if args.p2p is None else Path(args.p2p).read_text())
+        recipe = resolve_for_host(host_data, topo, lock)
+    except (RecipeError, LockError, TopologyError, OSError) as exc:
+        print(f"rigup render: {exc}", file=sys.stderr)
+        return 2
+    if lock is not None:
+        for problem in lock_problems(recipe, host_data, lock):
+            # Rendered anyway (it is a preview); a deploy refuses to run with this lock.
+            print(f"rigup render: warning: {lock.path}: {problem}", file=sys.stderr)
+    hf_present = bool(os.environ.get("HF_TOKEN")) or host_data.get("hf_token_file") is not None
+    api_present = host_data.get("serving_api_key_file") is not None
+    out = Path(args.out)
+    for relpath, rendered in sorted(render_variant(recipe, hf_token_present=hf_present, api_key_present=api_present).items()):
+        dest = out / relpath
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(rendered.content)
+        dest.chmod(int(rendered.mode, 8))
+        note = f"  (deploy appends: {', '.join(rendered.secret_keys)})" if rendered.secret_keys else ""
+        print(f"{rendered.mode} {dest}{note}")
+    if lock is not None:
+        print(f"pins from {lock.path}:")
+        print(f"  {recipe.image.lock_name}: {recipe.image.digest or 'tag only (no digest locked)'}")
+        for source in recipe.sources:
+            print(f"  {source.lock_name}: {source.commit if source.locked else 'not locked'}")
+        for model in recipe.models:
+            print(f"  {model.lock_name}: {model.revision or 'not locked'}")
+    return 0
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register `render VARIANT --out DIR [--data key=value ...] [--lock FILE] [--topo FILE [--p2p FILE]] [--list]`."""
+    parser = subparsers.add_parser(
+        "render",
+        help="write the compose file, .env and systemd unit a deploy would put on a rig",
+        description="Render a variant's rig files under DIR (paths as on the rig, without the leading /).",
+    )
+    parser.add_argument("variant", nargs="?", metavar="VARIANT", help="catalog variant (see --list)")
+    parser.add_argument("--out", metavar="DIR", help="directory to write into")
+    parser.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a group_data/all.py knob (values parse like pyinfra --data: true/false, ints, JSON, text)",
+    )
+    parser.add_argument(
+        "--lock", metavar="FILE", help="lock file (rigs.lock.yaml): render with its pinned commits, revisions and digests"
+    )
+    parser.add_argument(
+        "--topo", metavar="FILE", help="a host's `nvidia-smi topo -m` output: plan NCCL settings for its interconnect"
+    )
+    parser.add_argument("--p2p", metavar="FILE", help="with --topo: the host's `nvidia-smi topo -p2p r` output")
+    parser.add_argument("--list", action="store_true", help="list the catalog's variants and exit")
+    parser.set_defaults(func=_cmd_render)
+    return parser
+

@@ -1,0 +1,120 @@
+"""The fleet as the CLI commands reach it: targets (host, recipe, API URL, SSH), host selection,
+parallel runs with progress, and the serving log of a target."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from rigup.client.ssh import FileLog, JournalLog, RemoteError, Runner, ServiceLog, SshSettings
+from rigup.desired.fleet import Fleet, load_fleet
+from rigup.desired.recipe import Recipe, RecipeError, resolve
+from rigup.desired.secrets import SecretError, load_api_key, read_secret_file
+
+T = TypeVar("T")
+
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One rig (or a bare API URL given on the command line)."""
+
+    name: str
+    api_url: str | None  # None when the recipe could not be resolved
+    api_key: str | None = field(default=None, repr=False)
+    data: dict[str, Any] = field(default_factory=dict)
+    recipe: Recipe | None = None
+    error: str | None = None  # why the target is unusable (bad variant, unreadable key file, ...)
+    ssh: SshSettings | None = None  # None: no SSH (a bare URL)
+
+    @property
+    def variant(self) -> str | None:
+        return self.recipe.variant if self.recipe is not None else self.data.get("variant")
+
+    @property
+    def served_model(self) -> str | None:
+        return self.recipe.served_model_name if self.recipe is not None else None
+
+
+def api_host(hostname: str) -> str:
+    return f"[{hostname}]" if ":" in hostname and not hostname.startswith("[") else hostname
+
+
+def select_hosts(fleet: Fleet, limit: Sequence[str] | None) -> list[str]:
+    """Host names in fleet order; `limit` names hosts or groups (like pyinfra's --limit)."""
+    names = [host.name for host in fleet.hosts]
+    if not limit:
+        return names
+    wanted: set[str] = set()
+    for item in limit:
+        if item in fleet.groups:
+            wanted.update(host.name for host in fleet.groups[item])
+        elif item in names:
+            wanted.add(item)
+        else:
+            raise RemoteError(f"{fleet.path}: --limit {item!r} is neither a host nor a group")
+    return [name for name in names if name in wanted]
+
+
+def fleet_targets(limit: Sequence[str] | None = None, fleet: Fleet | None = None) -> list[Target]:
+    """A Target per selected host of the fleet file ($RIGUP_RIGS or rigs.yaml). The recipe is resolved
+    without the lock: the API URL, model and unit do not depend on pins (status adds the lock)."""
+    fleet = fleet if fleet is not None else load_fleet()
+    targets = []
+    for name in select_hosts(fleet, limit):
+        data = fleet.resolved_data(name)
+        ssh = SshSettings.from_data(name, data)
+        try:
+            recipe = resolve(data)
+        except (RecipeError, KeyError, ValueError) as exc:
+            targets.append(Target(name, None, data=data, error=f"recipe: {exc}", ssh=ssh))
+            continue
+        api_key = None
+        error = None
+        try:
+            api_key = load_api_key(data)
+        except SecretError as exc:
+            error = str(exc)
+        url = f"http://{api_host(ssh.hostname)}:{recipe.host_port}"
+        targets.append(Target(name, url, api_key, data, recipe, error, ssh))
+    return targets
+
+
+def url_target(url: str, api_key_file: str | None = None) -> Target:
+    """A target for a bare API URL (no fleet, no SSH)."""
+    api_key = read_secret_file(api_key_file, "--api-key-file") if api_key_file else os.environ.get("RIGUP_API_KEY") or None
+    return Target(name=url, api_url=url.rstrip("/"), api_key=api_key)
+
+
+def api_targets(url: str | None, api_key_file: str | None, limit: Sequence[str] | None) -> list[Target]:
+    """The API URL given on the command line (--url, --api-key-file), else the fleet's hosts (--limit)."""
+    return [url_target(url, api_key_file)] if url else fleet_targets(limit)
+
+
+def parallel(items: Sequence[T], work: Callable[[T], R], workers: int | None = None) -> list[R]:
+    """work(item) for every item at once (threads; the work is network-bound), results in order."""
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=workers or min(32, len(items))) as pool:
+        return list(pool.map(work, items))
+
+
+def progress(line: str) -> None:
+    """A progress line on stderr (stdout stays for the table or JSON)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def service_log(target: Target, runner: Runner, log_file: str | None) -> ServiceLog | None:
+    """The serving log to read: a local file given on the command line, else the unit's journal over
+    SSH; None for a bare URL (no recipe, no SSH)."""
+    if log_file is not None:
+        return FileLog(log_file)
+    if target.recipe is not None and target.ssh is not None:
+        return JournalLog(runner, target.recipe.paths.unit_name)
+    return None

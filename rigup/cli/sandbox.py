@@ -1,0 +1,173 @@
+"""`python -m rigup sandbox up|down|status`: a local fleet of simulated rigs to run the real deploy on.
+
+`up` boots N Debian 12 hosts (systemd-nspawn, each in its own network namespace, real SSH) and the
+mirrors they use (stand-in apt repositories, git remotes, a Hugging Face endpoint) in a hub namespace,
+writes sandbox/rigs.yaml and returns, leaving everything running in the background. Then, as root:
+
+    RIGUP_RIGS=sandbox/rigs.yaml pyinfra -y inventory.py deploy.py
+
+`down` removes every trace (processes, mounts, namespaces, cgroups, sandbox/). Needs root, and the
+repository checkout (the test bed lives in rigup_testbed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from rigup import REPO_ROOT
+
+SANDBOX_DIR = REPO_ROOT / "sandbox"
+FLEET_FILE = SANDBOX_DIR / "rigs.yaml"
+INSTANCE = "rigup"  # namespaces rigup-hub, rigup-rig-01, ...
+PRESETS_HINT = "2x3090, 2x3090-nvlink, 1x3090, 2x3080-20gb, mixed-3090-3080, 1x2080ti"
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "sandbox",
+        help="local fleet of simulated rigs (booted containers + mirrors) to run the deploy on",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="sandbox_command", required=True, metavar="up|down|status")
+    up = commands.add_parser("up", help="boot the simulated rigs and mirrors, write sandbox/rigs.yaml")
+    up.add_argument("--hosts", type=int, default=2, help="number of rigs (default 2)")
+    up.add_argument(
+        "--hardware",
+        default="2x3090",
+        help=f"GPU preset per rig, comma-separated and repeated over the rigs: {PRESETS_HINT} (default 2x3090)",
+    )
+    up.add_argument("--canary", type=int, default=1, help="rigs in group 'canary'; the rest are in 'rigs' (default 1)")
+    up.add_argument("--replace", action="store_true", help="tear down a running sandbox first")
+    up.add_argument("--json", action="store_true", help="print the result as JSON")
+    down = commands.add_parser("down", help="stop and remove everything the sandbox created")
+    down.add_argument("--json", action="store_true", help="print the result as JSON")
+    status = commands.add_parser("status", help="list the sandbox's rigs")
+    status.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.set_defaults(func=run)
+
+
+def _testbed() -> Any:
+    # The test bed is part of the checkout, not of the installed package.
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    try:
+        from rigup_testbed.fleet import Testbed
+    except ModuleNotFoundError as exc:
+        raise SystemExit(f"rigup sandbox: the test bed ({REPO_ROOT / 'rigup_testbed'}) is missing: {exc}") from None
+    return Testbed(SANDBOX_DIR, INSTANCE)
+
+
+def run(args: argparse.Namespace) -> int:
+    if os.geteuid() != 0:
+        print("rigup sandbox: needs root (network namespaces, mounts, cgroups)", file=sys.stderr)
+        return 2
+    return {"up": _up, "down": _down, "status": _status}[args.sandbox_command](args)
+
+
+def _up(args: argparse.Namespace) -> int:
+    from rigup_testbed.fleet import host_names
+    from rigup_testbed.hardware import PRESETS
+    from rigup_testbed.hosts import HostSpec
+    from rigup_testbed.state import TestbedError
+
+    presets = [p.strip() for p in args.hardware.split(",") if p.strip()]
+    unknown = [p for p in presets if p not in PRESETS]
+    if unknown or not presets:
+        print(f"rigup sandbox: unknown --hardware {', '.join(unknown) or '(empty)'}; known: {', '.join(PRESETS)}", file=sys.stderr)
+        return 2
+    if not 1 <= args.hosts <= 64:
+        print("rigup sandbox: --hosts must be between 1 and 64", file=sys.stderr)
+        return 2
+    bed = _testbed()
+    if bed.created:
+        if not args.replace:
+            print(f"rigup sandbox: already up ({bed.ledger.path}); `sandbox down` first or pass --replace", file=sys.stderr)
+            return 1
+        bed.down()
+        bed = _testbed()
+    specs = [
+        HostSpec(name, hardware=presets[i % len(presets)], group="canary" if i < args.canary else "rigs")
+        for i, name in enumerate(host_names(args.hosts))
+    ]
+    try:
+        bed.up(specs)
+        # The sandbox's lock file lives with it: its pins name the sandbox mirrors' commits and files.
+        fleet = bed.write_fleet(FLEET_FILE, data={"lock_file": str(SANDBOX_DIR / "rigs.lock.yaml")})
+    except TestbedError as exc:
+        print(f"rigup sandbox: {exc}", file=sys.stderr)
+        try:
+            bed.down()
+        except TestbedError as down_exc:
+            print(f"rigup sandbox: cleanup after the failure: {down_exc}", file=sys.stderr)
+        return 1
+    result = {"fleet_file": str(fleet), "subnet": bed.ledger.info["subnet"], "hosts": bed.status(), "urls": bed.urls, "timings": bed.timings}
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    _print_rows(bed.status())
+    print(f"\nmirrors at {bed.ledger.info['hub_ip']} (namespace {INSTANCE}-hub); up in {bed.timings.get('up_s', 0):.1f}s")
+    print(
+        f"fleet file: {_rel(fleet)}\n\nnext:  export RIGUP_RIGS={_rel(fleet)}\n"
+        "       python -m rigup lock                    # pin sources, models and images\n"
+        "       pyinfra -y inventory.py deploy.py"
+    )
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    from rigup_testbed.state import TestbedError
+
+    bed = _testbed()
+    had = bed.created
+    try:
+        bed.down()
+    except TestbedError as exc:
+        print(f"rigup sandbox: {exc}", file=sys.stderr)
+        return 1
+    # Whatever the user or the deploy put there (lock file, logs) goes too: nothing is mounted any more.
+    if SANDBOX_DIR.exists():
+        shutil.rmtree(SANDBOX_DIR)
+    if args.json:
+        print(json.dumps({"removed": had}))
+    else:
+        print("sandbox removed" if had else "no sandbox was up")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    bed = _testbed()
+    rows = bed.status() if bed.created else []
+    if args.json:
+        print(json.dumps({"up": bed.created, "fleet_file": str(FLEET_FILE) if FLEET_FILE.exists() else None, "hosts": rows}, indent=2))
+        return 0
+    if not bed.created:
+        print("no sandbox is up (python -m rigup sandbox up --hosts N)")
+        return 0
+    _print_rows(rows)
+    print(f"\nfleet file: {_rel(FLEET_FILE)}")
+    return 0 if all(r["running"] for r in rows) else 1
+
+
+def _print_rows(rows: list[dict[str, Any]]) -> None:
+    header = ("HOST", "ADDRESS", "GROUP", "HARDWARE", "GPUS", "STATE", "BOOTS")
+    table = [header] + [
+        (r["name"], r["ip"], r["group"], r["hardware"], str(r["gpus"]), "running" if r["running"] else "stopped", str(r["boots"]))
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)

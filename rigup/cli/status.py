@@ -1,0 +1,489 @@
+"""`rigup status`: for every rig, the desired state (fleet file + lock) against the actual state,
+with drift marked.
+
+Desired: the release the serving task would write for the host (variant, image, source commits,
+model revisions and file manifests, engine settings, hashes of the rendered compose file, .env and
+unit), the GPU count and the driver branch. Actual, gathered over SSH on all rigs at once: the
+provenance file the health gate wrote ({install_root}/state/provenance.json), the files on disk
+now, the rigup-<variant> units (systemctl is-active), the driver, GPUs and VRAM in use
+(nvidia-smi --query-gpu), and /v1/models asked from the control machine.
+
+Each item is ok, drift (the rig is not what the fleet file and lock say: converge it), unhealthy (it
+is not serving as it should) or info. Exit code: 0 all ok, 1 drift, 2 unhealthy, 3 both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import posixpath
+import shlex
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rigup.cli.runner import Target, fleet_targets, parallel, progress
+from rigup.client.openai_client import ApiClient
+from rigup.client.ssh import LazySsh, RemoteError, Runner, gpu_memory
+from rigup.desired.lock import LockError
+from rigup.desired.plan import locked_recipe
+from rigup.desired.recipe import Recipe, RecipeError
+from rigup.desired.release import (
+    ModelFilesLock,
+    Provenance,
+    ProvenanceError,
+    build_release,
+    parse_provenance,
+    provenance_path,
+    release_json,
+)
+from rigup.desired.render import render_variant
+from rigup.desired.secrets import SecretError, load_api_key, read_hf_token
+from rigup.facts.gpu import GpuTopology, NvidiaGpus
+from rigup.facts.serving import RigupVariantUnits
+from rigup.parsers.nvidia_smi import SmiQuery
+from rigup.parsers.topology import Topology
+
+OK, DRIFT, UNHEALTHY, INFO = "ok", "drift", "unhealthy", "info"
+EXIT_DRIFT, EXIT_UNHEALTHY = 1, 2
+UNIT_KEY = "unit"  # Provenance.files key of the systemd unit's hash
+MAX_DIFFS = 20  # release differences listed per host (the release hash says the rest)
+
+
+@dataclass(frozen=True)
+class Desired:
+    host: str
+    variant: str | None
+    unit: str | None  # rigup-<variant>.service
+    served_model: str | None
+    release: dict[str, Any] | None  # what the serving task would write; None when it cannot be built
+    release_sha256: str | None
+    gpu_count: int | None  # the host's gpu_count knob (GPUs the rig must have)
+    tensor_parallel_size: int | None  # GPUs the variant uses
+    driver_branch: int | None
+    problem: str | None = None  # why the desired release could not be built (lock, recipe, secrets)
+
+
+@dataclass
+class Facts:
+    """What the rig says now (gathered over SSH)."""
+
+    reachable: bool
+    error: str | None = None
+    provenance_text: str | None = None  # None: no provenance file
+    units: dict[str, dict[str, Any]] = field(default_factory=dict)  # RigupVariantUnits
+    smi: SmiQuery | None = None  # None: nvidia-smi not installed
+    memory: list[tuple[int, int]] | None = None  # (used, total) MiB per GPU
+    topology: Topology | None = None  # GpuTopology: what the deploy renders the interconnect from
+    file_hashes: dict[str, str | None] = field(default_factory=dict)  # relpath / "unit" -> sha256 now
+
+
+@dataclass(frozen=True)
+class Health:
+    ok: bool
+    detail: str
+    models: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Item:
+    item: str
+    desired: str
+    actual: str
+    state: str  # ok | drift | unhealthy | info
+    note: str = ""
+
+
+# --------------------------------------------------------------------------------------------
+# desired state (control machine)
+
+
+def desired_state(target: Target, topology: Topology | None = None) -> Desired:
+    """The release tasks/serving.py would write for this host, from the fleet data, the lock and the
+    rig's GPU topology (NVLink changes the rendered NCCL settings, as in the deploy)."""
+    data = target.data
+    branch = data.get("nvidia_driver_branch")
+    base = {
+        "host": target.name,
+        "variant": target.variant,
+        "unit": target.recipe.paths.unit_name if target.recipe else None,
+        "served_model": target.served_model,
+        "gpu_count": data.get("gpu_count"),
+        "tensor_parallel_size": target.recipe.tensor_parallel_size if target.recipe else None,
+        "driver_branch": int(branch) if branch is not None else None,
+    }
+    try:
+        recipe, lock = locked_recipe(data, target.name, topology=topology)
+        api_key_present = load_api_key(data) is not None
+        hf_token_present = read_hf_token(data.get("hf_token_file")) is not None
+    except (LockError, RecipeError, SecretError, ValueError) as exc:
+        return Desired(**base, release=None, release_sha256=None, problem=str(exc))
+    release = desired_release(recipe, lock, api_key_present=api_key_present, hf_token_present=hf_token_present)
+    return Desired(**base, release=release, release_sha256=release_sha256(release))
+
+
+def desired_release(recipe: Recipe, lock: ModelFilesLock, *, api_key_present: bool, hf_token_present: bool) -> dict[str, Any]:
+    """The release document exactly as tasks/serving.py builds it (same render, same secrets flags)."""
+    rendered = render_variant(recipe, hf_token_present=hf_token_present, api_key_present=api_key_present)
+    return build_release(
+        recipe,
+        {path: f.content for path, f in rendered.items()},
+        api_key_present=api_key_present,
+        secret_env_keys=rendered[recipe.paths.env_file.lstrip("/")].secret_keys,
+        lock=lock,
+    )
+
+
+def release_sha256(release: Mapping[str, Any]) -> str:
+    """What rigup-servingctl records as release_sha256: the hash of release.json's text."""
+    return hashlib.sha256(release_json(release).encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# actual state (over SSH)
+
+
+def gather_facts(runner: Runner, install_root: str) -> Facts:
+    """Everything status needs from one rig, in a few commands over one connection."""
+    facts = Facts(reachable=True)
+    path = provenance_path(install_root)
+    result = runner.run(f"cat {shlex.quote(path)} 2>/dev/null || echo __RIGUP_ABSENT__", timeout=30)
+    text = result.stdout
+    facts.provenance_text = None if text.strip() == "__RIGUP_ABSENT__" else text
+
+    units = RigupVariantUnits()
+    result = runner.run(units.command(install_root).get_raw_value(), timeout=30)
+    facts.units = units.process(result.stdout.splitlines())
+
+    smi = NvidiaGpus()
+    result = runner.run(smi.command(), timeout=60)
+    facts.smi = smi.process(result.stdout.splitlines())
+    if facts.smi is not None and facts.smi.status == "ok":
+        try:
+            facts.memory = gpu_memory(runner)
+        except RemoteError:
+            facts.memory = None
+        topology = GpuTopology()
+        result = runner.run(topology.command(), timeout=60)
+        facts.topology = topology.process(result.stdout.splitlines()) if result.stdout.strip() else None
+
+    if facts.provenance_text is not None:
+        try:
+            recorded = parse_provenance(facts.provenance_text)
+        except ProvenanceError:
+            return facts
+        facts.file_hashes = hash_files(runner, recorded)
+    return facts
+
+
+def hash_files(runner: Runner, recorded: Provenance) -> dict[str, str | None]:
+    """SHA-256 now of every file the provenance records, the .env without its secret lines (the
+    release hashes it as rendered, before the deploy appends the secrets; secrets never leave the rig)."""
+    release = recorded.raw["release"]
+    variant_dir = release["variant_dir"]
+    secret_keys = [k for k in release.get("secret_env_keys") or () if k.replace("_", "").isalnum()]
+    env_rel = posixpath.relpath(release["env_file"], variant_dir)
+    commands = []
+    for key in recorded.files:
+        path = release["unit_file"] if key == UNIT_KEY else posixpath.join(variant_dir, key)
+        quoted = shlex.quote(path)
+        if key == env_rel and secret_keys:
+            strip = shlex.quote("^(" + "|".join(secret_keys) + ")=")
+            hashed = f"grep -v -E {strip} {quoted} | sha256sum"
+        else:
+            hashed = f"sha256sum < {quoted}"
+        commands.append(f'if [ -f {quoted} ]; then printf "%s " {shlex.quote(key)}; {hashed}; else echo {shlex.quote(key)} -; fi')
+    result = runner.run("; ".join(commands), sudo=True, timeout=60)  # .env is 0600 root
+    hashes: dict[str, str | None] = {key: None for key in recorded.files}
+    for line in result.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] in hashes:
+            hashes[parts[0]] = parts[1] if parts[1] != "-" else None
+    return hashes
+
+
+def check_health(target: Target) -> Health:
+    if target.api_url is None:
+        return Health(False, "no API URL")
+    client = ApiClient(target.api_url, target.api_key)
+    try:
+        result = client.models(timeout=5.0)
+    finally:
+        client.close()
+    if not result.ok:
+        return Health(False, f"GET /v1/models: {result.describe_failure()}")
+    models = tuple(sorted(result.models))
+    if target.served_model not in result.models:
+        return Health(False, f"/v1/models lists {list(models)}, not {target.served_model!r}", models)
+    return Health(True, f"serves {target.served_model} ({result.elapsed * 1000:.0f} ms)", models)
+
+
+# --------------------------------------------------------------------------------------------
+# comparison (pure)
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted paths of a release: lists of sources/models are keyed by their name or repo id."""
+    flat: dict[str, Any] = {}
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            flat.update(flatten(item, f"{prefix}{key}."))
+    elif isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
+        for item in value:
+            name = item.get("name") or item.get("repo_id") or json.dumps(item, sort_keys=True)
+            rest = {k: v for k, v in item.items() if k not in ("name", "repo_id")}
+            flat.update(flatten(rest, f"{prefix}{name}."))
+    else:
+        flat[prefix.rstrip(".")] = value
+    return flat
+
+
+def release_differences(desired: Mapping[str, Any], recorded: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    want, have = flatten(desired), flatten(recorded)
+    return [(key, want.get(key), have.get(key)) for key in sorted(set(want) | set(have)) if want.get(key) != have.get(key)]
+
+
+def _short(value: Any) -> str:
+    if value is None:
+        return "-"
+    text = value if isinstance(value, str) else json.dumps(value)
+    if len(text) == 64 and all(c in "0123456789abcdef" for c in text):
+        return text[:12]  # a SHA-256
+    return text if len(text) <= 48 else text[:45] + "..."
+
+
+def compare(desired: Desired, facts: Facts, health: Health) -> list[Item]:
+    items: list[Item] = []
+    if not facts.reachable:
+        items.append(Item("ssh", "reachable", facts.error or "unreachable", UNHEALTHY))
+    else:
+        items.extend(_release_items(desired, facts))
+        items.extend(_unit_items(desired, facts))
+        items.extend(_gpu_items(desired, facts))
+    items.append(Item("health", f"serves {desired.served_model}", health.detail, OK if health.ok else UNHEALTHY))
+    return items
+
+
+def _release_items(desired: Desired, facts: Facts) -> list[Item]:
+    items: list[Item] = []
+    if desired.problem is not None:
+        items.append(Item("desired", "a buildable release", "-", DRIFT, desired.problem))
+    if facts.provenance_text is None:
+        items.append(Item("provenance", f"variant {desired.variant}", "none (never passed the health gate)", DRIFT))
+        return items
+    try:
+        recorded = parse_provenance(facts.provenance_text)
+    except ProvenanceError as exc:
+        items.append(Item("provenance", "a rigup provenance record", str(exc), DRIFT))
+        return items
+    items.append(
+        Item("variant", str(desired.variant), recorded.variant, OK if recorded.variant == desired.variant else DRIFT)
+    )
+    if desired.release is not None:
+        same = desired.release_sha256 == recorded.release_sha256
+        items.append(
+            Item("release", _short(desired.release_sha256), _short(recorded.release_sha256), OK if same else DRIFT,
+                 "" if same else "converge to apply")
+        )
+        if not same:
+            differences = release_differences(desired.release, recorded.raw.get("release") or {})
+            for key, want, have in differences[:MAX_DIFFS]:
+                items.append(Item(f"  {key}", _short(want), _short(have), DRIFT))
+            if len(differences) > MAX_DIFFS:
+                items.append(Item("  ...", "", f"{len(differences) - MAX_DIFFS} more differences", DRIFT))
+        rollback = recorded.last_rollback or {}
+        if rollback.get("failed_release_sha256") == desired.release_sha256:
+            items.append(
+                Item("rollback", "-", f"this release failed the gate at {rollback.get('at')}", DRIFT,
+                     str(rollback.get("reason", ""))[:120])
+            )
+    gate_ok = recorded.gate_result == "passed"
+    items.append(Item("gate", "passed", f"{recorded.gate_result} at {recorded.gate_at}", OK if gate_ok else UNHEALTHY))
+    changed = [key for key, sha in recorded.files.items() if facts.file_hashes.get(key) != sha]
+    if changed:
+        for key in changed:
+            now = facts.file_hashes.get(key)
+            items.append(Item(f"file {key}", _short(recorded.files[key]), "missing" if now is None else _short(now),
+                              DRIFT, "changed on the rig since the gate"))
+    else:
+        items.append(Item("files", f"{len(recorded.files)} as recorded", "unchanged", OK))
+    driver_then = recorded.host.get("nvidia_driver")
+    driver_now = _driver(facts)
+    if driver_then and driver_now and driver_then != driver_now:
+        items.append(Item("driver since gate", driver_then, driver_now, INFO, "the driver changed after the gate"))
+    return items
+
+
+def _unit_items(desired: Desired, facts: Facts) -> list[Item]:
+    items: list[Item] = []
+    if desired.unit is not None:
+        unit = facts.units.get(desired.unit)
+        state = unit["state"] if unit else "not installed"
+        enabled = unit["enabled"] if unit else False
+        healthy = unit is not None and unit["state"] == "active"
+        items.append(Item("service", "active, enabled", f"{state}, {'enabled' if enabled else 'not enabled'}",
+                          OK if healthy and enabled else UNHEALTHY if not healthy else DRIFT))
+    others = sorted(name for name, unit in facts.units.items() if name != desired.unit and (unit["active"] or unit["enabled"]))
+    if others:
+        items.append(Item("other variants", "none running", ", ".join(others), DRIFT, "one variant owns the GPUs"))
+    return items
+
+
+def _driver(facts: Facts) -> str | None:
+    if facts.smi is None or facts.smi.status != "ok" or not facts.smi.gpus:
+        return None
+    return facts.smi.gpus[0].driver_version
+
+
+def _gpu_items(desired: Desired, facts: Facts) -> list[Item]:
+    items: list[Item] = []
+    smi = facts.smi
+    wanted = f"branch >= {desired.driver_branch}" if desired.driver_branch is not None else "any"
+    if smi is None:
+        items.append(Item("driver", wanted, "nvidia-smi not installed", UNHEALTHY))
+        return items
+    if smi.status != "ok":
+        items.append(Item("driver", wanted, f"{smi.status}: {smi.message}", UNHEALTHY))
+        return items
+    version = _driver(facts) or "?"
+    try:
+        branch = int(version.split(".")[0])
+    except ValueError:
+        branch = None
+    below = desired.driver_branch is not None and (branch is None or branch < desired.driver_branch)
+    items.append(Item("driver", wanted, version, DRIFT if below else OK))
+    count = len(smi.gpus)
+    expected = desired.gpu_count if desired.gpu_count is not None else desired.tensor_parallel_size
+    names = sorted({g.name for g in smi.gpus})
+    if desired.tensor_parallel_size is not None and count < desired.tensor_parallel_size:
+        state = UNHEALTHY
+    elif desired.gpu_count is not None and count != desired.gpu_count:
+        state = DRIFT
+    else:
+        state = OK
+    items.append(Item("gpus", str(expected) if expected is not None else "-", f"{count} x {', '.join(names)}", state))
+    if facts.memory:
+        used = ", ".join(f"{u}/{t}" for u, t in facts.memory)
+        items.append(Item("vram MiB", "-", used, INFO))
+    return items
+
+
+# --------------------------------------------------------------------------------------------
+# per host and output
+
+
+@dataclass
+class HostStatus:
+    host: str
+    variant: str | None
+    url: str | None
+    items: list[Item]
+
+    @property
+    def drift(self) -> bool:
+        return any(i.state == DRIFT for i in self.items)
+
+    @property
+    def unhealthy(self) -> bool:
+        return any(i.state == UNHEALTHY for i in self.items)
+
+    @property
+    def verdict(self) -> str:
+        if self.drift and self.unhealthy:
+            return "DRIFT+UNHEALTHY"
+        return "DRIFT" if self.drift else "UNHEALTHY" if self.unhealthy else "OK"
+
+
+def host_status(target: Target, quiet: bool = False) -> HostStatus:
+    if not quiet:
+        progress(f"[{target.name}] gathering state over SSH ...")
+    if target.recipe is None:
+        return HostStatus(target.name, target.variant, None, [Item("recipe", "a valid variant", target.error or "-", DRIFT)])
+    ssh = LazySsh(target.ssh)
+    try:
+        facts = gather_facts(ssh, target.recipe.paths.install_root)
+    except RemoteError as exc:
+        facts = Facts(reachable=False, error=str(exc))
+    finally:
+        ssh.close()
+    desired = desired_state(target, facts.topology)
+    items = compare(desired, facts, check_health(target))
+    if target.error is not None:
+        items.insert(0, Item("api key", "readable", target.error, DRIFT))
+    status = HostStatus(target.name, target.variant, target.api_url, items)
+    if not quiet:
+        progress(f"[{target.name}] {status.verdict}")
+    return status
+
+
+def render_table(statuses: list[HostStatus]) -> str:
+    lines = []
+    for s in statuses:
+        lines.append(f"{s.host}  variant {s.variant or '-'}  {s.url or '-'}  {s.verdict}")
+        wi = max([len(i.item) for i in s.items] + [4])
+        wd = max([len(i.desired) for i in s.items] + [7])
+        wa = max([len(i.actual) for i in s.items] + [6])
+        lines.append(f"  {'ITEM':<{wi}}  {'DESIRED':<{wd}}  {'ACTUAL':<{wa}}  STATE")
+        for i in s.items:
+            mark = i.state.upper() if i.state in (DRIFT, UNHEALTHY) else i.state
+            note = f"  ({i.note})" if i.note else ""
+            lines.append(f"  {i.item:<{wi}}  {i.desired:<{wd}}  {i.actual:<{wa}}  {mark}{note}")
+        lines.append("")
+    drifted = sum(1 for s in statuses if s.drift)
+    unhealthy = sum(1 for s in statuses if s.unhealthy)
+    lines.append(f"{len(statuses)} host(s): {drifted} drifted, {unhealthy} unhealthy")
+    return "\n".join(lines)
+
+
+def exit_code(statuses: list[HostStatus]) -> int:
+    code = 0
+    if any(s.drift for s in statuses):
+        code |= EXIT_DRIFT
+    if any(s.unhealthy for s in statuses):
+        code |= EXIT_UNHEALTHY
+    return code
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    try:
+        targets = fleet_targets(args.limit)
+    except (RemoteError, ValueError) as exc:
+        print(f"rigup status: {exc}", file=sys.stderr)
+        return 4
+    quiet = args.quiet or args.json
+    statuses = parallel(targets, lambda t: host_status(t, quiet))
+    if args.json:
+        document = {
+            "hosts": [
+                {
+                    "host": s.host,
+                    "variant": s.variant,
+                    "url": s.url,
+                    "verdict": s.verdict,
+                    "drift": s.drift,
+                    "unhealthy": s.unhealthy,
+                    "items": [asdict(i) for i in s.items],
+                }
+                for s in statuses
+            ]
+        }
+        print(json.dumps(document, indent=2))
+    else:
+        print(render_table(statuses))
+    return exit_code(statuses)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "status",
+        help="desired (fleet + lock) against actual state of every rig, drift marked (exit 1 drift, 2 unhealthy)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--limit", nargs="+", metavar="HOST", help="only these hosts or groups of the fleet")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.set_defaults(func=cmd_status)
+    return parser

@@ -1,0 +1,148 @@
+"""The models plan: for each host, the locked files to fetch, where from (the hub or a fleet peer), and the manifest rigfetch reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rigup.desired.lock import LockError, ModelPin
+from rigup.desired.plan import locked_recipe
+from rigup.operations.model import FLEET_MODES, script_path
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """What one rig does in the model task."""
+
+    script: str
+    hub_manifest: dict[str, Any]
+    fetch_manifest: dict[str, Any]
+    serve_manifest: dict[str, Any]
+    peers: tuple[tuple[Any, dict[str, Any]], ...] = ()
+    sources: dict[str, Any] = field(default_factory=dict)
+    listen_port: int = 8765
+
+
+def _manifest(state_dir: str, reserve_bytes: int, models: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"version": 1, "state_dir": state_dir, "reserve_bytes": reserve_bytes, "models": models}
+
+
+def model_entry(model: Any, pin: ModelPin, endpoint: str, peer_url: str | None = None) -> dict[str, Any]:
+    """One manifest model: the locked files of `pin`, landing in the recipe's model dir."""
+    return {
+        "name": model.dir_name,
+        "dir": model.path,
+        "hub_url": f"{endpoint.rstrip('/')}/{model.repo_id}/resolve/{pin.commit}/",
+        "peer_url": peer_url,
+        "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in pin.files],
+    }
+
+
+def _address(source: Any) -> str:
+    address = source.data.get("model_fleet_address") or source.data.get("ssh_hostname") or source.name
+    address = str(address)
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address
+
+
+@dataclass
+class _HostInfo:
+    host: Any
+    recipe: Any
+    lock: Any
+    data: dict[str, Any]
+    fleet: bool
+
+
+_PLANS: dict[int, tuple[Any, dict[str, ModelPlan]]] = {}
+
+
+def plan_models(state: Any, current: Any) -> ModelPlan:
+    """The model plan of `current`, computed once per run for every activated host.
+
+    Raises LockError when any rig's lock entries are missing or stale.
+    """
+    cached = _PLANS.get(id(state))
+    if cached is None or cached[0] is not state:
+        cached = (state, _plan_all(state))
+        _PLANS[id(state)] = cached
+    plans = cached[1]
+    if current.name not in plans:
+        # Not activated (e.g. connected later): plan it alone against the hub.
+        return _plan_all(state, only=current)[current.name]
+    return plans[current.name]
+
+
+def _plan_all(state: Any, only: Any = None) -> dict[str, ModelPlan]:
+    hosts = [only] if only is not None else [h for h in state.inventory if h in state.activated_hosts]
+    infos: list[_HostInfo] = []
+    for h in hosts:
+        data = h.data.dict()
+        recipe, lock = locked_recipe(data, h.name)
+        mode = data.get("model_fleet_source", "auto")
+        if mode not in FLEET_MODES:
+            raise LockError(f"{h.name}: model_fleet_source must be one of {', '.join(FLEET_MODES)}, got {mode!r}")
+        infos.append(_HostInfo(h, recipe, lock, data, mode == "auto"))
+
+    source_of: dict[str, _HostInfo] = {}
+    for info in infos:
+        if info.fleet:
+            for model in info.recipe.models:
+                source_of.setdefault(model.lock_name, info)
+
+    plans: dict[str, ModelPlan] = {}
+    for info in infos:
+        state_dir = info.recipe.paths.state_dir
+        reserve = int(float(info.data.get("preflight_disk_margin_gb") or 0) * 1e9)
+        endpoint = str(info.data.get("hf_endpoint") or "https://huggingface.co")
+        hub, fetch, serve = [], [], []
+        sources: dict[str, Any] = {}
+        peers: list[tuple[Any, dict[str, Any]]] = []
+        for model in info.recipe.models:
+            pin = info.lock.models[model.lock_name]
+            source = source_of.get(model.lock_name)
+            if not info.fleet or source is None or source is info:
+                hub.append(model_entry(model, pin, endpoint))
+                continue
+            port = int(source.data.get("model_fleet_port") or 8765)
+            peer_url = f"http://{_address(source.host)}:{port}/{model.dir_name}/"
+            fetch.append(model_entry(model, pin, endpoint, peer_url))
+            sources[model.dir_name] = source.host
+        if info.fleet:
+            for model in info.recipe.models:
+                if source_of.get(model.lock_name) is not info:
+                    continue
+                takers = [
+                    other
+                    for other in infos
+                    if other is not info and other.fleet and any(m.lock_name == model.lock_name for m in other.recipe.models)
+                ]
+                if takers:
+                    serve.append(model_entry(model, info.lock.models[model.lock_name], endpoint))
+            served = {m["name"] for m in serve}
+            for other in infos:
+                if other is info or not other.fleet:
+                    continue
+                wanted = [
+                    model_entry(
+                        m,
+                        other.lock.models[m.lock_name],
+                        str(other.data.get("hf_endpoint") or "https://huggingface.co"),
+                        f"http://{_address(info.host)}:{int(info.data.get('model_fleet_port') or 8765)}/{m.dir_name}/",
+                    )
+                    for m in other.recipe.models
+                    if m.dir_name in served and source_of.get(m.lock_name) is info
+                ]
+                if wanted:
+                    other_reserve = int(float(other.data.get("preflight_disk_margin_gb") or 0) * 1e9)
+                    peers.append((other.host, _manifest(other.recipe.paths.state_dir, other_reserve, wanted)))
+        plans[info.host.name] = ModelPlan(
+            script=script_path(info.recipe.paths.install_root),
+            hub_manifest=_manifest(state_dir, reserve, hub),
+            fetch_manifest=_manifest(state_dir, reserve, fetch),
+            serve_manifest=_manifest(state_dir, reserve, serve),
+            peers=tuple(peers),
+            sources=sources,
+            listen_port=int(info.data.get("model_fleet_port") or 8765),
+        )
+    return plans
+

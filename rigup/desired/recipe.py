@@ -1,0 +1,685 @@
+"""The resolved recipe: one frozen object with everything a task needs to serve one variant on one rig.
+
+`resolve(host_data, lock, interconnect)` combines the catalog entry (rigup/catalog.yaml), the host's
+knobs (group_data/all.py keys, including `variant_overrides`), when given the lock's exact pins, and
+the GPU interconnect detected on the host (rigup/desired/interconnect.py: NVLink changes the NCCL settings).
+Tasks, `rigup render`, `rigup doctor` and `rigup status` read this object; nothing re-derives it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import math
+import posixpath
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from rigup.desired.catalog import CatalogError, load_catalog
+from rigup.desired.interconnect import Interconnect, apply_env, effective, nccl_settings
+
+# Where every vLLM image of the catalog installs the vllm package (python 3.12 site-packages).
+VLLM_SITE = "/usr/local/lib/python3.12/dist-packages/vllm"
+# Where models are mounted inside the container (the upstream composes' convention).
+CONTAINER_MODEL_ROOT = "/root/.cache/huggingface"
+# The port vLLM listens on inside the container; the host port is per variant.
+CONTAINER_PORT = 8000
+# systemd unit directory on the rig.
+SYSTEMD_UNIT_DIR = "/etc/systemd/system"
+
+_SAFE_PATH = re.compile(r"^/[A-Za-z0-9._+/-]*$")
+
+# `variant_overrides` keys a host may set, with the recipe field each one changes.
+OVERRIDE_KEYS = (
+    "max_model_len",
+    "gpu_memory_utilization",
+    "port",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "tensor_parallel_size",
+)
+
+
+class RecipeError(ValueError):
+    """A host's data cannot be turned into a recipe (unknown variant, bad override, ...)."""
+
+
+@runtime_checkable
+class Lock(Protocol):
+    """What `resolve` needs from a lock file (rigup/desired/lock.py implements it).
+
+    Names are stable keys the catalog defines: "git:<source>" (e.g. "git:genesis", "git:vllm-fork"),
+    "model:<repo id>" (e.g. "model:Lorbus/Qwen3.6-27B-int4-AutoRound") and
+    "image:<repository>:<tag>" (e.g. "image:vllm/vllm-openai:nightly-7a1e..."). Each returns None when
+    the lock has no entry for the name.
+    """
+
+    def git_commit(self, name: str) -> str | None:
+        """Full 40-hex commit locked for a git source."""
+        ...
+
+    def model_revision(self, name: str) -> str | None:
+        """Full 40-hex Hugging Face commit locked for a model repository."""
+        ...
+
+    def image_digest(self, name: str) -> str | None:
+        """Registry digest ("sha256:<64 hex>") locked for an image tag."""
+        ...
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """The container image, pinned by tag and (when locked) by digest."""
+
+    key: str  # catalog image key, e.g. "vllm-nightly-7a1eb8ac"
+    lock_name: str  # "image:vllm/vllm-openai:nightly-..."
+    registry: str  # "docker.io" or a mirror
+    repository: str  # "vllm/vllm-openai"
+    tag: str
+    digest: str | None  # from the lock; None: pinned by tag only
+    ref: str  # what compose pulls: registry/repository:tag[@digest]
+    cuda_runtime: str  # CUDA runtime inside the image, "13.0"; the driver must support at least this
+    approx_size_gb: float  # on-disk size after pull (for the disk check)
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """A git checkout the variant mounts files from."""
+
+    name: str  # "genesis", "vllm-fork", "club3090"
+    lock_name: str  # "git:genesis"
+    git_url: str  # from the host knob named by the catalog (e.g. genesis_git_url)
+    ref: str  # branch or full commit the catalog documents
+    commit: str | None  # full commit: the lock's, else the catalog's when `ref` is a full sha
+    locked: bool  # True when `commit` came from the lock
+    documented_commit: str | None  # short sha the seeds mention (for humans and drift checks)
+    full_clone: bool  # True: a shallow clone cannot reach the pinned commit (Genesis dev-branch pins)
+    path: str  # rig path: {install_root}/sources/<name>
+    required_paths: tuple[str, ...]  # files/dirs under `path` that mounts use; a missing one must fail the deploy
+    approx_size_gb: float
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A Hugging Face repository downloaded into {model_dir}/<dir_name>."""
+
+    name: str  # catalog model key
+    lock_name: str  # "model:<repo_id>"
+    repo_id: str
+    revision: str | None  # the lock's full commit; None: not locked yet (the lock tool resolves main)
+    dir_name: str
+    path: str  # rig path {model_dir}/<dir_name>
+    container_path: str  # /root/.cache/huggingface/<dir_name>
+    role: Literal["main", "draft"]
+    approx_size_gb: float
+    verify_glob: str  # files whose SHA-256 must match the hub's published hash
+    gated: bool  # True: the hub needs a token that accepted the model's licence
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One bind mount; compose renders it with create_host_path: false so a missing source fails."""
+
+    source: str  # absolute rig path
+    target: str  # absolute container path
+    read_only: bool
+    kind: Literal["model", "source", "cache"]
+    origin: str  # "model:<key>", "git:<source>" or "cache"
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    value: str
+
+
+@dataclass(frozen=True)
+class EnvRef:
+    """A container variable whose value compose takes from the variant's .env (secrets)."""
+
+    name: str  # variable inside the container
+    env_file_key: str  # key in .env; compose renders ${KEY:-} so an absent secret is empty
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A (context, memory utilisation) pair the seeds measured as fitting the GPUs."""
+
+    max_model_len: int
+    gpu_memory_utilization: float
+    vision: bool  # False: only fits with --language-model-only
+    note: str
+
+
+@dataclass(frozen=True)
+class RigPaths:
+    install_root: str
+    model_dir: str
+    sources_dir: str  # {install_root}/sources
+    variant_dir: str  # {install_root}/variants/<variant>
+    compose_file: str  # {variant_dir}/compose.yaml
+    env_file: str  # {variant_dir}/.env
+    state_dir: str  # {install_root}/state
+    cache_dir: str  # {install_root}/cache/<variant> (torch.compile and Triton caches)
+    unit_name: str  # rigup-<variant>.service
+    unit_file: str  # /etc/systemd/system/rigup-<variant>.service
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything needed to serve one variant on one rig. Built only by `resolve`."""
+
+    variant: str
+    description: str
+    family: str  # model family, e.g. "qwen3.6-27b"
+    image: ImageSpec
+    # network
+    bind_address: str
+    host_port: int
+    container_port: int
+    # compose naming
+    project_name: str  # compose project: rigup-<variant>
+    service_name: str
+    container_name: str
+    served_model_name: str
+    # GPUs
+    tensor_parallel_size: int
+    gpu_count: int  # GPUs the container uses (= tensor_parallel_size; no pipeline parallelism)
+    valid_tensor_parallel_sizes: tuple[int, ...]  # what variant_overrides may choose
+    min_compute_capability: tuple[int, int]  # (8, 6): Ampere RTX 3090
+    min_gpu_memory_gb: float  # smallest card the envelope was measured on (GB = 1000 MiB)
+    vram_per_gpu_gb: float | None  # measured peak per card at the documented settings; None: not measured
+    measured_on_gpu_mib: int  # memory.total (MiB) of the card the envelopes were measured on (RTX 3090)
+    envelope_is_documented: bool  # False when overrides moved context/util/seqs/TP off the measured point
+    alternative_envelopes: tuple[Envelope, ...]
+    # engine settings (also present, in order, in vllm_args)
+    max_model_len: int
+    gpu_memory_utilization: float
+    max_num_seqs: int
+    max_num_batched_tokens: int | None
+    kv_cache_dtype: str | None  # None: vLLM's default (model dtype)
+    dtype: str
+    speculative_config: str | None  # the JSON passed to --speculative-config
+    speculative_method: str | None  # "mtp" or "dflash" (catalog `kind`); None: no speculative decoding
+    language_model_only: bool
+    genesis: bool  # Genesis patches applied at container start
+    # container
+    entrypoint: tuple[str, ...]
+    vllm_args: tuple[str, ...]  # the compose `command` (arguments to `vllm serve`)
+    environment: tuple[EnvVar, ...]
+    environment_refs: tuple[EnvRef, ...]
+    mounts: tuple[Mount, ...]
+    shm_size: str
+    ipc: str
+    # artifacts
+    sources: tuple[SourceSpec, ...]
+    models: tuple[ModelSpec, ...]
+    disk_needed_gb: float  # image + models + sources (approximate, from the catalog)
+    paths: RigPaths
+    host_dirs: tuple[str, ...]  # directories the serving task creates before start (cache mounts)
+    overrides: Mapping[str, Any] = field(default_factory=dict)  # variant_overrides as applied
+    # GPU interconnect the NCCL settings were planned for (TP >= 2 only; None: the catalog's PCIe-safe
+    # settings, i.e. nothing detected and nothing forced)
+    interconnect: Interconnect | None = None
+    interconnect_note: str | None = None  # set when the settings differ from the catalog's (compose header)
+
+    @property
+    def model(self) -> ModelSpec:
+        """The main model (role "main")."""
+        return next(m for m in self.models if m.role == "main")
+
+    @property
+    def draft(self) -> ModelSpec | None:
+        return next((m for m in self.models if m.role == "draft"), None)
+
+    @property
+    def base_url(self) -> str:
+        """The API's base URL as seen from the rig itself (wildcard binds are reached on loopback)."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.bind_address, self.bind_address)
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.host_port}"
+
+    @property
+    def health_url(self) -> str:
+        """What the health gate polls: /v1/models, which lists served_model_name once the engine is up.
+
+        Needs `Authorization: Bearer <key>` when an API key is configured (see liveness_url).
+        """
+        return f"{self.base_url}/v1/models"
+
+    @property
+    def models_url(self) -> str:
+        """Same as health_url, by its plain name."""
+        return self.health_url
+
+    @property
+    def liveness_url(self) -> str:
+        """vLLM's /health: 200 once the engine has loaded; never needs the API key."""
+        return f"{self.base_url}/health"
+
+
+# --------------------------------------------------------------------------------------------
+# resolution
+
+
+def _require(host_data: Mapping[str, Any], key: str) -> Any:
+    if key not in host_data or host_data[key] is None:
+        raise RecipeError(f"host data has no value for {key!r} (declared in group_data/all.py)")
+    return host_data[key]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_override(key: str, value: Any, variant: Mapping[str, Any], model: Mapping[str, Any]) -> Any:
+    """Validate one variant_overrides entry; return the value to use."""
+    where = f"variant_overrides[{key!r}]"
+    if key == "max_model_len":
+        limit = int(model["max_context"])
+        if not _is_int(value) or not 1024 <= value <= limit:
+            raise RecipeError(f"{where} must be an integer from 1024 to {limit} (model limit), got {value!r}")
+        return value
+    if key == "gpu_memory_utilization":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.5 <= float(value) <= 0.99:
+            raise RecipeError(f"{where} must be a number from 0.5 to 0.99, got {value!r}")
+        return float(value)
+    if key == "port":
+        if not _is_int(value) or not 1 <= value <= 65535:
+            raise RecipeError(f"{where} must be an integer port from 1 to 65535, got {value!r}")
+        return value
+    if key == "max_num_seqs":
+        if not _is_int(value) or not 1 <= value <= 256:
+            raise RecipeError(f"{where} must be an integer from 1 to 256, got {value!r}")
+        return value
+    if key == "max_num_batched_tokens":
+        if not _is_int(value) or not 512 <= value <= 262144:
+            raise RecipeError(f"{where} must be an integer from 512 to 262144, got {value!r}")
+        return value
+    if key == "tensor_parallel_size":
+        sizes = tuple(variant["tensor_parallel_sizes"])
+        if not _is_int(value) or value not in sizes:
+            hint = ""
+            if _is_int(value) and value > 0:
+                model_sizes = tuple(model["valid_tensor_parallel_sizes"])
+                if value not in model_sizes:
+                    hint = (
+                        f"; model {model['repo_id']} cannot be split {value} ways "
+                        f"(valid tensor parallel sizes: {', '.join(map(str, model_sizes))})"
+                    )
+                layout = nearest_layout(value, sizes)
+                if layout is not None:
+                    hint += f"; on {value} GPUs use tensor_parallel_size {layout[0]}" + (
+                        f" and leave {layout[1]} idle" if layout[1] else ""
+                    )
+            raise RecipeError(
+                f"{where} must be one of {list(sizes)} for variant {variant['name']!r}, got {value!r}{hint}"
+            )
+        return value
+    raise RecipeError(  # pragma: no cover - callers check the key first
+        f"unknown variant_overrides key {key!r}"
+    )
+
+
+def nearest_layout(gpus: int, sizes: Sequence[int]) -> tuple[int, int] | None:
+    """(tensor parallel size, idle GPUs) of the largest size in `sizes` that fits on `gpus` GPUs.
+
+    Qwen3.6-27B (24 attention / 4 KV heads) splits 1, 2, 4 or 8 ways: 3 GPUs -> (2, 1), 6 -> (4, 2).
+    None when even the smallest size needs more GPUs.
+    """
+    fits = [s for s in sizes if s <= gpus]
+    if not fits:
+        return None
+    return max(fits), gpus - max(fits)
+
+
+def _registry_prefix(registry: Any) -> str:
+    # host[:port][/path] as in "docker.io", "mirror.lan:5000" or "registry.example/dockerhub"
+    if not isinstance(registry, str) or not re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._-]+)*/?", registry):
+        raise RecipeError(f"container_registry must be a registry host (host[:port][/path]), got {registry!r}")
+    return registry.rstrip("/")
+
+
+def _image(cat: Mapping[str, Any], key: str, registry: str, lock: Lock | None) -> ImageSpec:
+    spec = cat["images"][key]
+    lock_name = f"image:{spec['repository']}:{spec['tag']}"
+    digest = lock.image_digest(lock_name) if lock is not None else None
+    ref = f"{registry}/{spec['repository']}:{spec['tag']}"
+    if digest is not None:
+        ref += f"@{digest}"
+    return ImageSpec(
+        key=key,
+        lock_name=lock_name,
+        registry=registry,
+        repository=spec["repository"],
+        tag=spec["tag"],
+        digest=digest,
+        ref=ref,
+        cuda_runtime=str(spec["cuda_runtime"]),
+        approx_size_gb=float(spec["approx_size_gb"]),
+    )
+
+
+def _is_full_sha(ref: str) -> bool:
+    return len(ref) == 40 and all(c in "0123456789abcdef" for c in ref)
+
+
+def _source(
+    cat: Mapping[str, Any],
+    name: str,
+    host_data: Mapping[str, Any],
+    sources_dir: str,
+    files: tuple[str, ...],
+    lock: Lock | None,
+) -> SourceSpec:
+    spec = cat["sources"][name]
+    lock_name = f"git:{name}"
+    locked = lock.git_commit(lock_name) if lock is not None else None
+    # A host (or a mirror's fleet file) may pin another branch, tag or commit than the catalog's.
+    ref = str((host_data.get("source_refs") or {}).get(name, spec["ref"]))
+    commit = locked if locked is not None else (ref if _is_full_sha(ref) else None)
+    return SourceSpec(
+        name=name,
+        lock_name=lock_name,
+        git_url=str(_require(host_data, spec["url_knob"])),
+        ref=ref,
+        commit=commit,
+        locked=locked is not None,
+        documented_commit=spec.get("documented_commit"),
+        full_clone=bool(spec["full_clone"]),
+        path=posixpath.join(sources_dir, name),
+        required_paths=files,
+        approx_size_gb=float(spec["approx_size_gb"]),
+    )
+
+
+def _model(
+    cat: Mapping[str, Any], key: str, role: Literal["main", "draft"], model_dir: str, lock: Lock | None
+) -> ModelSpec:
+    spec = cat["models"][key]
+    lock_name = f"model:{spec['repo_id']}"
+    return ModelSpec(
+        name=key,
+        lock_name=lock_name,
+        repo_id=spec["repo_id"],
+        revision=lock.model_revision(lock_name) if lock is not None else None,
+        dir_name=spec["dir"],
+        path=posixpath.join(model_dir, spec["dir"]),
+        container_path=posixpath.join(CONTAINER_MODEL_ROOT, spec["dir"]),
+        role=role,
+        approx_size_gb=float(spec["approx_size_gb"]),
+        verify_glob=spec["verify_glob"],
+        gated=bool(spec["gated"]),
+    )
+
+
+def _speculative(variant: Mapping[str, Any], draft: ModelSpec | None) -> tuple[str | None, str | None]:
+    spec = variant.get("speculative")
+    if spec is None:
+        return None, None
+    # Key order follows the upstream composes: method, model, num_speculative_tokens.
+    config: dict[str, Any] = {}
+    method = spec.get("method")
+    if method is not None:
+        config["method"] = method
+    if spec.get("uses_draft"):
+        if draft is None:  # the catalog loader already refuses this; kept for a clear message
+            raise RecipeError(f"variant {variant['name']!r}: speculative config needs a draft model")
+        config["model"] = draft.container_path
+    config["num_speculative_tokens"] = int(spec["num_speculative_tokens"])
+    return json.dumps(config, separators=(",", ":")), str(spec["kind"])
+
+
+def _vllm_args(
+    v: Mapping[str, Any], main: ModelSpec, spec_json: str | None, knobs: Mapping[str, Any], custom_all_reduce: bool = False
+) -> tuple[str, ...]:
+    """The `vllm serve` argument list, in the upstream composes' order."""
+    args: list[str] = ["--model", main.container_path, "--served-model-name", v["served_model_name"]]
+    if v.get("quantization") is not None:
+        args += ["--quantization", v["quantization"]]
+    args += ["--dtype", v["dtype"]]
+    args += ["--tensor-parallel-size", str(knobs["tensor_parallel_size"])]
+    # PCIe-only 3090s: custom all-reduce needs P2P/NVLink, which the stack disables (NCCL_P2P_DISABLE=1).
+    # rigup.desired.interconnect turns it on for NVLink hosts.
+    if knobs["tensor_parallel_size"] > 1 and not custom_all_reduce:
+        args.append("--disable-custom-all-reduce")
+    args += ["--max-model-len", str(knobs["max_model_len"])]
+    args += ["--gpu-memory-utilization", _fmt_float(knobs["gpu_memory_utilization"])]
+    args += ["--max-num-seqs", str(knobs["max_num_seqs"])]
+    if knobs["max_num_batched_tokens"] is not None:
+        args += ["--max-num-batched-tokens", str(knobs["max_num_batched_tokens"])]
+    if v.get("kv_cache_dtype") is not None:
+        args += ["--kv-cache-dtype", v["kv_cache_dtype"]]
+    if v.get("language_model_only"):
+        args.append("--language-model-only")
+    if v.get("trust_remote_code"):
+        args.append("--trust-remote-code")
+    if v.get("reasoning_parser") is not None:
+        args += ["--reasoning-parser", v["reasoning_parser"]]
+    if v.get("tool_call_parser") is not None:
+        args += ["--enable-auto-tool-choice", "--tool-call-parser", v["tool_call_parser"]]
+    if v.get("chat_template") is not None:
+        args += ["--chat-template", v["chat_template"]]
+    if v.get("prefix_caching"):
+        args.append("--enable-prefix-caching")
+    if v.get("chunked_prefill"):
+        args.append("--enable-chunked-prefill")
+    if spec_json is not None:
+        args += ["--speculative-config", spec_json]
+    args += [str(a) for a in v.get("extra_args") or ()]
+    args += ["--host", "0.0.0.0", "--port", str(CONTAINER_PORT)]
+    return tuple(args)
+
+
+def _capability(text: str) -> tuple[int, int]:
+    major, minor = str(text).split(".")
+    return int(major), int(minor)
+
+
+def _fmt_float(value: float) -> str:
+    text = repr(float(value))
+    return text[:-2] if text.endswith(".0") else text
+
+
+def _entrypoint(v: Mapping[str, Any]) -> tuple[str, ...]:
+    genesis = v.get("genesis")
+    prelude = list(v.get("entrypoint_prelude") or ())
+    if genesis is None and not prelude:
+        return ("vllm", "serve")
+    lines = ["set -e", *prelude]
+    if genesis is not None:
+        apply_all = f"{VLLM_SITE}/_genesis/patches/apply_all.py"
+        lines += [
+            "pip install -q " + " ".join(genesis["pip"]),
+            # An empty or missing Genesis mount makes apply_all a silent no-op (club-3090#13): stop here.
+            f"if [ ! -f {apply_all} ]; then echo 'rigup: Genesis tree missing at {apply_all}' >&2; exit 1; fi",
+            "python3 -m vllm._genesis.patches.apply_all",
+        ]
+    lines += [f"python3 {script}" for script in v.get("sidecars") or ()]
+    lines.append('exec vllm serve "$@"')
+    return ("/bin/bash", "-c", "\n".join(lines) + "\n", "--")
+
+
+def resolve(host_data: Mapping[str, Any], lock: Lock | None = None, interconnect: Interconnect | None = None) -> Recipe:
+    """Turn (catalog, host data, lock) into the recipe for the host's `variant`.
+
+    + host_data: the host's knobs (group_data/all.py names): variant, variant_overrides,
+      install_root, model_dir, container_registry, serving_bind_address, gpu_interconnect and the
+      *_git_url knobs the variant's sources name
+    + lock: exact pins (git commits, model revisions, image digests); None keeps the catalog's refs
+    + interconnect: what rigup.desired.interconnect detected on the host (`detect`/`choose`); None keeps the
+      catalog's PCIe-safe NCCL settings unless the gpu_interconnect knob forces them
+    """
+    catalog = load_catalog()
+    name = _require(host_data, "variant")
+    if name not in catalog["variants"]:
+        raise RecipeError(f"unknown variant {name!r}; known: {', '.join(sorted(catalog['variants']))}")
+    v = catalog["variants"][name]
+    main_spec = catalog["models"][v["model"]]
+
+    source_refs = host_data.get("source_refs") or {}
+    if not isinstance(source_refs, Mapping):
+        raise RecipeError(f"source_refs must be a mapping, got {type(source_refs).__name__}")
+    for source, ref in source_refs.items():
+        if source not in catalog["sources"]:
+            raise RecipeError(f"unknown source_refs key {source!r}; known: {', '.join(sorted(catalog['sources']))}")
+        if not isinstance(ref, str) or not ref.strip():
+            raise RecipeError(f"source_refs[{source!r}] must be a branch, tag or commit, got {ref!r}")
+
+    overrides = host_data.get("variant_overrides") or {}
+    if not isinstance(overrides, Mapping):
+        raise RecipeError(f"variant_overrides must be a mapping, got {type(overrides).__name__}")
+    knobs: dict[str, Any] = {k: v.get(k) for k in OVERRIDE_KEYS}
+    for key in sorted(overrides):
+        if key not in OVERRIDE_KEYS:
+            raise RecipeError(
+                f"unknown variant_overrides key {key!r}; allowed: {', '.join(OVERRIDE_KEYS)}"
+            )
+        knobs[key] = _check_override(key, overrides[key], v, main_spec)
+    if knobs["max_num_batched_tokens"] is not None and knobs["max_num_batched_tokens"] < knobs["max_num_seqs"]:
+        raise RecipeError("variant_overrides: max_num_batched_tokens must be at least max_num_seqs")
+
+    install_root = str(_require(host_data, "install_root")).rstrip("/") or "/"
+    model_dir = str(_require(host_data, "model_dir")).rstrip("/") or "/"
+    for key, value in (("install_root", install_root), ("model_dir", model_dir)):
+        # Rendered unquoted into the systemd unit's command lines: keep to a plain character set.
+        if not _SAFE_PATH.match(value) or ".." in value.split("/"):
+            raise RecipeError(f"{key} must be an absolute path of letters, digits and ._+-/, got {value!r}")
+    registry = _registry_prefix(host_data.get("container_registry") or "docker.io")
+    bind_address = str(_require(host_data, "serving_bind_address"))
+    try:
+        ipaddress.ip_address(bind_address)
+    except ValueError:
+        raise RecipeError(f"serving_bind_address must be an IP address, got {bind_address!r}") from None
+
+    variant_dir = posixpath.join(install_root, "variants", name)
+    unit_name = f"rigup-{name}.service"
+    paths = RigPaths(
+        install_root=install_root,
+        model_dir=model_dir,
+        sources_dir=posixpath.join(install_root, "sources"),
+        variant_dir=variant_dir,
+        compose_file=posixpath.join(variant_dir, "compose.yaml"),
+        env_file=posixpath.join(variant_dir, ".env"),
+        state_dir=posixpath.join(install_root, "state"),
+        cache_dir=posixpath.join(install_root, "cache", name),
+        unit_name=unit_name,
+        unit_file=posixpath.join(SYSTEMD_UNIT_DIR, unit_name),
+    )
+
+    models = [_model(catalog, v["model"], "main", model_dir, lock)]
+    if v.get("draft") is not None:
+        models.append(_model(catalog, v["draft"], "draft", model_dir, lock))
+    draft = models[1] if len(models) > 1 else None
+
+    # Mounts: models (read-only), files from git sources, then the compile caches.
+    mounts: list[Mount] = [
+        Mount(m.path, m.container_path, True, "model", f"model:{m.name}") for m in models
+    ]
+    files_by_source: dict[str, list[str]] = {}
+    for mount in v.get("source_mounts") or ():
+        src_path = posixpath.join(paths.sources_dir, mount["source"], mount["path"])
+        files_by_source.setdefault(mount["source"], []).append(mount["path"])
+        mounts.append(Mount(src_path, mount["target"], True, "source", f"git:{mount['source']}"))
+    host_dirs: list[str] = []
+    for cache_name, target in (v.get("cache_mounts") or {}).items():
+        host = posixpath.join(paths.cache_dir, cache_name)
+        host_dirs.append(host)
+        mounts.append(Mount(host, target, False, "cache", "cache"))
+    sources = tuple(
+        _source(catalog, s, host_data, paths.sources_dir, tuple(files_by_source.get(s, ())), lock)
+        for s in v.get("sources") or ()
+    )
+
+    spec_json, spec_method = _speculative(v, draft)
+    env_map = {k: str(val) for k, val in (v.get("env") or {}).items() if val is not None}
+    try:
+        planned = effective(host_data.get("gpu_interconnect", "auto"), interconnect)
+    except ValueError as exc:
+        raise RecipeError(str(exc)) from None
+    tp = knobs["tensor_parallel_size"]
+    nccl = nccl_settings(planned, tp)
+    if nccl is not None:
+        env_map = apply_env(env_map, nccl)
+    env = tuple(EnvVar(k, val) for k, val in env_map.items())
+    image = _image(catalog, v["image"], registry, lock)
+    documented = all(knobs[k] == v.get(k) for k in OVERRIDE_KEYS if k != "port")
+    disk = image.approx_size_gb + sum(m.approx_size_gb for m in models) + sum(s.approx_size_gb for s in sources)
+
+    return Recipe(
+        variant=name,
+        description=v["description"],
+        family=main_spec["family"],
+        image=image,
+        bind_address=bind_address,
+        host_port=knobs["port"],
+        container_port=CONTAINER_PORT,
+        project_name=f"rigup-{name}",
+        service_name="vllm",
+        container_name=v["container_name"],
+        served_model_name=v["served_model_name"],
+        tensor_parallel_size=knobs["tensor_parallel_size"],
+        gpu_count=knobs["tensor_parallel_size"],
+        valid_tensor_parallel_sizes=tuple(v["tensor_parallel_sizes"]),
+        min_compute_capability=_capability(v["min_compute_capability"]),
+        min_gpu_memory_gb=float(v["min_gpu_memory_gb"]),
+        vram_per_gpu_gb=None if v.get("vram_per_gpu_gb") is None else float(v["vram_per_gpu_gb"]),
+        measured_on_gpu_mib=int(v["measured_on_gpu_mib"]),
+        envelope_is_documented=documented,
+        alternative_envelopes=tuple(
+            Envelope(
+                max_model_len=int(e["max_model_len"]),
+                gpu_memory_utilization=float(e["gpu_memory_utilization"]),
+                vision=bool(e.get("vision", True)),
+                note=str(e.get("note", "")),
+            )
+            for e in v.get("alternative_envelopes") or ()
+        ),
+        max_model_len=knobs["max_model_len"],
+        gpu_memory_utilization=float(knobs["gpu_memory_utilization"]),
+        max_num_seqs=knobs["max_num_seqs"],
+        max_num_batched_tokens=knobs["max_num_batched_tokens"],
+        kv_cache_dtype=v.get("kv_cache_dtype"),
+        dtype=v["dtype"],
+        speculative_config=spec_json,
+        speculative_method=spec_method,
+        language_model_only=bool(v.get("language_model_only")),
+        genesis=v.get("genesis") is not None,
+        entrypoint=_entrypoint(v),
+        vllm_args=_vllm_args(v, models[0], spec_json, knobs, nccl is not None and nccl.custom_all_reduce),
+        environment=env,
+        environment_refs=tuple(EnvRef(k, ref) for k, ref in (v.get("env_refs") or {}).items()),
+        mounts=tuple(mounts),
+        shm_size=str(v["shm_size"]),
+        ipc=str(v["ipc"]),
+        sources=sources,
+        models=tuple(models),
+        disk_needed_gb=math.ceil(disk * 10) / 10,
+        paths=paths,
+        host_dirs=tuple(host_dirs),
+        overrides=dict(overrides),
+        interconnect=planned if tp > 1 else None,
+        interconnect_note=None if nccl is None else nccl.summary,
+    )
+
+
+__all__ = [
+    "CatalogError",
+    "EnvRef",
+    "EnvVar",
+    "Envelope",
+    "ImageSpec",
+    "Lock",
+    "ModelSpec",
+    "Mount",
+    "OVERRIDE_KEYS",
+    "Recipe",
+    "RecipeError",
+    "RigPaths",
+    "SourceSpec",
+    "nearest_layout",
+    "resolve",
+]

@@ -1,0 +1,197 @@
+"""What a rig runs: the release file pyinfra uploads, and the provenance file the rig writes.
+
+Two JSON documents, both free of secrets:
+
+* release.json ({install_root}/variants/<variant>/release.json) — built here on the control machine
+  from the resolved recipe and the rendered files: variant, unit, health URL, served model, image
+  (tag and digest), every source commit, every model revision, engine settings and the SHA-256 of
+  each rendered file. tasks/serving.py uploads it next to the compose file, so a new pin (a source
+  commit, a model revision, an image digest) changes this file, which restarts the service exactly
+  like a changed compose file would.
+* provenance.json ({install_root}/state/provenance.json) — written on the rig by rigup-servingctl
+  (rigup/rig/servingctl.py) when a release passes the health gate: the release, its generation number,
+  host-layer versions, the gate's result and times, and the last rollback if there was one. It is
+  written only when the gate runs, so a converged re-run leaves it untouched. `rigup status` reads it
+  with `parse_provenance`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from rigup.desired.recipe import Recipe
+from rigup.rig.servingctl import PROVENANCE_NAME, RELEASE_NAME, SCHEMA
+
+API_KEY_ENV = "VLLM_API_KEY"  # the .env key vLLM reads its API key from (rigup.desired.render.API_KEY_KEY)
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def release_path(recipe: Recipe) -> str:
+    return posixpath.join(recipe.paths.variant_dir, RELEASE_NAME)
+
+
+def provenance_path(install_root: str) -> str:
+    return posixpath.join(install_root.rstrip("/") or "/", "state", PROVENANCE_NAME)
+
+
+class ModelFilesLock(Protocol):
+    """What build_release needs from the lock beyond the recipe (rigup.desired.lock.LockFile has it)."""
+
+    def model_files(self, name: str) -> tuple[Any, ...]:  # FilePin(path, size, sha256)
+        ...
+
+
+def manifest_sha256(file_pins: Sequence[Any]) -> str:
+    """One hash over a model's locked file list (path, size, SHA-256 of every file)."""
+    lines = sorted(f"{pin.path}\t{pin.size}\t{pin.sha256}\n" for pin in file_pins)
+    return sha256_text("".join(lines))
+
+
+def build_release(
+    recipe: Recipe,
+    rendered: Mapping[str, str],
+    *,
+    api_key_present: bool,
+    secret_env_keys: tuple[str, ...],
+    lock: ModelFilesLock | None = None,
+) -> dict[str, Any]:
+    """The release document for `recipe`.
+
+    + rendered: rig path -> file content as rendered, *without* secret values (hashing the
+      secret-bearing .env would publish a hash of the key in a world-readable file)
+    + api_key_present: the .env carries VLLM_API_KEY; the gate sends it as a bearer token
+    + secret_env_keys: .env keys holding secrets; the rig redacts their values from printed logs
+    + lock: the deploy's lock; adds each model's file manifest hash (a re-published file at the same
+      revision still changes the release)
+    """
+    paths = recipe.paths
+    files: dict[str, str] = {}
+    unit_sha: str | None = None
+    for path, content in rendered.items():
+        absolute = "/" + path.lstrip("/")
+        if absolute == paths.unit_file:
+            unit_sha = sha256_text(content)
+            continue
+        rel = posixpath.relpath(absolute, paths.variant_dir)
+        if rel.startswith(".."):
+            raise ValueError(f"rendered file {absolute} is outside {paths.variant_dir}")
+        files[rel] = sha256_text(content)
+    if unit_sha is None:
+        raise ValueError(f"rendered files do not include the unit {paths.unit_file}")
+    return {
+        "schema": SCHEMA,
+        "variant": recipe.variant,
+        "description": recipe.description,
+        "install_root": paths.install_root,
+        "variant_dir": paths.variant_dir,
+        "unit": paths.unit_name,
+        "unit_file": paths.unit_file,
+        "unit_sha256": unit_sha,
+        "env_file": paths.env_file,
+        "files": dict(sorted(files.items())),
+        "health_url": recipe.health_url,
+        "served_model_name": recipe.served_model_name,
+        "bind_address": recipe.bind_address,
+        "host_port": recipe.host_port,
+        "api_key_env": API_KEY_ENV if api_key_present else None,
+        "secret_env_keys": list(secret_env_keys),
+        "image": {
+            "ref": recipe.image.ref,
+            "repository": recipe.image.repository,
+            "tag": recipe.image.tag,
+            "digest": recipe.image.digest,
+        },
+        "sources": [
+            {"name": s.name, "url": s.git_url, "ref": s.ref, "commit": s.commit, "locked": s.locked}
+            for s in recipe.sources
+        ],
+        "models": [
+            {
+                "repo_id": m.repo_id,
+                "revision": m.revision,
+                "dir": m.dir_name,
+                "role": m.role,
+                "path": m.path,
+                "files_sha256": manifest_sha256(lock.model_files(m.lock_name)) if lock is not None else None,
+            }
+            for m in recipe.models
+        ],
+        "engine": {
+            "tensor_parallel_size": recipe.tensor_parallel_size,
+            "max_model_len": recipe.max_model_len,
+            "gpu_memory_utilization": recipe.gpu_memory_utilization,
+            "max_num_seqs": recipe.max_num_seqs,
+            "kv_cache_dtype": recipe.kv_cache_dtype,
+            "speculative_method": recipe.speculative_method,
+            "genesis": recipe.genesis,
+        },
+    }
+
+
+def release_json(release: Mapping[str, Any]) -> str:
+    """Canonical text of a release (sorted keys) so equal releases are byte-identical files."""
+    return json.dumps(release, indent=2, sort_keys=True) + "\n"
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """provenance.json as `rigup status` shows it."""
+
+    variant: str
+    generation: int
+    unit: str
+    release_sha256: str
+    image: str | None
+    sources: dict[str, str | None]  # source name -> commit
+    models: dict[str, str | None]  # repo id -> revision
+    files: dict[str, str]  # relpath -> sha256, plus "unit" -> the unit file's sha256
+    host: dict[str, str | None]  # kernel, nvidia_driver, docker, docker_compose, nvidia_ctk
+    gate_result: str
+    gate_at: str | None
+    gate_ready_seconds: float | None
+    written_at: str | None
+    last_rollback: dict[str, Any] | None
+    raw: dict[str, Any]
+
+
+class ProvenanceError(ValueError):
+    """provenance.json is not a rigup provenance record."""
+
+
+def parse_provenance(document: str | Mapping[str, Any]) -> Provenance:
+    data: Any = json.loads(document) if isinstance(document, str) else dict(document)
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ProvenanceError(f"not a schema-{SCHEMA} rigup provenance record")
+    try:
+        release = data["release"]
+        gate = data.get("gate") or {}
+        files = dict(release.get("files") or {})
+        if release.get("unit_sha256"):
+            files["unit"] = release["unit_sha256"]
+        return Provenance(
+            variant=str(data["variant"]),
+            generation=int(data["generation"]),
+            unit=str(data["unit"]),
+            release_sha256=str(data["release_sha256"]),
+            image=(release.get("image") or {}).get("ref"),
+            sources={s["name"]: s.get("commit") for s in release.get("sources") or ()},
+            models={m["repo_id"]: m.get("revision") for m in release.get("models") or ()},
+            files=files,
+            host=dict(data.get("host") or {}),
+            gate_result=str(gate.get("result", "unknown")),
+            gate_at=gate.get("at"),
+            gate_ready_seconds=gate.get("ready_seconds"),
+            written_at=data.get("written_at"),
+            last_rollback=data.get("last_rollback"),
+            raw=data,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProvenanceError(f"malformed provenance record: {exc}") from None

@@ -1,0 +1,160 @@
+"""Facts about the GPUs: what nvidia-smi and lspci report, the memory other processes use, the CUDA
+version the loaded driver supports, and the NVLink/PCIe topology. Parsing is in rigup/parsers/."""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra.api import FactBase
+
+from rigup.checks.fit import GpuState, exclude_own, own_pids
+from rigup.facts.util import _SPLIT, _absent, _guarded, _parse, _sections
+from rigup.parsers.lspci import DISPLAY_CLASSES, NVIDIA_VENDOR_ID, PciDevice, parse_lspci
+from rigup.parsers.nvidia_smi import (
+    APPS_QUERY_FIELDS,
+    GPU_QUERY_FIELDS,
+    MEMORY_QUERY_FIELDS,
+    FitParseError,
+    SmiQuery,
+    parse_compute_apps,
+    parse_driver_cuda,
+    parse_gpu_query,
+    parse_memory_query,
+)
+from rigup.parsers.topology import Topology, TopologyError, parse_topo_p2p, topology
+
+
+class NvidiaGpus(FactBase[SmiQuery | None]):
+    """
+    GPUs as ``nvidia-smi --query-gpu`` reports them, or why it could not.
+
+    .. code:: python
+
+        SmiQuery(status="ok", gpus=(Gpu(index=0, name="NVIDIA GeForce RTX 3090",
+                 compute_capability=(8, 6), memory_mib=24576, power_limit_w=230.0, ...), ...))
+        SmiQuery(status="mismatch", message="Failed to initialize NVML: Driver/library version mismatch")
+        None  # nvidia-smi is not installed
+    """
+
+    def command(self) -> str:
+        query = ",".join(GPU_QUERY_FIELDS)
+        # stderr is merged: the failure text (no driver, mismatch) is the information.
+        return _guarded("nvidia-smi", f"nvidia-smi --query-gpu={query} --format=csv,noheader,nounits 2>&1 || true")
+
+    def process(self, output: list[str]) -> SmiQuery | None:
+        if _absent(output):
+            return None
+        return _parse(output, parse_gpu_query)
+
+
+class PciGpus(FactBase[tuple[PciDevice, ...] | None]):
+    """
+    NVIDIA display devices from ``lspci -D -nn -k`` (works before any driver is loaded).
+
+    .. code:: python
+
+        (PciDevice(bus_id="0000:01:00.0", class_code="0300", vendor_id="10de", device_id="2204",
+                   description="NVIDIA Corporation GA102 [GeForce RTX 3090]", driver_in_use="nouveau"),)
+        None  # lspci (pciutils) is not installed
+    """
+
+    def command(self) -> str:
+        return _guarded("lspci", "lspci -D -nn -k 2>/dev/null || true")
+
+    def process(self, output: list[str]) -> tuple[PciDevice, ...] | None:
+        if _absent(output):
+            return None
+        devices = _parse(output, parse_lspci)
+        return tuple(d for d in devices if d.vendor_id == NVIDIA_VENDOR_ID and d.class_code in DISPLAY_CLASSES)
+
+
+
+
+
+
+
+
+
+
+
+
+# Ancestry of every GPU process: "pid parent grandparent ..." per line (to find our own container's).
+_CHAINS = (
+    "for p in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); do "
+    'q=$p; chain=""; n=0; '
+    'while [ -n "$q" ] && [ "$q" -gt 1 ] 2>/dev/null && [ $n -lt 64 ]; do '
+    'chain="$chain $q"; n=$((n+1)); q=$(awk \'/^PPid:/{print $2}\' /proc/$q/status 2>/dev/null); done; '
+    'echo "$chain"; done'
+)
+
+
+class GpuMemoryUse(FactBase[tuple[GpuState, ...] | None]):
+    """
+    Each GPU's memory total and the memory other processes hold, for ``rigup.checks.fit.assess``. Memory of
+    the containers named (every rigup variant's) counts as free: a converge replaces this variant's
+    container and stops the others before it starts (one variant owns the GPUs).
+
+    .. code:: python
+
+        (GpuState(index=0, name="NVIDIA GeForce RTX 3090", memory_total_mib=24576, memory_used_mib=512,
+                  compute_cap=(8, 6), uuid="GPU-..."), ...)
+        None  # nvidia-smi missing or the driver not answering
+    """
+
+    def command(self, container_names: tuple[str, ...]) -> str:
+        gpu_query = ",".join(MEMORY_QUERY_FIELDS)
+        apps_query = ",".join(APPS_QUERY_FIELDS)
+        name = " ".join(shlex.quote(n) for n in container_names)
+        return _guarded("nvidia-smi", 
+            f"nvidia-smi --query-gpu={gpu_query} --format=csv,noheader,nounits 2>&1; "
+            f"echo {_SPLIT}; nvidia-smi --query-compute-apps={apps_query} --format=csv,noheader,nounits 2>/dev/null; "
+            f"echo {_SPLIT}; (docker inspect --format '{{{{.State.Pid}}}}' {name} 2>/dev/null || true); "
+            f"echo {_SPLIT}; {_CHAINS}; true"
+        )
+
+    def process(self, output: list[str]) -> tuple[GpuState, ...] | None:
+        if _absent(output):
+            return None
+        parts = _sections(output) + [[], [], []]
+        try:
+            gpus = parse_memory_query(parts[0])
+            apps = parse_compute_apps(parts[1])
+        except FitParseError:
+            return None  # no driver, a version mismatch: the GPUs facts say why
+        container_pids = [int(p) for p in " ".join(parts[2]).split() if p.isdigit() and int(p) > 0]
+        chains = [[int(p) for p in line.split() if p.isdigit()] for line in parts[3]]
+        return exclude_own(gpus, apps, own_pids(container_pids, chains))
+
+
+class DriverCudaVersion(FactBase[str | None]):
+    """The CUDA version the loaded driver supports ("13.0"), as nvidia-smi reports it; None without one."""
+
+    def command(self) -> str:
+        return _guarded("nvidia-smi", "nvidia-smi --version 2>/dev/null | grep -i 'CUDA Version' || nvidia-smi 2>&1 | head -n 6 || true")
+
+    def process(self, output: list[str]) -> str | None:
+        if _absent(output):
+            return None
+        return parse_driver_cuda(output)
+
+
+class GpuTopology(FactBase[Topology | None]):
+    """``nvidia-smi topo -m`` and ``topo -p2p r`` as a rigup.parsers.topology.Topology; None without a driver."""
+
+    def command(self) -> str:
+        return _guarded("nvidia-smi", f"nvidia-smi topo -m 2>&1; echo {_SPLIT}; nvidia-smi topo -p2p r 2>&1; true")
+
+    def process(self, output: list[str]) -> Topology | None:
+        if _absent(output):
+            return None
+        parts = _sections(output) + [[]]
+        try:
+            topo = topology(parts[0])
+        except TopologyError:
+            return None
+        try:
+            p2p = parse_topo_p2p(parts[1])
+        except TopologyError:
+            return topo  # older drivers without -p2p: the matrix alone decides
+        return Topology(topo.gpus, topo.links, p2p)
+

@@ -1,0 +1,112 @@
+"""Facts of the serving task: rigup's variant units as systemd sees them, the serving state the rig
+reports through rigup-servingctl, and the state of secret files (never their content)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pyinfra.api import FactBase, FactProcessError, QuoteString, StringCommand
+
+
+class ServingStatus(FactBase[dict[str, Any]]):
+    """
+    One quick look at a variant, from ``rigup-servingctl probe`` (no waiting):
+
+    .. code:: python
+
+        {
+            "release_present": True,
+            "release_sha256": "4f1c...",
+            "unit": "rigup-dual.service",
+            "active": "active",
+            "enabled": "enabled",
+            "models": ["qwen3.6-27b-autoround"],
+            "serving": True,
+            "error": None,
+            "provenance": {"variant": "dual", "generation": 3,
+                           "release_sha256": "4f1c...", "gate_result": "passed"},
+        }
+
+    ``{"release_present": False, "serving": False}`` before the first deploy.
+    """
+
+    default = dict
+
+    def command(self, ctl: str, release: str) -> StringCommand:
+        return StringCommand(
+            "if [ -f", QuoteString(ctl), "]; then python3", QuoteString(ctl), "probe --release", QuoteString(release),
+            "; else echo '{\"release_present\": false, \"serving\": false}'; fi",
+        )
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        try:
+            value = json.loads("\n".join(output))
+        except ValueError:
+            raise FactProcessError(f"rigup-servingctl probe printed no JSON: {output[-3:]}") from None
+        if not isinstance(value, dict):
+            raise FactProcessError("rigup-servingctl probe printed something other than an object")
+        return value
+
+
+class RigupVariantUnits(FactBase[dict[str, dict[str, Any]]]):
+    """
+    Installed rigup variant units (``{unit_dir}/rigup-<variant>.service`` with a
+    ``{install_root}/variants/<variant>`` directory; other rigup-* units are not variants):
+
+    .. code:: python
+
+        {"rigup-dual.service": {"enabled": True, "active": True, "state": "active"}}
+    """
+
+    default = dict
+
+    def command(self, install_root: str, unit_dir: str = "/etc/systemd/system") -> StringCommand:
+        return StringCommand(
+            "for f in", StringCommand(QuoteString(unit_dir.rstrip("/") + "/"), "rigup-*.service;", _separator=""), "do",
+            '[ -f "$f" ] || continue;',
+            'u=${f##*/}; v=${u#rigup-}; v=${v%.service};',
+            "[ -d", StringCommand(QuoteString(install_root.rstrip("/") + "/variants/"), '"$v"', _separator=""), "] || continue;",
+            'printf "%s %s %s\\n" "$u" "$(systemctl is-enabled "$u" 2>/dev/null || true)"'
+            ' "$(systemctl is-active "$u" 2>/dev/null || true)";',
+            "done",
+        )
+
+    def process(self, output: list[str]) -> dict[str, dict[str, Any]]:
+        units: dict[str, dict[str, Any]] = {}
+        for line in output:
+            parts = line.split()
+            if not parts:
+                continue
+            if len(parts) != 3:
+                raise FactProcessError(f"unexpected unit line: {line!r}")
+            unit, enabled, active = parts
+            units[unit] = {
+                "enabled": enabled in ("enabled", "enabled-runtime"),
+                "active": active in ("active", "activating", "reloading", "deactivating"),
+                "state": active,
+            }
+        return units
+
+
+class SecretFileState(FactBase[dict[str, str] | None]):
+    """
+    Mode, owner and SHA-256 of a file, or None when it does not exist:
+
+    .. code:: python
+
+        {"mode": "600", "owner": "root:root", "sha256": "9f86d0..."}
+    """
+
+    def command(self, path: str) -> StringCommand:
+        return StringCommand(
+            "if [ -f", QuoteString(path), "]; then stat -c '%a %U:%G'", QuoteString(path),
+            "&& sha256sum", QuoteString(path), "; fi",
+        )
+
+    def process(self, output: list[str]) -> dict[str, str] | None:
+        if len(output) != 2:
+            raise FactProcessError(f"unexpected output: {len(output)} lines")
+        mode, owner = output[0].split()
+        return {"mode": mode, "owner": owner, "sha256": output[1].split()[0]}
+

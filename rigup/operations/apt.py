@@ -1,0 +1,113 @@
+"""apt operations: source entries that conflict with rigup's signed repositories are disabled, and
+the paths of those repositories' keyrings and lists."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import QuoteString, StringCommand, operation
+
+from rigup.facts.apt import AptSourceEntries
+from rigup.parsers.apt import AptSource
+
+# Files rigup owns for the third-party apt repositories (one place, used by several task files).
+KEYRING_DIR = "/etc/apt/keyrings"
+
+
+DOCKER_KEYRING = f"{KEYRING_DIR}/rigup-docker.asc"
+
+
+DOCKER_LIST = "/etc/apt/sources.list.d/rigup-docker.list"
+
+
+CTK_KEYRING = f"{KEYRING_DIR}/rigup-nvidia-container-toolkit.asc"
+
+
+CTK_LIST = "/etc/apt/sources.list.d/rigup-nvidia-container-toolkit.list"
+
+
+CUDA_KEYRING = f"{KEYRING_DIR}/rigup-cuda.asc"
+
+
+CUDA_LIST = "/etc/apt/sources.list.d/rigup-cuda.list"
+
+
+def ctk_repo_uri(base_url: str) -> str:
+    """NVIDIA's flat toolkit repository: apt expands $(ARCH) (amd64, arm64)."""
+    return f"{base_url.rstrip('/')}/$(ARCH)"
+
+
+APT_ENV = "DEBIAN_FRONTEND=noninteractive"
+
+
+APT_GET = (
+    "apt-get",
+    "-y",
+    "-o",
+    "Dpkg::Options::=--force-confdef",
+    "-o",
+    "Dpkg::Options::=--force-confold",
+)
+
+
+def normalize_uri(uri: str, arch: str) -> str:
+    """Compare apt URIs the way a human means them: no scheme, no trailing slash, $(ARCH) expanded."""
+    text = uri.strip().replace("$(ARCH)", arch)
+    text = re.sub(r"^[a-z0-9+]+://", "", text, flags=re.I)
+    host_part, _, path = text.partition("/")
+    return f"{host_part.lower()}/{path.rstrip('/')}"
+
+
+def conflicting_entries(entries: tuple[AptSource, ...], uri: str, keep: str, arch: str) -> list[AptSource]:
+    """Enabled entries outside `keep` that point at `uri`: apt fails with "Conflicting values set
+    for option Signed-By" when their keyring differs from ours, and warns about duplicates when not."""
+    target = normalize_uri(uri, arch)
+    return [
+        e
+        for e in entries
+        if e.file != keep and e.enabled and any(normalize_uri(u, arch) == target for u in e.uris)
+    ]
+
+
+@operation()
+def apt_source_exclusive(uri: str, keep: str, arch: str = "amd64"):
+    """
+    Make ``keep`` the only enabled apt source for ``uri``: other entries for the same repository
+    (hand-made lines without signed-by, or with another keyring) are disabled in place, never
+    deleted: one-line entries are commented out, deb822 stanzas get ``Enabled: no``.
+
+    + uri: repository URI (``$(ARCH)`` allowed)
+    + keep: the source file rigup manages for this repository
+    + arch: dpkg architecture, to expand ``$(ARCH)``
+
+    **Example:**
+
+    .. code:: python
+
+        hostops.apt_source_exclusive(
+            name="Disable other Docker apt sources",
+            uri="https://download.docker.com/linux/ubuntu",
+            keep="/etc/apt/sources.list.d/rigup-docker.list",
+        )
+    """
+    conflicts = conflicting_entries(host.get_fact(AptSourceEntries), uri, keep, arch)
+    if not conflicts:
+        host.noop(f"no other apt source entry points at {uri}")
+        return
+    by_file: dict[str, list[AptSource]] = {}
+    for entry in conflicts:
+        by_file.setdefault(entry.file, []).append(entry)
+    for path, entries in sorted(by_file.items()):
+        exprs: list[Any] = []
+        for e in entries:
+            if e.format == "one-line":
+                exprs += ["-e", QuoteString(f"{e.line}s|^|# disabled by rigup (duplicate of {keep}): |")]
+            elif e.enabled_line is not None:
+                exprs += ["-e", QuoteString(f"{e.enabled_line}s|.*|Enabled: no|")]
+            else:
+                exprs += ["-e", QuoteString(f"{e.line}i Enabled: no")]
+        # sed addresses refer to input lines, so several edits in one pass stay aligned.
+        yield StringCommand("sed", "-i", *exprs, QuoteString(path))
+

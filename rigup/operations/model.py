@@ -1,0 +1,209 @@
+"""Model operations: rigfetch.py (rigup/rig/rigfetch.py) uploaded to {install_root}/bin/ fetches and
+verifies the locked files on the rig, from the hub or from a fleet peer that already has them."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import secrets
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import OperationError, QuoteString, StringCommand, operation
+
+from rigup.desired.lock import LockError
+from rigup.desired.secrets import read_hf_token
+from rigup.facts.model import ModelFiles, _needs_work
+from rigup.rig import RIGFETCH_SCRIPT
+from rigup.rig.rigfetch import encode_manifest
+
+RIGFETCH_SRC = RIGFETCH_SCRIPT
+
+
+# One token per control-machine run, shared by the source and its peers, never written to disk.
+_FLEET_TOKEN = secrets.token_urlsafe(32)
+
+
+FLEET_MODES = ("auto", "off")
+
+
+@functools.cache
+def rigfetch_sha256() -> str:
+    return hashlib.sha256(RIGFETCH_SRC.read_bytes()).hexdigest()
+
+
+def script_path(install_root: str) -> str:
+    return f"{install_root.rstrip('/')}/bin/rigfetch.py"
+
+
+def _secrets_line(hf_token_file: str | None, fleet: bool) -> str:
+    try:
+        token = read_hf_token(hf_token_file)
+    except LockError as exc:
+        raise OperationError(str(exc)) from None
+    values = {"hf_token": token or ""}
+    if fleet:
+        values["fleet_token"] = _FLEET_TOKEN
+    return json.dumps(values)
+
+
+def _rigfetch(script: str, manifest_b64: str, options: list[Any], stdin: str) -> StringCommand:
+    # Secrets travel on stdin: never on a command line, in a log or in a file on the rig.
+    return StringCommand(
+        "python3",
+        QuoteString(script),
+        "--manifest-b64",
+        QuoteString(manifest_b64),
+        *options,
+        "--secrets-stdin",
+        _stdin=stdin,
+    )
+
+
+def _common_options(retries: int, reverify: bool) -> list[Any]:
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 1:
+        raise OperationError(f"model_download_retries must be a positive integer, got {retries!r}")
+    options: list[Any] = ["--retries", str(retries)]
+    if reverify:
+        options.append("--reverify")
+    return options
+
+
+@operation()
+def model_files(
+    manifest: dict[str, Any],
+    script: str,
+    reverify: bool = False,
+    retries: int = 3,
+    hf_token_file: str | None = None,
+):
+    """
+    Make every file of a rigfetch manifest present and verified against its locked SHA-256.
+
+    + manifest: rigfetch manifest (see rigup/rig/rigfetch.py), built from the lock by ``plan_models``
+    + script: path of the uploaded rigfetch.py on the rig
+    + reverify: hash every file again instead of trusting verified stamps
+    + retries: attempts per file on a hash mismatch before the host fails
+    + hf_token_file: control-machine 0600 file with the Hugging Face token (env HF_TOKEN wins)
+
+    A rig whose stamps all match the manifest is a no-op (nothing is read or hashed).
+
+    **Example:**
+
+    .. code:: python
+
+        model_files(
+            name="Fetch locked model files from the hub",
+            manifest=plan.hub_manifest,
+            script="/opt/rigup/bin/rigfetch.py",
+        )
+    """
+    if not manifest["models"]:
+        host.noop("no model is fetched from the hub on this rig in this step")
+        return
+    b64 = encode_manifest(manifest)
+    status = host.get_fact(ModelFiles, script=script, script_sha256=rigfetch_sha256(), manifest_b64=b64, reverify=reverify)
+    if not _needs_work(status):
+        host.noop(f"{status['ok']} model files match the lock (verified stamps)")
+        return
+    options = _common_options(retries, reverify)
+    yield _rigfetch(script, b64, options, _secrets_line(hf_token_file, fleet=False))
+
+
+@operation()
+def model_fleet_share(
+    fetch_manifest: dict[str, Any],
+    serve_manifest: dict[str, Any],
+    peers: list[tuple[Any, dict[str, Any]]],
+    sources: dict[str, Any],
+    script: str,
+    listen_port: int = 8765,
+    reverify: bool = False,
+    retries: int = 3,
+    hf_token_file: str | None = None,
+):
+    """
+    Copy model files between rigs: serve what this rig is the source of, fetch what another rig is.
+
+    + fetch_manifest: models this rig copies from other rigs (``peer_url`` set; the hub is the fallback)
+    + serve_manifest: models this rig is the source of and serves to peers
+    + peers: ``(peer host, manifest of what that peer fetches from this rig)`` pairs
+    + sources: model name -> source host, for the models in ``fetch_manifest``
+    + script: path of the uploaded rigfetch.py on the rig
+    + listen_port: TCP port this rig serves on (knob model_fleet_port)
+    + reverify, retries, hf_token_file: as for ``model_files``
+
+    Serving happens only while at least one peer needs files from this rig (their ModelFiles facts
+    are read at execution); with nothing to copy either way this is a no-op.
+
+    **Example:**
+
+    .. code:: python
+
+        model_fleet_share(
+            name="Copy model files between rigs (fleet mode)",
+            fetch_manifest=plan.fetch_manifest, serve_manifest=plan.serve_manifest,
+            peers=plan.peers, sources=plan.sources, script="/opt/rigup/bin/rigfetch.py",
+        )
+    """
+    from pyinfra import state
+
+    sha = rigfetch_sha256()
+    fetch = dict(fetch_manifest)
+    fetch_work = False
+    if fetch["models"]:
+        # A source that dropped out of this run cannot serve: go to the hub directly instead of waiting.
+        models = []
+        for model in fetch["models"]:
+            source = sources.get(model["name"])
+            if source is not None and source not in state.active_hosts:
+                model = {**model, "peer_url": None}
+            models.append(model)
+        fetch["models"] = models
+        status = host.get_fact(
+            ModelFiles, script=script, script_sha256=sha, manifest_b64=encode_manifest(fetch), reverify=reverify
+        )
+        fetch_work = _needs_work(status)
+
+    expected = 0
+    if serve_manifest["models"]:
+        for peer, peer_manifest in peers:
+            if peer not in state.active_hosts:
+                continue
+            peer_status = peer.get_fact(
+                ModelFiles,
+                script=script_path(str(peer.data.get("install_root"))),
+                script_sha256=sha,
+                manifest_b64=encode_manifest(peer_manifest),
+                reverify=bool(peer.data.get("model_reverify", False)),
+                _sudo=bool(peer.data.get("_sudo", False)),
+            )
+            # Count the peers that will ask for files; removals alone do not need this rig.
+            if _needs_work(peer_status, with_prune=False):
+                expected += 1
+
+    if not fetch_work and expected == 0:
+        host.noop("no model files to copy between rigs")
+        return
+
+    options = _common_options(retries, reverify)
+    stdin = _secrets_line(hf_token_file, fleet=True)
+    serve_options: list[Any] = [
+        "--listen",
+        QuoteString(f"0.0.0.0:{int(listen_port)}"),
+        "--expect-peers",
+        str(expected),
+    ]
+    if fetch_work and expected:
+        yield _rigfetch(
+            script,
+            encode_manifest(fetch),
+            [*options, "--serve-manifest-b64", QuoteString(encode_manifest(serve_manifest)), *serve_options],
+            stdin,
+        )
+    elif fetch_work:
+        yield _rigfetch(script, encode_manifest(fetch), options, stdin)
+    else:
+        yield _rigfetch(script, encode_manifest(serve_manifest), ["--serve", *serve_options], stdin)
+

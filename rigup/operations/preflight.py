@@ -1,0 +1,109 @@
+"""The preflight gate as operations: run the checks of rigup/checks/preflight.py and fail the host on
+any failure (again after a new driver is loaded), before anything changes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyinfra import host, logger, state
+from pyinfra.api import FunctionCommand, operation
+
+from rigup.checks.preflight import Check, failures, gather, host_recipe, run_checks
+from rigup.facts.gpu import GpuTopology
+
+
+def _fail_host(state: Any, host: Any, title: str, lines: list[str]) -> bool:
+    """FunctionCommand body: log why in red and fail this host (returning False)."""
+    # pyinfra passes state and host only to functions whose parameters have exactly these names.
+    host.log_styled(title, fg="red", bold=True, log_func=logger.error)
+    for line in lines:
+        host.log_styled(f"  {line}", fg="red", log_func=logger.error)
+    return False
+
+
+def preflight_report(target: Any) -> list[Check]:
+    """Every preflight check for `target` (a pyinfra Host), from facts read now: the recipe is the
+    one the later phases build (rigup.desired.plan.locked_recipe with the host's GPU topology)."""
+    data = target.data.dict()
+    topology = target.get_fact(GpuTopology)
+    built = host_recipe(data, target.name, topology)
+    facts = gather(lambda cls, **kw: target.get_fact(cls, **kw), data, built.recipe, topology)
+    return run_checks(facts, built.recipe, data, built.error, built.lock_problem)
+
+
+@operation()
+def preflight_checks():
+    """
+    Fail this host before anything changes when a preflight check fails; no-op when all pass.
+
+    Reads the facts rigup.checks.preflight needs (OS, GPUs, driver packages and module, Secure Boot, disk,
+    Docker, GPU memory in use, driver CUDA version, GPU topology) and the host's recipe. Failed checks
+    of severity "error" fail the host (not the run) with one line per check naming the host, the key
+    and the fix; warnings are logged.
+
+    **Example:**
+
+    .. code:: python
+
+        hostops.preflight_checks(name="Run preflight checks")
+    """
+    checks = preflight_report(host)
+    failed = failures(checks)
+    warnings = [c for c in checks if not c.ok and not c.failed]
+    if state.is_executing:
+        for check in warnings:
+            host.log_styled(f"preflight warning: {check.describe(host.name)}", fg="yellow", log_func=logger.warning)
+    if not failed:
+        host.noop(f"preflight: {len(checks) - len(warnings)} of {len(checks)} checks passed, {len(warnings)} warned, none failed")
+        return
+    lines = [c.describe(host.name) for c in failed]
+    if not state.is_executing:
+        # Shown in the change table of `pyinfra ... --dry` before anything runs.
+        for line in lines:
+            logger.warning(f"[{host.name}] preflight will fail: {line}")
+    yield FunctionCommand(_fail_host, (f"preflight failed ({len(failed)} checks)", lines), {})
+
+
+def _preflight_now(state: Any, host: Any) -> bool:
+    checks = preflight_report(host)
+    failed = failures(checks)
+    for check in checks:
+        if not check.ok and not check.failed:
+            host.log_styled(f"preflight warning: {check.describe(host.name)}", fg="yellow", log_func=logger.warning)
+    if failed:
+        return _fail_host(
+            state, host, f"preflight failed with the driver loaded ({len(failed)} checks)", [c.describe(host.name) for c in failed]
+        )
+    host.log_styled(f"preflight with the driver loaded: {len(checks)} checks passed", fg="green", log_func=logger.info)
+    return True
+
+
+@operation()
+def preflight_after_driver():
+    """
+    Run every preflight check again from facts read now, and fail this host when one fails.
+
+    Before the driver is loaded preflight knows the GPUs from lspci only: VRAM of cards whose PCI id
+    is shared by boards of several memory sizes, compute capability of unknown cards, power limits
+    and the driver's CUDA version wait for nvidia-smi. Run it ``_if`` the driver operation changed
+    the host (it rebooted onto a new driver), before Docker, sources and the model are set up.
+
+    **Example:**
+
+    .. code:: python
+
+        hostops.preflight_after_driver(name="Re-run preflight with the new driver loaded", _if=driver.did_change)
+    """
+    yield FunctionCommand(_preflight_now, (), {})
+
+
+def fleet_value(name: str, default: int, inventory: Any) -> int:
+    """The smallest value of an integer knob over the inventory: execution arguments such as
+    _parallel must be the same on every host, and the strictest setting wins."""
+    values = []
+    for h in inventory:
+        value = h.data.get(name, default)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            values.append(value)
+    return min(values) if values else default
+

@@ -1,0 +1,281 @@
+"""Operations of the serving task (tasks/serving.py): the 0600 secret file, the one-variant rule, the
+image pull, and the health gate that runs on the rig through rigup-servingctl (rigup/rig/servingctl.py)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
+from pyinfra.api.hiddenvalue import HiddenValue
+
+from rigup.desired.recipe import Recipe
+from rigup.facts.docker import DockerImageId
+from rigup.facts.serving import RigupVariantUnits, SecretFileState, ServingStatus
+
+CTL_NAME = "rigup-servingctl"
+
+
+# Gate budget when serving_health_timeout_s is None: a base for container start, CUDA init and
+# graph capture, plus a load time per GB of weights (a cold page cache reads ~100-400 MB/s from
+# SATA/NVMe on consumer rigs), plus the pip install a Genesis entrypoint runs on every start.
+HEALTH_BASE_S = 300
+
+
+HEALTH_PER_GB_S = 30
+
+
+HEALTH_GENESIS_S = 120
+
+
+def health_timeout_s(recipe: Recipe, override: float | int | None) -> int:
+    """Seconds the gate waits for the model: the knob when set, else scaled with the weights' size."""
+    if override is not None:
+        if isinstance(override, bool) or not isinstance(override, (int, float)) or override <= 0:
+            raise ValueError(f"serving_health_timeout_s must be a positive number, got {override!r}")
+        return int(math.ceil(override))
+    weights_gb = sum(m.approx_size_gb for m in recipe.models)
+    return int(HEALTH_BASE_S + math.ceil(HEALTH_PER_GB_S * weights_gb) + (HEALTH_GENESIS_S if recipe.genesis else 0))
+
+
+def ctl_path(install_root: str) -> str:
+    return f"{install_root.rstrip('/')}/bin/{CTL_NAME}"
+
+
+@operation()
+def secret_file(path: str, content: HiddenValue | str, mode: str = "600"):
+    """
+    Write a file holding secrets, owned by root, readable by root only.
+
+    + path: file on the rig
+    + content: full text (a ``HiddenValue`` keeps it out of pyinfra's output); must end in a newline
+    + mode: octal mode, ``600`` by default
+
+    The text travels on the command's stdin into a temporary file created under ``umask 077`` in
+    the target's directory, then is renamed over ``path``: unlike ``files.put`` it never sits in
+    /tmp or at ``path`` with a wider mode, and ``--diff`` never prints it.
+
+    **Example:**
+
+    .. code:: python
+
+        secret_file(
+            name="Write the variant's environment file",
+            path="/opt/rigup/variants/dual/.env",
+            content=HiddenValue(env_text),
+        )
+    """
+    import hashlib
+
+    text = content.unmask() if isinstance(content, HiddenValue) else content
+    if not text.endswith("\n"):
+        raise OperationValueError("secret_file content must end with a newline")
+    if not mode.isdigit() or len(mode.lstrip("0")) > 3:
+        raise OperationValueError(f"mode must be octal digits like 600, got {mode!r}")
+    wanted_mode = mode.lstrip("0") or "0"
+    wanted_sha = hashlib.sha256(text.encode()).hexdigest()
+    current = host.get_fact(SecretFileState, path=path)
+    if current is not None and current["sha256"] == wanted_sha and current["mode"] == wanted_mode and current["owner"] == "root:root":
+        host.noop(f"secret file {path} is up to date")
+        return
+    if current is not None and current["sha256"] == wanted_sha:
+        yield StringCommand("chown root:root", QuoteString(path), "&& chmod", wanted_mode, QuoteString(path))
+        return
+    yield StringCommand(
+        "umask 077 && tmp=$(mktemp", StringCommand(QuoteString(path), ".XXXXXX)", _separator=""),
+        '&& cat > "$tmp" && chown root:root "$tmp" && chmod', wanted_mode, '"$tmp" && mv -f "$tmp"', QuoteString(path),
+        _stdin=text,
+    )
+
+
+@operation()
+def sole_variant(unit: str, install_root: str):
+    """
+    Stop and disable every rigup variant unit other than ``unit``: one variant owns the GPUs.
+
+    + unit: the variant unit that stays, e.g. ``rigup-dual.service``
+    + install_root: rigup's directory on the rig (variant units have a directory under it)
+
+    **Example:**
+
+    .. code:: python
+
+        sole_variant(
+            name="Stop other rigup variants",
+            unit="rigup-dual.service",
+            install_root="/opt/rigup",
+        )
+    """
+    units = host.get_fact(RigupVariantUnits, install_root=install_root)
+    others = [u for u, s in sorted(units.items()) if u != unit and (s["enabled"] or s["active"])]
+    if not others:
+        host.noop(f"no rigup variant other than {unit} is enabled or running")
+        return
+    for other in others:
+        yield StringCommand("systemctl disable --now", QuoteString(other))
+
+
+@operation()
+def image_pulled(ref: str):
+    """
+    Pull a container image unless it is already present, so a restart does not wait for a pull.
+
+    + ref: full reference, ``registry/repository:tag[@sha256:digest]``
+
+    **Example:**
+
+    .. code:: python
+
+        image_pulled(name="Pull the vLLM image", ref="docker.io/vllm/vllm-openai:v0.21.0")
+    """
+    image_id = host.get_fact(DockerImageId, ref=ref)
+    if image_id is not None:
+        host.noop(f"image {ref} is present ({image_id[:19]})")
+        return
+    yield StringCommand("docker pull --quiet", QuoteString(ref))
+
+
+@operation()
+def variant_service(ctl: str, release: str, unit: str):
+    """
+    Run the variant's unit on the files on disk: started, enabled, restarted only when stale.
+
+    + ctl: path of rigup-servingctl on the rig
+    + release: the variant's release.json on the rig
+    + unit: the variant's unit, e.g. ``rigup-dual.service``
+
+    Decisions come from the rig, not from what this run uploaded, so a run interrupted between
+    writing the files and restarting is finished by the next one:
+
+    + ``systemctl daemon-reload`` only when systemd reports the unit file changed on disk
+      (NeedDaemonReload) or has never loaded it; a reload can detach GPUs from running containers
+      (NVIDIA/nvidia-container-toolkit#48), so it is never done otherwise
+    + ``systemctl restart`` only when compose.yaml, .env, release.json or the unit changed after
+      the service's main process started; ``start`` when it is not running (both after
+      ``reset-failed``: earlier crash loops must not leave a deliberate start refused by the
+      unit's start limit)
+    + ``systemctl enable`` when it is not enabled at boot
+
+    **Example:**
+
+    .. code:: python
+
+        variant_service(
+            name="Run the variant on its current files",
+            ctl="/opt/rigup/bin/rigup-servingctl",
+            release="/opt/rigup/variants/dual/release.json",
+            unit="rigup-dual.service",
+        )
+    """
+    status = host.get_fact(ServingStatus, ctl=ctl, release=release)
+    if status.get("release_present") and status.get("unit") != unit:
+        raise OperationValueError(f"{release} is for {status.get('unit')}, not {unit}")
+    changed = False
+    if status.get("need_daemon_reload"):
+        yield StringCommand("systemctl daemon-reload")
+        changed = True
+    active = status.get("active")
+    running = active in ("active", "activating", "reloading")
+    if not running or status.get("stale"):
+        if running or active == "failed":
+            # Earlier crash loops (a failed upgrade, its rollback) count against the unit's start
+            # limit (StartLimitBurst); a deliberate (re)start must not be refused for them. Only a
+            # loaded unit has a counter: inactive units are unloaded, and reset-failed fails on those.
+            yield StringCommand("systemctl reset-failed", QuoteString(unit))
+        yield StringCommand("systemctl", "restart" if running else "start", QuoteString(unit))
+        changed = True
+    if status.get("enabled") not in ("enabled", "enabled-runtime"):
+        yield StringCommand("systemctl enable", QuoteString(unit))
+        changed = True
+    if not changed:
+        host.noop(f"{unit} is {active}, enabled, and started after its files last changed")
+
+
+def _gate_command(ctl: str, release: str, timeout_s: int, keep: int, rollback: bool) -> StringCommand:
+    parts: list[Any] = [
+        "python3", QuoteString(ctl), "gate", "--release", QuoteString(release),
+        "--timeout", str(int(timeout_s)), "--keep", str(int(keep)),
+    ]
+    if not rollback:
+        parts.append("--no-rollback")
+    return StringCommand(*parts)
+
+
+def _check_gate_args(timeout_s: int, keep: int) -> None:
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int) or timeout_s <= 0:
+        raise OperationValueError(f"timeout_s must be a positive integer, got {timeout_s!r}")
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise OperationValueError(f"keep must be at least 1, got {keep!r}")
+
+
+@operation(is_idempotent=False, idempotent_notice="Gate it with _if on the operations that restart the service.")
+def health_gate(ctl: str, release: str, timeout_s: int, keep: int = 2, rollback: bool = True):
+    """
+    Wait for the served model, run one deterministic chat completion, record the generation.
+
+    + ctl: path of rigup-servingctl on the rig
+    + release: the variant's release.json on the rig
+    + timeout_s: seconds to wait for ``/v1/models`` to list the served model
+    + keep: generations to keep for rollback (current + previous = 2)
+    + rollback: on failure, restore the last good generation, restart and gate it again
+
+    Fails the host when the gate fails, with the unit's last 40 log lines, and says whether the
+    last good generation was restored ("FAILED and ROLLED BACK") or could not be.
+
+    **Example:**
+
+    .. code:: python
+
+        health_gate(
+            name="Health-gate the restarted service",
+            ctl="/opt/rigup/bin/rigup-servingctl",
+            release="/opt/rigup/variants/dual/release.json",
+            timeout_s=900,
+            _if=restart.did_change,
+        )
+    """
+    _check_gate_args(timeout_s, keep)
+    yield _gate_command(ctl, release, timeout_s, keep, rollback)
+
+
+@operation()
+def serving_verified(ctl: str, release: str, timeout_s: int, keep: int = 2, rollback: bool = True):
+    """
+    Make sure the variant serves the release it was last gated with; gate it when it does not.
+
+    + ctl: path of rigup-servingctl on the rig
+    + release: the variant's release.json on the rig
+    + timeout_s: seconds the gate waits for the served model
+    + keep: generations to keep for rollback
+    + rollback: roll back when the gate fails
+
+    Converged means: the unit is active, ``/v1/models`` lists the served model, and provenance.json
+    records this exact release as having passed the gate. Anything else (a crashed service, a
+    deploy interrupted between restart and gate) runs the full gate.
+
+    **Example:**
+
+    .. code:: python
+
+        serving_verified(
+            name="Ensure the variant serves its recorded release",
+            ctl="/opt/rigup/bin/rigup-servingctl",
+            release="/opt/rigup/variants/dual/release.json",
+            timeout_s=900,
+        )
+    """
+    _check_gate_args(timeout_s, keep)
+    status = host.get_fact(ServingStatus, ctl=ctl, release=release)
+    recorded = status.get("provenance") or {}
+    if (
+        status.get("serving")
+        and recorded.get("gate_result") == "passed"
+        and recorded.get("release_sha256") == status.get("release_sha256")
+    ):
+        host.noop(
+            f"{status.get('unit')} serves {status.get('models')} as recorded (generation {recorded.get('generation')})"
+        )
+        return
+    yield _gate_command(ctl, release, timeout_s, keep, rollback)
+

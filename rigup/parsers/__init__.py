@@ -1,0 +1,1 @@
+"""Pure parsers by the tool whose output they read (captures in tests/fixtures/ and ../shared/fixtures/)."""

@@ -1,0 +1,6 @@
+"""Scripts that run on a rig: Python 3 standard library only, uploaded by the tasks."""
+
+from pathlib import Path
+
+RIGFETCH_SCRIPT = Path(__file__).with_name("rigfetch.py")
+SERVINGCTL_SCRIPT = Path(__file__).with_name("servingctl.py")

@@ -1,0 +1,1271 @@
+#!/usr/bin/env python3
+"""rigfetch: put locked model files on a rig, verified by SHA-256. Python 3 standard library only.
+
+rigup uploads this file to {install_root}/bin/rigfetch.py and runs it on the rig (Ubuntu's python3;
+no pip packages). The control machine builds the manifest from the lock file; this script never
+decides what the right bytes are, it only makes the disk match the manifest.
+
+Modes:
+  rigfetch.py --manifest M.json --check     read stamps only; print what needs work (JSON); no writes
+  rigfetch.py --manifest M.json             fetch/verify until every file matches; print counters (JSON)
+  rigfetch.py --manifest M.json --serve     serve verified files read-only to fleet peers over HTTP
+
+Manifest (JSON; --manifest PATH or --manifest-b64 <urlsafe base64 of zlib-compressed JSON>):
+  {"version": 1, "state_dir": "/opt/rigup/state", "reserve_bytes": 0,
+   "models": [{"name": "qwen3.6-27b-dflash", "dir": "/opt/rigup/models/qwen3.6-27b-dflash",
+               "hub_url": "https://huggingface.co/z-lab/Qwen3.6-27B-DFlash/resolve/<commit>/",
+               "peer_url": "http://10.0.0.11:8765/qwen3.6-27b-dflash/" or null,
+               "files": [{"path": "config.json", "size": 1234, "sha256": "<64 hex>"}]}]}
+
+How it stays cheap and safe:
+  * A verified file gets a stamp (size, mtime_ns, inode, sha256) in {state_dir}/model-stamps.json.
+    A file whose stat still matches its stamp is trusted without reading it (--reverify re-hashes).
+  * Downloads go to .<name>.rigfetch-part next to the target (same file system), hash while
+    streaming, resume with an HTTP Range request, and are renamed into place only after the
+    SHA-256 matches. A mismatch deletes the part file and retries (--retries), then fails naming
+    the file and both hashes.
+  * Files that exist but are not stamped (or --reverify) are hashed in parallel, one thread per
+    core (hashlib releases the GIL); only mismatching ones are downloaded again.
+  * Secrets (HF token, fleet token) arrive as one JSON line on stdin (--secrets-stdin), never on
+    the command line, never in the log.
+Progress (bytes, rate, ETA) goes to stderr and to {state_dir}/fetch.log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import concurrent.futures
+import errno
+import fcntl
+import hashlib
+import hmac
+import http.client
+import http.server
+import json
+import os
+import re
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import zlib
+from typing import Any, Callable
+
+SCRIPT_VERSION = 1
+STAMPS_FILE = "model-stamps.json"
+LOG_FILE = "fetch.log"
+REPORT_FILE = "fetch-report.json"
+LOCK_FILE = "fetch.lock"
+PART_SUFFIX = ".rigfetch-part"
+HASH_BLOCK = 8 << 20  # 8 MiB reads: large enough that the per-call overhead vanishes
+NET_BLOCK = 1 << 20
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+USER_AGENT = "rigup-rigfetch/%d" % SCRIPT_VERSION
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_DISK = 3
+
+
+class ManifestError(ValueError):
+    pass
+
+
+class FetchError(Exception):
+    """A file could not be fetched; the message is meant for the user."""
+
+
+class TransientError(Exception):
+    """Network trouble worth resuming after (connection reset, short read, 5xx)."""
+
+
+class MismatchError(Exception):
+    """The bytes a source sent are not the locked bytes (hash, size or length mismatch)."""
+
+
+class SourceRefused(Exception):
+    """A source answered with an error that retrying will not fix (401/403/404)."""
+
+
+# ------------------------------------------------------------------------------------------
+# manifest
+
+
+def load_manifest(path: str | None, b64: str | None) -> dict:
+    if (path is None) == (b64 is None):
+        raise ManifestError("give exactly one of --manifest and --manifest-b64")
+    try:
+        if path is not None:
+            with open(path, "rb") as handle:
+                raw = handle.read()
+        else:
+            raw = zlib.decompress(base64.urlsafe_b64decode(b64.encode("ascii")))
+        manifest = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError, zlib.error) as exc:
+        raise ManifestError("cannot read manifest: %s" % exc)
+    validate_manifest(manifest)
+    return manifest
+
+
+def encode_manifest(manifest: dict) -> str:
+    """The --manifest-b64 form (also used by rigup on the control machine)."""
+    raw = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    return base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode("ascii")
+
+
+def validate_manifest(manifest: object) -> None:
+    if not isinstance(manifest, dict) or manifest.get("version") != 1:
+        raise ManifestError("manifest must be an object with version 1")
+    state_dir = manifest.get("state_dir")
+    if not isinstance(state_dir, str) or not os.path.isabs(state_dir):
+        raise ManifestError("state_dir must be an absolute path")
+    models = manifest.get("models")
+    if not isinstance(models, list):
+        raise ManifestError("models must be a list")
+    names = set()
+    dests = set()
+    for model in models:
+        if not isinstance(model, dict):
+            raise ManifestError("each model must be an object")
+        name = model.get("name")
+        if not isinstance(name, str) or not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", name):
+            raise ManifestError("bad model name %r" % (name,))
+        if name in names:
+            raise ManifestError("model %s listed twice" % name)
+        names.add(name)
+        directory = model.get("dir")
+        if not isinstance(directory, str) or not os.path.isabs(directory):
+            raise ManifestError("%s: dir must be an absolute path" % name)
+        for key in ("hub_url", "peer_url"):
+            url = model.get(key)
+            if url is None and key == "peer_url":
+                continue
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")) or not url.endswith("/"):
+                raise ManifestError("%s: %s must be an http(s) URL ending in /" % (name, key))
+        files = model.get("files")
+        if not isinstance(files, list) or not files:
+            raise ManifestError("%s: files must be a non-empty list" % name)
+        for entry in files:
+            if not isinstance(entry, dict):
+                raise ManifestError("%s: each file must be an object" % name)
+            rel = entry.get("path")
+            if not isinstance(rel, str) or not safe_relpath(rel):
+                raise ManifestError("%s: unsafe file path %r" % (name, rel))
+            size = entry.get("size")
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise ManifestError("%s/%s: size must be a non-negative integer" % (name, rel))
+            digest = entry.get("sha256")
+            if not isinstance(digest, str) or not SHA256_RE.match(digest):
+                raise ManifestError("%s/%s: sha256 must be 64 lowercase hex digits" % (name, rel))
+            dest = os.path.join(directory, rel)
+            if dest in dests:
+                raise ManifestError("%s listed twice" % dest)
+            dests.add(dest)
+
+
+def safe_relpath(rel: str) -> bool:
+    if not rel or rel.startswith("/") or "\\" in rel or "\x00" in rel:
+        return False
+    parts = rel.split("/")
+    return all(part not in ("", ".", "..") for part in parts) and not parts[-1].endswith(PART_SUFFIX)
+
+
+# ------------------------------------------------------------------------------------------
+# logging and counters
+
+
+class Log:
+    """Progress lines to stderr and to the log file the user can tail. Never gets secrets."""
+
+    def __init__(self, path: str | None, quiet: bool = False) -> None:
+        self.lock = threading.Lock()
+        self.quiet = quiet
+        self.handle = None
+        if path is not None:
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                self.handle = open(path, "a", buffering=1)
+            except OSError as exc:
+                sys.stderr.write("rigfetch: cannot open log %s: %s\n" % (path, exc))
+
+    def __call__(self, message: str) -> None:
+        line = "%s %s" % (time.strftime("%Y-%m-%dT%H:%M:%S"), message)
+        with self.lock:
+            if not self.quiet:
+                sys.stderr.write("rigfetch: %s\n" % message)
+                sys.stderr.flush()
+            if self.handle is not None:
+                self.handle.write(line + "\n")
+
+    def error(self, message: str) -> None:
+        """Always on stderr (also with --quiet): pyinfra shows a failed command's stderr."""
+        line = "%s ERROR %s" % (time.strftime("%Y-%m-%dT%H:%M:%S"), message)
+        with self.lock:
+            sys.stderr.write("rigfetch: ERROR %s\n" % message)
+            sys.stderr.flush()
+            if self.handle is not None:
+                self.handle.write(line + "\n")
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+
+
+class Counters:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.values = {
+            "files": 0,
+            "files_stamped": 0,  # trusted from a valid stamp: not read
+            "files_verified": 0,  # already on disk, hashed, matched
+            "files_downloaded": 0,
+            "files_failed": 0,
+            "files_pruned": 0,
+            "bytes_hashed": 0,  # bytes read from disk to hash (existing files and resumed parts)
+            "bytes_downloaded": 0,  # bytes received over the network (all sources)
+            "bytes_from_hub": 0,
+            "bytes_from_peer": 0,
+            "bytes_streamed_hashed": 0,  # bytes hashed while they arrived
+            "hash_mismatches": 0,
+            "resumes": 0,
+        }
+
+    def add(self, key: str, amount: int = 1) -> None:
+        with self.lock:
+            self.values[key] += amount
+
+    def get(self, key: str) -> int:
+        with self.lock:
+            return self.values[key]
+
+    def snapshot(self) -> dict:
+        with self.lock:
+            return dict(self.values)
+
+
+def human_bytes(count: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(count) < 1000 or unit == "TB":
+            return ("%d %s" % (count, unit)) if unit == "B" else ("%.1f %s" % (count, unit))
+        count /= 1000.0
+    return "%d B" % count  # pragma: no cover
+
+
+def human_seconds(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return "%dh%02dm" % (seconds // 3600, seconds % 3600 // 60)
+    if seconds >= 60:
+        return "%dm%02ds" % (seconds // 60, seconds % 60)
+    return "%ds" % seconds
+
+
+# ------------------------------------------------------------------------------------------
+# stamps
+
+
+class Stamps:
+    """Verified-file stamps: {dest: {size, mtime_ns, ino, sha256, verified_at}} in one JSON file."""
+
+    def __init__(self, state_dir: str, log: Log | None = None) -> None:
+        self.path = os.path.join(state_dir, STAMPS_FILE)
+        self.lock = threading.Lock()
+        self.entries: dict = {}
+        try:
+            with open(self.path, "r") as handle:
+                data = json.load(handle)
+            if isinstance(data, dict) and isinstance(data.get("files"), dict):
+                self.entries = data["files"]
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError) as exc:
+            # A damaged stamp file only costs a re-hash; never trust half of it.
+            if log is not None:
+                log("stamp file %s unreadable (%s): every file will be hashed" % (self.path, exc))
+            self.entries = {}
+
+    def valid(self, dest: str, st: os.stat_result, sha256: str, size: int) -> bool:
+        entry = self.entries.get(dest)
+        return (
+            isinstance(entry, dict)
+            and entry.get("sha256") == sha256
+            and entry.get("size") == size == st.st_size
+            and entry.get("mtime_ns") == st.st_mtime_ns
+            and entry.get("ino") == st.st_ino
+        )
+
+    def put(self, dest: str, st: os.stat_result, sha256: str) -> None:
+        with self.lock:
+            self.entries[dest] = {
+                "size": st.st_size,
+                "mtime_ns": st.st_mtime_ns,
+                "ino": st.st_ino,
+                "sha256": sha256,
+                "verified_at": int(time.time()),
+            }
+            self._save()
+
+    def drop(self, dest: str) -> None:
+        with self.lock:
+            if self.entries.pop(dest, None) is not None:
+                self._save()
+
+    def _save(self) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as handle:
+            json.dump({"version": 1, "files": self.entries}, handle, sort_keys=True, indent=1)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, self.path)
+
+
+# ------------------------------------------------------------------------------------------
+# planning (shared by --check and fetch)
+
+
+class Item:
+    __slots__ = ("model", "rel", "dest", "part", "size", "sha256", "action", "part_size", "url_hub", "url_peer")
+
+    def __init__(self, model: dict, entry: dict) -> None:
+        self.model = model["name"]
+        self.rel = entry["path"]
+        self.dest = os.path.join(model["dir"], entry["path"])
+        directory, base = os.path.split(self.dest)
+        self.part = os.path.join(directory, "." + base + PART_SUFFIX)
+        self.size = entry["size"]
+        self.sha256 = entry["sha256"]
+        quoted = urllib.parse.quote(entry["path"], safe="/")
+        self.url_hub = model["hub_url"] + quoted
+        self.url_peer = (model["peer_url"] + quoted) if model.get("peer_url") else None
+        self.action = "fetch"
+        self.part_size = 0
+
+    @property
+    def label(self) -> str:
+        return "%s/%s" % (self.model, self.rel)
+
+
+def plan(manifest: dict, stamps: Stamps, reverify: bool) -> tuple:
+    """Classify every file: ok (valid stamp), verify (on disk, hash it), fetch (missing/wrong size).
+
+    Also returns stamped files under the manifest's model dirs that the manifest no longer lists
+    (left behind by an older lock): they are ours to remove.
+    """
+    items = []
+    wanted = set()
+    for model in manifest["models"]:
+        for entry in model["files"]:
+            item = Item(model, entry)
+            wanted.add(item.dest)
+            try:
+                st = os.stat(item.dest)
+            except FileNotFoundError:
+                st = None
+            if st is not None and not _is_regular(st):
+                item.action = "fetch"
+            elif st is not None and not reverify and stamps.valid(item.dest, st, item.sha256, item.size):
+                item.action = "ok"
+            elif st is not None and st.st_size == item.size:
+                item.action = "verify"
+            else:
+                item.action = "fetch"
+            if item.action == "fetch":
+                try:
+                    item.part_size = os.stat(item.part).st_size
+                except FileNotFoundError:
+                    item.part_size = 0
+            items.append(item)
+    dirs = tuple(model["dir"].rstrip("/") + "/" for model in manifest["models"])
+    prune = sorted(
+        dest
+        for dest in stamps.entries
+        if dest not in wanted and dest.startswith(dirs) and os.path.lexists(dest)
+    )
+    return items, prune
+
+
+def _is_regular(st: os.stat_result) -> bool:
+    import stat as stat_module
+
+    return stat_module.S_ISREG(st.st_mode)
+
+
+def check_report(manifest: dict, items: list, prune: list) -> dict:
+    work = [
+        {"path": item.dest, "action": item.action, "size": item.size, "part_size": item.part_size}
+        for item in items
+        if item.action != "ok"
+    ]
+    return {
+        "script_version": SCRIPT_VERSION,
+        "files": len(items),
+        "ok": sum(1 for item in items if item.action == "ok"),
+        "work": work,
+        "prune": prune,
+        "download_bytes": sum(i.size - min(i.part_size, i.size) for i in items if i.action == "fetch"),
+        "hash_bytes": sum(i.size for i in items if i.action == "verify"),
+    }
+
+
+# ------------------------------------------------------------------------------------------
+# hashing
+
+
+def hash_file(
+    path: str,
+    counters: Counters | None = None,
+    hasher: Any = None,
+    limit: int | None = None,
+    on_bytes: Callable[[int], None] | None = None,
+) -> Any:
+    """SHA-256 of a file (or its first `limit` bytes), read in large blocks; returns the hasher.
+
+    `on_bytes(n)` is called after each block (progress reporting)."""
+    hasher = hasher if hasher is not None else hashlib.sha256()
+    buffer = bytearray(HASH_BLOCK)
+    view = memoryview(buffer)
+    remaining = limit
+    with open(path, "rb", buffering=0) as handle:
+        try:
+            os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        except (AttributeError, OSError):
+            pass
+        while remaining is None or remaining > 0:
+            want = HASH_BLOCK if remaining is None else min(HASH_BLOCK, remaining)
+            count = handle.readinto(view[:want])
+            if not count:
+                break
+            hasher.update(view[:count])
+            if counters is not None:
+                counters.add("bytes_hashed", count)
+            if on_bytes is not None:
+                on_bytes(count)
+            if remaining is not None:
+                remaining -= count
+    return hasher
+
+
+# ------------------------------------------------------------------------------------------
+# fetching
+
+
+class Progress:
+    """Bytes still to download, per active file, for the periodic progress line."""
+
+    def __init__(self, total: int, verb: str = "downloaded") -> None:
+        self.lock = threading.Lock()
+        self.verb = verb
+        self.total = total
+        self.done = 0
+        self.active: dict = {}
+        self.started = time.monotonic()
+        self.window: list = [(self.started, 0)]
+
+    def add(self, label: str, amount: int, file_done: int, file_size: int) -> None:
+        with self.lock:
+            self.done += amount
+            self.active[label] = (file_done, file_size)
+
+    def finish(self, label: str) -> None:
+        with self.lock:
+            self.active.pop(label, None)
+
+    def line(self) -> str:
+        with self.lock:
+            now = time.monotonic()
+            self.window.append((now, self.done))
+            self.window = [(t, d) for (t, d) in self.window if now - t <= 20.0] or [(now, self.done)]
+            t0, d0 = self.window[0]
+            rate = (self.done - d0) / (now - t0) if now > t0 else 0.0
+            left = max(self.total - self.done, 0)
+            eta = human_seconds(left / rate) if rate > 0 else "?"
+            pct = (100.0 * self.done / self.total) if self.total else 100.0
+            files = ", ".join(
+                "%s %d%%" % (label.rsplit("/", 1)[-1], 100 * d // s if s else 100)
+                for label, (d, s) in sorted(self.active.items())
+            )
+            return "progress: %s %s / %s (%.0f%%) at %s/s, ETA %s%s" % (
+                self.verb,
+                human_bytes(self.done),
+                human_bytes(self.total),
+                pct,
+                human_bytes(rate),
+                eta,
+                ("; " + files) if files else "",
+            )
+
+
+class Partial:
+    """A part file being downloaded: the running hash of its first `have` bytes."""
+
+    __slots__ = ("hasher", "have", "valid")
+
+    def __init__(self) -> None:
+        self.reset()
+        self.valid = False
+
+    def reset(self) -> None:
+        self.hasher = hashlib.sha256()
+        self.have = 0
+        self.valid = False
+
+
+class Fetcher:
+    def __init__(self, manifest: dict, args: argparse.Namespace, secrets: dict, log: Log) -> None:
+        self.manifest = manifest
+        self.args = args
+        self.log = log
+        self.hf_token = secrets.get("hf_token") or None
+        self.fleet_token = secrets.get("fleet_token") or None
+        self.counters = Counters()
+        self.stamps = Stamps(manifest["state_dir"], log)
+        self.failures: list = []
+        self.failures_lock = threading.Lock()
+        self.peer_lock = threading.Lock()
+        self.peer_ok: dict = {}  # peer base URL -> True (answered ping) / False (given up)
+        self.peer_silent: set = set()  # peers that never answered a ping
+        self.stop = threading.Event()
+        self.progress: Progress | None = None
+
+    # -- entry point ---------------------------------------------------------------------
+    def run(self) -> int:
+        started = time.monotonic()
+        items, prune = plan(self.manifest, self.stamps, self.args.reverify)
+        self.counters.add("files", len(items))
+        self.counters.add("files_stamped", sum(1 for i in items if i.action == "ok"))
+        for dest in prune:
+            self._prune(dest)
+        todo_verify = [i for i in items if i.action == "verify"]
+        todo_fetch = [i for i in items if i.action == "fetch"]
+        self.log(
+            "%d files: %d stamped, %d to hash, %d to download%s"
+            % (
+                len(items),
+                len(items) - len(todo_verify) - len(todo_fetch),
+                len(todo_verify),
+                len(todo_fetch),
+                (" (reverify)" if self.args.reverify else ""),
+            )
+        )
+        with_work = todo_verify + todo_fetch
+        try:
+            code = self._check_disk(todo_fetch)
+            if code != EXIT_OK:
+                return code
+            if todo_verify:
+                mismatched = self._verify(todo_verify)
+                todo_fetch.extend(mismatched)
+            if todo_fetch:
+                self._download_all(todo_fetch)
+        finally:
+            self._tell_peers_done(with_work)
+        return self._finish(started)
+
+    def _finish(self, started: float) -> int:
+        report = self.counters.snapshot()
+        report["elapsed_s"] = round(time.monotonic() - started, 3)
+        report["failures"] = list(self.failures)
+        report["script_version"] = SCRIPT_VERSION
+        report["ok"] = not self.failures
+        try:
+            path = self.args.report or os.path.join(self.manifest["state_dir"], REPORT_FILE)
+            tmp = path + ".tmp"
+            with open(tmp, "w") as handle:
+                json.dump(report, handle, sort_keys=True, indent=1)
+            os.replace(tmp, path)
+        except OSError as exc:
+            self.log("cannot write report: %s" % exc)
+        sys.stdout.write(json.dumps(report, sort_keys=True) + "\n")
+        sys.stdout.flush()
+        if self.failures:
+            for failure in self.failures:
+                self.log.error(failure)
+            return EXIT_FAILED
+        self.log(
+            "done: %d files ok; %s downloaded (%s from a fleet peer), %s hashed from disk, %.1fs"
+            % (
+                report["files"],
+                human_bytes(report["bytes_downloaded"]),
+                human_bytes(report["bytes_from_peer"]),
+                human_bytes(report["bytes_hashed"]),
+                report["elapsed_s"],
+            )
+        )
+        return EXIT_OK
+
+    def _fail(self, message: str) -> None:
+        with self.failures_lock:
+            self.failures.append(message)
+        self.counters.add("files_failed")
+
+    def _prune(self, dest: str) -> None:
+        try:
+            os.unlink(dest)
+            self.log("removed %s (no longer in the lock)" % dest)
+            self.counters.add("files_pruned")
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            self.log("cannot remove %s: %s" % (dest, exc))
+        self.stamps.drop(dest)
+
+    # -- disk space ----------------------------------------------------------------------
+    def _check_disk(self, items: list) -> int:
+        needed: dict = {}
+        for item in items:
+            directory = os.path.dirname(item.dest)
+            os.makedirs(directory, exist_ok=True)
+            dev = os.stat(directory).st_dev
+            path, amount = needed.get(dev, (directory, 0))
+            # Files to verify are not counted: they are usually right, and a wrong one is
+            # caught by ENOSPC with a clear message rather than refusing a re-verify on a full disk.
+            amount += item.size - min(item.part_size, item.size)
+            needed[dev] = (path, amount)
+        reserve = int(self.manifest.get("reserve_bytes") or 0)
+        for path, amount in needed.values():
+            vfs = os.statvfs(path)
+            free = vfs.f_bavail * vfs.f_frsize
+            if amount + reserve > free:
+                message = (
+                    "not enough disk space for the model files on the file system of %s: need %s "
+                    "(+ %s reserve), %s free" % (path, human_bytes(amount), human_bytes(reserve), human_bytes(free))
+                )
+                self.failures.append(message)
+                self._finish(time.monotonic())
+                return EXIT_DISK
+        return EXIT_OK
+
+    # -- verify files already on disk ----------------------------------------------------
+    def _verify(self, items: list) -> list:
+        jobs = max(1, min(self.args.hash_jobs or os.cpu_count() or 1, len(items)))
+        total = sum(item.size for item in items)
+        self.log("hashing %d files (%s) with %d threads" % (len(items), human_bytes(total), jobs))
+        mismatched = []
+        self.progress = Progress(total, verb="hashed")
+        reporter = threading.Thread(target=self._report_progress, daemon=True)
+        reporter.start()
+        try:
+            results = self._verify_pool(items, jobs)
+        finally:
+            self.stop.set()
+            reporter.join()
+            self.stop.clear()
+        self.log(self.progress.line())
+        self.progress = None
+        for item, ok in results:
+            if not ok:
+                item.action = "fetch"
+                try:
+                    item.part_size = os.stat(item.part).st_size
+                except FileNotFoundError:
+                    item.part_size = 0
+                mismatched.append(item)
+        return mismatched
+
+    def _verify_pool(self, items: list, jobs: int) -> list:
+        results = []
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = {pool.submit(self._verify_one, item): item for item in items}
+            for future in concurrent.futures.as_completed(futures):
+                item = futures[future]
+                try:
+                    ok = future.result()
+                except OSError as exc:
+                    self.log("%s: cannot read (%s): fetching it again" % (item.label, exc))
+                    ok = False
+                results.append((item, ok))
+        return results
+
+    def _verify_one(self, item: Item) -> bool:
+        before = os.stat(item.dest)
+        progress = self.progress
+        done = [0]
+
+        def on_bytes(count: int) -> None:
+            done[0] += count
+            if progress is not None:
+                progress.add(item.label, count, done[0], item.size)
+
+        digest = hash_file(item.dest, self.counters, on_bytes=on_bytes).hexdigest()
+        if progress is not None:
+            progress.finish(item.label)
+        after = os.stat(item.dest)
+        if digest == item.sha256 and (before.st_mtime_ns, before.st_size) == (after.st_mtime_ns, after.st_size):
+            self.stamps.put(item.dest, after, item.sha256)
+            self.counters.add("files_verified")
+            self.log("%s verified on disk" % item.label)
+            return True
+        self.log("%s on disk does not match the lock (sha256 %s, want %s): fetching it again" % (item.label, digest, item.sha256))
+        return False
+
+    # -- downloads -----------------------------------------------------------------------
+    def _download_all(self, items: list) -> None:
+        total = sum(item.size - min(item.part_size, item.size) for item in items)
+        self.progress = Progress(total)
+        jobs = max(1, min(self.args.jobs, len(items)))
+        self.log("downloading %d files (%s) with %d connections" % (len(items), human_bytes(total), jobs))
+        reporter = threading.Thread(target=self._report_progress, daemon=True)
+        reporter.start()
+        try:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+                futures = {pool.submit(self._download_one, item): item for item in items}
+                for future in concurrent.futures.as_completed(futures):
+                    item = futures[future]
+                    try:
+                        future.result()
+                    except FetchError as exc:
+                        self._fail(str(exc))
+                    except Exception as exc:  # noqa: BLE001 - report any crash against the file
+                        self._fail("%s: %s: %s" % (item.label, type(exc).__name__, exc))
+        finally:
+            self.stop.set()
+            reporter.join()
+        self.log(self.progress.line())
+
+    def _report_progress(self) -> None:
+        while not self.stop.wait(self.args.progress_interval):
+            if self.progress is not None:
+                self.log(self.progress.line())
+
+    def _sources(self, item: Item) -> list:
+        sources = []
+        if item.url_peer is not None and self._peer_usable(item.url_peer):
+            sources.append(("peer", item.url_peer))
+        sources.append(("hub", item.url_hub))
+        return sources
+
+    def _peer_base(self, url: str) -> str:
+        parts = urllib.parse.urlsplit(url)
+        return "%s://%s/" % (parts.scheme, parts.netloc)
+
+    def _peer_usable(self, url: str) -> bool:
+        base = self._peer_base(url)
+        with self.peer_lock:
+            if base in self.peer_ok:
+                return self.peer_ok[base]
+            # The fleet source starts serving in the same pyinfra operation: wait for it briefly.
+            deadline = time.monotonic() + self.args.peer_wait
+            ok = False
+            while True:
+                try:
+                    request = self._request(base + "_rigfetch/ping", "peer")
+                    with urllib.request.urlopen(request, timeout=5) as response:
+                        ok = response.status == 200
+                except (urllib.error.URLError, OSError, http.client.HTTPException):
+                    ok = False
+                if ok or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.5)
+            self.peer_ok[base] = ok
+            if not ok:
+                self.peer_silent.add(base)
+            self.log("fleet peer %s %s" % (base, "is serving" if ok else "did not answer: using the hub"))
+            return ok
+
+    def _drop_peer(self, url: str, why: str) -> None:
+        base = self._peer_base(url)
+        with self.peer_lock:
+            if self.peer_ok.get(base):
+                self.log("fleet peer %s dropped (%s): using the hub" % (base, why))
+            self.peer_ok[base] = False
+
+    def _tell_peers_done(self, items: list) -> None:
+        """Tell each fleet source this rig needed files from that it is finished (it stops serving
+        once every peer it expects said so)."""
+        bases = {self._peer_base(item.url_peer) for item in items if item.url_peer is not None}
+        with self.peer_lock:
+            silent = set(self.peer_silent)
+        for base in sorted(bases - silent):
+            try:
+                request = self._request(base + "_rigfetch/done", "peer", method="POST")
+                with urllib.request.urlopen(request, timeout=5) as response:
+                    response.read()
+            except (urllib.error.URLError, OSError, http.client.HTTPException):
+                pass
+
+    def _request(self, url: str, kind: str, method: str = "GET", offset: int = 0) -> urllib.request.Request:
+        request = urllib.request.Request(url, method=method)
+        request.add_header("User-Agent", USER_AGENT)
+        request.add_header("Accept-Encoding", "identity")
+        if offset:
+            request.add_header("Range", "bytes=%d-" % offset)
+        token = self.fleet_token if kind == "peer" else self.hf_token
+        if token:
+            # Unredirected: the hub redirects LFS files to a CDN that must not see the token.
+            request.add_unredirected_header("Authorization", "Bearer %s" % token)
+        return request
+
+    def _download_one(self, item: Item) -> None:
+        os.makedirs(os.path.dirname(item.dest), exist_ok=True)
+        partial = Partial()
+        mismatches = 0
+        stalls = 0
+        peer_stalls = 0
+        while True:
+            kind, url = self._sources(item)[0]
+            try:
+                self._sync_part(item, partial)
+                if partial.have < item.size:
+                    self._stream(item, kind, url, partial)
+                digest = partial.hasher.hexdigest()
+                if digest != item.sha256:
+                    raise MismatchError("sha256 %s, want %s" % (digest, item.sha256), digest)
+                self._install(item)
+                return
+            except MismatchError as exc:
+                self.counters.add("hash_mismatches")
+                self._remove_part(item)
+                partial.reset()
+                if kind == "peer":
+                    self._drop_peer(url, "sent wrong bytes for %s: %s" % (item.label, exc.args[0]))
+                    continue
+                mismatches += 1
+                self.log(
+                    "%s: wrong bytes from %s: %s (attempt %d/%d)"
+                    % (item.label, url, exc.args[0], mismatches, self.args.retries)
+                )
+                if mismatches >= self.args.retries:
+                    got = exc.args[1] if len(exc.args) > 1 else exc.args[0]
+                    raise FetchError(
+                        "%s: SHA-256 mismatch after %d attempts from %s: expected %s, got %s"
+                        % (item.dest, mismatches, url, item.sha256, got)
+                    )
+            except SourceRefused as exc:
+                if kind == "peer":
+                    self._drop_peer(url, str(exc))
+                    continue
+                raise FetchError("%s: %s refused: %s" % (item.dest, url, exc))
+            except TransientError as exc:
+                progressed = len(exc.args) > 1 and exc.args[-1] == "progress"
+                if kind == "peer":
+                    peer_stalls = 0 if progressed else peer_stalls + 1
+                    if peer_stalls >= 2:
+                        self._drop_peer(url, exc.args[0])
+                    continue
+                stalls = 0 if progressed else stalls + 1
+                limit = max(3, self.args.retries * 2)
+                if stalls >= limit:
+                    raise FetchError("%s: giving up after %d failed attempts: %s" % (item.dest, stalls, exc.args[0]))
+                delay = min(30.0, self.args.retry_delay * (2 ** max(stalls - 1, 0)))
+                self.log("%s: %s; resuming at byte %d in %.1fs" % (item.label, exc.args[0], partial.have, delay))
+                time.sleep(delay)
+
+    def _sync_part(self, item: Item, partial: Partial) -> None:
+        """Make `partial` describe the part file on disk: reuse the running hash after a retry in
+        this process; hash the part from disk after a crash or an interrupted earlier run."""
+        try:
+            size = os.stat(item.part).st_size
+        except FileNotFoundError:
+            size = 0
+        if size > item.size:
+            self._remove_part(item)
+            size = 0
+        if partial.valid and size == partial.have:
+            return
+        partial.reset()
+        if size:
+            hash_file(item.part, self.counters, partial.hasher, limit=size)
+            partial.have = size
+            self.log("%s: found a partial download of %d bytes; resuming after it" % (item.label, size))
+        partial.valid = True
+
+    def _stream(self, item: Item, kind: str, url: str, partial: Partial) -> None:
+        """Append the rest of the file to the part file, hashing as it arrives."""
+        if partial.have:
+            self.counters.add("resumes")
+        request = self._request(url, kind, offset=partial.have)
+        try:
+            response = urllib.request.urlopen(request, timeout=self.args.timeout)
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            if exc.code == 416 and partial.have:
+                # The source cannot continue from our offset: start the file over.
+                self._remove_part(item)
+                partial.reset()
+                raise TransientError("range not satisfiable; restarting", "progress")
+            if exc.code in (401, 403):
+                hint = " (is HF_TOKEN set and accepted for this repository?)" if kind == "hub" else ""
+                raise SourceRefused("HTTP %d%s" % (exc.code, hint))
+            if exc.code == 404:
+                raise SourceRefused("HTTP 404: the file is not at the locked revision")
+            raise TransientError("HTTP %d" % exc.code)
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            raise TransientError("connection failed: %s" % (getattr(exc, "reason", None) or exc))
+        with response:
+            mode = "ab"
+            if partial.have and response.status == 206:
+                start, total = _content_range(response.headers.get("Content-Range"))
+                if start != partial.have:
+                    raise TransientError("source answered a range from byte %d, asked %d" % (start, partial.have))
+                if total is not None and total != item.size:
+                    raise MismatchError("source has %d bytes, want %d" % (total, item.size))
+            elif response.status == 200:
+                # A full answer (no Range support, or a fresh start): the hash must cover every byte.
+                partial.reset()
+                partial.valid = True
+                mode = "wb"
+                length = response.headers.get("Content-Length")
+                if length is not None and length.isdigit() and int(length) != item.size:
+                    raise MismatchError("source has %s bytes, want %d" % (length, item.size))
+            else:
+                raise TransientError("unexpected HTTP %d" % response.status)
+            source_key = "bytes_from_peer" if kind == "peer" else "bytes_from_hub"
+            start_have = partial.have
+            with open(item.part, mode) as out:
+                os.fchmod(out.fileno(), 0o644)
+                try:
+                    while True:
+                        chunk = response.read(NET_BLOCK)
+                        if not chunk:
+                            break
+                        if partial.have + len(chunk) > item.size:
+                            raise MismatchError("source sent more than the locked %d bytes" % item.size)
+                        out.write(chunk)
+                        partial.hasher.update(chunk)
+                        partial.have += len(chunk)
+                        self.counters.add("bytes_downloaded", len(chunk))
+                        self.counters.add(source_key, len(chunk))
+                        self.counters.add("bytes_streamed_hashed", len(chunk))
+                        if self.progress is not None:
+                            self.progress.add(item.label, len(chunk), partial.have, item.size)
+                except (OSError, http.client.HTTPException) as exc:
+                    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                        raise FetchError("%s: disk full while writing %s" % (item.dest, item.part))
+                    out.flush()
+                    raise TransientError(
+                        "transfer interrupted: %s" % exc, "progress" if partial.have > start_have else "stall"
+                    )
+                out.flush()
+                os.fsync(out.fileno())
+            if partial.have < item.size:
+                raise TransientError(
+                    "connection closed at byte %d of %d" % (partial.have, item.size),
+                    "progress" if partial.have > start_have else "stall",
+                )
+
+    def _install(self, item: Item) -> None:
+        if not os.path.exists(item.part) and item.size == 0:
+            open(item.part, "wb").close()
+        os.chmod(item.part, 0o644)
+        os.replace(item.part, item.dest)
+        _fsync_dir(os.path.dirname(item.dest))
+        self.stamps.put(item.dest, os.stat(item.dest), item.sha256)
+        self.counters.add("files_downloaded")
+        if self.progress is not None:
+            self.progress.finish(item.label)
+        self.log("%s downloaded and verified (%s)" % (item.label, human_bytes(item.size)))
+
+    def _remove_part(self, item: Item) -> None:
+        try:
+            os.unlink(item.part)
+        except FileNotFoundError:
+            pass
+
+
+def _content_range(value: str | None) -> tuple:
+    match = re.match(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", value or "")
+    if not match:
+        raise TransientError("bad Content-Range %r" % (value,))
+    total = None if match.group(3) == "*" else int(match.group(3))
+    return int(match.group(1)), total
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------------------------------
+# fleet server
+
+
+class FleetServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple, manifest: dict, token: str, log: Log, expect_peers: int) -> None:
+        super().__init__(address, FleetHandler)
+        self.token = token
+        self.log = log
+        self.stamps = Stamps(manifest["state_dir"], log)
+        self.files: dict = {}
+        for model in manifest["models"]:
+            for entry in model["files"]:
+                key = "/%s/%s" % (model["name"], entry["path"])
+                self.files[key] = (os.path.join(model["dir"], entry["path"]), entry["size"], entry["sha256"])
+        self.expect_peers = expect_peers
+        self.peers_done = 0
+        self.active = 0
+        self.last_activity = time.monotonic()
+        self.bytes_served = 0
+        self.started = time.monotonic()
+        self.state_lock = threading.Lock()
+
+    def touch(self, delta: int) -> None:
+        with self.state_lock:
+            self.active += delta
+            self.last_activity = time.monotonic()
+
+
+class FleetHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: FleetServer
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+        self.server.log("serve: %s %s" % (self.address_string(), format % args))
+
+    def _authorized(self) -> bool:
+        header = self.headers.get("Authorization") or ""
+        given = header[7:] if header.startswith("Bearer ") else ""
+        return hmac.compare_digest(given.encode("utf-8"), self.server.token.encode("utf-8"))
+
+    def _plain(self, code: int, text: str) -> None:
+        body = (text + "\n").encode("utf-8")
+        self.send_response(code)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+        self.server.touch(0)
+        if not self._authorized():
+            return self._plain(401, "unauthorized")
+        if self.path == "/_rigfetch/done":
+            with self.server.state_lock:
+                self.server.peers_done += 1
+            return self._plain(200, "bye")
+        return self._plain(404, "not found")
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self.do_GET()
+
+    def do_GET(self) -> None:  # noqa: N802
+        self.server.touch(1)
+        try:
+            self._get()
+        finally:
+            self.server.touch(-1)
+
+    def _get(self) -> None:
+        if not self._authorized():
+            return self._plain(401, "unauthorized")
+        path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+        if path == "/_rigfetch/ping":
+            return self._plain(200, "ok")
+        entry = self.server.files.get(path)
+        if entry is None:
+            return self._plain(404, "not in the manifest")
+        dest, size, sha256 = entry
+        try:
+            handle = open(dest, "rb")
+        except OSError:
+            return self._plain(404, "not here")
+        with handle:
+            st = os.fstat(handle.fileno())
+            # Serve only what this rig has verified against the same lock.
+            if not self.server.stamps.valid(dest, st, sha256, size):
+                return self._plain(404, "not verified here")
+            start, end = 0, size - 1
+            header = self.headers.get("Range")
+            status = 200
+            if header:
+                match = re.match(r"^bytes=(\d+)-(\d*)$", header.strip())
+                if not match or int(match.group(1)) >= size:
+                    self.send_response(416)
+                    self.send_header("Content-Range", "bytes */%d" % size)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return None
+                start = int(match.group(1))
+                if match.group(2):
+                    end = min(int(match.group(2)), size - 1)
+                status = 206
+            count = end - start + 1 if size else 0
+            self.send_response(status)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(count))
+            self.send_header("Accept-Ranges", "bytes")
+            self.send_header("X-Rigfetch-Sha256", sha256)
+            if status == 206:
+                self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end, size))
+            self.end_headers()
+            if self.command == "HEAD" or count == 0:
+                return None
+            self.wfile.flush()
+            try:
+                sent = self.connection.sendfile(handle, start, count)
+            except OSError as exc:  # the peer went away; it resumes with a Range request
+                self.close_connection = True
+                self.server.log("serve: %s: transfer of %s stopped: %s" % (self.address_string(), path, exc))
+                return None
+            with self.server.state_lock:
+                self.server.bytes_served += sent
+        return None
+
+
+def start_server(manifest: dict, args: argparse.Namespace, token: str | None, log: Log) -> FleetServer | None:
+    """Start serving in a background thread; None when that is impossible (peers then use the hub)."""
+    if not token:
+        log("WARNING: no fleet token on stdin; not serving (fleet peers will use the hub)")
+        return None
+    host, _, port = args.listen.rpartition(":")
+    try:
+        server = FleetServer((host or "0.0.0.0", int(port)), manifest, token, log, args.expect_peers)
+    except (OSError, ValueError) as exc:
+        # The source rig itself is fine, so this is not its failure; peers fall back to the hub.
+        log("WARNING: cannot serve model files on %s (%s): fleet peers will use the hub" % (args.listen, exc))
+        return None
+    log("serving %d verified files on %s for %d peers" % (len(server.files), args.listen, args.expect_peers))
+    server.started = time.monotonic()
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
+    thread.start()
+    return server
+
+
+def wait_server(server: FleetServer, args: argparse.Namespace, log: Log) -> dict:
+    """Serve until every expected peer said it is done, or nobody asked for a while, or the TTL."""
+    why = ""
+    try:
+        while True:
+            with server.state_lock:
+                active, done, idle = server.active, server.peers_done, time.monotonic() - server.last_activity
+            if active == 0 and done >= args.expect_peers:
+                why = "all %d expected peers finished" % args.expect_peers
+                break
+            if active == 0 and idle >= args.idle_timeout:
+                why = "idle for %ds (%d of %d peers finished)" % (idle, done, args.expect_peers)
+                break
+            if time.monotonic() - server.started >= args.ttl:
+                why = "time limit of %ds reached" % args.ttl
+                break
+            time.sleep(0.1)
+    finally:
+        server.shutdown()
+        server.server_close()
+    log("stopped serving: %s; %s served" % (why, human_bytes(server.bytes_served)))
+    return {"bytes_served": server.bytes_served, "peers_done": server.peers_done, "reason": why}
+
+
+# ------------------------------------------------------------------------------------------
+# command line
+
+
+def read_secrets(enabled: bool) -> dict:
+    if not enabled:
+        return {}
+    line = sys.stdin.readline()
+    if not line.strip():
+        return {}
+    try:
+        secrets = json.loads(line)
+    except ValueError:
+        raise ManifestError("--secrets-stdin: stdin is not one JSON line")
+    if not isinstance(secrets, dict):
+        raise ManifestError("--secrets-stdin: expected a JSON object")
+    return {key: value for key, value in secrets.items() if isinstance(value, str)}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rigfetch", description="Fetch and verify locked model files.")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--manifest", help="path of the JSON manifest")
+    source.add_argument("--manifest-b64", help="the manifest as urlsafe base64 of zlib-compressed JSON")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="report what needs work from stamps only; write nothing")
+    mode.add_argument("--serve", action="store_true", help="serve verified files to fleet peers")
+    parser.add_argument("--reverify", action="store_true", help="hash every file, ignoring stamps")
+    parser.add_argument("--retries", type=int, default=3, help="attempts per file on a hash mismatch")
+    parser.add_argument("--jobs", type=int, default=4, help="files downloaded at once")
+    parser.add_argument("--hash-jobs", type=int, default=0, help="files hashed at once (0: one per core)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="network read timeout in seconds")
+    parser.add_argument("--retry-delay", type=float, default=2.0, help="first back-off after a network error (s)")
+    parser.add_argument("--peer-wait", type=float, default=60.0, help="seconds to wait for a fleet peer to serve")
+    parser.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
+    parser.add_argument("--secrets-stdin", action="store_true", help="read {hf_token, fleet_token} JSON from stdin")
+    parser.add_argument("--report", help="where to write the JSON counters (default: state_dir/fetch-report.json)")
+    parser.add_argument("--log", help="progress log (default: state_dir/fetch.log)")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr (the log still gets it)")
+    parser.add_argument("--serve-manifest-b64", help="also serve this manifest's verified files while fetching")
+    parser.add_argument("--listen", default="0.0.0.0:8765", help="--serve: address:port to listen on")
+    parser.add_argument("--expect-peers", type=int, default=1, help="--serve: stop after this many peers finish")
+    parser.add_argument("--idle-timeout", type=float, default=120.0, help="--serve: stop after this long idle (s)")
+    parser.add_argument("--ttl", type=float, default=6 * 3600.0, help="--serve: hard time limit (s)")
+    return parser
+
+
+def main(argv: list | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        manifest = load_manifest(args.manifest, args.manifest_b64)
+        if args.retries < 1 or args.jobs < 1:
+            raise ManifestError("--retries and --jobs must be at least 1")
+    except ManifestError as exc:
+        sys.stderr.write("rigfetch: %s\n" % exc)
+        return EXIT_USAGE
+    state_dir = manifest["state_dir"]
+
+    if args.check:
+        stamps = Stamps(state_dir)
+        items, prune = plan(manifest, stamps, args.reverify)
+        sys.stdout.write(json.dumps(check_report(manifest, items, prune), sort_keys=True) + "\n")
+        return EXIT_OK
+
+    try:
+        secrets = read_secrets(args.secrets_stdin)
+    except ManifestError as exc:
+        sys.stderr.write("rigfetch: %s\n" % exc)
+        return EXIT_USAGE
+    log = Log(args.log or os.path.join(state_dir, LOG_FILE), quiet=args.quiet)
+    try:
+        if args.serve:
+            server = start_server(manifest, args, secrets.get("fleet_token"), log)
+            if server is not None:
+                _emit({"serve": wait_server(server, args, log)})
+            return EXIT_OK
+        serve_manifest = None
+        if args.serve_manifest_b64 is not None:
+            try:
+                serve_manifest = load_manifest(None, args.serve_manifest_b64)
+            except ManifestError as exc:
+                log("serve manifest: %s" % exc)
+                return EXIT_USAGE
+        os.makedirs(state_dir, exist_ok=True)
+        with open(os.path.join(state_dir, LOCK_FILE), "a") as lock_handle:
+            try:
+                fcntl.flock(lock_handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                log("another rigfetch is running on this rig; waiting for it")
+                fcntl.flock(lock_handle.fileno(), fcntl.LOCK_EX)
+            # Serve what this rig already verified while it fetches the rest from another rig.
+            server = start_server(serve_manifest, args, secrets.get("fleet_token"), log) if serve_manifest else None
+            try:
+                return Fetcher(manifest, args, secrets, log).run()
+            finally:
+                if server is not None:
+                    _emit({"serve": wait_server(server, args, log)})
+    finally:
+        log.close()
+
+
+def _emit(report: dict) -> None:
+    sys.stdout.write(json.dumps(report, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,817 @@
+#!/usr/bin/env python3
+"""rigup-servingctl: the rig-side half of rigup's serving task.
+
+tasks/serving.py uploads this file to {install_root}/bin/rigup-servingctl and runs it as root over SSH.
+It needs only Python 3.8+ and its standard library (Ubuntu 22.04/24.04 ship 3.10/3.12), because the
+rig has nothing else we can count on. Commands:
+
+  probe    one quick look at a variant: unit state, whether its files changed after the service
+           started, whether /v1/models lists the served model, and the release the provenance file
+           records. Prints one JSON object (the ServingStatus fact).
+  gate     the health gate: wait until /v1/models lists the served model, then one short
+           deterministic chat completion. On success: record the generation (a copy of the files
+           that passed) and write the provenance file. On failure: print the unit's last log lines
+           and, when the last good generation differs, roll back to it, restart it and gate it again.
+
+Files (all under {install_root}):
+  variants/<variant>/release.json         what the control machine wants to run (written by pyinfra)
+  variants/<variant>/generations/<n>/     files of a release that passed the gate (n grows by one)
+  state/provenance.json                   what this rig runs and when it last passed the gate
+
+Exit codes of `gate`: 0 passed; 1 failed, nothing to roll back to; 2 failed and rolled back to the
+last good generation (which passed the gate again); 3 failed and the rollback failed too.
+Secrets (values of the release's secret env keys) are never printed: log lines are redacted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+SCHEMA = 1
+PROVENANCE_NAME = "provenance.json"
+RELEASE_NAME = "release.json"
+GENERATIONS_DIR = "generations"
+UNIT_COPY_NAME = "unit.service"  # the unit file's copy inside a generation
+RESULT_MARKER = "RIGUP-GATE-RESULT:"  # last line of `gate`; rigup.cli.rollout reads it from the output
+
+EXIT_PASSED = 0
+EXIT_FAILED = 1
+EXIT_ROLLED_BACK = 2
+EXIT_ROLLBACK_FAILED = 3
+
+POLL_S = 2.0
+HTTP_TIMEOUT_S = 5.0
+COMPLETION_TIMEOUT_S = 120.0
+CRASH_RESTARTS = 3  # the unit restarted this often during one gate: a crash loop, stop waiting
+DEAD_POLLS = 3  # consecutive polls with the unit inactive/failed: it is not coming up
+JOURNAL_LINES = 40
+# The completion the gate asks for: greedy decoding with a fixed seed, a few tokens, no thinking.
+GATE_PROMPT = "Reply with the single word OK."
+GATE_MAX_TOKENS = 8
+
+
+class GateFailure(Exception):
+    """The service did not pass the health gate; the message says why, in one line."""
+
+
+# ----------------------------------------------------------------------------------------------
+# small helpers
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str) -> Optional[str]:
+    try:
+        with open(path, "rb") as handle:
+            return sha256_bytes(handle.read())
+    except FileNotFoundError:
+        return None
+
+
+def read_json(path: str) -> Optional[Dict[str, Any]]:
+    try:
+        with open(path, "rb") as handle:
+            value = json.loads(handle.read().decode())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        return None  # a torn or hand-edited file: treat as absent rather than crash the gate
+    return value if isinstance(value, dict) else None
+
+
+def atomic_write(path: str, data: bytes, mode: int) -> None:
+    """Write `data` to `path` through a temporary file in the same directory (never half-written)."""
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=".rigup-", dir=directory)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def parse_env_file(path: str) -> Dict[str, str]:
+    """KEY=VALUE lines of a compose .env file (comments and blank lines skipped, quotes removed)."""
+    values: Dict[str, str] = {}
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except FileNotFoundError:
+        return values
+    for raw in lines:
+        line = raw.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        key = key.strip()
+        if key.startswith("export "):
+            key = key[len("export ") :].strip()
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in ("'", '"'):
+            value = value[1:-1]
+        values[key] = value
+    return values
+
+
+class Redactor:
+    """Replaces secret values in text that is about to be printed."""
+
+    def __init__(self, secrets: List[str]) -> None:
+        # Longest first, so a secret that contains another is hidden whole. Short values are not
+        # secrets worth hiding (and would mangle every line).
+        self.secrets = sorted({s for s in secrets if len(s) >= 6}, key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, "***")
+        return text
+
+
+# ----------------------------------------------------------------------------------------------
+# the release: what pyinfra wants this variant to run (variants/<variant>/release.json)
+
+
+class Release:
+    """A parsed release.json. Written by rigup.desired.release.build_release on the control machine."""
+
+    def __init__(self, data: Dict[str, Any], path: str) -> None:
+        self.data = data
+        self.path = path
+        self.sha256 = sha256_file(path) or ""
+        try:
+            self.variant = str(data["variant"])
+            self.unit = str(data["unit"])
+            self.unit_file = str(data["unit_file"])
+            self.variant_dir = str(data["variant_dir"])
+            self.install_root = str(data["install_root"])
+            self.health_url = str(data["health_url"])
+            self.served_model_name = str(data["served_model_name"])
+            self.env_file = str(data["env_file"])
+            self.api_key_env = data.get("api_key_env")  # None: the API is open
+            self.secret_env_keys = [str(k) for k in data.get("secret_env_keys", [])]
+            self.files = dict(data["files"])  # relpath under variant_dir -> sha256
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SystemExit(f"rigup: {path} is not a rigup release file ({exc})") from None
+
+    @classmethod
+    def load(cls, path: str) -> "Release":
+        data = read_json(path)
+        if data is None:
+            raise SystemExit(f"rigup: release file {path} is missing or not JSON")
+        return cls(data, path)
+
+    @property
+    def models_url(self) -> str:
+        return self.health_url
+
+    @property
+    def base_url(self) -> str:
+        url = self.health_url
+        suffix = "/v1/models"
+        return url[: -len(suffix)] if url.endswith(suffix) else url.rstrip("/")
+
+    def env(self) -> Dict[str, str]:
+        return parse_env_file(self.env_file)
+
+    def api_key(self) -> Optional[str]:
+        if not self.api_key_env:
+            return None
+        key = self.env().get(str(self.api_key_env))
+        return key or None
+
+    def redactor(self) -> Redactor:
+        env = self.env()
+        return Redactor([env[k] for k in self.secret_env_keys if env.get(k)])
+
+    @property
+    def generations_dir(self) -> str:
+        return os.path.join(self.variant_dir, GENERATIONS_DIR)
+
+    @property
+    def state_dir(self) -> str:
+        return os.path.join(self.install_root, "state")
+
+    @property
+    def provenance_path(self) -> str:
+        return os.path.join(self.state_dir, PROVENANCE_NAME)
+
+
+# ----------------------------------------------------------------------------------------------
+# systemd (a class so the unit tests can substitute a fake)
+
+
+class Systemd:
+    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["systemctl", *args], check=check, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+
+    def show(self, unit: str) -> Dict[str, str]:
+        props = (
+            "ActiveState", "SubState", "NRestarts", "Result", "UnitFileState", "LoadState",
+            "NeedDaemonReload", "ExecMainStartTimestamp", "ExecMainStartTimestampMonotonic",
+        )
+        out = self._run("show", unit, *[f"--property={p}" for p in props], check=False).stdout
+        values: Dict[str, str] = {}
+        for line in out.splitlines():
+            key, _, value = line.partition("=")
+            values[key] = value
+        return values
+
+    def restart(self, unit: str) -> None:
+        # A crash loop can leave the unit at its start limit (StartLimitBurst); restart would refuse.
+        # (Fails harmlessly on a unit systemd has not loaded: nothing to reset then.)
+        self._run("reset-failed", unit, check=False)
+        self._run("restart", unit)
+
+    def enable(self, unit: str) -> None:
+        self._run("enable", unit)
+
+    def disable_now(self, unit: str) -> None:
+        self._run("disable", "--now", unit)
+
+    def daemon_reload(self) -> None:
+        self._run("daemon-reload")
+
+    def journal_tail(self, unit: str, lines: int) -> List[str]:
+        proc = subprocess.run(
+            ["journalctl", "-u", unit, "-n", str(lines), "--no-pager", "-o", "short-iso"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            check=False,
+        )
+        return proc.stdout.splitlines()[-lines:]
+
+
+# ----------------------------------------------------------------------------------------------
+# HTTP checks against the OpenAI-compatible API
+
+
+def _request(url: str, api_key: Optional[str], body: Optional[Dict[str, Any]], timeout: float) -> Tuple[int, Any]:
+    headers = {"Accept": "application/json"}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    request = urllib.request.Request(url, data=data, headers=headers, method="POST" if body is not None else "GET")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            status = response.status
+            payload = response.read()
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+        payload = exc.read()
+    try:
+        parsed = json.loads(payload.decode() or "null")
+    except ValueError:
+        parsed = None
+    return status, parsed
+
+
+def list_models(models_url: str, api_key: Optional[str], timeout: float = HTTP_TIMEOUT_S) -> List[str]:
+    """Model ids /v1/models lists. Raises GateFailure with a one-line reason when it cannot answer."""
+    try:
+        status, payload = _request(models_url, api_key, None, timeout)
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise GateFailure(f"{models_url} unreachable ({reason})") from None
+    if status in (401, 403):
+        raise GateFailure(f"{models_url} refused the API key (HTTP {status})")
+    if status != 200:
+        raise GateFailure(f"{models_url} answered HTTP {status}")
+    data = payload.get("data") if isinstance(payload, dict) else None
+    if not isinstance(data, list):
+        raise GateFailure(f"{models_url} answered without a model list")
+    return [str(item.get("id")) for item in data if isinstance(item, dict) and "id" in item]
+
+
+def chat_completion(base_url: str, model: str, api_key: Optional[str], timeout: float) -> Dict[str, Any]:
+    """One greedy, seeded, short chat completion. Returns a summary; raises GateFailure."""
+    url = f"{base_url}/v1/chat/completions"
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": GATE_PROMPT}],
+        "max_tokens": GATE_MAX_TOKENS,
+        "temperature": 0,
+        "seed": 0,
+        # Qwen3-style templates would otherwise spend the few tokens on a thinking block.
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    started = time.monotonic()
+    try:
+        status, payload = _request(url, api_key, body, timeout)
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise GateFailure(f"chat completion failed: {url} unreachable ({reason})") from None
+    if status != 200:
+        detail = ""
+        if isinstance(payload, dict):
+            err = payload.get("error") or payload.get("message") or payload.get("detail")
+            if isinstance(err, dict):
+                err = err.get("message")
+            if err:
+                detail = f": {str(err)[:200]}"
+        raise GateFailure(f"chat completion answered HTTP {status}{detail}")
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise GateFailure("chat completion answered without choices")
+    message = choices[0].get("message") or {}
+    text = (message.get("content") or message.get("reasoning_content") or "") if isinstance(message, dict) else ""
+    usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
+    tokens = usage.get("completion_tokens")
+    if not text.strip() and not (isinstance(tokens, int) and tokens > 0):
+        raise GateFailure("chat completion produced no tokens")
+    return {
+        "seconds": round(time.monotonic() - started, 3),
+        "completion_tokens": tokens,
+        "finish_reason": choices[0].get("finish_reason"),
+        "text": text.strip()[:80],
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# the gate itself
+
+
+def wait_until_serving(
+    release: Release,
+    timeout_s: float,
+    systemd: Systemd,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    poll_s: float = POLL_S,
+    progress: Optional[Callable[[str], None]] = None,
+) -> Dict[str, Any]:
+    """Wait for /v1/models to list the served model, then run the chat completion.
+
+    Fails early when the unit is dead for several polls in a row or crash-loops, instead of
+    waiting out a cold-start budget of many minutes.
+    """
+    started = clock()
+    deadline = started + timeout_s
+    api_key = release.api_key()
+    first = systemd.show(release.unit)
+    restarts_at_start = _int(first.get("NRestarts"))
+    dead_polls = 0
+    last_reason = "no answer yet"
+    last_progress = started
+    models: List[str] = []
+    while True:
+        unit = systemd.show(release.unit)
+        active = unit.get("ActiveState", "")
+        if active in ("inactive", "failed"):
+            dead_polls += 1
+            if dead_polls >= DEAD_POLLS:
+                result = unit.get("Result") or "unknown"
+                raise GateFailure(f"{release.unit} is {active} (result: {result}); it is not starting")
+        else:
+            dead_polls = 0
+        restarts = _int(unit.get("NRestarts")) - restarts_at_start
+        if restarts >= CRASH_RESTARTS:
+            raise GateFailure(f"{release.unit} restarted {restarts} times while starting (crash loop)")
+        if active in ("active", "activating", "reloading"):
+            try:
+                models = list_models(release.models_url, api_key)
+            except GateFailure as exc:
+                last_reason = str(exc)
+            else:
+                if release.served_model_name in models:
+                    break
+                last_reason = f"/v1/models lists {models or 'no models'}, not {release.served_model_name!r}"
+        now = clock()
+        if now >= deadline:
+            raise GateFailure(
+                f"{release.served_model_name!r} not served after {round(timeout_s)} s: {last_reason}"
+            )
+        if progress is not None and now - last_progress >= 30:
+            progress(f"still waiting ({round(now - started)} s): {last_reason}")
+            last_progress = now
+        sleep(min(poll_s, max(0.0, deadline - now)))
+
+    ready_s = clock() - started
+    remaining = max(10.0, deadline - clock())
+    completion: Dict[str, Any] = {}
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            completion = chat_completion(
+                release.base_url, release.served_model_name, api_key, min(COMPLETION_TIMEOUT_S, remaining)
+            )
+            break
+        except GateFailure as exc:
+            # A 5xx or a dropped connection right after readiness can be transient; a 4xx is not.
+            transient = "unreachable" in str(exc) or "HTTP 5" in str(exc)
+            if attempts >= 3 or not transient or clock() >= deadline:
+                raise
+            sleep(poll_s)
+    return {
+        "result": "passed",
+        "ready_seconds": round(ready_s, 3),
+        "seconds": round(clock() - started, 3),
+        "models": models,
+        "completion": completion,
+    }
+
+
+def _int(value: Optional[str]) -> int:
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
+
+
+# ----------------------------------------------------------------------------------------------
+# generations: copies of the files of every release that passed the gate
+
+
+def generation_numbers(generations_dir: str) -> List[int]:
+    try:
+        names = os.listdir(generations_dir)
+    except FileNotFoundError:
+        return []
+    return sorted(int(n) for n in names if n.isdigit() and os.path.isdir(os.path.join(generations_dir, n)))
+
+
+def generation_matches(generations_dir: str, number: int, release: Release) -> bool:
+    """True when generation `number` holds exactly the files the release runs now.
+
+    Compares the files, not only release.json: the release carries no secrets, so a rotated API
+    key or HF token changes .env alone.
+    """
+    gen_dir = os.path.join(generations_dir, str(number))
+    if sha256_file(os.path.join(gen_dir, RELEASE_NAME)) != release.sha256:
+        return False
+    for relpath in release.files:
+        if sha256_file(os.path.join(gen_dir, relpath)) != sha256_file(os.path.join(release.variant_dir, relpath)):
+            return False
+    return sha256_file(os.path.join(gen_dir, UNIT_COPY_NAME)) == sha256_file(release.unit_file)
+
+
+def record_generation(release: Release, keep: int) -> int:
+    """Copy the release's files into a new generation; prune to the newest `keep`. Returns its number.
+
+    When the newest generation already holds this exact release, it is reused (a re-gate of a
+    release that passed before is not a new generation).
+    """
+    gens_dir = release.generations_dir
+    os.makedirs(gens_dir, mode=0o700, exist_ok=True)
+    numbers = generation_numbers(gens_dir)
+    if numbers and generation_matches(gens_dir, numbers[-1], release):
+        number = numbers[-1]
+    else:
+        number = (numbers[-1] + 1) if numbers else 1
+        final = os.path.join(gens_dir, str(number))
+        staging = tempfile.mkdtemp(prefix=f".{number}-", dir=gens_dir)
+        try:
+            os.chmod(staging, 0o700)
+            for relpath in sorted(release.files):
+                src = os.path.join(release.variant_dir, relpath)
+                dst = os.path.join(staging, relpath)
+                os.makedirs(os.path.dirname(dst), mode=0o700, exist_ok=True)
+                shutil.copy2(src, dst)
+            shutil.copy2(release.path, os.path.join(staging, RELEASE_NAME))
+            if os.path.exists(release.unit_file):
+                shutil.copy2(release.unit_file, os.path.join(staging, UNIT_COPY_NAME))
+            os.rename(staging, final)  # a generation appears whole or not at all
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        numbers.append(number)
+    keep = max(1, keep)
+    for old in numbers[:-keep]:
+        shutil.rmtree(os.path.join(gens_dir, str(old)), ignore_errors=True)
+    for leftover in os.listdir(gens_dir):  # staging dirs of an interrupted earlier run
+        if leftover.startswith("."):
+            shutil.rmtree(os.path.join(gens_dir, leftover), ignore_errors=True)
+    return number
+
+
+def restore_generation(install_root: str, variant: str, number: int, systemd: Systemd) -> Release:
+    """Put the files of generation `number` of `variant` back in place. Returns its release.
+
+    Reloads systemd only when the unit file really changes (a reload can detach GPUs from running
+    containers: NVIDIA/nvidia-container-toolkit#48).
+    """
+    variant_dir = os.path.join(install_root, "variants", variant)
+    gen_dir = os.path.join(variant_dir, GENERATIONS_DIR, str(number))
+    old = Release.load(os.path.join(gen_dir, RELEASE_NAME))
+    for relpath in sorted(old.files):
+        src = os.path.join(gen_dir, relpath)
+        with open(src, "rb") as handle:
+            data = handle.read()
+        dst = os.path.join(variant_dir, relpath)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        atomic_write(dst, data, os.stat(src).st_mode & 0o7777)
+    with open(os.path.join(gen_dir, RELEASE_NAME), "rb") as handle:
+        atomic_write(os.path.join(variant_dir, RELEASE_NAME), handle.read(), 0o644)
+    unit_copy = os.path.join(gen_dir, UNIT_COPY_NAME)
+    if os.path.exists(unit_copy):
+        with open(unit_copy, "rb") as handle:
+            unit_data = handle.read()
+        if sha256_file(old.unit_file) != sha256_bytes(unit_data):
+            atomic_write(old.unit_file, unit_data, 0o644)
+            systemd.daemon_reload()
+    return Release.load(os.path.join(variant_dir, RELEASE_NAME))
+
+
+# ----------------------------------------------------------------------------------------------
+# provenance
+
+
+def host_versions() -> Dict[str, Optional[str]]:
+    """Versions of the host layer the release runs on (best effort: None when a tool is missing)."""
+
+    def first_line(*cmd: str) -> Optional[str]:
+        try:
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        lines = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+        return lines[0] if proc.returncode == 0 and lines else None
+
+    return {
+        "kernel": first_line("uname", "-r"),
+        "nvidia_driver": first_line("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"),
+        "docker": first_line("docker", "version", "--format", "{{.Server.Version}}"),
+        "docker_compose": first_line("docker", "compose", "version", "--short"),
+        "nvidia_ctk": first_line("nvidia-ctk", "--version"),
+    }
+
+
+def write_provenance(
+    release: Release,
+    generation: int,
+    gate: Dict[str, Any],
+    previous: Optional[Dict[str, Any]] = None,
+    versions: Optional[Dict[str, Optional[str]]] = None,
+) -> Dict[str, Any]:
+    record: Dict[str, Any] = {
+        "schema": SCHEMA,
+        "variant": release.variant,
+        "unit": release.unit,
+        "generation": generation,
+        "release_sha256": release.sha256,
+        "release": release.data,
+        "host": versions if versions is not None else host_versions(),
+        "gate": gate,
+        "written_at": now_iso(),
+    }
+    if previous and previous.get("last_rollback"):
+        record["last_rollback"] = previous["last_rollback"]
+    os.makedirs(release.state_dir, mode=0o755, exist_ok=True)
+    atomic_write(release.provenance_path, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode(), 0o644)
+    return record
+
+
+def note_rollback(provenance_path: str, record: Dict[str, Any], failed: Release, reason: str, outcome: str) -> None:
+    record = dict(record)
+    record["last_rollback"] = {
+        "at": now_iso(),
+        "failed_variant": failed.variant,
+        "failed_release_sha256": failed.sha256,
+        "failed_image": (failed.data.get("image") or {}).get("ref"),
+        "reason": reason,
+        "outcome": outcome,
+    }
+    record["written_at"] = now_iso()
+    atomic_write(provenance_path, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode(), 0o644)
+
+
+# ----------------------------------------------------------------------------------------------
+# commands
+
+
+def release_files(release: Release) -> List[str]:
+    """Every file the running service depends on: the rendered files, release.json, the unit."""
+    return [os.path.join(release.variant_dir, rel) for rel in sorted(release.files)] + [release.path, release.unit_file]
+
+
+def newest_mtime(paths: List[str]) -> Optional[float]:
+    times = []
+    for path in paths:
+        try:
+            times.append(os.stat(path).st_mtime)
+        except FileNotFoundError:
+            continue
+    return max(times) if times else None
+
+
+def main_started_at(unit: Dict[str, str]) -> Optional[float]:
+    """Wall-clock time the unit's main process started, from its monotonic timestamp.
+
+    systemd records CLOCK_MONOTONIC microseconds, as Python's time.monotonic() reads them; mapping
+    through "now" keeps sub-second order against file mtimes (the text timestamps have seconds only).
+    """
+    start_us = _int(unit.get("ExecMainStartTimestampMonotonic"))
+    if start_us <= 0:
+        return None
+    return time.time() - (time.monotonic() - start_us / 1e6)
+
+
+def probe(release_path: str, systemd: Systemd) -> Dict[str, Any]:
+    """Quick state of one variant (no waiting): what the ServingStatus fact returns.
+
+    `stale`: the service runs, but one of its files changed after its main process started (a
+    deploy wrote them and never restarted, e.g. it was interrupted): it must be restarted.
+    `need_daemon_reload`: systemd has not loaded the unit file on disk yet.
+    """
+    result: Dict[str, Any] = {"release_present": False, "serving": False}
+    data = read_json(release_path)
+    if data is None:
+        return result
+    release = Release(data, release_path)
+    unit = systemd.show(release.unit)
+    active = unit.get("ActiveState") or "unknown"
+    started_at = main_started_at(unit) if active in ("active", "activating", "reloading") else None
+    newest = newest_mtime(release_files(release))
+    result.update(
+        {
+            "release_present": True,
+            "release_sha256": release.sha256,
+            "unit": release.unit,
+            "active": active,
+            "enabled": unit.get("UnitFileState") or "unknown",
+            "need_daemon_reload": unit.get("NeedDaemonReload") == "yes"
+            or (unit.get("LoadState") == "not-found" and os.path.exists(release.unit_file)),
+            "started_at": started_at,
+            "stale": started_at is not None and newest is not None and newest > started_at,
+            "models": None,
+            "error": None,
+        }
+    )
+    if active == "active":
+        try:
+            result["models"] = list_models(release.models_url, release.api_key(), timeout=3.0)
+        except GateFailure as exc:
+            result["error"] = str(exc)
+        else:
+            result["serving"] = release.served_model_name in result["models"]
+            if not result["serving"]:
+                result["error"] = f"{release.served_model_name!r} not listed"
+    prov = read_json(release.provenance_path) or {}
+    gate = prov.get("gate") if isinstance(prov.get("gate"), dict) else {}
+    result["provenance"] = {
+        "variant": prov.get("variant"),
+        "generation": prov.get("generation"),
+        "release_sha256": prov.get("release_sha256"),
+        "gate_result": gate.get("result"),
+    }
+    return result
+
+
+def _print_failure(release: Release, reason: str, systemd: Systemd, out: Callable[[str], None]) -> None:
+    redact = release.redactor()
+    out(f"rigup: health gate FAILED for {release.unit} (variant {release.variant}): {redact(reason)}")
+    out(f"rigup: last {JOURNAL_LINES} lines of journalctl -u {release.unit}:")
+    for line in systemd.journal_tail(release.unit, JOURNAL_LINES):
+        out("  " + redact(line))
+
+
+def gate(
+    release_path: str,
+    timeout_s: float,
+    keep: int,
+    rollback: bool,
+    systemd: Systemd,
+    out: Callable[[str], None] = print,
+    versions: Optional[Dict[str, Optional[str]]] = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    poll_s: float = POLL_S,
+) -> int:
+    release = Release.load(release_path)
+    previous = read_json(release.provenance_path)
+    try:
+        result = wait_until_serving(release, timeout_s, systemd, clock=clock, sleep=sleep, poll_s=poll_s, progress=out)
+    except GateFailure as exc:
+        reason = str(exc)
+        _print_failure(release, reason, systemd, out)
+        return _roll_back(release, reason, previous, timeout_s, rollback, systemd, out, clock, sleep, poll_s)
+    result["at"] = now_iso()
+    number = record_generation(release, keep)
+    write_provenance(release, number, result, previous, versions)
+    out(
+        f"rigup: {release.unit} serves {release.served_model_name!r} (ready in {result['ready_seconds']} s, "
+        f"completion in {result['completion']['seconds']} s); recorded as generation {number}"
+    )
+    out(f"{RESULT_MARKER} passed")
+    return EXIT_PASSED
+
+
+def _roll_back(
+    failed: Release,
+    reason: str,
+    previous: Optional[Dict[str, Any]],
+    timeout_s: float,
+    rollback: bool,
+    systemd: Systemd,
+    out: Callable[[str], None],
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+    poll_s: float,
+) -> int:
+    def give_up(why: str) -> int:
+        out(f"rigup: not rolling back: {why}")
+        out(f"{RESULT_MARKER} failed")
+        return EXIT_FAILED
+
+    if not rollback:
+        return give_up("rollback disabled")
+    if not previous or previous.get("gate", {}).get("result") not in ("passed", None):
+        return give_up("no previous good generation is recorded in provenance.json")
+    variant = previous.get("variant")
+    number = previous.get("generation")
+    if not isinstance(variant, str) or not isinstance(number, int):
+        return give_up("provenance.json names no generation")
+    gen_release = os.path.join(failed.install_root, "variants", variant, GENERATIONS_DIR, str(number), RELEASE_NAME)
+    if not os.path.exists(gen_release):
+        return give_up(f"generation {number} of variant {variant} is gone")
+    if variant == failed.variant and generation_matches(failed.generations_dir, number, failed):
+        return give_up(f"the failing release is the last good one (generation {number}): nothing older to restore")
+
+    out(f"rigup: rolling back to variant {variant} generation {number}")
+    try:
+        if variant != failed.variant:
+            systemd.disable_now(failed.unit)  # the GPUs belong to one variant at a time
+        restored = restore_generation(failed.install_root, variant, number, systemd)
+        systemd.enable(restored.unit)
+        systemd.restart(restored.unit)
+    except (OSError, subprocess.CalledProcessError, SystemExit) as exc:
+        detail = exc.stderr.strip() if isinstance(exc, subprocess.CalledProcessError) and exc.stderr else str(exc)
+        note_rollback(failed.provenance_path, previous, failed, reason, f"rollback failed: {detail}")
+        out(f"rigup: FAILED and the rollback to variant {variant} generation {number} could not be done: {detail}")
+        out(f"{RESULT_MARKER} rollback-failed")
+        return EXIT_ROLLBACK_FAILED
+    try:
+        result = wait_until_serving(restored, timeout_s, systemd, clock=clock, sleep=sleep, poll_s=poll_s, progress=out)
+    except GateFailure as exc:
+        _print_failure(restored, f"after rollback: {exc}", systemd, out)
+        note_rollback(failed.provenance_path, previous, failed, reason, f"rollback failed: {exc}")
+        out(
+            f"rigup: FAILED and the rollback to variant {variant} generation {number} failed too; "
+            f"{failed.unit} failed with: {failed.redactor()(reason)}"
+        )
+        out(f"{RESULT_MARKER} rollback-failed")
+        return EXIT_ROLLBACK_FAILED
+    note_rollback(failed.provenance_path, previous, failed, reason, "rolled back")
+    out(
+        f"rigup: FAILED and ROLLED BACK: the new release of variant {failed.variant} failed the health gate "
+        f"({failed.redactor()(reason)}); variant {variant} generation {number} serves again "
+        f"(ready in {result['ready_seconds']} s)"
+    )
+    out(f"{RESULT_MARKER} failed-and-rolled-back")
+    return EXIT_ROLLED_BACK
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="rigup-servingctl", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_probe = sub.add_parser("probe", help="print the state of one variant as JSON")
+    p_probe.add_argument("--release", required=True, help="the variant's release.json")
+    p_gate = sub.add_parser("gate", help="health-gate the running release; record or roll back")
+    p_gate.add_argument("--release", required=True, help="the variant's release.json")
+    p_gate.add_argument("--timeout", type=float, required=True, help="seconds to wait for the model")
+    p_gate.add_argument("--keep", type=int, default=2, help="generations to keep")
+    p_gate.add_argument("--no-rollback", action="store_true", help="fail without restoring the last good one")
+    args = parser.parse_args(argv)
+    systemd = Systemd()
+    if args.command == "probe":
+        print(json.dumps(probe(args.release, systemd), sort_keys=True))
+        return 0
+
+    def out(line: str) -> None:
+        print(line, flush=True)
+
+    return gate(args.release, args.timeout, args.keep, not args.no_rollback, systemd, out=out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Decisions one task file makes that a later task file reads in the same run (the one place for them)."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rigup.checks.driver_plan import DriverPlan
+
+
+@dataclass(frozen=True)
+class HostDriverState:
+    plan: DriverPlan
+    reboot_policy: str  # auto | never
+    changed: Callable[[], bool]  # execute time: did the driver operation do anything on this host
+
+    @property
+    def serving_blocked(self) -> str | None:
+        """Why serving must not start on this host in this run, or None."""
+        if self.plan.action != "none" and self.reboot_policy == "never":
+            return (
+                f"REBOOT REQUIRED: {self.plan.summary}; driver_reboot=never, so GPU containers are not "
+                "started on this host until it is rebooted and the deploy re-run"
+            )
+        return None
+
+
+_STATES: weakref.WeakKeyDictionary[Any, HostDriverState] = weakref.WeakKeyDictionary()
+
+
+def _real(host: Any) -> Any:
+    # pyinfra's `host` is a context proxy; key on the Host object behind it.
+    getter = getattr(host, "_get_module", None)
+    return getter() if callable(getter) else host
+
+
+def record(host: Any, state: HostDriverState) -> None:
+    _STATES[_real(host)] = state
+
+
+def get(host: Any) -> HostDriverState | None:
+    return _STATES.get(_real(host))
+
+
+def serving_blocked(host: Any) -> str | None:
+    """Reason this host must not start GPU containers in this run (driver_reboot=never and the
+    driver is not the wanted one, loaded); None when serving may proceed."""
+    state = get(host)
+    return None if state is None else state.serving_blocked
+
+
+def driver_changed(host: Any) -> bool:
+    """At execute time: the driver operation installed or rebooted on this host in this run."""
+    state = get(host)
+    return False if state is None else bool(state.changed())
+
+
+# Operations of one task file whose changes a later task file reacts to (e.g. the GPU smoke test in
+# tasks/container_toolkit.py runs when Docker's packages from tasks/docker.py changed).
+_CHANGES: weakref.WeakKeyDictionary[Any, dict[str, list[Any]]] = weakref.WeakKeyDictionary()
+
+
+def note_change(host: Any, key: str, *ops: Any) -> None:
+    """Remember operations (OperationMeta) under `key` for this host (prepare time)."""
+    _CHANGES.setdefault(_real(host), {}).setdefault(key, []).extend(ops)
+
+
+def changed(host: Any, *keys: str) -> bool:
+    """At execute time: did any operation noted under one of `keys` change this host."""
+    noted = _CHANGES.get(_real(host), {})
+    return any(op.did_change() for key in keys for op in noted.get(key, ()))
+

@@ -1,0 +1,307 @@
+"""A whole test bed: network, hub services and N booted hosts, with one state file to undo it all.
+
+    bed = Testbed(workdir, instance="rigupt")
+    bed.up([HostSpec("rig-01"), HostSpec("rig-02", hardware="1x3090")])
+    bed.write_fleet(workdir / "rigs.yaml")      # pyinfra inventory for the bed (CONTRACT.md format)
+    ...
+    bed.down()                                   # also works from a new process after a crash
+
+Everything created is listed in <workdir>/state.json before it is created (rigup_testbed/state.py);
+`Testbed(workdir).down()` undoes it newest first: supervisors (hosts power off), leftover processes of
+each host's cgroup, hub services, overlay mounts, network namespaces, the control link, directories.
+"""
+
+from __future__ import annotations
+
+import ast
+import fcntl
+import ipaddress
+import os
+import re
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rigup_testbed.hosts import Host, HostSpec, create_host, start_host, wait_ready
+from rigup_testbed.image import REPO_ROOT, ImageSpec, ensure_image, ensure_layer
+from rigup_testbed.net import Network, create_hub, pick_subnet
+from rigup_testbed.state import Ledger, TestbedError, make_cgroup, run
+
+INSTANCE_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
+GROUP_DATA = REPO_ROOT / "group_data" / "all.py"
+NET_LOCK = "/run/lock/rigup-testbed-net.lock" if os.path.isdir("/run/lock") else "/tmp/rigup-testbed-net.lock"
+
+
+def url_knobs(group_data: Path = GROUP_DATA) -> dict[str, str]:
+    """Knobs of group_data/all.py that name something outside the rig (every *_url, *_endpoint, and
+    the container registry) with their defaults. The test bed must point each of them at the hub."""
+    tree = ast.parse(group_data.read_text())
+    knobs: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+            if name.endswith(("_url", "_endpoint")) or name == "container_registry":
+                value = ast.literal_eval(node.value)
+                knobs[name] = str(value)
+    return knobs
+
+
+def registry_host_port(registry: str) -> str:
+    """host:port of a container_registry value ("10.0.0.1:5000", "mirror.lan:5000/dockerhub"), as
+    Docker's insecure-registries list wants it."""
+    return registry.split("://", 1)[-1].split("/", 1)[0]
+
+
+def host_names(count: int, prefix: str = "rig") -> list[str]:
+    return [f"{prefix}-{i:02d}" for i in range(1, count + 1)]
+
+
+class Testbed:
+    """One test bed, identified by its work dir (state.json lives there) and instance name (prefix of
+    its network namespaces, interfaces and cgroups)."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, workdir: Path, instance: str = "rigup", *, hub: bool = True) -> None:
+        if not INSTANCE_RE.match(instance):
+            raise TestbedError(f"instance {instance!r}: 1-8 lowercase letters/digits, starting with a letter")
+        self.workdir = workdir.resolve()
+        self.instance = instance
+        self.with_hub = hub
+        self.ledger = Ledger(self.workdir / "state.json")
+        self._hub: Any = None
+
+    # --- views of the recorded state ---------------------------------------------------------
+
+    @property
+    def created(self) -> bool:
+        return bool(self.ledger.resources)
+
+    @property
+    def hosts(self) -> list[Host]:
+        return [Host.from_json(h) for h in self.ledger.info.get("hosts", [])]
+
+    def host(self, name: str) -> Host:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(name)
+
+    @property
+    def urls(self) -> dict[str, str]:
+        return dict(self.ledger.info.get("urls", {}))
+
+    @property
+    def network(self) -> Network:
+        return Network(self.ledger.info["instance"], ipaddress.IPv4Network(self.ledger.info["subnet"]))
+
+    @property
+    def timings(self) -> dict[str, float]:
+        return dict(self.ledger.info.get("timings", {}))
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def up(
+        self,
+        specs: Sequence[HostSpec],
+        *,
+        image: ImageSpec | None = None,
+        ready_timeout: float = 180.0,
+    ) -> list[Host]:
+        """Create and boot everything; on any failure, undo what was made and re-raise."""
+        if self.created:
+            raise TestbedError(f"{self.ledger.path} lists resources of an earlier bed; tear it down first")
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise TestbedError(f"duplicate host names in {names}")
+        ensure_inotify_room(len(specs))
+        try:
+            return self._up(specs, image, ready_timeout)
+        except BaseException as exc:
+            try:
+                self.down()
+            except TestbedError as down_exc:
+                exc.add_note(f"and cleaning up after it: {down_exc}")
+            raise
+
+    def _up(self, specs: Sequence[HostSpec], image_spec: ImageSpec | None, ready_timeout: float) -> list[Host]:
+        timings: dict[str, float] = {}
+        t0 = time.monotonic()
+        img = ensure_image(image_spec)
+        timings["image_s"] = time.monotonic() - t0
+        timings.update({f"image_{k}": v for k, v in img.timings.items()})
+
+        t1 = time.monotonic()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        # Choosing a free /24 and taking it (the control link's route) is one step across test beds.
+        with open(NET_LOCK, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            net = Network(self.instance, pick_subnet())
+            self.ledger.set_info(instance=self.instance, subnet=str(net.subnet), hub_ip=net.hub_ip, image=img.spec.key)
+            create_hub(self.ledger, net)
+        ssh_dir = self.workdir / "ssh"
+        self.ledger.add("dir", path=str(ssh_dir))
+        ssh_dir.mkdir(mode=0o700)
+        key = ssh_dir / "id_ed25519"
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"rigup-testbed-{self.instance}", "-f", str(key)])
+        known_hosts = ssh_dir / "known_hosts"
+        known_hosts.touch(mode=0o644)
+        self.ledger.add("dir", path=str(self.workdir / "hosts"))
+        timings["network_s"] = time.monotonic() - t1
+
+        urls: dict[str, str] = {}
+        host_files: dict[str, Any] = {}
+        layer: Path | None = None
+        t2 = time.monotonic()
+        if self.with_hub:
+            from rigup_testbed.hub import Hub  # the hub's own imports are heavier; only when wanted
+
+            hub_dir = self.workdir / "hub"
+            self.ledger.add("dir", path=str(hub_dir))
+            make_cgroup(self.ledger, f"{self.instance}/hub")
+            self._hub = Hub(hub_dir, net.hub_ip, netns=net.hub_netns, ledger=self.ledger, cgroup_rel=f"{self.instance}/hub")
+            self._hub.start()
+            urls = dict(self._hub.urls)
+            host_files = self._hub.host_files()
+            layer = ensure_layer(img, self._hub.preinstall())
+        timings["hub_s"] = time.monotonic() - t2
+        self.ledger.set_info(urls=urls)
+
+        t3 = time.monotonic()
+        hosts = [
+            create_host(
+                self.ledger, net, img, spec, index, self.workdir,
+                client_pubkey=key.with_suffix(".pub").read_text(),
+                known_hosts=known_hosts,
+                ssh_key=key,
+                extra_files=host_files,
+                layer=layer,
+            )
+            for index, spec in enumerate(specs)
+        ]  # fmt: skip
+        self.ledger.set_info(hosts=[h.to_json() for h in hosts])
+        for h in hosts:
+            start_host(self.ledger, h)
+        ready = wait_ready(hosts, timeout=ready_timeout)
+        timings["hosts_s"] = time.monotonic() - t3
+        timings["slowest_host_ready_s"] = max(ready.values(), default=0.0)
+        timings["up_s"] = time.monotonic() - t0
+        self.ledger.set_info(timings=timings)
+        return hosts
+
+    def down(self) -> list[str]:
+        """Undo everything the state file lists. Returns problems met (also raised as one error)."""
+        t0 = time.monotonic()
+        problems = self.ledger.teardown()
+        if problems:
+            raise TestbedError("teardown left problems:\n  " + "\n  ".join(problems))
+        self.ledger.path.unlink(missing_ok=True)
+        try:
+            self.workdir.rmdir()  # only when nothing else was put there
+        except OSError:
+            pass
+        self.last_teardown_s = time.monotonic() - t0
+        return problems
+
+    # --- fleet file ----------------------------------------------------------------------------
+
+    def fleet(
+        self,
+        *,
+        data: Mapping[str, Any] | None = None,
+        group_data: Mapping[str, Mapping[str, Any]] | None = None,
+        require_all_urls: bool = True,
+    ) -> dict[str, Any]:
+        """The fleet document (CONTRACT.md format) for this bed: every URL knob at the hub, Debian 12
+        allowed, the hub's plain-HTTP registry in docker_insecure_registries (as a LAN mirror user
+        sets it), each host with pinned SSH settings and its GPU count. `data` overrides any of it."""
+        urls = self.urls
+        knobs = url_knobs()
+        missing = [k for k in knobs if k not in urls]
+        if missing and require_all_urls:
+            raise TestbedError(f"the hub serves nothing for {', '.join(missing)}; refusing to leave them on the internet")
+        top: dict[str, Any] = {"preflight_os_allowed": ["debian 12"]}
+        top.update({k: urls[k] for k in knobs if k in urls})
+        if "source_refs" in urls:  # stand-in commits for sources the catalog pins to upstream SHAs
+            top["source_refs"] = dict(urls["source_refs"])
+        if "container_registry" in urls:
+            # The hub's registry speaks plain HTTP, as a LAN mirror often does: Docker must be told.
+            top["docker_insecure_registries"] = [registry_host_port(urls["container_registry"])]
+        top.update(data or {})
+        groups: dict[str, dict[str, Any]] = {}
+        for h in self.hosts:
+            g = groups.setdefault(h.group, {"hosts": {}})
+            if group_data and h.group in group_data:
+                g["data"] = dict(group_data[h.group])
+            g["hosts"][h.name] = {
+                "ssh_hostname": h.ip,
+                "ssh_port": 22,
+                "ssh_user": h.ssh_user,
+                "ssh_key": str(h.ssh_key),
+                "ssh_known_hosts_file": str(h.known_hosts),
+                "ssh_strict_host_key_checking": "yes",
+                "gpu_count": len(h.hardware.gpus),
+                **dict(h.data),
+            }
+        return {"data": top, "groups": groups}
+
+    def write_fleet(self, path: Path, **kwargs: Any) -> Path:
+        """Write `fleet(**kwargs)` as YAML to `path` (recorded, so teardown removes it)."""
+        doc = self.fleet(**kwargs)
+        path = path.resolve()
+        if not any(r["kind"] == "file" and r["path"] == str(path) for r in self.ledger.resources):
+            self.ledger.add("file", path=str(path))
+        header = (
+            f"# Test-bed fleet written by rigup_testbed (instance {self.instance}, subnet {self.ledger.info.get('subnet')}).\n"
+            "# Every external URL points at the hub namespace; removed by teardown.\n"
+        )
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False))
+        os.replace(tmp, path)
+        return path
+
+    # --- inspection ------------------------------------------------------------------------------
+
+    def status(self) -> list[dict[str, Any]]:
+        """One row per host: name, ip, group, preset, GPUs, running, boots, nspawn pid."""
+        rows = []
+        for h in self.hosts:
+            rows.append(
+                {
+                    "name": h.name,
+                    "ip": h.ip,
+                    "group": h.group,
+                    "hardware": h.hardware.preset,
+                    "gpus": len(h.hardware.gpus),
+                    "running": h.running(),
+                    "boots": h.boots(),
+                    "nspawn_pid": h.nspawn_pid(),
+                }
+            )
+        return rows
+
+
+# Each booted systemd takes several inotify instances (path units, journald, udev); the kernel's
+# default of 128 per user runs out with a few dozen hosts alive at once, and hosts then boot
+# "degraded" (systemd-ask-password-*.path failed). Raised, never lowered, for the whole machine.
+INOTIFY_INSTANCES_PER_HOST = 64
+INOTIFY_SYSCTL = Path("/proc/sys/fs/inotify/max_user_instances")
+
+
+def ensure_inotify_room(new_hosts: int) -> None:
+    try:
+        current = int(INOTIFY_SYSCTL.read_text())
+    except (OSError, ValueError):
+        return
+    wanted = max(8192, INOTIFY_INSTANCES_PER_HOST * new_hosts)  # 8192: room for ~128 hosts across beds
+    if current < wanted:
+        try:
+            INOTIFY_SYSCTL.write_text(f"{wanted}\n")
+        except OSError as exc:
+            raise TestbedError(
+                f"fs.inotify.max_user_instances is {current}; booting more hosts needs {wanted} (sysctl -w): {exc}"
+            ) from None
+

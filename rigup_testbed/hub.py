@@ -1,0 +1,242 @@
+"""The hub: services the test-bed hosts use instead of the internet, run inside the hub namespace.
+
+    hub = Hub(workdir, "10.213.0.1", netns="rigup-hub", ledger=ledger, cgroup_rel="rigup/hub")
+    hub.start()
+    hub.urls           # knob of group_data/all.py -> URL at the hub (plus ubuntu_archive_url/_key_url)
+    hub.host_files()   # files every host gets at creation: the stand-in distribution archive as apt source
+    hub.preinstall()   # .debs every host has before first boot (pciutils, mokutil stand-ins)
+    hub.stop()
+
+Services (fixed ports: the hub namespace is ours alone), each a process started detached inside the hub
+namespace and the hub's cgroup, recorded in the ledger, and up once it wrote its ready file:
+
+    apt       :8080  static HTTP over the signed stand-in repos (rigup_testbed/aptrepo.py, built once
+                     per content hash under the cache): docker_apt_url, nvidia_ctk_apt_url,
+                     nvidia_cuda_repo_url and their key URLs, plus the stand-in Ubuntu archive
+    registry  :5000  Registry v2 manifests, digests as the stand-in Docker engine pulls them
+                     (rigup_testbed/hubserve.py): container_registry
+    hf        :8082  Hugging Face endpoint (rigup_testbed/hfhub.py): hf_endpoint
+    git       :9418  git daemon (+ smart HTTP on :8081) with the fork, Genesis and club-3090 remotes
+                     (rigup_testbed/gitremotes.py): every *_git_url knob, same <owner>/<name>.git path
+
+Without `netns`/`ledger` the services run in the current namespace, recorded in workdir/hub-state.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rigup_testbed.image import REPO_ROOT, cache_dir
+from rigup_testbed.state import Ledger, TestbedError, is_same_process, spawn, stop_process
+
+# Fixed ports: the hub namespace is ours alone, so nothing else can hold them and URLs stay readable.
+PORTS = {"apt": 8080, "git": 8081, "git_daemon": 9418, "hf": 8082, "registry": 5000}
+READY_TIMEOUT_S = 60.0
+PREINSTALLED = ("pciutils", "mokutil")
+
+
+@dataclass
+class Service:
+    """One hub process: how to start it and which knobs its ready file answers."""
+
+    name: str
+    module: str
+    args: list[str]
+    ready_file: Path
+    # ready-file JSON -> {knob: url}
+    knobs: Callable[[dict[str, Any]], dict[str, str]]
+    entry: dict[str, Any] | None = None
+    ready: dict[str, Any] = field(default_factory=dict)
+
+
+def _source_refs(remotes: dict[str, Any]) -> dict[str, str]:
+    """The stand-in remotes cannot hold upstream's commits, so pin the sources whose catalog ref is an
+    upstream SHA to the stand-ins' equivalents: Genesis v7.69 (tag on a dev-only commit, like 2db18df)
+    and club-3090's S2 snapshot."""
+    return {"genesis": "v7.69", "club3090": remotes["club3090"]["pin"]}
+
+
+def _git_knobs(base: str, root: Path) -> dict[str, str]:
+    """Every *_git_url knob whose GitHub repo the hub serves, at the same <owner>/<name>.git path."""
+    from rigup_testbed.fleet import url_knobs
+
+    out: dict[str, str] = {}
+    for knob, default in url_knobs().items():
+        if not knob.endswith("_git_url"):
+            continue
+        path = urllib.parse.urlsplit(default).path.strip("/")
+        if (root / path).is_dir():
+            out[knob] = f"{base.rstrip('/')}/{path}"
+    return out
+
+
+class Hub:
+    def __init__(
+        self,
+        workdir: Path,
+        ip: str,
+        *,
+        netns: str | None = None,
+        ledger: Ledger | None = None,
+        cgroup_rel: str | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.ip = ip
+        self.netns = netns
+        self.ledger = ledger if ledger is not None else Ledger(workdir / "hub-state.json")
+        self.cgroup_rel = cgroup_rel
+        self.services: list[Service] = []
+        self._host_files: dict[str, str | bytes] = {}
+        self.repo_info: Any = None
+
+    # --- the services ----------------------------------------------------------------------------
+
+    def _plan(self) -> list[Service]:
+        w, ip = self.workdir, self.ip
+        info = self.repo_info
+        return [
+            Service(
+                name="apt",
+                module="rigup_testbed.hubserve",
+                args=["static", "--root", str(info.root), "--bind", ip, "--port", str(PORTS["apt"]),
+                      "--ready-file", str(w / "apt/ready.json")],
+                ready_file=w / "apt/ready.json",
+                knobs=lambda r: dict(info.urls(r["url"])),
+            ),
+            Service(
+                name="registry",
+                module="rigup_testbed.hubserve",
+                args=["registry", "--config", str(self.registry_config), "--bind", ip,
+                      "--port", str(PORTS["registry"]), "--ready-file", str(w / "registry/ready.json")],
+                ready_file=w / "registry/ready.json",
+                knobs=lambda r: {"container_registry": r["url"]},
+            ),
+            Service(
+                name="hf",
+                module="rigup_testbed.hfhub",
+                args=["--root", str(w / "hf"), "--bind", ip, "--port", str(PORTS["hf"]),
+                      "--ready-file", str(w / "hf/ready.json")],
+                ready_file=w / "hf/ready.json",
+                knobs=lambda r: {"hf_endpoint": r["url"]},
+            ),
+            Service(
+                name="git",
+                module="rigup_testbed.gitremotes",
+                args=["--root", str(w / "git"), "--bind", ip, "--port", str(PORTS["git_daemon"]),
+                      "--http-port", str(PORTS["git"]), "--ready-file", str(w / "git/ready.json")],
+                ready_file=w / "git/ready.json",
+                knobs=lambda r: {**_git_knobs(r["git_url"], w / "git"), "source_refs": _source_refs(r["remotes"])},
+            ),
+        ]  # fmt: skip
+
+    @property
+    def registry_config(self) -> Path:
+        """registry.json of the hub's registry (format: hubserve.py); tests may rewrite it at any time."""
+        return self.workdir / "registry" / "registry.json"
+
+    def start(self) -> None:
+        from rigup_testbed.aptrepo import build_repos
+
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        # Built once per content hash into the shared cache; served read-only.
+        self.repo_info = build_repos(cache_dir() / "aptrepo")
+        self._host_files.update(self._archive_files())
+        self.registry_config.parent.mkdir(exist_ok=True)
+        self.registry_config.write_text("{}\n")
+        self.services = self._plan()
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
+        for svc in self.services:
+            svc.ready_file.parent.mkdir(parents=True, exist_ok=True)
+            svc.ready_file.unlink(missing_ok=True)
+            svc.entry = spawn(
+                self.ledger,
+                f"hub:{svc.name}",
+                [sys.executable, "-m", svc.module, *svc.args],
+                log=self.workdir / f"{svc.name}.log",
+                cgroup_rel=self.cgroup_rel,
+                netns=self.netns,
+                env=env,
+                cwd=REPO_ROOT,
+            )
+        # The services start in parallel; wait for all of them.
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        for svc in self.services:
+            svc.ready = self._wait_ready(svc, deadline)
+
+    def _wait_ready(self, svc: Service, deadline: float) -> dict[str, Any]:
+        if svc.entry is None:
+            raise TestbedError(f"hub service {svc.name} was not started")
+        while time.monotonic() < deadline:
+            if svc.ready_file.exists():
+                try:
+                    return json.loads(svc.ready_file.read_text())
+                except ValueError:
+                    pass  # being written
+            if not is_same_process(svc.entry["pid"], svc.entry["starttime"]):
+                log = Path(svc.entry["log"]).read_text()[-2000:]
+                raise TestbedError(f"hub service {svc.name} exited during start:\n{log}")
+            time.sleep(0.05)
+        raise TestbedError(f"hub service {svc.name} not ready after {READY_TIMEOUT_S:.0f}s; see {svc.entry['log']}")
+
+    def stop(self) -> None:
+        for svc in reversed(self.services):
+            if svc.entry is not None:
+                stop_process(svc.entry["pid"], svc.entry["starttime"])
+                if svc.entry in self.ledger.resources:
+                    self.ledger.resources.remove(svc.entry)
+                    self.ledger.save()
+                svc.entry = None
+
+    # --- what hosts and the fleet file need --------------------------------------------------
+
+    @property
+    def urls(self) -> dict[str, str]:
+        urls: dict[str, str] = {}
+        for svc in self.services:
+            urls.update(svc.knobs(svc.ready))
+        return urls
+
+    def host_files(self) -> dict[str, str | bytes]:
+        """Files to write into every host's root (path -> content)."""
+        return dict(self._host_files)
+
+    def preinstall(self) -> list[Path]:
+        """Archive packages a freshly installed Ubuntu server already has (pciutils: lspci; mokutil:
+        Secure Boot state, pulled in by shim-signed on UEFI machines), as .deb files to install into
+        every host before its first boot."""
+        if self.repo_info is None:
+            raise TestbedError("hub not started")
+        pool = self.repo_info.root / "ubuntu-archive/pool/main"
+        debs = []
+        for name in PREINSTALLED:
+            found = sorted(pool.glob(f"{name[0]}/{name}/{name}_*.deb"))
+            if not found:
+                raise TestbedError(f"the stand-in archive has no {name} package under {pool}")
+            debs.append(found[-1])
+        return debs
+
+    def _archive_files(self) -> dict[str, str | bytes]:
+        """A rig's distribution archive is configured before rigup runs: give every host the stand-in
+        archive (driver packages, mokutil, pciutils) as its one apt source, signed like the real one."""
+        info = self.repo_info
+        keyring = "/usr/share/keyrings/ubuntu-archive-keyring.gpg"
+        base = f"http://{self.ip}:{PORTS['apt']}/{info.ubuntu_archive_url}"
+        return {
+            keyring: (info.root / "ubuntu-archive/ubuntu-archive-keyring.gpg").read_bytes(),
+            "/etc/apt/sources.list.d/ubuntu.sources": (
+                "# rigup test bed: stand-in of the distribution archive, served by the hub\n"
+                "Types: deb\n"
+                f"URIs: {base}\n"
+                "Suites: bookworm\n"
+                f"Components: {' '.join(info.ubuntu_archive_components)}\n"
+                f"Signed-By: {keyring}\n"
+            ),
+        }

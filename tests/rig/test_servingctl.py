@@ -1,0 +1,578 @@
+"""The rig-side health gate (rigup/rig/servingctl.py) against a real OpenAI-compatible responder on
+loopback, with systemd replaced by a fake that "restarts" the responder from the files on disk.
+
+Covers the gate's waiting and checks, generation bookkeeping, provenance content and rollback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rigup.rig import servingctl as ctl
+
+MODEL = "qwen3.6-27b-autoround"
+API_KEY = "sk-test-0123456789abcdef"
+VERSIONS = {"kernel": "6.8.0", "nvidia_driver": "580.95.05", "docker": "28.0.1", "docker_compose": "2.40.3", "nvidia_ctk": None}
+
+
+# --------------------------------------------------------------------------------------------
+# a tiny OpenAI-compatible server
+
+
+class Behaviour:
+    """What the responder does; tests and the fake systemd change it while it runs."""
+
+    def __init__(self) -> None:
+        self.model: str | None = MODEL  # None: /v1/models lists nothing
+        self.unlisted_polls = 0  # /v1/models lists nothing for this many requests (cold start)
+        self.completion_status = 200
+        self.completion_text = "OK"
+        self.api_key: str | None = None
+        self.models_requests = 0
+        self.completions: list[dict[str, Any]] = []
+        self.down = False  # refuse with 503 as a proxy would while vLLM is not up
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    server: "Server"
+
+    def log_message(self, *args: Any) -> None:  # keep pytest output clean
+        pass
+
+    def reply(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def authorised(self) -> bool:
+        key = self.server.behaviour.api_key
+        return key is None or self.headers.get("Authorization") == f"Bearer {key}"
+
+    def do_GET(self) -> None:  # noqa: N802
+        b = self.server.behaviour
+        if b.down:
+            return self.reply(503, {"detail": "starting"})
+        if not self.authorised():
+            return self.reply(401, {"error": "Unauthorized"})
+        if self.path != "/v1/models":
+            return self.reply(404, {})
+        b.models_requests += 1
+        listed = b.model is not None and b.models_requests > b.unlisted_polls
+        return self.reply(200, {"object": "list", "data": [{"id": b.model, "object": "model"}] if listed else []})
+
+    def do_POST(self) -> None:  # noqa: N802
+        b = self.server.behaviour
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if not self.authorised():
+            return self.reply(401, {"error": "Unauthorized"})
+        b.completions.append(body)
+        if b.completion_status != 200:
+            return self.reply(b.completion_status, {"error": {"message": "EngineCore encountered an issue."}})
+        if body.get("model") != b.model:
+            return self.reply(404, {"error": {"message": f"The model `{body.get('model')}` does not exist."}})
+        tokens = len(b.completion_text.split())
+        return self.reply(
+            200,
+            {
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": b.completion_text}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 12, "completion_tokens": tokens, "total_tokens": 12 + tokens},
+            },
+        )
+
+
+class Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.behaviour = Behaviour()
+
+
+@pytest.fixture
+def server():
+    srv = Server()
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+# --------------------------------------------------------------------------------------------
+# fake systemd: a restart reconfigures the responder from the variant's compose.yaml
+
+
+class FakeSystemd(ctl.Systemd):
+    def __init__(self, server: Server, root: Path) -> None:
+        self.server = server
+        self.root = root
+        self.calls: list[tuple[str, ...]] = []
+        self.state: dict[str, dict[str, str]] = {}
+        self.journal = ["vllm  | INFO Started server process", "vllm  | ERROR something broke"]
+
+    def unit(self, name: str) -> dict[str, str]:
+        return self.state.setdefault(
+            name,
+            {"ActiveState": "active", "SubState": "running", "NRestarts": "0", "Result": "success",
+             "UnitFileState": "enabled", "LoadState": "loaded", "NeedDaemonReload": "no",
+             "ExecMainStartTimestampMonotonic": str(int(time.monotonic() * 1e6))},
+        )
+
+    def show(self, unit: str) -> dict[str, str]:
+        return dict(self.unit(unit))
+
+    def _apply(self, unit: str) -> None:
+        variant = unit[len("rigup-") : -len(".service")]
+        compose = (self.root / "opt/rigup/variants" / variant / "compose.yaml").read_text()
+        # The "container" serves the model the compose file names, or nothing when it says broken.
+        served = compose.split("model=", 1)[1].split()[0]
+        self.server.behaviour.model = None if served == "broken" else served
+        self.unit(unit).update(ActiveState="active", ExecMainStartTimestampMonotonic=str(int(time.monotonic() * 1e6)))
+
+    def restart(self, unit: str) -> None:
+        self.calls.append(("restart", unit))
+        self._apply(unit)
+
+    def enable(self, unit: str) -> None:
+        self.calls.append(("enable", unit))
+
+    def disable_now(self, unit: str) -> None:
+        self.calls.append(("disable --now", unit))
+        self.unit(unit)["ActiveState"] = "inactive"
+
+    def daemon_reload(self) -> None:
+        self.calls.append(("daemon-reload",))
+
+    def journal_tail(self, unit: str, lines: int) -> list[str]:
+        self.calls.append(("journal", unit))
+        return self.journal[-lines:]
+
+
+# --------------------------------------------------------------------------------------------
+# a rig layout in a temporary directory
+
+
+class Rig:
+    def __init__(self, root: Path, port: int) -> None:
+        self.root = root
+        self.port = port
+        self.install_root = root / "opt/rigup"
+        self.unit_dir = root / "etc/systemd/system"
+        self.unit_dir.mkdir(parents=True)
+
+    def variant_dir(self, variant: str) -> Path:
+        return self.install_root / "variants" / variant
+
+    def deploy(self, variant: str, model: str, *, api_key: str | None = None, unit_extra: str = "", tag: str = "v1") -> Path:
+        """Write the files pyinfra would upload; returns the release path."""
+        vdir = self.variant_dir(variant)
+        vdir.mkdir(parents=True, exist_ok=True)
+        compose = f"# compose for {variant}\nimage: vllm/vllm-openai:{tag}\nmodel={model} \n"
+        env = "# env\n" + (f"VLLM_API_KEY='{api_key}'\n" if api_key else "")
+        unit = f"[Service]\nExecStart=/usr/bin/docker compose up\n{unit_extra}"
+        (vdir / "compose.yaml").write_text(compose)
+        (vdir / ".env").write_text(env)
+        os.chmod(vdir / ".env", 0o600)
+        unit_file = self.unit_dir / f"rigup-{variant}.service"
+        unit_file.write_text(unit)
+        release = {
+            "schema": 1,
+            "variant": variant,
+            "install_root": str(self.install_root),
+            "variant_dir": str(vdir),
+            "unit": f"rigup-{variant}.service",
+            "unit_file": str(unit_file),
+            "unit_sha256": hashlib.sha256(unit.encode()).hexdigest(),
+            "env_file": str(vdir / ".env"),
+            "files": {
+                "compose.yaml": hashlib.sha256(compose.encode()).hexdigest(),
+                ".env": hashlib.sha256(b"# env\n").hexdigest(),
+            },
+            "health_url": f"http://127.0.0.1:{self.port}/v1/models",
+            "served_model_name": MODEL,
+            "api_key_env": "VLLM_API_KEY" if api_key else None,
+            "secret_env_keys": ["VLLM_API_KEY"] if api_key else [],
+            "image": {"ref": f"docker.io/vllm/vllm-openai:{tag}", "digest": None},
+            "sources": [{"name": "genesis", "commit": "2db18df4bc3abd4eb58a9b2e0342082fa7012c64"}],
+            "models": [{"repo_id": "Lorbus/Qwen3.6-27B-int4-AutoRound", "revision": "a" * 40}],
+        }
+        path = vdir / "release.json"
+        path.write_text(json.dumps(release, indent=2, sort_keys=True) + "\n")
+        return path
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        return json.loads((self.install_root / "state/provenance.json").read_text())
+
+    def generations(self, variant: str) -> list[int]:
+        return ctl.generation_numbers(str(self.variant_dir(variant) / "generations"))
+
+
+@pytest.fixture
+def rig(tmp_path, server):
+    return Rig(tmp_path, server.server_address[1])
+
+
+@pytest.fixture
+def systemd(server, tmp_path):
+    return FakeSystemd(server, tmp_path)
+
+
+def run_gate(release: Path, systemd: FakeSystemd, *, timeout: float = 5.0, keep: int = 2, rollback: bool = True) -> tuple[int, list[str]]:
+    lines: list[str] = []
+    code = ctl.gate(
+        str(release), timeout, keep, rollback, systemd, out=lines.append, versions=VERSIONS, poll_s=0.01
+    )
+    return code, lines
+
+
+# --------------------------------------------------------------------------------------------
+# the gate
+
+
+def test_gate_passes_records_generation_and_provenance(rig, systemd, server):
+    release = rig.deploy("dual", MODEL)
+    code, lines = run_gate(release, systemd)
+    assert code == ctl.EXIT_PASSED, lines
+    assert lines[-1] == f"{ctl.RESULT_MARKER} passed"
+    assert rig.generations("dual") == [1]
+    gen = rig.variant_dir("dual") / "generations/1"
+    assert (gen / "compose.yaml").read_text() == (rig.variant_dir("dual") / "compose.yaml").read_text()
+    assert (gen / ctl.UNIT_COPY_NAME).read_text().startswith("[Service]")
+    assert oct((gen / ".env").stat().st_mode & 0o777) == "0o600"
+    assert oct(gen.stat().st_mode & 0o777) == "0o700"
+    prov = rig.provenance
+    assert prov["variant"] == "dual" and prov["generation"] == 1
+    assert prov["release_sha256"] == hashlib.sha256(release.read_bytes()).hexdigest()
+    assert prov["release"]["sources"][0]["commit"] == "2db18df4bc3abd4eb58a9b2e0342082fa7012c64"
+    assert prov["host"] == VERSIONS
+    assert prov["gate"]["result"] == "passed"
+    assert prov["gate"]["models"] == [MODEL]
+    assert prov["gate"]["completion"]["completion_tokens"] == 1
+    # The completion the gate sent is the short, greedy, seeded one.
+    sent = server.behaviour.completions[-1]
+    assert sent["temperature"] == 0 and sent["seed"] == 0 and sent["max_tokens"] == ctl.GATE_MAX_TOKENS
+    assert ("journal", "rigup-dual.service") not in systemd.calls
+
+
+def test_gate_waits_through_a_cold_start(rig, systemd, server):
+    server.behaviour.unlisted_polls = 5
+    code, lines = run_gate(rig.deploy("dual", MODEL), systemd)
+    assert code == ctl.EXIT_PASSED, lines
+    assert server.behaviour.models_requests == 6
+    assert rig.provenance["gate"]["ready_seconds"] >= 0
+
+
+def test_gate_times_out_when_the_model_is_never_listed(rig, systemd, server):
+    server.behaviour.model = "some-other-model"
+    code, lines = run_gate(rig.deploy("dual", MODEL), systemd, timeout=0.3)
+    assert code == ctl.EXIT_FAILED
+    text = "\n".join(lines)
+    assert f"{MODEL!r} not served after 0 s" in text
+    assert "lists ['some-other-model']" in text
+    assert "journalctl -u rigup-dual.service" in text
+    assert "  vllm  | ERROR something broke" in lines
+    assert "no previous good generation" in text
+    assert lines[-1] == f"{ctl.RESULT_MARKER} failed"
+    assert not (rig.install_root / "state/provenance.json").exists()
+    assert rig.generations("dual") == []
+
+
+def test_gate_fails_when_the_server_is_unreachable(rig, systemd, server):
+    release = rig.deploy("dual", MODEL)
+    data = json.loads(release.read_text())
+    data["health_url"] = "http://127.0.0.1:9/v1/models"  # discard port: nothing listens
+    release.write_text(json.dumps(data))
+    code, lines = run_gate(release, systemd, timeout=0.2)
+    assert code == ctl.EXIT_FAILED
+    assert "unreachable" in lines[0]
+
+
+def test_gate_fails_when_the_completion_fails(rig, systemd, server):
+    server.behaviour.completion_status = 500
+    code, lines = run_gate(rig.deploy("dual", MODEL), systemd)
+    assert code == ctl.EXIT_FAILED
+    assert "chat completion answered HTTP 500: EngineCore encountered an issue." in lines[0]
+    assert len(server.behaviour.completions) == 3  # a 5xx right after readiness is retried twice
+
+
+def test_gate_fails_on_an_empty_completion(rig, systemd, server):
+    server.behaviour.completion_text = ""
+    code, lines = run_gate(rig.deploy("dual", MODEL), systemd)
+    assert code == ctl.EXIT_FAILED
+    assert "produced no tokens" in lines[0]
+
+
+def test_gate_fails_fast_on_a_dead_unit(rig, systemd, server):
+    systemd.unit("rigup-dual.service").update(ActiveState="failed", Result="exit-code")
+    code, lines = run_gate(rig.deploy("dual", MODEL), systemd, timeout=60)
+    assert code == ctl.EXIT_FAILED
+    assert "rigup-dual.service is failed (result: exit-code)" in lines[0]
+
+
+def test_gate_fails_fast_on_a_crash_loop(rig, systemd, server):
+    server.behaviour.model = None
+    shows = {"n": 0}
+    original = systemd.show
+
+    def show(unit: str) -> dict[str, str]:
+        shows["n"] += 1
+        state = original(unit)
+        state["NRestarts"] = str(shows["n"] // 2)
+        return state
+
+    systemd.show = show  # type: ignore[method-assign]
+    code, lines = run_gate(rig.deploy("dual", MODEL), systemd, timeout=60)
+    assert code == ctl.EXIT_FAILED
+    assert "crash loop" in lines[0]
+
+
+def test_gate_uses_the_api_key_and_never_prints_it(rig, systemd, server):
+    server.behaviour.api_key = API_KEY
+    systemd.journal.append(f"vllm  | api_key={API_KEY}")
+    release = rig.deploy("dual", MODEL, api_key=API_KEY)
+    code, lines = run_gate(release, systemd)
+    assert code == ctl.EXIT_PASSED, lines
+    # A wrong key is refused, and the failure output (with the journal) hides the real one.
+    server.behaviour.api_key = "sk-the-server-wants-another-key"
+    code, lines = run_gate(release, systemd, timeout=0.2, rollback=False)
+    assert code == ctl.EXIT_FAILED
+    text = "\n".join(lines)
+    assert "refused the API key (HTTP 401)" in text
+    assert API_KEY not in text
+    assert "api_key=***" in text
+    assert API_KEY not in (rig.install_root / "state/provenance.json").read_text()
+
+
+def test_open_api_sends_no_authorization(rig, systemd, server):
+    server.behaviour.api_key = API_KEY
+    code, lines = run_gate(rig.deploy("dual", MODEL), systemd, timeout=0.2)
+    assert code == ctl.EXIT_FAILED
+    assert "refused the API key (HTTP 401)" in lines[0]
+
+
+# --------------------------------------------------------------------------------------------
+# generations
+
+
+def test_generations_grow_reuse_and_prune(rig, systemd, server):
+    assert run_gate(rig.deploy("dual", MODEL, tag="v1"), systemd)[0] == 0
+    assert run_gate(rig.deploy("dual", MODEL, tag="v2"), systemd)[0] == 0
+    assert rig.generations("dual") == [1, 2]
+    # Gating the same release again is not a new generation.
+    assert run_gate(rig.deploy("dual", MODEL, tag="v2"), systemd)[0] == 0
+    assert rig.generations("dual") == [1, 2]
+    assert run_gate(rig.deploy("dual", MODEL, tag="v3"), systemd, keep=2)[0] == 0
+    assert rig.generations("dual") == [2, 3]
+    assert "v3" in (rig.variant_dir("dual") / "generations/3/compose.yaml").read_text()
+    assert rig.provenance["generation"] == 3
+    # keep=1 leaves only the current one.
+    assert run_gate(rig.deploy("dual", MODEL, tag="v4"), systemd, keep=1)[0] == 0
+    assert rig.generations("dual") == [4]
+
+
+def test_a_rotated_secret_is_a_new_generation(rig, systemd, server):
+    server.behaviour.api_key = "sk-first-key-000000"
+    assert run_gate(rig.deploy("dual", MODEL, api_key="sk-first-key-000000"), systemd)[0] == 0
+    server.behaviour.api_key = "sk-second-key-11111"
+    assert run_gate(rig.deploy("dual", MODEL, api_key="sk-second-key-11111"), systemd)[0] == 0
+    # Same release.json (it has no secrets), different .env: generation 2 holds the new key.
+    assert rig.generations("dual") == [1, 2]
+    assert "sk-second-key-11111" in (rig.variant_dir("dual") / "generations/2/.env").read_text()
+
+
+def test_interrupted_staging_dirs_are_cleaned(rig, systemd, server):
+    stale = rig.variant_dir("dual") / "generations/.2-abcdef"
+    stale.mkdir(parents=True)
+    assert run_gate(rig.deploy("dual", MODEL), systemd)[0] == 0
+    assert not stale.exists()
+    assert rig.generations("dual") == [1]
+
+
+# --------------------------------------------------------------------------------------------
+# rollback
+
+
+def test_failed_upgrade_rolls_back_to_the_last_good_generation(rig, systemd, server):
+    good = rig.deploy("dual", MODEL, tag="v1")
+    assert run_gate(good, systemd)[0] == 0
+    good_compose = (rig.variant_dir("dual") / "compose.yaml").read_text()
+    good_release = good.read_text()
+    # The upgrade: a new image whose container serves nothing.
+    bad = rig.deploy("dual", "broken", tag="v2")
+    systemd.restart("rigup-dual.service")  # what pyinfra's restart op does before the gate
+    assert server.behaviour.model is None
+    code, lines = run_gate(bad, systemd, timeout=0.3)
+    text = "\n".join(lines)
+    assert code == ctl.EXIT_ROLLED_BACK, text
+    assert "FAILED and ROLLED BACK" in text and "generation 1 serves again" in text
+    assert lines[-1] == f"{ctl.RESULT_MARKER} failed-and-rolled-back"
+    # The old files are back, the unit was restarted, and the old release serves.
+    assert (rig.variant_dir("dual") / "compose.yaml").read_text() == good_compose
+    assert good.read_text() == good_release
+    assert server.behaviour.model == MODEL
+    assert systemd.calls.count(("restart", "rigup-dual.service")) == 2
+    assert ("daemon-reload",) not in systemd.calls  # the unit file did not change
+    prov = rig.provenance
+    assert prov["generation"] == 1 and prov["gate"]["result"] == "passed"
+    assert prov["last_rollback"]["outcome"] == "rolled back"
+    assert prov["last_rollback"]["failed_image"] == "docker.io/vllm/vllm-openai:v2"
+    assert "not served" in prov["last_rollback"]["reason"]
+    assert rig.generations("dual") == [1]
+
+
+def test_rollback_restores_a_changed_unit_and_reloads_once(rig, systemd, server):
+    assert run_gate(rig.deploy("dual", MODEL, tag="v1"), systemd)[0] == 0
+    bad = rig.deploy("dual", "broken", tag="v2", unit_extra="Environment=NEW=1\n")
+    systemd.restart("rigup-dual.service")
+    code, _ = run_gate(bad, systemd, timeout=0.3)
+    assert code == ctl.EXIT_ROLLED_BACK
+    assert "NEW=1" not in (rig.unit_dir / "rigup-dual.service").read_text()
+    assert systemd.calls.count(("daemon-reload",)) == 1
+
+
+def test_failed_variant_switch_rolls_back_to_the_previous_variant(rig, systemd, server):
+    assert run_gate(rig.deploy("single", MODEL), systemd)[0] == 0
+    bad = rig.deploy("dual", "broken")
+    systemd.disable_now("rigup-single.service")  # pyinfra's sole_variant op
+    systemd.restart("rigup-dual.service")
+    code, lines = run_gate(bad, systemd, timeout=0.3)
+    assert code == ctl.EXIT_ROLLED_BACK, lines
+    assert ("disable --now", "rigup-dual.service") in systemd.calls
+    # Stop the failed variant first (it holds the GPUs), then bring the old one back.
+    tail = systemd.calls[systemd.calls.index(("disable --now", "rigup-dual.service")) :]
+    assert tail == [
+        ("disable --now", "rigup-dual.service"),
+        ("enable", "rigup-single.service"),
+        ("restart", "rigup-single.service"),
+    ]
+    assert rig.provenance["variant"] == "single"
+    assert rig.provenance["last_rollback"]["failed_variant"] == "dual"
+
+
+def test_rollback_that_fails_too_says_so(rig, systemd, server):
+    assert run_gate(rig.deploy("dual", MODEL, tag="v1"), systemd)[0] == 0
+    bad = rig.deploy("dual", "broken", tag="v2")
+    systemd.restart("rigup-dual.service")
+    server.behaviour.completion_status = 500  # the old release cannot answer either now
+    code, lines = run_gate(bad, systemd, timeout=0.3)
+    text = "\n".join(lines)
+    assert code == ctl.EXIT_ROLLBACK_FAILED
+    assert "rollback to variant dual generation 1 failed too" in text
+    assert lines[-1] == f"{ctl.RESULT_MARKER} rollback-failed"
+    assert rig.provenance["last_rollback"]["outcome"].startswith("rollback failed")
+
+
+def test_no_rollback_when_the_failing_release_is_the_last_good_one(rig, systemd, server):
+    release = rig.deploy("dual", MODEL)
+    assert run_gate(release, systemd)[0] == 0
+    server.behaviour.model = None  # the service broke on its own; nothing older to go back to
+    code, lines = run_gate(release, systemd, timeout=0.2)
+    assert code == ctl.EXIT_FAILED
+    assert "nothing older to restore" in "\n".join(lines)
+    assert ("restart", "rigup-dual.service") not in systemd.calls
+
+
+def test_rollback_can_be_disabled(rig, systemd, server):
+    assert run_gate(rig.deploy("dual", MODEL, tag="v1"), systemd)[0] == 0
+    bad = rig.deploy("dual", "broken", tag="v2")
+    systemd.restart("rigup-dual.service")
+    code, lines = run_gate(bad, systemd, timeout=0.2, rollback=False)
+    assert code == ctl.EXIT_FAILED
+    assert "rollback disabled" in "\n".join(lines)
+    assert "v2" in (rig.variant_dir("dual") / "compose.yaml").read_text()
+
+
+# --------------------------------------------------------------------------------------------
+# probe (the ServingStatus fact)
+
+
+def test_probe_reports_serving_and_the_recorded_release(rig, systemd, server):
+    assert ctl.probe(str(rig.variant_dir("dual") / "release.json"), systemd) == {"release_present": False, "serving": False}
+    release = rig.deploy("dual", MODEL)
+    before = ctl.probe(str(release), systemd)
+    assert before["serving"] is True and before["models"] == [MODEL]
+    assert before["provenance"]["release_sha256"] is None
+    run_gate(release, systemd)
+    after = ctl.probe(str(release), systemd)
+    assert after["provenance"] == {
+        "variant": "dual",
+        "generation": 1,
+        "release_sha256": after["release_sha256"],
+        "gate_result": "passed",
+    }
+    server.behaviour.model = "other"
+    assert ctl.probe(str(release), systemd)["serving"] is False
+    systemd.unit("rigup-dual.service")["ActiveState"] = "inactive"
+    stopped = ctl.probe(str(release), systemd)
+    assert stopped["active"] == "inactive" and stopped["models"] is None and stopped["serving"] is False
+
+
+def test_env_file_parsing():
+    assert ctl.parse_env_file("/nonexistent") == {}
+
+
+def test_env_file_values(tmp_path):
+    env = tmp_path / ".env"
+    env.write_text("# c\n\nA=1\nexport B='two words'\nC=\"x=y\"\nnot a line\n")
+    assert ctl.parse_env_file(str(env)) == {"A": "1", "B": "two words", "C": "x=y"}
+
+
+def test_redactor_hides_long_secrets_only():
+    redact = ctl.Redactor(["sk-abcdef123", "abc"])
+    assert redact("key sk-abcdef123 and abc") == "key *** and abc"
+
+
+def test_rollback_that_cannot_restart_says_so(rig, systemd, server):
+    assert run_gate(rig.deploy("dual", MODEL, tag="v1"), systemd)[0] == 0
+    bad = rig.deploy("dual", "broken", tag="v2")
+    systemd.restart("rigup-dual.service")
+
+    def restart(unit: str) -> None:
+        raise ctl.subprocess.CalledProcessError(1, ["systemctl", "restart", unit], stderr="Job failed.\n")
+
+    systemd.restart = restart  # type: ignore[method-assign]
+    code, lines = run_gate(bad, systemd, timeout=0.2)
+    assert code == ctl.EXIT_ROLLBACK_FAILED
+    assert "could not be done: Job failed." in "\n".join(lines)
+    assert rig.provenance["last_rollback"]["outcome"] == "rollback failed: Job failed."
+
+
+def test_probe_sees_files_newer_than_the_running_service(rig, systemd, server):
+    release = rig.deploy("dual", MODEL)
+    systemd.restart("rigup-dual.service")  # started after the files were written
+    status = ctl.probe(str(release), systemd)
+    assert status["stale"] is False and status["need_daemon_reload"] is False
+    assert abs(status["started_at"] - time.time()) < 5
+    # A deploy writes new files but is interrupted before restarting: the next probe knows.
+    time.sleep(0.01)
+    rig.deploy("dual", MODEL, tag="v2")
+    assert ctl.probe(str(release), systemd)["stale"] is True
+    systemd.restart("rigup-dual.service")
+    assert ctl.probe(str(release), systemd)["stale"] is False
+    # Not running: never stale (it will be started, not restarted).
+    systemd.unit("rigup-dual.service")["ActiveState"] = "inactive"
+    rig.deploy("dual", MODEL, tag="v3")
+    assert ctl.probe(str(release), systemd)["stale"] is False
+
+
+def test_probe_reports_a_unit_file_systemd_has_not_loaded(rig, systemd, server):
+    release = rig.deploy("dual", MODEL)
+    systemd.unit("rigup-dual.service")["NeedDaemonReload"] = "yes"
+    assert ctl.probe(str(release), systemd)["need_daemon_reload"] is True
+    systemd.unit("rigup-dual.service").update(NeedDaemonReload="no", LoadState="not-found")
+    assert ctl.probe(str(release), systemd)["need_daemon_reload"] is True  # the file exists now
+    (rig.unit_dir / "rigup-dual.service").unlink()
+    assert ctl.probe(str(release), systemd)["need_daemon_reload"] is False
