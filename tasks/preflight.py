@@ -11,7 +11,7 @@ check naming the host, the key and the fix (`python -m rigup doctor` prints the 
 deploying). Before a driver is loaded the GPUs are known from lspci only: where the PCI id does not
 tell the memory size, VRAM is a warning here and tasks/nvidia_driver.py runs every check again
 after the driver's reboot. The recipe checked is the one the later phases build
-(rigup.desired.plan.locked_recipe with the GPU topology); without a usable lock the catalog's refs stand in
+(rigup.desired.plan.host_plan with the GPU topology); without a usable lock the catalog's refs stand in
 and a warning says so.
 
 Reads: variant, variant_overrides, gpu_count, gpu_interconnect, preflight_os_allowed,

@@ -34,10 +34,9 @@ from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.operations import apt, files
 
 from rigup.desired.lock import LockError
-from rigup.desired.plan import locked_recipe
-from rigup.desired.release import build_release, release_json, release_path
-from rigup.desired.render import API_KEY_KEY, HF_TOKEN_KEY, render_variant
-from rigup.desired.secrets import SecretError, load_api_key, read_hf_token
+from rigup.desired.plan import host_plan
+from rigup.desired.release import release_path
+from rigup.desired.secrets import SecretError
 from rigup.facts.gpu import GpuTopology
 from rigup.operations.serving import (
     ctl_path,
@@ -57,14 +56,9 @@ from rigup.runstate import driver_changed, serving_blocked
 # (no nvidia-smi yet): the gpu_interconnect knob decides, and the next run applies what is detected.
 topology = host.get_fact(GpuTopology)
 try:
-    recipe, lock = locked_recipe(host.data.dict(), host.name, topology=topology)
-    api_key = load_api_key(host.data.dict())
-    hf_token = read_hf_token(host.data.get("hf_token_file"))
-    timeout_s = health_timeout_s(recipe, host.data.get("serving_health_timeout_s"))
-    rendered = render_variant(recipe, hf_token_present=hf_token is not None, api_key_present=api_key is not None)
-    env_render = rendered[recipe.paths.env_file.lstrip("/")]
-    secrets = {key: value for key, value in ((HF_TOKEN_KEY, hf_token), (API_KEY_KEY, api_key)) if value is not None}
-    env_text = env_render.with_secrets(secrets)  # refuses quotes/newlines that would break the .env
+    plan = host_plan(host.data.dict(), host.name, topology)
+    env_text = plan.env_text()  # refuses quotes/newlines that would break the .env
+    timeout_s = health_timeout_s(plan.recipe, host.data.get("serving_health_timeout_s"))
     keep = host.data.get("serving_keep_generations", 2)
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise ValueError(f"serving_keep_generations must be an integer of at least 1, got {keep!r}")
@@ -75,14 +69,8 @@ blocked = serving_blocked(host)
 if blocked is not None:
     logger.warning(f"{host.print_prefix}SERVING SKIPPED: {blocked}")
 else:
+    recipe = plan.recipe
     paths = recipe.paths
-    release = build_release(
-        recipe,
-        {path: f.content for path, f in rendered.items()},
-        api_key_present=api_key is not None,
-        secret_env_keys=env_render.secret_keys,
-        lock=lock,
-    )
     ctl = ctl_path(paths.install_root)
 
     apt.packages(name="Install python3 for rigup-servingctl", packages=["python3"])
@@ -103,7 +91,7 @@ else:
     image_pulled(name="Pull the container image", ref=recipe.image.ref)
     files.put(
         name="Write the compose file",
-        src=StringIO(rendered[paths.compose_file.lstrip("/")].content),
+        src=StringIO(plan.compose.content),
         dest=paths.compose_file,
         mode="644",
     )
@@ -111,17 +99,17 @@ else:
         name="Write the environment file (0600: the only place secrets go)",
         path=paths.env_file,
         content=HiddenValue(env_text),
-        mode=env_render.mode,
+        mode=plan.env.mode,
     )
     files.put(
         name="Write the systemd unit",
-        src=StringIO(rendered[paths.unit_file.lstrip("/")].content),
+        src=StringIO(plan.unit.content),
         dest=paths.unit_file,
         mode="644",
     )
     files.put(
         name="Write the release file (pins and file hashes)",
-        src=StringIO(release_json(release)),
+        src=StringIO(plan.release_text),
         dest=release_path(recipe),
         mode="644",
     )

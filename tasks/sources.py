@@ -15,11 +15,11 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import apt, files
 
 from rigup.desired.lock import LockError
-from rigup.desired.plan import locked_recipe
+from rigup.desired.plan import host_plan
 from rigup.operations.git import git_checkout
 
 try:
-    recipe, _lock = locked_recipe(host.data.dict(), host.name)
+    recipe = host_plan(host.data.dict(), host.name, read_secrets=False).recipe
 except LockError as exc:
     raise DeployError(str(exc)) from None
 

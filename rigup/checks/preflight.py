@@ -150,23 +150,16 @@ class HostRecipe:
 def host_recipe(
     host_data: Mapping[str, Any], host_name: str, topology: Topology | None, base_dir: Path | None = None
 ) -> HostRecipe:
-    """The recipe every later phase will build (rigup.desired.plan.locked_recipe: lock pins + the interconnect
+    """The recipe every later phase will build (rigup.desired.plan.host_plan: lock pins + the interconnect
     of `topology`). Without a usable lock, the catalog's refs stand in so the hardware checks still
     run; the sources, model and serving phases refuse to run until `python -m rigup lock` is done."""
-    from rigup.desired.lock import LockError
-    from rigup.desired.plan import locked_recipe, resolve_for_host
+    from rigup.desired.plan import host_plan
 
-    lock_problem: str | None = None
     try:
-        return HostRecipe(locked_recipe(host_data, host_name, base_dir, topology)[0])
-    except LockError as exc:
-        lock_problem = str(exc)
+        plan = host_plan(host_data, host_name, topology, base_dir=base_dir, require_lock=False, read_secrets=False)
     except Exception as exc:  # RecipeError, CatalogError, bad knob types: reported as the "recipe" check
         return HostRecipe(None, f"{type(exc).__name__}: {exc}")
-    try:
-        return HostRecipe(resolve_for_host(host_data, topology, None), None, lock_problem)
-    except Exception as exc:
-        return HostRecipe(None, f"{type(exc).__name__}: {exc}", lock_problem)
+    return HostRecipe(plan.recipe, None, plan.lock_problem)
 
 
 def gather(

@@ -46,7 +46,7 @@ def collect(
 ) -> list[HostReport]:
     """Connect to `hosts` ((name, host data) pairs, data already merged with the knob defaults)
     with pyinfra's API and run every check on each one. The recipe is built as the deploy builds it
-    (rigup.desired.plan.locked_recipe with the host's GPU topology); a relative lock_file is read from
+    (rigup.desired.plan.host_plan with the host's GPU topology); a relative lock_file is read from
     `lock_dir` (default: the fleet file's directory)."""
     from pyinfra.api import Config, Inventory, State
     from pyinfra.api.connect import connect_all

@@ -10,7 +10,7 @@ if TYPE_CHECKING:  # only for hints: the functions below import rigup.desired.re
     pass
 from rigup.desired.lock import LockError, LockFile, lock_path, need_problem
 from rigup.desired.pins import Resolver, fleet_needs, update_lock
-from rigup.desired.secrets import read_hf_token
+from rigup.desired.secrets import SecretError, read_hf_token
 
 
 def run_lock(args: argparse.Namespace, out: Any = None) -> int:
@@ -51,7 +51,7 @@ def run_lock(args: argparse.Namespace, out: Any = None) -> int:
         resolver = Resolver(hf_token=token, image_digests=args.image_digests, log=(say if args.verbose else None))
         upgrade = None if args.upgrade is None else list(args.upgrade)
         new, changes = update_lock(old, needs, resolver, upgrade)
-    except (LockError, FleetError, RecipeError) as exc:
+    except (LockError, FleetError, RecipeError, SecretError) as exc:
         print(f"rigup lock: {exc}", file=sys.stderr)
         return 2
     for change in changes:

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from rigup.desired.catalog import load_catalog, variant_names
 from rigup.desired.knobs import load_defaults, parse_data_value
-from rigup.desired.lock import LockError, LockFile, lock_problems
-from rigup.desired.plan import resolve_for_host
+from rigup.desired.lock import LockError, LockFile
+from rigup.desired.plan import host_plan
 from rigup.desired.recipe import RecipeError
-from rigup.desired.render import render_variant
 from rigup.parsers.topology import TopologyError, topology
 
 
@@ -55,18 +53,16 @@ def _cmd_render(args: argparse.Namespace) -> int:
         topo = None
         if args.topo is not None:
             topo = topology(Path(args.topo).read_text(), None if args.p2p is None else Path(args.p2p).read_text())
-        recipe = resolve_for_host(host_data, topo, lock)
+        plan = host_plan(host_data, "render", topo, lock=lock, require_lock=False, read_secrets=False)
     except (RecipeError, LockError, TopologyError, OSError) as exc:
         print(f"rigup render: {exc}", file=sys.stderr)
         return 2
-    if lock is not None:
-        for problem in lock_problems(recipe, host_data, lock):
-            # Rendered anyway (it is a preview); a deploy refuses to run with this lock.
-            print(f"rigup render: warning: {lock.path}: {problem}", file=sys.stderr)
-    hf_present = bool(os.environ.get("HF_TOKEN")) or host_data.get("hf_token_file") is not None
-    api_present = host_data.get("serving_api_key_file") is not None
+    if lock is not None and plan.lock_problem is not None:
+        # Rendered anyway (it is a preview); a deploy refuses to run with this lock.
+        print(f"rigup render: warning: {plan.lock_problem}", file=sys.stderr)
+    recipe = plan.recipe
     out = Path(args.out)
-    for relpath, rendered in sorted(render_variant(recipe, hf_token_present=hf_present, api_key_present=api_present).items()):
+    for relpath, rendered in sorted(plan.rendered.items()):
         dest = out / relpath
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(rendered.content)

@@ -12,7 +12,8 @@ from typing import Any, TypeVar
 
 from rigup.client.ssh import FileLog, JournalLog, RemoteError, Runner, ServiceLog, SshSettings
 from rigup.desired.fleet import Fleet, load_fleet
-from rigup.desired.recipe import Recipe, RecipeError, resolve
+from rigup.desired.plan import host_plan
+from rigup.desired.recipe import Recipe, RecipeError
 from rigup.desired.secrets import SecretError, load_api_key, read_secret_file
 
 T = TypeVar("T")
@@ -63,15 +64,15 @@ def select_hosts(fleet: Fleet, limit: Sequence[str] | None) -> list[str]:
 
 
 def fleet_targets(limit: Sequence[str] | None = None, fleet: Fleet | None = None) -> list[Target]:
-    """A Target per selected host of the fleet file ($RIGUP_RIGS or rigs.yaml). The recipe is resolved
-    without the lock: the API URL, model and unit do not depend on pins (status adds the lock)."""
+    """A Target per selected host of the fleet file ($RIGUP_RIGS or rigs.yaml). The recipe is the host
+    plan's, as a preview: the API URL, model and unit do not depend on pins (status needs the lock)."""
     fleet = fleet if fleet is not None else load_fleet()
     targets = []
     for name in select_hosts(fleet, limit):
         data = fleet.resolved_data(name)
         ssh = SshSettings.from_data(name, data)
         try:
-            recipe = resolve(data)
+            recipe = host_plan(data, name, require_lock=False, read_secrets=False).recipe
         except (RecipeError, KeyError, ValueError) as exc:
             targets.append(Target(name, None, data=data, error=f"recipe: {exc}", ssh=ssh))
             continue

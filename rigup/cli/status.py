@@ -15,7 +15,6 @@ is not serving as it should) or info. Exit code: 0 all ok, 1 drift, 2 unhealthy,
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import posixpath
 import shlex
@@ -28,19 +27,15 @@ from rigup.cli.runner import Target, fleet_targets, parallel, progress
 from rigup.client.openai_client import ApiClient
 from rigup.client.ssh import LazySsh, RemoteError, Runner, gpu_memory
 from rigup.desired.lock import LockError
-from rigup.desired.plan import locked_recipe
-from rigup.desired.recipe import Recipe, RecipeError
+from rigup.desired.plan import host_plan
+from rigup.desired.recipe import RecipeError
 from rigup.desired.release import (
-    ModelFilesLock,
     Provenance,
     ProvenanceError,
-    build_release,
     parse_provenance,
     provenance_path,
-    release_json,
 )
-from rigup.desired.render import render_variant
-from rigup.desired.secrets import SecretError, load_api_key, read_hf_token
+from rigup.desired.secrets import SecretError
 from rigup.facts.gpu import GpuTopology, NvidiaGpus
 from rigup.facts.serving import RigupVariantUnits
 from rigup.parsers.nvidia_smi import SmiQuery
@@ -115,30 +110,10 @@ def desired_state(target: Target, topology: Topology | None = None) -> Desired:
         "driver_branch": int(branch) if branch is not None else None,
     }
     try:
-        recipe, lock = locked_recipe(data, target.name, topology=topology)
-        api_key_present = load_api_key(data) is not None
-        hf_token_present = read_hf_token(data.get("hf_token_file")) is not None
+        plan = host_plan(data, target.name, topology)
     except (LockError, RecipeError, SecretError, ValueError) as exc:
         return Desired(**base, release=None, release_sha256=None, problem=str(exc))
-    release = desired_release(recipe, lock, api_key_present=api_key_present, hf_token_present=hf_token_present)
-    return Desired(**base, release=release, release_sha256=release_sha256(release))
-
-
-def desired_release(recipe: Recipe, lock: ModelFilesLock, *, api_key_present: bool, hf_token_present: bool) -> dict[str, Any]:
-    """The release document exactly as tasks/serving.py builds it (same render, same secrets flags)."""
-    rendered = render_variant(recipe, hf_token_present=hf_token_present, api_key_present=api_key_present)
-    return build_release(
-        recipe,
-        {path: f.content for path, f in rendered.items()},
-        api_key_present=api_key_present,
-        secret_env_keys=rendered[recipe.paths.env_file.lstrip("/")].secret_keys,
-        lock=lock,
-    )
-
-
-def release_sha256(release: Mapping[str, Any]) -> str:
-    """What rigup-servingctl records as release_sha256: the hash of release.json's text."""
-    return hashlib.sha256(release_json(release).encode()).hexdigest()
+    return Desired(**base, release=dict(plan.release or {}), release_sha256=plan.release_sha256)
 
 
 # --------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rigup.desired.lock import LockError, ModelPin
-from rigup.desired.plan import locked_recipe
+from rigup.desired.plan import host_plan
 from rigup.operations.model import FLEET_MODES, script_path
 
 
@@ -77,7 +77,8 @@ def _plan_all(state: Any, only: Any = None) -> dict[str, ModelPlan]:
     infos: list[_HostInfo] = []
     for h in hosts:
         data = h.data.dict()
-        recipe, lock = locked_recipe(data, h.name)
+        plan = host_plan(data, h.name, read_secrets=False)
+        recipe, lock = plan.recipe, plan.lock
         mode = data.get("model_fleet_source", "auto")
         if mode not in FLEET_MODES:
             raise LockError(f"{h.name}: model_fleet_source must be one of {', '.join(FLEET_MODES)}, got {mode!r}")

@@ -1,65 +1,143 @@
-"""One host's plan: the recipe every phase builds (lock pins + the interconnect of the GPUs it uses)."""
+"""One host's plan: everything the control machine decides for a host, built in one place.
+
+`host_plan(host_data, host_name, topology)` gives a HostPlan: the recipe (catalog entry + knobs +
+overrides, with the lock's pins and the interconnect of the GPUs the variant uses), the lock, the
+files the rig runs it from (compose file, .env, unit) and the release document those files and pins
+make. The serving, sources and model tasks, preflight, doctor, status, render, verify, bench and
+rollout read it; nothing else builds a recipe from host data (the lock tool resolves the catalog's
+refs before there are pins: rigup.desired.pins).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # rigup.desired.recipe imports this module
-    from rigup.desired.recipe import Lock, Recipe
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:  # only for hints: the functions below import rigup.desired.recipe lazily
-    from rigup.desired.recipe import Recipe
-    from rigup.parsers.topology import Topology
 from rigup.desired.interconnect import detect
 from rigup.desired.lock import LockError, LockFile, deploy_lock, lock_problems
+from rigup.desired.recipe import Recipe, resolve
+from rigup.desired.release import build_release, release_json, release_sha256
+from rigup.desired.render import API_KEY_KEY, HF_TOKEN_KEY, RenderedFile, render_variant
+from rigup.desired.secrets import load_api_key, read_hf_token, secrets_configured
 from rigup.parsers.topology import Topology
 
 
-def resolve_for_host(host_data: Mapping[str, Any], topo: Topology | None, lock: Lock | None = None) -> Recipe:
+@dataclass(frozen=True)
+class HostPlan:
+    """What one host should run, as decided on the control machine."""
+
+    host: str
+    recipe: Recipe
+    lock: LockFile | None  # None: no usable lock (lock_problem says why); only previews accept that
+    rendered: Mapping[str, RenderedFile]  # rig path without the leading "/" -> file
+    release: Mapping[str, Any] | None  # release.json; None without a usable lock
+    lock_problem: str | None = None
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)  # only ever written to the 0600 .env
+
+    def file(self, rig_path: str) -> RenderedFile:
+        return self.rendered[rig_path.lstrip("/")]
+
+    @property
+    def compose(self) -> RenderedFile:
+        return self.file(self.recipe.paths.compose_file)
+
+    @property
+    def env(self) -> RenderedFile:
+        return self.file(self.recipe.paths.env_file)
+
+    @property
+    def unit(self) -> RenderedFile:
+        return self.file(self.recipe.paths.unit_file)
+
+    def env_text(self) -> str:
+        """The .env with its secret lines; refuses values that would break the file."""
+        return self.env.with_secrets({key: self.secrets[key] for key in self.env.secret_keys})
+
+    @property
+    def release_text(self) -> str:
+        if self.release is None:
+            raise LockError(self.lock_problem or f"{self.host}: no release without a lock")
+        return release_json(self.release)
+
+    @property
+    def release_sha256(self) -> str:
+        """What rigup-servingctl records as release_sha256: the hash of release.json's text."""
+        if self.release is None:
+            raise LockError(self.lock_problem or f"{self.host}: no release without a lock")
+        return release_sha256(self.release)
+
+
+def recipe_for(host_data: Mapping[str, Any], topology: Topology | None, lock: Any = None) -> Recipe:
     """rigup.desired.recipe.resolve with the interconnect detected among the GPUs the variant uses.
-
-    The one way to build a host's recipe wherever files are rendered or compared (serving task,
-    status, doctor, `rigup render --topo`), so they agree. topo None: nothing detected (no driver
-    yet), the gpu_interconnect knob alone decides.
-    """
-    from rigup.desired.recipe import resolve
-
+    topology None: nothing detected (no driver yet), the gpu_interconnect knob alone decides."""
     recipe = resolve(host_data, lock)
-    if topo is None or recipe.gpu_count < 2:
+    if topology is None or recipe.gpu_count < 2:
         return recipe
-    return resolve(host_data, lock, detect(topo, recipe.gpu_count))
+    return resolve(host_data, lock, detect(topology, recipe.gpu_count))
 
 
-def locked_recipe(
+def host_plan(
     host_data: Mapping[str, Any],
     host_name: str = "this host",
-    base_dir: Path | None = None,
     topology: Topology | None = None,
-) -> tuple[Recipe, LockFile]:
-    """(recipe, lock) for a host: THE way every phase (preflight, serving, status, doctor) builds a
-    host's recipe, so they all render and compare the same thing.
+    *,
+    base_dir: Path | None = None,
+    lock: LockFile | None = None,
+    require_lock: bool = True,
+    read_secrets: bool = True,
+) -> HostPlan:
+    """The plan for one host.
 
-    + host_data: the host's knobs
-    + host_name: for the error message
+    + host_data: the host's knobs (group_data/all.py defaults included)
+    + host_name: for messages
+    + topology: GPU topology read on the host (fact rigup.facts.gpu.GpuTopology); None when unknown
     + base_dir: directory a relative lock_file is read from (default: the fleet file's)
-    + topology: rigup.parsers.topology.Topology read on the host (fact rigup.facts.gpu.GpuTopology); None
-      when nothing was detected (no driver yet): the gpu_interconnect knob alone decides the NCCL settings
+    + lock: a lock file already loaded (`rigup render --lock`); default: the host's lock_file knob
+    + require_lock: raise LockError when the lock is missing or lacks an entry the variant needs;
+      False: a preview (preflight, doctor, render, fleet targets): the pins the lock has are used, the
+      catalog's refs stand in for the rest, lock_problem says why, and there is no release
+    + read_secrets: read the API key and HF token files (the deploy and status); False: judge from
+      the knobs whether they are configured, without reading them (previews, fleet targets)
 
-    Raises LockError when the lock file is missing or an entry the variant needs is missing or stale.
+    Raises LockError, SecretError, RecipeError (and CatalogError) with messages naming the host.
     """
-    from rigup.desired.plan import resolve_for_host
-
-    lock = deploy_lock(host_data, base_dir)
-    recipe = resolve_for_host(host_data, topology, lock)
-    problems = lock_problems(recipe, host_data, lock)
+    lock_problem: str | None = None
+    try:
+        lock = lock if lock is not None else deploy_lock(host_data, base_dir)
+    except LockError as exc:  # no usable lock file at all
+        if require_lock:
+            raise
+        lock, lock_problem = None, str(exc)
+    recipe = recipe_for(host_data, topology, lock)
+    problems = lock_problems(recipe, host_data, lock) if lock is not None else []
     if problems:
-        raise LockError(
+        lock_problem = (
             f"{lock.path}: missing or stale entries for {host_name} (variant {recipe.variant}): "
             + "; ".join(problems)
             + ". Run `python -m rigup lock` (it adds missing entries and keeps the others) and commit the file."
         )
-    return recipe, lock
+        if require_lock:
+            raise LockError(lock_problem)
+        lock = None  # a preview: the pins the lock has are in the recipe, but there is no release
 
+    secrets: dict[str, str] = {}
+    if read_secrets:
+        hf_token, api_key = read_hf_token(host_data.get("hf_token_file")), load_api_key(host_data)
+        secrets = {k: v for k, v in ((HF_TOKEN_KEY, hf_token), (API_KEY_KEY, api_key)) if v is not None}
+        hf_present, api_present = HF_TOKEN_KEY in secrets, API_KEY_KEY in secrets
+    else:
+        hf_present, api_present = secrets_configured(host_data)
+    rendered = render_variant(recipe, hf_token_present=hf_present, api_key_present=api_present)
+    release = None
+    if lock is not None:
+        env = rendered[recipe.paths.env_file.lstrip("/")]
+        release = build_release(
+            recipe,
+            {path: f.content for path, f in rendered.items()},
+            api_key_present=api_present,
+            secret_env_keys=env.secret_keys,
+            lock=lock,
+        )
+    return HostPlan(host_name, recipe, lock, rendered, release, lock_problem, secrets)

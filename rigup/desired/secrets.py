@@ -6,11 +6,7 @@ import os
 import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # only for hints: the functions below import rigup.desired.recipe lazily
-    pass
-from rigup.desired.lock import LockError
+from typing import Any
 
 
 class SecretError(ValueError):
@@ -43,19 +39,15 @@ def load_api_key(host_data: Mapping[str, Any]) -> str | None:
 
 
 def read_hf_token(token_file: str | None) -> str | None:
-    """HF_TOKEN from the environment, else from a 0600 file (knob hf_token_file)."""
-    token = os.environ.get("HF_TOKEN")
+    """HF_TOKEN from the control machine's environment, else from the file the hf_token_file knob names
+    (the same rule as every secret file: read_secret_file); None when neither is set."""
+    token = os.environ.get("HF_TOKEN", "").strip()
     if token:
-        return token.strip()
-    if not token_file:
-        return None
-    path = Path(token_file).expanduser()
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        raise LockError(f"hf_token_file {path} does not exist") from None
-    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise LockError(f"hf_token_file {path} is readable by others (mode {st.st_mode & 0o777:o}); chmod 600 it")
-    token = path.read_text().strip()
-    return token or None
+        return token
+    return None if not token_file else read_secret_file(token_file, "hf_token_file")
 
+
+def secrets_configured(host_data: Mapping[str, Any]) -> tuple[bool, bool]:
+    """(HF token, API key) configured for this host, judged without reading the files (previews)."""
+    hf = bool(os.environ.get("HF_TOKEN", "").strip()) or host_data.get("hf_token_file") is not None
+    return hf, host_data.get("serving_api_key_file") is not None

@@ -12,8 +12,7 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 
-from rigup.desired.lock import LockError
-from rigup.desired.secrets import read_hf_token
+from rigup.desired.secrets import SecretError, read_hf_token
 from rigup.facts.model import ModelFiles, _needs_work
 from rigup.rig import RIGFETCH_SCRIPT
 from rigup.rig.rigfetch import encode_manifest
@@ -40,7 +39,7 @@ def script_path(install_root: str) -> str:
 def _secrets_line(hf_token_file: str | None, fleet: bool) -> str:
     try:
         token = read_hf_token(hf_token_file)
-    except LockError as exc:
+    except SecretError as exc:
         raise OperationError(str(exc)) from None
     values = {"hf_token": token or ""}
     if fleet:

@@ -23,7 +23,7 @@ def _fail_host(state: Any, host: Any, title: str, lines: list[str]) -> bool:
 
 def preflight_report(target: Any) -> list[Check]:
     """Every preflight check for `target` (a pyinfra Host), from facts read now: the recipe is the
-    one the later phases build (rigup.desired.plan.locked_recipe with the host's GPU topology)."""
+    one the later phases build (rigup.desired.plan.host_plan with the host's GPU topology)."""
     data = target.data.dict()
     topology = target.get_fact(GpuTopology)
     built = host_recipe(data, target.name, topology)

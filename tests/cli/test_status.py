@@ -15,7 +15,7 @@ from rigup.cli.runner import Target
 from rigup.client.ssh import CommandResult, RemoteError
 from rigup.desired.knobs import load_defaults
 from rigup.desired.recipe import resolve
-from rigup.desired.release import parse_provenance
+from rigup.desired.release import build_release, parse_provenance, release_sha256
 from rigup.desired.render import render_variant
 from rigup.parsers.nvidia_smi import parse_gpu_query
 from tests.desired.test_release import FakeLock
@@ -31,13 +31,16 @@ def rig(tmp_path: Path, variant: str = "dual", **data: Any) -> tuple[Target, dic
               "model_dir": str(tmp_path / "opt" / "models"), "gpu_count": 2, **data}
     recipe = resolve(values, FakeLock())
     target = Target("rig-01", f"http://10.0.0.1:{recipe.host_port}", None, values, recipe)
-    return target, S.desired_release(recipe, FakeLock(), api_key_present=True, hf_token_present=False)
+    rendered = render_variant(recipe, hf_token_present=False, api_key_present=True)
+    release = build_release(recipe, {path: f.content for path, f in rendered.items()}, api_key_present=True,
+                            secret_env_keys=rendered[recipe.paths.env_file.lstrip("/")].secret_keys, lock=FakeLock())
+    return target, release
 
 
 def desired(target: Target, release: dict[str, Any] | None, **changes: Any) -> S.Desired:
     values = dict(
         host=target.name, variant=target.variant, unit=target.recipe.paths.unit_name, served_model=target.served_model,
-        release=release, release_sha256=S.release_sha256(release) if release else None, gpu_count=2,
+        release=release, release_sha256=release_sha256(release) if release else None, gpu_count=2,
         tensor_parallel_size=target.recipe.tensor_parallel_size, driver_branch=580,
     )
     values.update(changes)
@@ -48,7 +51,7 @@ def provenance(release: dict[str, Any], gate: str = "passed", **extra: Any) -> s
     """What rigup-servingctl's write_provenance records after the gate."""
     record = {
         "schema": 1, "variant": release["variant"], "unit": release["unit"], "generation": 3,
-        "release_sha256": S.release_sha256(release), "release": release,
+        "release_sha256": release_sha256(release), "release": release,
         "host": {"kernel": "6.8.0-45-generic", "nvidia_driver": "580.95.05", "docker": "28.0.1"},
         "gate": {"result": gate, "at": "2026-11-30T04:00:00+00:00", "ready_seconds": 212.0},
         "written_at": "2026-11-30T04:00:01+00:00", **extra,
@@ -167,7 +170,7 @@ def test_never_deployed_unreachable_and_unbuildable(tmp_path: Path) -> None:
 def test_a_rolled_back_release_is_reported(tmp_path: Path) -> None:
     target, deployed = rig(tmp_path)
     wanted = dict(deployed, engine=dict(deployed["engine"], max_model_len=131072))
-    rollback = {"at": "2026-11-30T05:00:00+00:00", "failed_release_sha256": S.release_sha256(wanted),
+    rollback = {"at": "2026-11-30T05:00:00+00:00", "failed_release_sha256": release_sha256(wanted),
                 "reason": "KV cache needed is larger than available", "outcome": "rolled back"}
     text = provenance(deployed, last_rollback=rollback)
     items = S.compare(desired(target, wanted), facts(deployed, provenance_text=text), HEALTHY)

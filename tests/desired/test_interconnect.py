@@ -15,7 +15,7 @@ import pytest
 from rigup.cli.render import add_parser
 from rigup.desired.interconnect import Interconnect, apply_env, choose, detect, effective, nccl_settings
 from rigup.desired.knobs import load_defaults
-from rigup.desired.plan import resolve_for_host
+from rigup.desired.plan import recipe_for
 from rigup.desired.recipe import Recipe, RecipeError, resolve
 from rigup.desired.render import render_variant
 from rigup.parsers.topology import TopologyError, parse_topo_matrix, parse_topo_p2p, topology
@@ -256,15 +256,15 @@ def test_render_cli_with_topology(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "no GPU0 column header" in capsys.readouterr().err
 
 
-def test_resolve_for_host_looks_at_the_gpus_the_variant_uses() -> None:
+def test_recipe_for_looks_at_the_gpus_the_variant_uses() -> None:
     topo = topology(text("4x3090-nic/topo.txt"), text("4x3090-nic/p2p.txt"))
-    dual = resolve_for_host(host(), topo)  # GPUs 0 and 1: one switch, P2P OK
+    dual = recipe_for(host(), topo)  # GPUs 0 and 1: one switch, P2P OK
     assert env_of(dual)["NCCL_P2P_LEVEL"] == "PHB" and dual.interconnect_note is not None
-    four = resolve_for_host(host("multi4"), topo)  # 0-2 crosses sockets: the catalog's settings
+    four = recipe_for(host("multi4"), topo)  # 0-2 crosses sockets: the catalog's settings
     assert four.interconnect is not None and not four.interconnect.p2p_ok
     assert four.environment == resolve(host("multi4")).environment and four.interconnect_note is None
-    assert resolve_for_host(host(), None) == resolve(host())
-    assert resolve_for_host(host("single"), topo) == resolve(host("single"))
+    assert recipe_for(host(), None) == resolve(host())
+    assert recipe_for(host("single"), topo) == resolve(host("single"))
 
 
 def test_fact_values_print_as_json() -> None:

@@ -28,8 +28,8 @@ from rigup.desired.lock import (
     needs_for,
 )
 from rigup.desired.pins import Resolver, registry_digest, update_lock
-from rigup.desired.plan import locked_recipe
-from rigup.desired.secrets import read_hf_token
+from rigup.desired.plan import host_plan
+from rigup.desired.secrets import SecretError, read_hf_token
 from rigup_testbed import hfhub
 from rigup_testbed.gitremotes import GitServer, Remotes, add_commit, make_remotes
 from tests.support.artifacts import DFLASH, GATED, QWEN, SHARD2, TOKEN, commit_files, hub_spec
@@ -233,11 +233,13 @@ def _lock_for(data: dict) -> LockFile:
     return new
 
 
-def test_locked_recipe_uses_the_pins(hub: hfhub.HfHub, remotes: tuple[Remotes, str], tmp_path: Path) -> None:
+def test_host_plan_uses_the_pins(hub: hfhub.HfHub, remotes: tuple[Remotes, str], tmp_path: Path) -> None:
     data = _host_data(hub, remotes, tmp_path)
     lock = _lock_for(data)
     lock.save(tmp_path / "rigs.lock.yaml")
-    recipe, loaded = locked_recipe(data, "rig-01")
+    plan = host_plan(data, "rig-01", read_secrets=False)
+    recipe, loaded = plan.recipe, plan.lock
+    assert plan.release is not None and plan.release["variant"] == "dual-dflash"
     assert [s.commit for s in recipe.sources] == [remotes[0].vllm.head]
     assert {m.revision for m in recipe.models} == {commit_files(hub, QWEN)[0], commit_files(hub, DFLASH)[0]}
     assert loaded.path == tmp_path / "rigs.lock.yaml"
@@ -249,13 +251,13 @@ def test_deploy_refuses_a_stale_or_missing_entry(hub: hfhub.HfHub, remotes: tupl
     del lock.models[f"model:{DFLASH}"]
     lock.save(tmp_path / "rigs.lock.yaml")
     with pytest.raises(LockError, match=rf"rig-01 \(variant dual-dflash\): model:{DFLASH}: no entry.*rigup lock"):
-        locked_recipe(data, "rig-01")
+        host_plan(data, "rig-01", read_secrets=False)
 
     moved = _host_data(hub, remotes, tmp_path, vllm_fork_git_url="git://elsewhere/vllm.git")
     lock = _lock_for(data)
     lock.save(tmp_path / "rigs.lock.yaml")
     with pytest.raises(LockError, match="git:vllm-fork: locked from .* the host uses git://elsewhere/vllm.git"):
-        locked_recipe(moved, "rig-01")
+        host_plan(moved, "rig-01", read_secrets=False)
 
 
 def test_update_keeps_pins_until_upgraded_and_upgrade_moves_only_one(
@@ -383,7 +385,7 @@ def test_hf_token_from_env_or_a_private_file(tmp_path: Path, monkeypatch: pytest
     token_file = tmp_path / "hf"
     token_file.write_text("hf_file_token\n")
     token_file.chmod(0o644)
-    with pytest.raises(LockError, match="chmod 600"):
+    with pytest.raises(SecretError, match="chmod 600"):
         read_hf_token(str(token_file))
     token_file.chmod(0o600)
     assert read_hf_token(str(token_file)) == "hf_file_token"

@@ -42,7 +42,7 @@ def fit_responses(kind: str, memory: str | None = None, cuda: str | None = None)
 
 def offline_lock(host_data: dict[str, Any], path: Path) -> Path:
     """Write a lock file that satisfies every need of the host's variant, with made-up commits and
-    hashes (no network): enough for rigup.desired.plan.locked_recipe, which only compares names and refs."""
+    hashes (no network): enough for rigup.desired.plan.host_plan, which only compares names and refs."""
     from rigup.desired.lock import SHA40, FilePin, GitNeed, GitPin, ImagePin, LockFile, ModelNeed, ModelPin, needs_for
     from rigup.desired.recipe import resolve
 
