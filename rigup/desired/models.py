@@ -7,7 +7,11 @@ from typing import Any
 
 from rigup.desired.lock import LockError, ModelPin
 from rigup.desired.plan import host_plan
-from rigup.operations.model import FLEET_MODES, script_path
+
+FLEET_MODES = ("auto", "off")  # knob model_fleet_source: fetch from a fleet peer that has the files, or not
+
+def script_path(install_root: str) -> str:
+    return f"{install_root.rstrip('/')}/bin/rigfetch.py"  # where rigfetch.py is uploaded on the rig
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 
+from rigup.desired.models import script_path
 from rigup.desired.secrets import SecretError, read_hf_token
 from rigup.facts.model import ModelFiles, _needs_work
 from rigup.rig import RIGFETCH_SCRIPT
@@ -24,7 +25,6 @@ RIGFETCH_SRC = RIGFETCH_SCRIPT
 _FLEET_TOKEN = secrets.token_urlsafe(32)
 
 
-FLEET_MODES = ("auto", "off")
 
 
 @functools.cache
@@ -32,8 +32,6 @@ def rigfetch_sha256() -> str:
     return hashlib.sha256(RIGFETCH_SRC.read_bytes()).hexdigest()
 
 
-def script_path(install_root: str) -> str:
-    return f"{install_root.rstrip('/')}/bin/rigfetch.py"
 
 
 def _secrets_line(hf_token_file: str | None, fleet: bool) -> str:
