@@ -14,39 +14,24 @@ Restarts: docker.service, only when the nvidia runtime was just configured.
 Not idempotent: the smoke test (runs only after a change; skipped when the driver waits for a reboot).
 """
 
-from io import StringIO
 
 from pyinfra import host
-from pyinfra.facts.deb import DebArch
 from pyinfra.operations import apt, files, systemd
-from pyinfra.operations.util import any_changed
 
-from rigup.operations.apt import CTK_KEYRING, CTK_LIST, ctk_repo_uri
+from rigup.operations.apt import CTK_KEYRING, CTK_LIST, ctk_repo_uri, signed_repository
 from rigup.operations.docker import docker_nvidia_runtime, image_ref
 from rigup.operations.gpu import gpu_smoke_test, nvidia_dev_char_links
 from rigup.runstate import changed, serving_blocked
 
-KEYRING = CTK_KEYRING
-SOURCE_LIST = CTK_LIST
-
-
-arch = host.get_fact(DebArch) or "amd64"
 uri = ctk_repo_uri(host.data.nvidia_ctk_apt_url)
 
-files.directory(name="Ensure the apt keyring directory exists", path="/etc/apt/keyrings", mode="755")
-key = files.download(
-    name="Download NVIDIA's container toolkit signing key",
-    src=host.data.nvidia_ctk_apt_key_url,
-    dest=KEYRING,
-    mode="644",
+signed_repository(
+    name="Add NVIDIA's container toolkit signed apt repository",
+    key_url=host.data.nvidia_ctk_apt_key_url,
+    keyring=CTK_KEYRING,
+    source_list=CTK_LIST,
+    uri=ctk_repo_uri(host.data.nvidia_ctk_apt_url),
 )
-source = files.put(
-    name="Add NVIDIA's container toolkit apt repository",
-    src=StringIO(f"deb [signed-by={KEYRING}] {uri} /\n"),
-    dest=SOURCE_LIST,
-    mode="644",
-)
-apt.update(name="Update apt after a container toolkit repository change", _if=any_changed(key, source))
 toolkit = apt.packages(name="Install the NVIDIA container toolkit", packages=list(host.data.nvidia_ctk_packages))
 
 runtime = docker_nvidia_runtime(name="Register the nvidia runtime with Docker")

@@ -16,21 +16,17 @@ when it is not running). apt-get update runs only when the key or the source fil
 Not idempotent: none.
 """
 
-from io import StringIO
 
 from pyinfra import host
 from pyinfra.facts.deb import DebArch, DebPackages
 from pyinfra.facts.systemd import SystemdStatus
-from pyinfra.operations import apt, files, systemd
-from pyinfra.operations.util import any_changed
+from pyinfra.operations import apt, systemd
 
 from rigup.facts.system import OsReleaseInfo
-from rigup.operations.apt import DOCKER_KEYRING, DOCKER_LIST
+from rigup.operations.apt import DOCKER_KEYRING, DOCKER_LIST, signed_repository
 from rigup.operations.docker import docker_daemon_config
 from rigup.runstate import note_change
 
-KEYRING = DOCKER_KEYRING
-SOURCE_LIST = DOCKER_LIST
 PREREQUISITES = ["ca-certificates", "curl"]  # https apt sources; files.download fetches the key with curl
 # Distribution packages Docker's own packages conflict with (Docker's install guide removes them).
 CONFLICTING = ["docker.io", "docker-doc", "docker-compose", "docker-compose-v2", "podman-docker", "containerd", "runc"]
@@ -45,22 +41,16 @@ if os_info is not None and os_info.codename:
         apt.update(name="Update apt before installing missing prerequisites")
     apt.packages(name="Install apt transport prerequisites", packages=PREREQUISITES)
 
-    files.directory(name="Ensure the apt keyring directory exists", path="/etc/apt/keyrings", mode="755")
-    key = files.download(
-        name="Download Docker's apt signing key",
-        src=host.data.docker_apt_key_url,
-        dest=KEYRING,
-        mode="644",
+    signed_repository(
+        name="Add Docker's signed apt repository",
+        key_url=host.data.docker_apt_key_url,
+        keyring=DOCKER_KEYRING,
+        source_list=DOCKER_LIST,
+        uri=host.data.docker_apt_url,
+        suite=os_info.codename,
+        components="stable",
+        arch=arch,
     )
-    source = files.put(
-        name="Add Docker's apt repository",
-        src=StringIO(
-            f"deb [arch={arch} signed-by={KEYRING}] {host.data.docker_apt_url} {os_info.codename} stable\n"
-        ),
-        dest=SOURCE_LIST,
-        mode="644",
-    )
-    apt.update(name="Update apt after a Docker repository change", _if=any_changed(key, source))
 
     # Written before the packages, so a fresh Docker starts with it; a running one is restarted below.
     docker_was_running = bool(host.get_fact(SystemdStatus, services=["docker.service"]).get("docker.service"))

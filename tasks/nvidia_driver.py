@@ -22,14 +22,12 @@ the host so later tasks do not start GPU containers.
 Not idempotent: none (the reboot only happens while the driver is not converged).
 """
 
-from io import StringIO
 
 from pyinfra import host, inventory
 from pyinfra.facts.deb import DebArch
 from pyinfra.facts.files import File
 from pyinfra.facts.server import Which
-from pyinfra.operations import apt, files, server, systemd
-from pyinfra.operations.util import any_changed
+from pyinfra.operations import files, server, systemd
 
 from rigup.checks.driver_plan import DriverWant, plan_driver, wanted_packages
 from rigup.facts.driver import NvidiaKernelModule, NvidiaPackages, PrebuiltNvidiaModules
@@ -39,18 +37,15 @@ from rigup.operations.apt import (
     CUDA_KEYRING,
     CUDA_LIST,
     DOCKER_LIST,
-    KEYRING_DIR,
     apt_source_exclusive,
     ctk_repo_uri,
+    signed_repository,
 )
 from rigup.operations.driver import nvidia_driver, nvidia_driver_hold
 from rigup.operations.gpu import gpu_power_state
 from rigup.operations.preflight import fleet_value, preflight_after_driver
 from rigup.runstate import HostDriverState, note_change, record
 
-KEYRING_DIR = KEYRING_DIR
-CUDA_KEYRING = CUDA_KEYRING
-CUDA_LIST = CUDA_LIST
 POWER_UNIT = "rigup-gpu-power.service"
 POWER_UNIT_FILE = f"/etc/systemd/system/{POWER_UNIT}"
 CUDA_ARCH_DIRS = {"amd64": "x86_64", "arm64": "sbsa"}
@@ -83,26 +78,13 @@ if want is not None:
 
     if want.source == "cuda" and os_info is not None:
         distro = os_info.cuda_repo_distro
-        repo_uri = f"{host.data.nvidia_cuda_repo_url.rstrip('/')}/{distro}/{CUDA_ARCH_DIRS.get(arch, arch)}/"
-        files.directory(name="Ensure the apt keyring directory exists", path=KEYRING_DIR, mode="755")
-        cuda_key = files.download(
-            name="Download NVIDIA's CUDA repository key",
-            src=host.data.nvidia_cuda_repo_key_url.format(distro=distro),
-            dest=CUDA_KEYRING,
-            mode="644",
-        )
-        cuda_source = files.put(
-            name="Add NVIDIA's CUDA apt repository",
-            src=StringIO(f"deb [signed-by={CUDA_KEYRING}] {repo_uri} /\n"),
-            dest=CUDA_LIST,
-            mode="644",
-        )
-        cuda_exclusive = apt_source_exclusive(
-            name="Disable other entries for NVIDIA's CUDA repository", uri=repo_uri, keep=CUDA_LIST, arch=arch
-        )
-        apt.update(
-            name="Update apt after a CUDA repository change",
-            _if=any_changed(cuda_key, cuda_source, cuda_exclusive),
+        signed_repository(
+            name="Add NVIDIA's CUDA signed apt repository",
+            key_url=host.data.nvidia_cuda_repo_key_url.format(distro=distro),
+            keyring=CUDA_KEYRING,
+            source_list=CUDA_LIST,
+            uri=f"{host.data.nvidia_cuda_repo_url.rstrip('/')}/{distro}/{CUDA_ARCH_DIRS.get(arch, arch)}/",
+            exclusive_arch=arch,
         )
 
     blacklist = files.put(

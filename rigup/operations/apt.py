@@ -1,36 +1,26 @@
-"""apt operations: source entries that conflict with rigup's signed repositories are disabled, and
-the paths of those repositories' keyrings and lists."""
+"""apt operations: rigup's signed third-party repositories (Docker's, NVIDIA's container toolkit and
+CUDA repositories), and the disabling of other entries for them that would make apt refuse to work."""
 
 from __future__ import annotations
 
 import re
+from io import StringIO
 from typing import Any
 
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.operations import apt, files
 
 from rigup.facts.apt import AptSourceEntries
 from rigup.parsers.apt import AptSource
 
 # Files rigup owns for the third-party apt repositories (one place, used by several task files).
 KEYRING_DIR = "/etc/apt/keyrings"
-
-
 DOCKER_KEYRING = f"{KEYRING_DIR}/rigup-docker.asc"
-
-
 DOCKER_LIST = "/etc/apt/sources.list.d/rigup-docker.list"
-
-
 CTK_KEYRING = f"{KEYRING_DIR}/rigup-nvidia-container-toolkit.asc"
-
-
 CTK_LIST = "/etc/apt/sources.list.d/rigup-nvidia-container-toolkit.list"
-
-
 CUDA_KEYRING = f"{KEYRING_DIR}/rigup-cuda.asc"
-
-
 CUDA_LIST = "/etc/apt/sources.list.d/rigup-cuda.list"
 
 
@@ -111,3 +101,59 @@ def apt_source_exclusive(uri: str, keep: str, arch: str = "amd64"):
         # sed addresses refer to input lines, so several edits in one pass stay aligned.
         yield StringCommand("sed", "-i", *exprs, QuoteString(path))
 
+
+@operation()
+def signed_repository(
+    key_url: str,
+    keyring: str,
+    source_list: str,
+    uri: str,
+    suite: str = "/",
+    components: str = "",
+    arch: str | None = None,
+    exclusive_arch: str | None = None,
+):
+    """
+    A signed apt repository: its signing key, one source entry that names the key, fresh package lists.
+
+    + key_url: where the ASCII-armoured signing key is downloaded from (once; a present key is kept)
+    + keyring: path of the key on the rig (under /etc/apt/keyrings)
+    + source_list: the .list file holding the one entry
+    + uri, suite, components: the entry, ``deb [arch=ARCH signed-by=KEYRING] URI SUITE COMPONENTS``
+    + arch: restrict the entry to one architecture (None: every architecture the rig has)
+    + exclusive_arch: also disable every other entry for ``uri`` on this architecture (apt refuses
+      two entries for one repository with different Signed-By values)
+
+    The package lists are updated only when the key, the entry or another entry for ``uri`` changed.
+
+    **Example:**
+
+    .. code:: python
+
+        signed_repository(
+            name="Add Docker's apt repository",
+            key_url="https://download.docker.com/linux/ubuntu/gpg",
+            keyring="/etc/apt/keyrings/rigup-docker.asc",
+            source_list="/etc/apt/sources.list.d/rigup-docker.list",
+            uri="https://download.docker.com/linux/ubuntu",
+            suite="noble",
+            components="stable",
+            arch="amd64",
+        )
+    """
+    options = " ".join(part for part in (f"arch={arch}" if arch else "", f"signed-by={keyring}") if part)
+    entry = " ".join(part for part in ("deb", f"[{options}]", uri, suite, components) if part) + "\n"
+    yield from files.directory._inner(path=KEYRING_DIR, mode="755")
+    changes = [
+        files.download._inner(src=key_url, dest=keyring, mode="644"),
+        files.put._inner(src=StringIO(entry), dest=source_list, mode="644"),
+    ]
+    if exclusive_arch is not None:
+        changes.append(apt_source_exclusive._inner(uri=uri, keep=source_list, arch=exclusive_arch))
+    changed = False
+    for commands in changes:
+        for command in commands:
+            changed = True
+            yield command
+    if changed:
+        yield from apt.update._inner()
