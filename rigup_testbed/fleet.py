@@ -25,13 +25,14 @@ from typing import Any
 
 import yaml
 
+from rigup.desired.knobs import KNOBS_FILE
 from rigup_testbed.hosts import Host, HostSpec, create_host, start_host, wait_ready
-from rigup_testbed.image import REPO_ROOT, ImageSpec, ensure_image, ensure_layer
+from rigup_testbed.image import ImageSpec, ensure_image, ensure_layer
 from rigup_testbed.net import Network, create_hub, pick_subnet
 from rigup_testbed.state import Ledger, TestbedError, make_cgroup, run
 
 INSTANCE_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
-GROUP_DATA = REPO_ROOT / "group_data" / "all.py"
+GROUP_DATA = KNOBS_FILE
 NET_LOCK = "/run/lock/rigup-testbed-net.lock" if os.path.isdir("/run/lock") else "/tmp/rigup-testbed-net.lock"
 
 

@@ -21,15 +21,7 @@ from pathlib import Path
 from rigup_testbed import hardware as hw
 from rigup_testbed.image import Image
 from rigup_testbed.net import Network, create_host_netns
-from rigup_testbed.state import (
-    Ledger,
-    TestbedError,
-    cgroup_paths,
-    is_same_process,
-    make_cgroup,
-    run,
-    spawn,
-)
+from rigup_testbed.state import Ledger, TestbedError, cgroup_paths, is_same_process, make_cgroup, run, spawn
 
 SUPERVISOR = Path(__file__).with_name("supervisor.py")
 

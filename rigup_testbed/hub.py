@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rigup_testbed import PACKAGE_DIR
 from rigup_testbed.image import REPO_ROOT, cache_dir
 from rigup_testbed.state import Ledger, TestbedError, is_same_process, spawn, stop_process
 
@@ -152,7 +153,8 @@ class Hub:
         self.registry_config.parent.mkdir(exist_ok=True)
         self.registry_config.write_text("{}\n")
         self.services = self._plan()
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
+        # The services run as `python -m rigup_testbed....`: from the checkout or the installed package.
+        env = {**os.environ, "PYTHONPATH": str(PACKAGE_DIR.parent), "PYTHONUNBUFFERED": "1"}
         for svc in self.services:
             svc.ready_file.parent.mkdir(parents=True, exist_ok=True)
             svc.ready_file.unlink(missing_ok=True)

@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from rigup import DEPLOY_ROOT as REPO_ROOT  # noqa: F401 - where pyinfra runs the deploy (tests use it)
+from rigup import WORK_DIR
 
 SUITE = "bookworm"
 MIRROR = os.environ.get("RIGUP_TESTBED_DEBIAN_MIRROR", "http://deb.debian.org/debian")
@@ -60,9 +61,10 @@ PREPARE_VERSION = 3
 
 
 def cache_dir() -> Path:
-    """Where images live: $RIGUP_TESTBED_CACHE, else <repo>/.cache/testbed (git-ignored)."""
+    """Where images live: $RIGUP_TESTBED_CACHE, else .cache/testbed in the checkout (git-ignored) or in
+    the directory an installed rigup runs in."""
     env = os.environ.get("RIGUP_TESTBED_CACHE")
-    return Path(env) if env else REPO_ROOT / ".cache" / "testbed"
+    return Path(env) if env else WORK_DIR / ".cache" / "testbed"
 
 
 @dataclass(frozen=True)

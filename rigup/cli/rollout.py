@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rigup import REPO_ROOT
+from rigup import DEPLOY_ROOT
 
 GATE_MARKER = "RIGUP-GATE-RESULT:"  # rigup.rig.servingctl.RESULT_MARKER (kept literal: no import cycle)
 OUTPUT_TAIL = 12  # lines of a failing operation's output kept in the report
@@ -195,7 +195,7 @@ def run_step(
 
 
 def _pythonpath(cwd: Path) -> str:
-    parts = [str(REPO_ROOT), str(cwd)]
+    parts = [str(DEPLOY_ROOT), str(cwd)]
     if os.environ.get("PYTHONPATH"):
         parts.append(os.environ["PYTHONPATH"])
     return os.pathsep.join(parts)
@@ -459,7 +459,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--inventory", default="inventory.py", help="pyinfra inventory (default inventory.py)")
     parser.add_argument("--deploy", default="deploy.py", help="pyinfra deploy file (default deploy.py)")
-    parser.add_argument("--chdir", default=str(REPO_ROOT), help="directory pyinfra runs in (group_data/ lives there)")
+    parser.add_argument("--chdir", default=str(DEPLOY_ROOT), help="directory pyinfra runs in (group_data/ lives there)")
     parser.add_argument("--canary", help="canary group (default: rollout_canary_group)")
     parser.add_argument("--batch", type=int, help="hosts per step after the canary (default: rollout_batch)")
     parser.add_argument("--max-failures", type=int, help="failed hosts tolerated (default: rollout_max_failures)")

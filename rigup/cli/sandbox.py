@@ -7,7 +7,7 @@ writes sandbox/rigs.yaml and returns, leaving everything running in the backgrou
     RIGUP_RIGS=sandbox/rigs.yaml pyinfra -y inventory.py deploy.py
 
 `down` removes every trace (processes, mounts, namespaces, cgroups, sandbox/). Needs root, and the
-repository checkout (the test bed lives in rigup_testbed).
+Debian packages scripts/setup installs (debootstrap, systemd-container, iproute2, ...).
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rigup import REPO_ROOT
+from rigup import WORK_DIR
 
-SANDBOX_DIR = REPO_ROOT / "sandbox"
+SANDBOX_DIR = WORK_DIR / "sandbox"
 FLEET_FILE = SANDBOX_DIR / "rigs.yaml"
-INSTANCE = "rigup"  # namespaces rigup-hub, rigup-rig-01, ...
+# namespaces rigup-hub, rigup-rig-01, ...; another name lets a second sandbox run beside this one
+INSTANCE = os.environ.get("RIGUP_SANDBOX_INSTANCE", "rigup")
 PRESETS_HINT = "2x3090, 2x3090-nvlink, 1x3090, 2x3080-20gb, mixed-3090-3080, 1x2080ti"
 
 
@@ -54,19 +55,35 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _testbed() -> Any:
-    # The test bed is part of the checkout, not of the installed package.
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    try:
-        from rigup_testbed.fleet import Testbed
-    except ModuleNotFoundError as exc:
-        raise SystemExit(f"rigup sandbox: the test bed ({REPO_ROOT / 'rigup_testbed'}) is missing: {exc}") from None
+    from rigup_testbed.fleet import Testbed  # shipped with rigup (a product feature), imported on use
+
     return Testbed(SANDBOX_DIR, INSTANCE)
+
+
+# Tools the test bed runs on this machine (scripts/setup installs their Debian packages).
+PREREQUISITES = {
+    "debootstrap": "debootstrap", "systemd-nspawn": "systemd-container", "ip": "iproute2", "unshare": "util-linux",
+    "ssh": "openssh-client", "ssh-keygen": "openssh-client", "gpg": "gnupg", "git": "git", "dpkg-deb": "dpkg",
+    "apt-ftparchive": "apt-utils", "tar": "tar", "mount": "mount",
+}
+
+
+def missing_prerequisites() -> list[str]:
+    """`tool (package)` for each tool the test bed needs that is not on PATH."""
+    return [f"{tool} ({pkg})" for tool, pkg in PREREQUISITES.items() if shutil.which(tool) is None]
 
 
 def run(args: argparse.Namespace) -> int:
     if os.geteuid() != 0:
         print("rigup sandbox: needs root (network namespaces, mounts, cgroups)", file=sys.stderr)
+        return 2
+    missing = missing_prerequisites() if args.sandbox_command == "up" else []
+    if missing:
+        print(
+            f"rigup sandbox: this machine lacks {', '.join(missing)}; run scripts/setup (as root) to install "
+            "them, or apt-get install the packages named",
+            file=sys.stderr,
+        )
         return 2
     return {"up": _up, "down": _down, "status": _status}[args.sandbox_command](args)
 

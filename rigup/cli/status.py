@@ -29,12 +29,7 @@ from rigup.client.ssh import LazySsh, RemoteError, Runner, gpu_memory
 from rigup.desired.lock import LockError
 from rigup.desired.plan import host_plan
 from rigup.desired.recipe import RecipeError
-from rigup.desired.release import (
-    Provenance,
-    ProvenanceError,
-    parse_provenance,
-    provenance_path,
-)
+from rigup.desired.release import Provenance, ProvenanceError, parse_provenance, provenance_path
 from rigup.desired.secrets import SecretError
 from rigup.facts.gpu import GpuTopology, NvidiaGpus
 from rigup.facts.serving import RigupVariantUnits

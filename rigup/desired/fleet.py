@@ -14,11 +14,11 @@ from typing import Any
 
 import yaml
 
-from rigup import REPO_ROOT
+from rigup import WORK_DIR
 from rigup.desired.knobs import load_defaults
 
 FLEET_ENV = "RIGUP_RIGS"
-DEFAULT_FLEET_FILE = REPO_ROOT / "rigs.yaml"
+DEFAULT_FLEET_FILE = WORK_DIR / "rigs.yaml"
 
 # Connection settings pyinfra's SSH connector reads from host data. Passwords are not accepted:
 # they would sit in a plain file (use keys and passwordless sudo).

@@ -12,9 +12,9 @@ import json
 import types
 from typing import Any
 
-from rigup import REPO_ROOT
+from rigup import DEPLOY_ROOT
 
-KNOBS_FILE = REPO_ROOT / "group_data" / "all.py"
+KNOBS_FILE = DEPLOY_ROOT / "group_data" / "all.py"
 
 
 @functools.cache

@@ -10,6 +10,7 @@ from rigup.desired.plan import host_plan
 
 FLEET_MODES = ("auto", "off")  # knob model_fleet_source: fetch from a fleet peer that has the files, or not
 
+
 def script_path(install_root: str) -> str:
     return f"{install_root.rstrip('/')}/bin/rigfetch.py"  # where rigfetch.py is uploaded on the rig
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import jinja2
 
-from rigup import REPO_ROOT
+from rigup import DEPLOY_ROOT
 from rigup.desired.recipe import Recipe
 
-TEMPLATES_DIR = REPO_ROOT / "templates"
+TEMPLATES_DIR = DEPLOY_ROOT / "templates"
 
 
 # .env keys of the secrets, and the compose file's references to them (recipe.environment_refs).

@@ -11,12 +11,7 @@ from rigup.facts.util import _parse
 from rigup.parsers.apt import AptPolicy, parse_apt_cache_policy
 from rigup.parsers.common import _Jsonable
 from rigup.parsers.dpkg import DPKG_QUERY_FORMAT, DebPackage, parse_dpkg_query
-from rigup.parsers.system import (
-    DevCharState,
-    LoadedModule,
-    parse_dev_char,
-    parse_nvidia_version_file,
-)
+from rigup.parsers.system import DevCharState, LoadedModule, parse_dev_char, parse_nvidia_version_file
 
 
 class NvidiaKernelModule(FactBase[LoadedModule | None]):

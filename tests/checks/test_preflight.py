@@ -12,16 +12,7 @@ from rigup.parsers.docker import parse_docker_info
 from rigup.parsers.lspci import parse_lspci
 from rigup.parsers.nvidia_smi import parse_gpu_query
 from rigup.parsers.system import PendingReboot, parse_os_release
-from tests.support.hostlayer import (
-    GB,
-    converged_2x3090,
-    disk,
-    fresh_2x3090,
-    fx,
-    host_data,
-    one_3090_on_550,
-    prebuilt,
-)
+from tests.support.hostlayer import GB, converged_2x3090, disk, fresh_2x3090, fx, host_data, one_3090_on_550, prebuilt
 
 
 def failing(facts, **data) -> dict[str, Check]:
