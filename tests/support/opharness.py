@@ -55,6 +55,12 @@ class ScriptedHost:
         value = self.facts[cls]
         return value(**kwargs) if callable(value) and not isinstance(value, type) else value
 
+    def get_temp_filename(self, hash_key: str | None = None, *_: Any, **__: Any) -> str:
+        """Deterministic, like pyinfra's (a hash of the key) but without a host connection."""
+        import hashlib
+
+        return f"/tmp/pyinfra-{hashlib.sha1(str(hash_key).encode()).hexdigest()}"
+
     def noop(self, description: str) -> None:
         self.noops.append(description)
 
