@@ -22,6 +22,7 @@ from pyinfra.facts.deb import DebArch, DebPackages
 from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import apt, systemd
 
+from rigup.desired.knobs import knob
 from rigup.facts.system import OsReleaseInfo
 from rigup.operations.apt import DOCKER_KEYRING, DOCKER_LIST, signed_repository
 from rigup.operations.docker import docker_daemon_config
@@ -56,7 +57,7 @@ if os_info is not None and os_info.codename:
     docker_was_running = bool(host.get_fact(SystemdStatus, services=["docker.service"]).get("docker.service"))
     daemon = docker_daemon_config(
         name="Merge rigup's settings into Docker's daemon.json",
-        insecure_registries=list(host.data.get("docker_insecure_registries") or []),
+        insecure_registries=list(knob(host.data, "docker_insecure_registries") or []),
     )
 
     removed = apt.packages(

@@ -17,6 +17,7 @@ from pyinfra import host, state
 from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import apt, files
 
+from rigup.desired.knobs import knob
 from rigup.desired.lock import LockError
 from rigup.desired.models import plan_models
 from rigup.operations.model import RIGFETCH_SRC, model_files, model_fleet_share
@@ -26,9 +27,9 @@ try:
 except LockError as exc:
     raise DeployError(str(exc)) from None
 
-reverify = bool(host.data.get("model_reverify", False))
-retries = host.data.get("model_download_retries", 3)
-token_file = host.data.get("hf_token_file")
+reverify = bool(knob(host.data, "model_reverify"))
+retries = knob(host.data, "model_download_retries")
+token_file = knob(host.data, "hf_token_file")
 
 apt.packages(name="Install python3 for rigfetch", packages=["python3"])
 files.directory(name="Create the rigup bin directory", path=plan.script.rsplit("/", 1)[0], mode="755")

@@ -30,6 +30,7 @@ from pyinfra.facts.server import Which
 from pyinfra.operations import files, server, systemd
 
 from rigup.checks.driver_plan import DriverWant, plan_driver, wanted_packages
+from rigup.desired.knobs import knob
 from rigup.facts.driver import NvidiaKernelModule, NvidiaPackages, PrebuiltNvidiaModules
 from rigup.facts.system import OsReleaseInfo
 from rigup.operations.apt import (
@@ -58,7 +59,7 @@ except ValueError:
 if want is not None:
     arch = host.get_fact(DebArch) or "amd64"
     os_info = host.get_fact(OsReleaseInfo)
-    reboot = host.data.get("driver_reboot", "auto") == "auto"
+    reboot = knob(host.data, "driver_reboot") == "auto"
 
     # A hand-made entry for Docker's or the toolkit's repository next to the one rigup adds makes
     # apt refuse every update ("Conflicting values set for option Signed-By"), the driver install's
@@ -106,8 +107,8 @@ if want is not None:
         mode="644",
     )
 
-    persistence = bool(host.data.get("gpu_persistence_enabled", True))
-    power_cap = host.data.get("gpu_power_cap_watts")
+    persistence = bool(knob(host.data, "gpu_persistence_enabled"))
+    power_cap = knob(host.data, "gpu_power_cap_watts")
     if persistence or power_cap is not None:
         power_unit = files.template(
             name="Render the GPU power unit",
@@ -140,8 +141,8 @@ if want is not None:
         packages=list(wanted_packages(want, prebuilt.packages if prebuilt is not None else ())),
         stop_units=[f"rigup-{host.data.variant}.service"],
         reboot=reboot,
-        reboot_timeout=int(host.data.get("driver_reboot_timeout_s", 900)),
-        _parallel=fleet_value("rollout_batch", 1, inventory),
+        reboot_timeout=int(knob(host.data, "driver_reboot_timeout_s")),
+        _parallel=fleet_value("rollout_batch", inventory),
     )
     nvidia_driver_hold(
         name="Hold the NVIDIA driver packages",

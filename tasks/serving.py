@@ -33,6 +33,7 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.operations import apt, files
 
+from rigup.desired.knobs import knob, knob_int
 from rigup.desired.lock import LockError
 from rigup.desired.plan import host_plan
 from rigup.desired.release import release_path
@@ -58,10 +59,8 @@ topology = host.get_fact(GpuTopology)
 try:
     plan = host_plan(host.data.dict(), host.name, topology)
     env_text = plan.env_text()  # refuses quotes/newlines that would break the .env
-    timeout_s = health_timeout_s(plan.recipe, host.data.get("serving_health_timeout_s"))
-    keep = host.data.get("serving_keep_generations", 2)
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-        raise ValueError(f"serving_keep_generations must be an integer of at least 1, got {keep!r}")
+    timeout_s = health_timeout_s(plan.recipe, knob(host.data, "serving_health_timeout_s"))
+    keep = knob_int(host.data, "serving_keep_generations", minimum=1)
 except (LockError, SecretError, ValueError) as exc:
     raise DeployError(f"{host.name}: {exc}") from None
 

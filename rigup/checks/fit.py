@@ -63,8 +63,6 @@ TOLERANCE_MIB = 100
 # club-3090#149 (HEAD HARDWARE.md): on driver 595.71.05 / CUDA 13.2 vLLM reserves ~2.87 GiB for
 # activations instead of ~1.5 GiB on the CUDA 13.0 drivers the envelopes were measured with.
 NEWER_DRIVER_CUDA = (13, 2)
-
-
 NEWER_DRIVER_EXTRA_RESERVE_MIB = round((2.87 - 1.5) * 1024)
 
 

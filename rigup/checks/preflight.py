@@ -25,6 +25,7 @@ from rigup.checks.driver_plan import (
 )
 from rigup.checks.fit import GpuState, assess
 from rigup.desired.catalog import rigup_container_names
+from rigup.desired.knobs import knob
 from rigup.facts.docker import DockerEngineInfo, DockerImageSize, DockerSnap
 from rigup.facts.driver import NvidiaKernelModule, NvidiaPackages, PrebuiltModules, PrebuiltNvidiaModules
 from rigup.facts.gpu import DriverCudaVersion, GpuMemoryUse, GpuTopology, NvidiaGpus, PciGpus
@@ -126,10 +127,10 @@ def _jsonable(value: Any) -> Any:
 
 def disk_paths(host_data: Mapping[str, Any], docker: DockerInfo | None) -> dict[str, str]:
     """Role -> rig path whose filesystem holds it: sources, models, the image (Docker's root)."""
-    root = str(host_data.get("install_root") or "/opt/rigup")
+    root = str(knob(host_data, "install_root"))
     return {
         "sources": root,
-        "models": str(host_data.get("model_dir") or f"{root}/models"),
+        "models": str(knob(host_data, "model_dir") or f"{root}/models"),
         "image": (docker.root_dir if docker is not None and docker.root_dir else DEFAULT_DOCKER_ROOT),
     }
 
@@ -219,7 +220,7 @@ def _norm_os(text: str) -> str:
 
 
 def check_os(facts: HostFacts, host_data: Mapping[str, Any]) -> Check:
-    allowed = [_norm_os(a) for a in host_data.get("preflight_os_allowed") or ()]
+    allowed = [_norm_os(a) for a in knob(host_data, "preflight_os_allowed") or ()]
     if facts.os is None:
         return _fail("os", "cannot read /etc/os-release", "check the host is a Debian-family Linux", "preflight_os_allowed")
     if facts.os.key in allowed:
@@ -250,7 +251,7 @@ def check_gpus(facts: HostFacts, recipe: Any | None, host_data: Mapping[str, Any
     names = sorted({g.name for g in gpus})
     out.append(_ok("gpus", f"{len(gpus)} GPU(s) via {facts.gpu_source}: {', '.join(names)}"))
 
-    expected = host_data.get("gpu_count")
+    expected = knob(host_data, "gpu_count")
     if expected is not None:
         if int(expected) != len(gpus):
             out.append(
@@ -328,7 +329,7 @@ def rechecked_when(facts: HostFacts, host_data: Mapping[str, Any]) -> str:
         return "re-checked once the driver is loaded"
     if plan_driver(want, facts.packages, facts.loaded).action == "none":
         return "re-checked by the next deploy once nvidia-smi answers"
-    if host_data.get("driver_reboot", "auto") == "auto":
+    if knob(host_data, "driver_reboot") == "auto":
         return "re-checked after the driver's reboot, before Docker and the model are set up"
     return "re-checked by the next deploy once the host has been rebooted onto the driver (driver_reboot: never)"
 
@@ -367,7 +368,7 @@ def check_fit(facts: HostFacts, recipe: Any | None, host_data: Mapping[str, Any]
     keeps_driver = plan is None or plan.action == "none"
     cuda = facts.driver_cuda if keeps_driver else None
     out: list[Check] = []
-    for f in assess(recipe, gpus, cuda, str(host_data.get("preflight_vram_misfit", "fail"))):
+    for f in assess(recipe, gpus, cuda, str(knob(host_data, "preflight_vram_misfit"))):
         if f.name == "cuda-compat" and not keeps_driver:
             continue
         check = Check(f.name, f.ok, FIT_SEVERITY[f.severity], f.message, f.fix, f.key)
@@ -378,7 +379,7 @@ def check_fit(facts: HostFacts, recipe: Any | None, host_data: Mapping[str, Any]
 
 
 def check_power_cap(facts: HostFacts, host_data: Mapping[str, Any]) -> Check | None:
-    cap = host_data.get("gpu_power_cap_watts")
+    cap = knob(host_data, "gpu_power_cap_watts")
     if cap is None or facts.smi is None or facts.smi.status != "ok":
         return None  # nothing to check until the driver reports the limits
     for g in facts.smi.gpus:
@@ -407,7 +408,7 @@ def driver_plan(facts: HostFacts, host_data: Mapping[str, Any]) -> tuple[DriverW
 
 
 def check_reboot_policy(host_data: Mapping[str, Any]) -> Check | None:
-    policy = host_data.get("driver_reboot", "auto")
+    policy = knob(host_data, "driver_reboot")
     if policy in REBOOT_POLICIES:
         return None
     return _fail("driver-reboot", f"driver_reboot is {policy!r}", f"use one of {list(REBOOT_POLICIES)}", "driver_reboot")
@@ -485,7 +486,7 @@ def check_secure_boot(facts: HostFacts, want: DriverWant | None, plan: DriverPla
 def check_disk(facts: HostFacts, recipe: Any | None, host_data: Mapping[str, Any]) -> list[Check]:
     if recipe is None:
         return []
-    margin_gb = float(host_data.get("preflight_disk_margin_gb") or 0)
+    margin_gb = float(knob(host_data, "preflight_disk_margin_gb"))
     paths = disk_paths(host_data, facts.docker)
     # (role, path that will hold it, GB still to download/unpack)
     items: list[tuple[str, str, float]] = []

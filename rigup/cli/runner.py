@@ -12,13 +12,12 @@ from typing import Any, TypeVar
 
 from rigup.client.ssh import FileLog, JournalLog, RemoteError, Runner, ServiceLog, SshSettings
 from rigup.desired.fleet import Fleet, load_fleet
+from rigup.desired.knobs import knob
 from rigup.desired.plan import host_plan
 from rigup.desired.recipe import Recipe, RecipeError
 from rigup.desired.secrets import SecretError, load_api_key, read_secret_file
 
 T = TypeVar("T")
-
-
 R = TypeVar("R")
 
 
@@ -36,7 +35,7 @@ class Target:
 
     @property
     def variant(self) -> str | None:
-        return self.recipe.variant if self.recipe is not None else self.data.get("variant")
+        return self.recipe.variant if self.recipe is not None else knob(self.data, "variant")
 
     @property
     def served_model(self) -> str | None:

@@ -26,6 +26,7 @@ from typing import Any
 from rigup.cli.runner import Target, fleet_targets, parallel, progress
 from rigup.client.openai_client import ApiClient
 from rigup.client.ssh import LazySsh, RemoteError, Runner, gpu_memory
+from rigup.desired.knobs import knob
 from rigup.desired.lock import LockError
 from rigup.desired.plan import host_plan
 from rigup.desired.recipe import RecipeError
@@ -94,13 +95,13 @@ def desired_state(target: Target, topology: Topology | None = None) -> Desired:
     """The release tasks/serving.py would write for this host, from the fleet data, the lock and the
     rig's GPU topology (NVLink changes the rendered NCCL settings, as in the deploy)."""
     data = target.data
-    branch = data.get("nvidia_driver_branch")
+    branch = knob(data, "nvidia_driver_branch")
     base = {
         "host": target.name,
         "variant": target.variant,
         "unit": target.recipe.paths.unit_name if target.recipe else None,
         "served_model": target.served_model,
-        "gpu_count": data.get("gpu_count"),
+        "gpu_count": knob(data, "gpu_count"),
         "tensor_parallel_size": target.recipe.tensor_parallel_size if target.recipe else None,
         "driver_branch": int(branch) if branch is not None else None,
     }

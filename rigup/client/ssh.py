@@ -15,6 +15,8 @@ from typing import Any, Protocol
 
 import paramiko
 
+from rigup.desired.knobs import knob
+
 SSH_CONNECT_TIMEOUT_S = 10.0
 
 
@@ -45,7 +47,7 @@ class SshSettings:
             strict_host_key_checking=str(data.get("ssh_strict_host_key_checking") or "accept-new"),
             config_file=data.get("ssh_config_file"),
             connect_retries=int(data.get("ssh_connect_retries") or 0),
-            sudo=bool(data.get("_sudo", True)),
+            sudo=bool(knob(data, "_sudo")),
         )
 
 

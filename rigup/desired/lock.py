@@ -12,19 +12,17 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from rigup.desired.knobs import knob
+
 if TYPE_CHECKING:  # only for hints: the functions below import rigup.desired.recipe lazily
     pass
 
 
 LOCK_VERSION = 1
-
-
 SHA40 = re.compile(r"^[0-9a-f]{40}$")
 
 
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
-
-
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
@@ -34,8 +32,6 @@ SHORT_HEX = re.compile(r"^[0-9a-f]{4,39}$")
 # Non-LFS files bigger than this are refused instead of downloaded by the lock tool (the hub always
 # publishes a sha256 for LFS files; a huge non-LFS file means something unusual is going on).
 MAX_HASHED_DOWNLOAD = 64 * 1024 * 1024
-
-
 HEADER = """\
 # rigup lock file: exact pins for everything rigup puts on a rig from outside.
 # Written by `python -m rigup lock` on the control machine; commit it next to the fleet file.
@@ -293,7 +289,7 @@ def needs_for(recipe: Any, host_data: Mapping[str, Any]) -> list[Need]:
     out: list[Need] = [ImageNeed(recipe.image.lock_name, recipe.image.repository, recipe.image.tag, recipe.image.registry)]
     for source in recipe.sources:
         out.append(GitNeed(source.lock_name, source.git_url, source.ref, source.full_clone))
-    endpoint = str(host_data.get("hf_endpoint") or "https://huggingface.co").rstrip("/")
+    endpoint = str(knob(host_data, "hf_endpoint")).rstrip("/")
     for model in recipe.models:
         out.append(ModelNeed(model.lock_name, model.repo_id, model_revision_wanted(model.name), endpoint, model.gated))
     return out
@@ -351,7 +347,7 @@ _LOADED: dict[Path, tuple[int, LockFile]] = {}
 
 def deploy_lock(host_data: Mapping[str, Any], base_dir: Path | None = None) -> LockFile:
     """The lock for a deploy (loaded once per file version; tasks run once per host)."""
-    path = lock_path(str(host_data.get("lock_file") or "rigs.lock.yaml"), base_dir)
+    path = lock_path(str(knob(host_data, "lock_file")), base_dir)
     try:
         mtime = path.stat().st_mtime_ns
     except FileNotFoundError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rigup.desired.knobs import knob
 from rigup.desired.lock import LockError, ModelPin
 from rigup.desired.plan import host_plan
 
@@ -44,7 +45,7 @@ def model_entry(model: Any, pin: ModelPin, endpoint: str, peer_url: str | None =
 
 
 def _address(source: Any) -> str:
-    address = source.data.get("model_fleet_address") or source.data.get("ssh_hostname") or source.name
+    address = knob(source.data, "model_fleet_address") or source.data.get("ssh_hostname") or source.name
     address = str(address)
     return f"[{address}]" if ":" in address and not address.startswith("[") else address
 
@@ -84,7 +85,7 @@ def _plan_all(state: Any, only: Any = None) -> dict[str, ModelPlan]:
         data = h.data.dict()
         plan = host_plan(data, h.name, read_secrets=False)
         recipe, lock = plan.recipe, plan.lock
-        mode = data.get("model_fleet_source", "auto")
+        mode = knob(data, "model_fleet_source")
         if mode not in FLEET_MODES:
             raise LockError(f"{h.name}: model_fleet_source must be one of {', '.join(FLEET_MODES)}, got {mode!r}")
         infos.append(_HostInfo(h, recipe, lock, data, mode == "auto"))
@@ -98,8 +99,8 @@ def _plan_all(state: Any, only: Any = None) -> dict[str, ModelPlan]:
     plans: dict[str, ModelPlan] = {}
     for info in infos:
         state_dir = info.recipe.paths.state_dir
-        reserve = int(float(info.data.get("preflight_disk_margin_gb") or 0) * 1e9)
-        endpoint = str(info.data.get("hf_endpoint") or "https://huggingface.co")
+        reserve = int(float(knob(info.data, "preflight_disk_margin_gb")) * 1e9)
+        endpoint = str(knob(info.data, "hf_endpoint"))
         hub, fetch, serve = [], [], []
         sources: dict[str, Any] = {}
         peers: list[tuple[Any, dict[str, Any]]] = []
@@ -109,7 +110,7 @@ def _plan_all(state: Any, only: Any = None) -> dict[str, ModelPlan]:
             if not info.fleet or source is None or source is info:
                 hub.append(model_entry(model, pin, endpoint))
                 continue
-            port = int(source.data.get("model_fleet_port") or 8765)
+            port = int(knob(source.data, "model_fleet_port"))
             peer_url = f"http://{_address(source.host)}:{port}/{model.dir_name}/"
             fetch.append(model_entry(model, pin, endpoint, peer_url))
             sources[model.dir_name] = source.host
@@ -132,14 +133,14 @@ def _plan_all(state: Any, only: Any = None) -> dict[str, ModelPlan]:
                     model_entry(
                         m,
                         other.lock.models[m.lock_name],
-                        str(other.data.get("hf_endpoint") or "https://huggingface.co"),
+                        str(knob(other.data, "hf_endpoint")),
                         f"http://{_address(info.host)}:{int(info.data.get('model_fleet_port') or 8765)}/{m.dir_name}/",
                     )
                     for m in other.recipe.models
                     if m.dir_name in served and source_of.get(m.lock_name) is info
                 ]
                 if wanted:
-                    other_reserve = int(float(other.data.get("preflight_disk_margin_gb") or 0) * 1e9)
+                    other_reserve = int(float(knob(other.data, "preflight_disk_margin_gb")) * 1e9)
                     peers.append((other.host, _manifest(other.recipe.paths.state_dir, other_reserve, wanted)))
         plans[info.host.name] = ModelPlan(
             script=script_path(info.recipe.paths.install_root),
@@ -148,7 +149,7 @@ def _plan_all(state: Any, only: Any = None) -> dict[str, ModelPlan]:
             serve_manifest=_manifest(state_dir, reserve, serve),
             peers=tuple(peers),
             sources=sources,
-            listen_port=int(info.data.get("model_fleet_port") or 8765),
+            listen_port=int(knob(info.data, "model_fleet_port")),
         )
     return plans
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # only for hints: the functions below import rigup.desired.recipe lazily
     pass
+from rigup.desired.knobs import knob
 from rigup.desired.lock import (
     DIGEST,
     MAX_HASHED_DOWNLOAD,
@@ -276,7 +277,7 @@ def fleet_needs(fleet: Any) -> tuple[dict[str, Need], str]:
     lock_files: set[str] = set()
     for host in fleet.hosts:
         data = fleet.resolved_data(host.name)
-        lock_files.add(str(data.get("lock_file") or "rigs.lock.yaml"))
+        lock_files.add(str(knob(data, "lock_file")))
         recipe = resolve(data, None)
         for need in needs_for(recipe, data):
             known = needs.get(need.name)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rigup.desired.interconnect import detect
+from rigup.desired.knobs import knob
 from rigup.desired.lock import LockError, LockFile, deploy_lock, lock_problems
 from rigup.desired.recipe import Recipe, resolve
 from rigup.desired.release import build_release, release_json, release_sha256
@@ -124,7 +125,7 @@ def host_plan(
 
     secrets: dict[str, str] = {}
     if read_secrets:
-        hf_token, api_key = read_hf_token(host_data.get("hf_token_file")), load_api_key(host_data)
+        hf_token, api_key = read_hf_token(knob(host_data, "hf_token_file")), load_api_key(host_data)
         secrets = {k: v for k, v in ((HF_TOKEN_KEY, hf_token), (API_KEY_KEY, api_key)) if v is not None}
         hf_present, api_present = HF_TOKEN_KEY in secrets, API_KEY_KEY in secrets
     else:

@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from rigup.desired.catalog import CatalogError, load_catalog
 from rigup.desired.interconnect import Interconnect, apply_env, effective, nccl_settings
+from rigup.desired.knobs import knob
 
 # Where every vLLM image of the catalog installs the vllm package (python 3.12 site-packages).
 VLLM_SITE = "/usr/local/lib/python3.12/dist-packages/vllm"
@@ -379,7 +380,7 @@ def _source(
     lock_name = f"git:{name}"
     locked = lock.git_commit(lock_name) if lock is not None else None
     # A host (or a mirror's fleet file) may pin another branch, tag or commit than the catalog's.
-    ref = str((host_data.get("source_refs") or {}).get(name, spec["ref"]))
+    ref = str((knob(host_data, "source_refs") or {}).get(name, spec["ref"]))
     commit = locked if locked is not None else (ref if _is_full_sha(ref) else None)
     return SourceSpec(
         name=name,
@@ -520,7 +521,7 @@ def resolve(host_data: Mapping[str, Any], lock: Lock | None = None, interconnect
     v = catalog["variants"][name]
     main_spec = catalog["models"][v["model"]]
 
-    source_refs = host_data.get("source_refs") or {}
+    source_refs = knob(host_data, "source_refs") or {}
     if not isinstance(source_refs, Mapping):
         raise RecipeError(f"source_refs must be a mapping, got {type(source_refs).__name__}")
     for source, ref in source_refs.items():
@@ -529,7 +530,7 @@ def resolve(host_data: Mapping[str, Any], lock: Lock | None = None, interconnect
         if not isinstance(ref, str) or not ref.strip():
             raise RecipeError(f"source_refs[{source!r}] must be a branch, tag or commit, got {ref!r}")
 
-    overrides = host_data.get("variant_overrides") or {}
+    overrides = knob(host_data, "variant_overrides") or {}
     if not isinstance(overrides, Mapping):
         raise RecipeError(f"variant_overrides must be a mapping, got {type(overrides).__name__}")
     knobs: dict[str, Any] = {k: v.get(k) for k in OVERRIDE_KEYS}
@@ -548,7 +549,7 @@ def resolve(host_data: Mapping[str, Any], lock: Lock | None = None, interconnect
         # Rendered unquoted into the systemd unit's command lines: keep to a plain character set.
         if not _SAFE_PATH.match(value) or ".." in value.split("/"):
             raise RecipeError(f"{key} must be an absolute path of letters, digits and ._+-/, got {value!r}")
-    registry = _registry_prefix(host_data.get("container_registry") or "docker.io")
+    registry = _registry_prefix(knob(host_data, "container_registry"))
     bind_address = str(_require(host_data, "serving_bind_address"))
     try:
         ipaddress.ip_address(bind_address)
@@ -597,7 +598,7 @@ def resolve(host_data: Mapping[str, Any], lock: Lock | None = None, interconnect
     spec_json, spec_method = _speculative(v, draft)
     env_map = {k: str(val) for k, val in (v.get("env") or {}).items() if val is not None}
     try:
-        planned = effective(host_data.get("gpu_interconnect", "auto"), interconnect)
+        planned = effective(knob(host_data, "gpu_interconnect"), interconnect)
     except ValueError as exc:
         raise RecipeError(str(exc)) from None
     tp = knobs["tensor_parallel_size"]

@@ -162,7 +162,6 @@ class Provenance:
     raw: dict[str, Any]
 
 
-
 def release_sha256(release: Mapping[str, Any]) -> str:
     """What rigup-servingctl records as release_sha256: the hash of release.json's text."""
     return sha256_text(release_json(release))

@@ -18,8 +18,6 @@ TEMPLATES_DIR = DEPLOY_ROOT / "templates"
 
 # .env keys of the secrets, and the compose file's references to them (recipe.environment_refs).
 HF_TOKEN_KEY = "HF_TOKEN"
-
-
 API_KEY_KEY = "VLLM_API_KEY"
 
 

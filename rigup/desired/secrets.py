@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rigup.desired.knobs import knob
+
 
 class SecretError(ValueError):
     """A secret file on the control machine cannot be used (missing, empty, readable by others)."""
@@ -34,7 +36,7 @@ def read_secret_file(path: str | os.PathLike[str], knob: str) -> str:
 
 def load_api_key(host_data: Mapping[str, Any]) -> str | None:
     """The API key from `serving_api_key_file` on the control machine; None: the API is open."""
-    path = host_data.get("serving_api_key_file")
+    path = knob(host_data, "serving_api_key_file")
     return None if path is None else read_secret_file(path, "serving_api_key_file")
 
 
@@ -49,5 +51,5 @@ def read_hf_token(token_file: str | None) -> str | None:
 
 def secrets_configured(host_data: Mapping[str, Any]) -> tuple[bool, bool]:
     """(HF token, API key) configured for this host, judged without reading the files (previews)."""
-    hf = bool(os.environ.get("HF_TOKEN", "").strip()) or host_data.get("hf_token_file") is not None
-    return hf, host_data.get("serving_api_key_file") is not None
+    hf = bool(os.environ.get("HF_TOKEN", "").strip()) or knob(host_data, "hf_token_file") is not None
+    return hf, knob(host_data, "serving_api_key_file") is not None

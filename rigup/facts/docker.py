@@ -65,7 +65,6 @@ class DockerSnap(FactBase[bool]):
         return any(line.strip() == "snap" for line in output)
 
 
-
 class DockerImageId(FactBase[str | None]):
     """Local id of an image reference (``sha256:...``), or None when it is not pulled."""
 

@@ -68,16 +68,6 @@ class PciGpus(FactBase[tuple[PciDevice, ...] | None]):
         return tuple(d for d in devices if d.vendor_id == NVIDIA_VENDOR_ID and d.class_code in DISPLAY_CLASSES)
 
 
-
-
-
-
-
-
-
-
-
-
 # Ancestry of every GPU process: "pid parent grandparent ..." per line (to find our own container's).
 _CHAINS = (
     "for p in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); do "

@@ -11,8 +11,6 @@ from pyinfra.api import FactProcessError
 from rigup.parsers.common import ParseError, _Jsonable
 
 ABSENT = "@rigup-absent"  # printed instead of output when the tool is not installed
-
-
 T = TypeVar("T")
 _SPLIT = "@rigup-section"
 

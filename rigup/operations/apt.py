@@ -30,8 +30,6 @@ def ctk_repo_uri(base_url: str) -> str:
 
 
 APT_ENV = "DEBIAN_FRONTEND=noninteractive"
-
-
 APT_GET = (
     "apt-get",
     "-y",
@@ -76,7 +74,7 @@ def apt_source_exclusive(uri: str, keep: str, arch: str = "amd64"):
 
     .. code:: python
 
-        hostops.apt_source_exclusive(
+        apt.apt_source_exclusive(
             name="Disable other Docker apt sources",
             uri="https://download.docker.com/linux/ubuntu",
             keep="/etc/apt/sources.list.d/rigup-docker.list",

@@ -39,7 +39,7 @@ def docker_daemon_config(insecure_registries: list[str] | None = None):
 
     .. code:: python
 
-        hostops.docker_daemon_config(name="Let Docker pull from the LAN mirror",
+        docker.docker_daemon_config(name="Let Docker pull from the LAN mirror",
                                      insecure_registries=["10.0.0.5:5000"])
     """
     wanted = list(insecure_registries or [])

@@ -125,7 +125,7 @@ def nvidia_driver(
 
     .. code:: python
 
-        hostops.nvidia_driver(
+        driver.nvidia_driver(
             name="Install and load the NVIDIA driver",
             branch=580,
             flavour="open",
@@ -192,7 +192,7 @@ def nvidia_driver_hold(branch: int, flavour: str = "open", source: str = "ubuntu
 
     .. code:: python
 
-        hostops.nvidia_driver_hold(name="Hold the NVIDIA driver packages", branch=580)
+        driver.nvidia_driver_hold(name="Hold the NVIDIA driver packages", branch=580)
     """
     want = DriverWant(int(branch), flavour, source)  # type: ignore[arg-type]
     packages = host.get_fact(NvidiaPackages)

@@ -23,7 +23,7 @@ def nvidia_dev_char_links():
 
     .. code:: python
 
-        hostops.nvidia_dev_char_links(name="Create /dev/char links for NVIDIA devices")
+        gpu.nvidia_dev_char_links(name="Create /dev/char links for NVIDIA devices")
     """
     dev = host.get_fact(NvidiaDevChar)
     if not dev.devices:
@@ -70,7 +70,7 @@ def gpu_power_state(unit: str, power_cap_watts: int | None = None, persistence: 
 
     .. code:: python
 
-        hostops.gpu_power_state(name="Apply GPU power cap and persistence",
+        gpu.gpu_power_state(name="Apply GPU power cap and persistence",
                                 unit="rigup-gpu-power.service", power_cap_watts=230)
     """
     smi = host.get_fact(NvidiaGpus)
@@ -97,7 +97,7 @@ def gpu_smoke_test(image: str):
 
     .. code:: python
 
-        hostops.gpu_smoke_test(name="Check containers see every GPU",
+        gpu.gpu_smoke_test(name="Check containers see every GPU",
                                image="docker.io/nvidia/cuda:12.6.0-base-ubuntu22.04",
                                _if=toolkit.did_change)
     """

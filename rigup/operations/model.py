@@ -12,6 +12,7 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 
+from rigup.desired.knobs import knob
 from rigup.desired.models import script_path
 from rigup.desired.secrets import SecretError, read_hf_token
 from rigup.facts.model import ModelFiles, _needs_work
@@ -25,13 +26,9 @@ RIGFETCH_SRC = RIGFETCH_SCRIPT
 _FLEET_TOKEN = secrets.token_urlsafe(32)
 
 
-
-
 @functools.cache
 def rigfetch_sha256() -> str:
     return hashlib.sha256(RIGFETCH_SRC.read_bytes()).hexdigest()
-
-
 
 
 def _secrets_line(hf_token_file: str | None, fleet: bool) -> str:
@@ -170,11 +167,11 @@ def model_fleet_share(
                 continue
             peer_status = peer.get_fact(
                 ModelFiles,
-                script=script_path(str(peer.data.get("install_root"))),
+                script=script_path(str(knob(peer.data, "install_root"))),
                 script_sha256=sha,
                 manifest_b64=encode_manifest(peer_manifest),
-                reverify=bool(peer.data.get("model_reverify", False)),
-                _sudo=bool(peer.data.get("_sudo", False)),
+                reverify=bool(knob(peer.data, "model_reverify")),
+                _sudo=bool(knob(peer.data, "_sudo")),
             )
             # Count the peers that will ask for files; removals alone do not need this rig.
             if _needs_work(peer_status, with_prune=False):

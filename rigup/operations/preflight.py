@@ -9,6 +9,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, operation
 
 from rigup.checks.preflight import Check, failures, gather, host_recipe, run_checks
+from rigup.desired.knobs import knob
 from rigup.facts.gpu import GpuTopology
 
 
@@ -45,7 +46,7 @@ def preflight_checks():
 
     .. code:: python
 
-        hostops.preflight_checks(name="Run preflight checks")
+        preflight.preflight_checks(name="Run preflight checks")
     """
     checks = preflight_report(host)
     failed = failures(checks)
@@ -92,18 +93,19 @@ def preflight_after_driver():
 
     .. code:: python
 
-        hostops.preflight_after_driver(name="Re-run preflight with the new driver loaded", _if=driver.did_change)
+        preflight.preflight_after_driver(name="Re-run preflight with the new driver loaded", _if=driver.did_change)
     """
     yield FunctionCommand(_preflight_now, (), {})
 
 
-def fleet_value(name: str, default: int, inventory: Any) -> int:
-    """The smallest value of an integer knob over the inventory: execution arguments such as
-    _parallel must be the same on every host, and the strictest setting wins."""
+def fleet_value(name: str, inventory: Any) -> int:
+    """The smallest value of a positive integer knob over the inventory (its default when no host
+    has a valid one): execution arguments such as _parallel must be the same on every host, and the
+    strictest setting wins."""
     values = []
     for h in inventory:
-        value = h.data.get(name, default)
+        value = knob(h.data, name)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             values.append(value)
-    return min(values) if values else default
+    return min(values) if values else int(knob({}, name))
 

@@ -21,8 +21,6 @@ CTL_NAME = "rigup-servingctl"
 # graph capture, plus a load time per GB of weights (a cold page cache reads ~100-400 MB/s from
 # SATA/NVMe on consumer rigs), plus the pip install a Genesis entrypoint runs on every start.
 HEALTH_BASE_S = 300
-
-
 HEALTH_PER_GB_S = 30
 
 

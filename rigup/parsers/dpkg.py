@@ -28,8 +28,6 @@ class DebPackage(_Jsonable):
 
 
 _WANT = {"u": "unknown", "i": "install", "h": "hold", "r": "deinstall", "p": "purge"}
-
-
 _STATUS = {
     "n": "not-installed",
     "i": "installed",

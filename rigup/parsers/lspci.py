@@ -57,8 +57,6 @@ def parse_lspci(output: str | Iterable[str]) -> tuple[PciDevice, ...]:
 
 
 NVIDIA_VENDOR_ID = "10de"
-
-
 DISPLAY_CLASSES = ("0300", "0302")  # VGA compatible controller, 3D controller
 
 

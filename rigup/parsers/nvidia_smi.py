@@ -162,7 +162,6 @@ def parse_gpu_query(output: str | Iterable[str], fields: tuple[str, ...] = GPU_Q
     return SmiQuery(status="ok", gpus=tuple(sorted(gpus, key=lambda g: g.index)))
 
 
-
 @dataclass(frozen=True)
 class GpuState:
     """A GPU as the fit sees it."""

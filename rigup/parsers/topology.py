@@ -13,8 +13,6 @@ if TYPE_CHECKING:  # rigup.desired.recipe imports this module
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # topo -m underlines its header row
-
-
 _LINK = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC|CPU)$")
 
 

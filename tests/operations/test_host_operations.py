@@ -1,4 +1,4 @@
-"""rigup.hostops operations with scripted facts: the commands each situation yields, the no-op text
+"""rigup.operations (host layer) with scripted facts: the commands each situation yields, the no-op text
 when converged, and what the FunctionCommands they yield decide."""
 
 from __future__ import annotations
@@ -529,9 +529,9 @@ def test_fleet_value_is_the_smallest_valid_setting():
         def __init__(self, value):
             self.data = {"rollout_batch": value}
 
-    assert fleet_value("rollout_batch", 1, [H(3), H(2), H(5)]) == 2
-    assert fleet_value("rollout_batch", 1, [H(None), H(True), H(0)]) == 1  # invalid values ignored
-    assert fleet_value("rollout_batch", 1, []) == 1
+    assert fleet_value("rollout_batch", [H(3), H(2), H(5)]) == 2
+    assert fleet_value("rollout_batch", [H(None), H(True), H(0)]) == 1  # invalid values ignored
+    assert fleet_value("rollout_batch", []) == 1
 
 
 # -- docker_daemon_config ---------------------------------------------------------------------

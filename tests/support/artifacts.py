@@ -1,4 +1,4 @@
-"""Shared helpers for the artifact tests (rigfetch, lock, gitops, modelops): a small fake hub and
+"""Shared helpers for the artifact tests (rigfetch, lock, git and model operations): a small fake hub and
 manifests built from what it serves."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 whose commands answer from the captures: one converged rig, one fresh rig with driver_reboot=never,
 one rig with a single GPU given the TP=2 variant. Checks the prepare and execute wiring that unit
 tests of single operations cannot: includes, templates, _if handlers, per-host failure, the
-driverstate hand-over between task files.
+runstate hand-over between task files.
 """
 
 from __future__ import annotations
