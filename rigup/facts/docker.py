@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import FactBase, FactProcessError, QuoteString, StringCommand
 
 from rigup.facts.util import _absent, _guarded, _parse
 from rigup.parsers.docker import DockerInfo, parse_daemon_json, parse_docker_info
@@ -25,8 +25,12 @@ class DockerImageSize(FactBase[int | None]):
     def process(self, output: list[str]) -> int | None:
         if _absent(output):
             return None
-        text = output[0].strip() if output else ""
-        return int(text) if text.isdigit() else None
+        text = output[0].strip() if output else ""  # stderr is dropped: not pulled prints nothing
+        if not text:
+            return None
+        if not text.isdigit():
+            raise FactProcessError(f"docker image inspect printed {text!r}, not a size in bytes")
+        return int(text)
 
 
 class DockerEngineInfo(FactBase[DockerInfo | None]):

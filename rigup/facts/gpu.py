@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shlex
 
-from pyinfra.api import FactBase
+from pyinfra.api import FactBase, FactProcessError
 
 from rigup.checks.fit import GpuState, exclude_own, own_pids
 from rigup.facts.util import _SPLIT, _absent, _guarded, _parse, _sections
@@ -20,6 +20,7 @@ from rigup.parsers.nvidia_smi import (
     parse_driver_cuda,
     parse_gpu_query,
     parse_memory_query,
+    smi_failure,
 )
 from rigup.parsers.topology import Topology, TopologyError, parse_topo_p2p, topology
 
@@ -109,8 +110,10 @@ class GpuMemoryUse(FactBase[tuple[GpuState, ...] | None]):
         try:
             gpus = parse_memory_query(parts[0])
             apps = parse_compute_apps(parts[1])
-        except FitParseError:
-            return None  # no driver, a version mismatch: the GPUs facts say why
+        except FitParseError as exc:
+            if smi_failure(parts[0] + parts[1]) is not None:
+                return None  # no driver, a version mismatch: the NvidiaGpus fact says why
+            raise FactProcessError(str(exc)) from exc
         container_pids = [int(p) for p in " ".join(parts[2]).split() if p.isdigit() and int(p) > 0]
         chains = [[int(p) for p in line.split() if p.isdigit()] for line in parts[3]]
         return exclude_own(gpus, apps, own_pids(container_pids, chains))
@@ -125,7 +128,10 @@ class DriverCudaVersion(FactBase[str | None]):
     def process(self, output: list[str]) -> str | None:
         if _absent(output):
             return None
-        return parse_driver_cuda(output)
+        version = parse_driver_cuda(output)
+        if version is None and smi_failure(output) is None:
+            raise FactProcessError(f"no CUDA version in nvidia-smi's output: {output[:3]!r}")
+        return version
 
 
 class GpuTopology(FactBase[Topology | None]):
@@ -140,8 +146,10 @@ class GpuTopology(FactBase[Topology | None]):
         parts = _sections(output) + [[]]
         try:
             topo = topology(parts[0])
-        except TopologyError:
-            return None
+        except TopologyError as exc:
+            if smi_failure(parts[0]) is not None:
+                return None  # no driver yet: the gpu_interconnect knob decides
+            raise FactProcessError(str(exc)) from exc
         try:
             p2p = parse_topo_p2p(parts[1])
         except TopologyError:

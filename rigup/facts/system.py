@@ -35,7 +35,7 @@ class SecureBoot(FactBase[SecureBootState | None]):
     def process(self, output: list[str]) -> SecureBootState | None:
         if _absent(output):
             return None
-        return parse_sb_state(output)
+        return _parse(output, parse_sb_state)
 
 
 class FreeDisk(FactBase[dict[str, DiskFree]]):
@@ -112,7 +112,7 @@ class RebootPending(FactBase[PendingReboot]):
     )
 
     def process(self, output: list[str]) -> PendingReboot:
-        return parse_reboot_required(output)
+        return _parse(output, parse_reboot_required)
 
 
 class BootId(FactBase[str | None]):

@@ -35,7 +35,8 @@ def parse_apt_cache_policy(output: str | Iterable[str]) -> dict[str, AptPolicy]:
             continue
         stripped = line.strip()
         if current is None:
-            continue
+            # apt-cache prints nothing before the first package; anything else is an error text
+            raise ParseError(f"apt-cache policy: unexpected line before any package: {stripped!r}")
         if stripped.startswith("Installed:"):
             value = stripped.split(":", 1)[1].strip()
             installed = None if value == "(none)" else value

@@ -107,6 +107,28 @@ def _parse_persistence(value: str) -> bool | None:
     return None
 
 
+# What nvidia-smi prints instead of an answer when it cannot ask the driver (no module loaded, a
+# userspace newer than the module, no GPU, NVML not initialised): facts read these as "no answer".
+_SMI_FAILURES = (
+    "couldn't communicate with the NVIDIA driver",
+    "could not communicate with the NVIDIA driver",
+    "Driver/library version mismatch",
+    "No devices were found",
+    "Failed to initialize NVML",
+    "Unable to determine the device handle",
+    "NVIDIA-SMI has failed",
+)
+
+
+def smi_failure(output: str | Iterable[str]) -> str | None:
+    """The first line of nvidia-smi's own failure text in `output`, or None when it is something else."""
+    lines = [line.strip() for line in _lines(output) if line.strip()]
+    for line in lines:
+        if any(marker in line for marker in _SMI_FAILURES):
+            return line
+    return None
+
+
 def parse_gpu_query(output: str | Iterable[str], fields: tuple[str, ...] = GPU_QUERY_FIELDS) -> SmiQuery:
     """Parse `nvidia-smi --query-gpu=<fields> --format=csv,noheader[,nounits]` (stderr merged).
 

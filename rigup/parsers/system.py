@@ -52,8 +52,8 @@ def parse_nvidia_version_file(output: str | Iterable[str]) -> LoadedModule | Non
 SecureBootState = Literal["enabled", "disabled", "unsupported"]
 
 
-def parse_sb_state(output: str | Iterable[str]) -> SecureBootState | None:
-    """Parse `mokutil --sb-state` (stderr merged); None when the output says nothing known."""
+def parse_sb_state(output: str | Iterable[str]) -> SecureBootState:
+    """Parse `mokutil --sb-state` (stderr merged); ParseError when it says none of the known states."""
     text = "\n".join(_lines(output)).lower()
     if "secureboot enabled" in text:
         return "enabled"
@@ -61,7 +61,7 @@ def parse_sb_state(output: str | Iterable[str]) -> SecureBootState | None:
         return "disabled"
     if "doesn't support secure boot" in text or "efi variables are not supported" in text or "not supported" in text:
         return "unsupported"
-    return None
+    raise ParseError(f"mokutil --sb-state: no known Secure Boot state in {text[:200]!r}")
 
 
 @dataclass(frozen=True)
@@ -190,5 +190,7 @@ def parse_reboot_required(output: str | Iterable[str]) -> PendingReboot:
             name = line[4:].strip()
             if name and name not in packages:
                 packages.append(name)
+        elif line.strip():
+            raise ParseError(f"reboot-required: unexpected line {line!r}")
     return PendingReboot(required=required, packages=tuple(packages))
 

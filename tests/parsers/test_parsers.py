@@ -239,8 +239,9 @@ def test_secure_boot(name, state):
     assert parse_sb_state(fixture(f"mokutil/{name}")) == state
 
 
-def test_secure_boot_unknown_text():
-    assert parse_sb_state("mokutil: something odd") is None
+def test_secure_boot_unknown_text_is_refused():
+    with pytest.raises(ParseError, match="no known Secure Boot state"):
+        parse_sb_state("mokutil: something odd")
 
 
 def test_df_sections_on_two_filesystems():
