@@ -1,4 +1,18 @@
-"""Decisions one task file makes that a later task file reads in the same run (the one place for them)."""
+"""Decisions one task file makes that a later task file reads in the same run: the one place for them.
+
+pyinfra runs each task file for every host in turn, so a later file cannot see an earlier file's
+local variables. What crosses files is recorded here, per host (keyed weakly on pyinfra's Host):
+
+  record(host, HostDriverState)  tasks/nvidia_driver.py: the driver plan, the reboot policy and
+                                 whether the driver operation changed the host (execute time)
+  serving_blocked(host)          tasks/container_toolkit.py, tasks/serving.py: a driver that waits
+                                 for a reboot under driver_reboot=never keeps GPU containers off
+  driver_changed(host)           tasks/serving.py: gate the variant again after a driver change
+  note_change(host, key, *ops)   tasks/docker.py ("docker"), tasks/nvidia_driver.py ("driver")
+  changed(host, *keys)           tasks/container_toolkit.py: run the GPU smoke test after either
+
+Nothing else is shared between task files; everything decided before the run is in the host plan
+(rigup.desired.plan)."""
 
 from __future__ import annotations
 
@@ -12,6 +26,8 @@ from rigup.checks.driver_plan import DriverPlan
 
 @dataclass(frozen=True)
 class HostDriverState:
+    """What tasks/nvidia_driver.py decided for a host."""
+
     plan: DriverPlan
     reboot_policy: str  # auto | never
     changed: Callable[[], bool]  # execute time: did the driver operation do anything on this host

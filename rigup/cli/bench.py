@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rigup.cli.runner import Target, api_targets, parallel, progress, service_log
+from rigup.cli.runner import Target, add_target_arguments, api_targets, parallel, progress, service_log
 from rigup.client.openai_client import ApiClient, StreamResult
 from rigup.client.ssh import LazySsh, RemoteError
 
@@ -518,10 +518,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--limit", nargs="+", metavar="HOST", help="only these hosts or groups of the fleet")
-    parser.add_argument("--url", help="bench this API base URL instead of the fleet")
+    add_target_arguments(parser, url_help="bench this API base URL instead of the fleet", json_help="print the results as JSON")
     parser.add_argument("--model", help="served model name (default: the recipe's, or the first /v1/models lists)")
-    parser.add_argument("--api-key-file", help="with --url: file holding the API key (else $RIGUP_API_KEY)")
     parser.add_argument("--log-file", help="read SpecDecoding lines from this local file instead of journalctl")
     parser.add_argument("--only", choices=tuple(PROMPTS), help="one prompt only (ONLY=narr|code)")
     parser.add_argument("--warmups", type=int, default=3, help="warm-up runs per prompt (default 3)")
@@ -537,7 +535,5 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--chart", help="PNG path (default <results-dir>/chart-<time>.png)")
     parser.add_argument("--no-save", action="store_true", help="do not write JSON results")
     parser.add_argument("--no-chart", action="store_true", help="do not draw the chart")
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.set_defaults(func=cmd_bench)
     return parser

@@ -1,8 +1,11 @@
-"""The fleet as the CLI commands reach it: targets (host, recipe, API URL, SSH), host selection,
-parallel runs with progress, and the serving log of a target."""
+"""The fleet-command runner the CLI commands share: targets (host, recipe, API URL, SSH), host
+selection, the common arguments, one parallel run over the targets, a table or JSON, the exit code,
+and the serving log of a target."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -118,3 +121,38 @@ def service_log(target: Target, runner: Runner, log_file: str | None) -> Service
     if target.recipe is not None and target.ssh is not None:
         return JournalLog(runner, target.recipe.paths.unit_name)
     return None
+
+
+def add_target_arguments(parser: argparse.ArgumentParser, *, url_help: str | None = None, json_help: str | None = None) -> None:
+    """--limit, --json and --quiet; with url_help also --url and --api-key-file (a bare API, no fleet)."""
+    parser.add_argument("--limit", nargs="+", metavar="HOST", help="only these hosts or groups of the fleet")
+    if url_help is not None:
+        parser.add_argument("--url", help=url_help)
+        parser.add_argument("--api-key-file", help="with --url: file holding the API key (else $RIGUP_API_KEY)")
+    parser.add_argument("--json", action="store_true", help=json_help or "print JSON instead of the table")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def run_fleet_command(
+    command: str,
+    select: Callable[[], list[Target]],
+    work: Callable[[Target], R],
+    *,
+    as_json: bool,
+    document: Callable[[list[R]], Any],
+    table: Callable[[list[R]], str],
+    exit_code: Callable[[list[R]], int],
+    bad_targets_exit: int = 2,
+) -> tuple[int, list[R]]:
+    """Select the targets, run `work` on all of them at once, print the table or the JSON document.
+
+    Returns (exit code, results); an unusable selection (unknown host, bad fleet file) is one line on
+    stderr and `bad_targets_exit`."""
+    try:
+        targets = select()
+    except (RemoteError, ValueError) as exc:
+        print(f"rigup {command}: {exc}", file=sys.stderr)
+        return bad_targets_exit, []
+    results = parallel(targets, work)
+    print(json.dumps(document(results), indent=2) if as_json else table(results))
+    return exit_code(results), results

@@ -18,12 +18,11 @@ import argparse
 import json
 import posixpath
 import shlex
-import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rigup.cli.runner import Target, fleet_targets, parallel, progress
+from rigup.cli.runner import Target, add_target_arguments, fleet_targets, progress, run_fleet_command
 from rigup.client.openai_client import ApiClient
 from rigup.client.ssh import LazySsh, RemoteError, Runner, gpu_memory
 from rigup.desired.knobs import knob
@@ -417,33 +416,35 @@ def exit_code(statuses: list[HostStatus]) -> int:
     return code
 
 
+def status_document(statuses: list[HostStatus]) -> dict[str, Any]:
+    return {
+        "hosts": [
+            {
+                "host": s.host,
+                "variant": s.variant,
+                "url": s.url,
+                "verdict": s.verdict,
+                "drift": s.drift,
+                "unhealthy": s.unhealthy,
+                "items": [asdict(i) for i in s.items],
+            }
+            for s in statuses
+        ]
+    }
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    try:
-        targets = fleet_targets(args.limit)
-    except (RemoteError, ValueError) as exc:
-        print(f"rigup status: {exc}", file=sys.stderr)
-        return 4
-    quiet = args.quiet or args.json
-    statuses = parallel(targets, lambda t: host_status(t, quiet))
-    if args.json:
-        document = {
-            "hosts": [
-                {
-                    "host": s.host,
-                    "variant": s.variant,
-                    "url": s.url,
-                    "verdict": s.verdict,
-                    "drift": s.drift,
-                    "unhealthy": s.unhealthy,
-                    "items": [asdict(i) for i in s.items],
-                }
-                for s in statuses
-            ]
-        }
-        print(json.dumps(document, indent=2))
-    else:
-        print(render_table(statuses))
-    return exit_code(statuses)
+    code, _ = run_fleet_command(
+        "status",
+        lambda: fleet_targets(args.limit),
+        lambda t: host_status(t, args.quiet or args.json),
+        as_json=args.json,
+        document=status_document,
+        table=render_table,
+        exit_code=exit_code,
+        bad_targets_exit=4,
+    )
+    return code
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -453,8 +454,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--limit", nargs="+", metavar="HOST", help="only these hosts or groups of the fleet")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    add_target_arguments(parser)
     parser.set_defaults(func=cmd_status)
     return parser

@@ -21,13 +21,12 @@ import argparse
 import json
 import random
 import re
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rigup.cli.runner import Target, api_targets, parallel, progress, service_log
+from rigup.cli.runner import Target, add_target_arguments, api_targets, progress, run_fleet_command, service_log
 from rigup.client.openai_client import ApiClient, ChatResult
 from rigup.client.ssh import LazySsh, RemoteError, ServiceLog, gpu_memory
 
@@ -774,19 +773,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
         mtp_min=args.mtp_min,
         seed=args.seed,
     )
-    try:
-        targets = api_targets(args.url, args.api_key_file, args.limit)
-    except (RemoteError, ValueError) as exc:
-        print(f"rigup verify: {exc}", file=sys.stderr)
-        return 2
-    reports = parallel(
-        targets, lambda t: verify_target(t, options, args.log_file, args.model, quiet=args.quiet or args.json)
+    code, _ = run_fleet_command(
+        "verify",
+        lambda: api_targets(args.url, args.api_key_file, args.limit),
+        lambda t: verify_target(t, options, args.log_file, args.model, quiet=args.quiet or args.json),
+        as_json=args.json,
+        document=reports_json,
+        table=render_table,
+        exit_code=lambda reports: min(MAX_EXIT, sum(r.failed for r in reports)),
     )
-    if args.json:
-        print(json.dumps(reports_json(reports), indent=2))
-    else:
-        print(render_table(reports))
-    return min(MAX_EXIT, sum(r.failed for r in reports))
+    return code
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -799,10 +795,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--full", action="store_true", help="verify-full.sh's checks")
     which.add_argument("--stress", action="store_true", help="verify-stress.sh's probes")
-    parser.add_argument("--limit", nargs="+", metavar="HOST", help="only these hosts or groups of the fleet")
-    parser.add_argument("--url", help="check this API base URL instead of the fleet (e.g. http://127.0.0.1:8010)")
+    add_target_arguments(
+        parser,
+        url_help="check this API base URL instead of the fleet (e.g. http://127.0.0.1:8010)",
+        json_help="print JSON instead of the table (no progress)",
+    )
     parser.add_argument("--model", help="served model name (default: the recipe's, or the first /v1/models lists)")
-    parser.add_argument("--api-key-file", help="with --url: file holding the API key (else $RIGUP_API_KEY)")
     parser.add_argument("--log-file", help="read the service log from this local file instead of journalctl over SSH")
     parser.add_argument(
         "--skip", action="append", default=[], metavar="CHECK",
@@ -813,7 +811,5 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--prefill-chars", type=int, default=100_000, help="tool-response size (default 100000)")
     parser.add_argument("--mtp-min", type=float, default=2.0, help="minimum mean acceptance length (default 2.0)")
     parser.add_argument("--seed", type=int, help="seed for the needle secrets (default random)")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of the table (no progress)")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.set_defaults(func=cmd_verify)
     return parser
