@@ -27,7 +27,8 @@ nvidia_cuda_repo_key_url = "https://developer.download.nvidia.com/compute/cuda/r
 driver_reboot = "auto"  # auto: reboot when the loaded module is not the wanted one|never: report only
 driver_reboot_timeout_s = 900  # seconds to wait for a rig to come back after a reboot
 gpu_persistence_enabled = True  # nvidia-smi -pm 1 at boot (oneshot unit)
-gpu_power_cap_watts = 230  # per-GPU power limit in W applied at boot; None leaves the default
+gpu_power_cap_watts = None  # int: W per GPU at boot on every card; None: gpu_power_cap_by_model decides
+gpu_power_cap_by_model = {"NVIDIA GeForce RTX 3090": 230}  # W at boot by card model (the seeds' 230 W for the 3090); other cards keep their own limit
 gpu_interconnect = "auto"  # auto|force_on|force_off: NVLink NCCL settings (custom all-reduce) from nvidia-smi topo, or forced
 
 # --- Docker --------------------------------------------------------------------------------

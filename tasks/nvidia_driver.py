@@ -30,8 +30,10 @@ from pyinfra.facts.server import Which
 from pyinfra.operations import files, server, systemd
 
 from rigup.checks.driver_plan import DriverWant, plan_driver, wanted_packages
+from rigup.desired.gpu_power import power_cap as power_cap_for
 from rigup.desired.knobs import knob
 from rigup.facts.driver import NvidiaKernelModule, NvidiaPackages, PrebuiltNvidiaModules
+from rigup.facts.gpu import NvidiaGpus, PciGpus
 from rigup.facts.system import OsReleaseInfo
 from rigup.operations.apt import (
     CTK_LIST,
@@ -45,6 +47,7 @@ from rigup.operations.apt import (
 from rigup.operations.driver import nvidia_driver, nvidia_driver_hold
 from rigup.operations.gpu import gpu_power_state
 from rigup.operations.preflight import fleet_value, preflight_after_driver
+from rigup.parsers.lspci import visible_gpus
 from rigup.runstate import HostDriverState, note_change, record
 
 POWER_UNIT = "rigup-gpu-power.service"
@@ -108,7 +111,7 @@ if want is not None:
     )
 
     persistence = bool(knob(host.data, "gpu_persistence_enabled"))
-    power_cap = knob(host.data, "gpu_power_cap_watts")
+    power_cap = power_cap_for(host.data, visible_gpus(host.get_fact(NvidiaGpus), host.get_fact(PciGpus))).watts
     if persistence or power_cap is not None:
         power_unit = files.template(
             name="Render the GPU power unit",

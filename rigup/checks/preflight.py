@@ -25,6 +25,7 @@ from rigup.checks.driver_plan import (
 )
 from rigup.checks.fit import GpuState, assess
 from rigup.desired.catalog import rigup_container_names
+from rigup.desired.gpu_power import LOW_CAP_SHARE, power_cap
 from rigup.desired.knobs import knob
 from rigup.facts.docker import DockerEngineInfo, DockerImageSize, DockerSnap
 from rigup.facts.driver import NvidiaKernelModule, NvidiaPackages, PrebuiltModules, PrebuiltNvidiaModules
@@ -33,7 +34,7 @@ from rigup.facts.system import FreeDisk, OsReleaseInfo, PathSizes, RebootPending
 from rigup.parsers.docker import DockerInfo
 from rigup.parsers.dpkg import DebPackage
 from rigup.parsers.gpu_models import known_gpu
-from rigup.parsers.lspci import PciDevice, gpus_from_pci
+from rigup.parsers.lspci import PciDevice, visible_gpus
 from rigup.parsers.nvidia_smi import Gpu, SmiQuery
 from rigup.parsers.system import DiskFree, LoadedModule, OsInfo, PendingReboot, SecureBootState
 from rigup.parsers.topology import Topology
@@ -93,9 +94,7 @@ class HostFacts:
     @property
     def gpus(self) -> tuple[Gpu, ...]:
         """GPUs from nvidia-smi when the driver answers, else from lspci (fresh box, mismatch)."""
-        if self.smi is not None and self.smi.status == "ok":
-            return self.smi.gpus
-        return gpus_from_pci(self.pci or ())
+        return visible_gpus(self.smi, self.pci)
 
     @property
     def gpu_source(self) -> str:
@@ -379,19 +378,32 @@ def check_fit(facts: HostFacts, recipe: Any | None, host_data: Mapping[str, Any]
 
 
 def check_power_cap(facts: HostFacts, host_data: Mapping[str, Any]) -> Check | None:
-    cap = knob(host_data, "gpu_power_cap_watts")
-    if cap is None or facts.smi is None or facts.smi.status != "ok":
-        return None  # nothing to check until the driver reports the limits
+    cap = power_cap(host_data, facts.gpus)
+    key = "gpu_power_cap_watts" if knob(host_data, "gpu_power_cap_watts") is not None else "gpu_power_cap_by_model"
+    if cap.watts is None:
+        return _ok("power-cap", cap.reason, key)
+    if facts.smi is None or facts.smi.status != "ok":
+        return _ok("power-cap", f"{cap.reason}; the cards' limits are checked once the driver answers", key)
     for g in facts.smi.gpus:
         low, high = g.power_min_w, g.power_max_w
-        if (low is not None and cap < low) or (high is not None and cap > high):
+        if (low is not None and cap.watts < low) or (high is not None and cap.watts > high):
             return _fail(
                 "power-cap",
-                f"gpu_power_cap_watts {cap} W is outside GPU {g.index}'s range {low:g}-{high:g} W",
+                f"{cap.reason}: outside GPU {g.index}'s ({g.name}) range {low:g}-{high:g} W",
                 f"set gpu_power_cap_watts between {low:g} and {high:g} (or null to keep the default)",
-                "gpu_power_cap_watts",
+                key,
             )
-    return _ok("power-cap", f"{cap} W is within every GPU's power range", "gpu_power_cap_watts")
+    for g in facts.smi.gpus:
+        default = g.power_default_w
+        if default is not None and cap.watts < LOW_CAP_SHARE * default:
+            return _fail(
+                "power-cap",
+                f"{cap.reason}: below {LOW_CAP_SHARE:.0%} of GPU {g.index}'s ({g.name}) default limit {default:g} W",
+                f"set gpu_power_cap_watts for this card, or null to keep its {default:g} W",
+                key,
+                severity="warning",
+            )
+    return _ok("power-cap", f"{cap.reason}, within every GPU's power range", key)
 
 
 def driver_plan(facts: HostFacts, host_data: Mapping[str, Any]) -> tuple[DriverWant | None, DriverPlan | None, Check]:

@@ -85,3 +85,9 @@ def gpus_from_pci(devices: Iterable[PciDevice]) -> tuple[Gpu, ...]:
         )
     return tuple(out)
 
+
+def visible_gpus(smi: Any, pci: Iterable[PciDevice] | None) -> tuple[Gpu, ...]:
+    """GPUs from nvidia-smi when the driver answers (an ok SmiQuery), else from lspci (fresh box, mismatch)."""
+    if smi is not None and smi.status == "ok":
+        return smi.gpus
+    return gpus_from_pci(pci or ())

@@ -24,6 +24,7 @@ GPU_QUERY_FIELDS: tuple[str, ...] = (
     "power.max_limit",
     "persistence_mode",
     "power.min_limit",
+    "power.default_limit",  # the board's own limit: what a cap is judged against
 )
 
 
@@ -43,6 +44,7 @@ class Gpu(_Jsonable):
     power_max_w: float | None
     persistence: bool | None
     power_min_w: float | None = None
+    power_default_w: float | None = None  # the limit the board boots with when nothing caps it
     source: Literal["nvidia-smi", "lspci"] = "nvidia-smi"
 
     @property
@@ -179,6 +181,7 @@ def parse_gpu_query(output: str | Iterable[str], fields: tuple[str, ...] = GPU_Q
                 power_max_w=_opt_float(row.get("power.max_limit", ""), "power.max_limit"),
                 persistence=_parse_persistence(row.get("persistence_mode", "")),
                 power_min_w=_opt_float(row.get("power.min_limit", ""), "power.min_limit"),
+                power_default_w=_opt_float(row.get("power.default_limit", ""), "power.default_limit"),
             )
         )
     return SmiQuery(status="ok", gpus=tuple(sorted(gpus, key=lambda g: g.index)))

@@ -68,7 +68,7 @@ def test_real_capture_agrees_with_nvidia_smi_q():
 
 @needs_shared
 def test_real_capture_with_wrong_field_count_is_an_error():
-    with pytest.raises(ParseError, match="expected 11 fields, got 10"):
+    with pytest.raises(ParseError, match="expected 12 fields, got 10"):
         parse_gpu_query((SHARED / "query-gpu.csv").read_text())
 
 
@@ -105,7 +105,7 @@ def test_mismatch_names_the_library_version():
 
 
 def test_not_supported_values_become_none():
-    line = "0, NVIDIA GeForce RTX 3090, GPU-x, 580.95.05, 24576, 8.6, 00000000:01:00.0, [N/A], [Not Supported], [N/A], [N/A]"
+    line = "0, NVIDIA GeForce RTX 3090, GPU-x, 580.95.05, 24576, 8.6, 00000000:01:00.0, [N/A], [Not Supported], [N/A], [N/A], [N/A]"
     g = parse_gpu_query(line).gpus[0]
     assert g.power_limit_w is None and g.power_max_w is None and g.persistence is None
 
