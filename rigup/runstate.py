@@ -10,12 +10,14 @@ local variables. What crosses files is recorded here, per host (keyed weakly on 
   driver_changed(host)           tasks/serving.py: gate the variant again after a driver change
   note_change(host, key, *ops)   tasks/docker.py ("docker"), tasks/nvidia_driver.py ("driver")
   changed(host, *keys)           tasks/container_toolkit.py: run the GPU smoke test after either
+  pyinfra_dry_run()              tasks/sources.py, model.py, serving.py: --dry without a lock plans on
 
 Nothing else is shared between task files; everything decided before the run is in the host plan
 (rigup.desired.plan)."""
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -88,3 +90,29 @@ def changed(host: Any, *keys: str) -> bool:
     noted = _CHANGES.get(_real(host), {})
     return any(op.did_change() for key in keys for op in noted.get(key, ()))
 
+
+def pyinfra_dry_run() -> bool:
+    """Whether the pyinfra CLI running this deploy was given --dry.
+
+    pyinfra 3.10 tells deploy code nothing about --dry: it is a local of pyinfra_cli.cli._main (which
+    exits after change detection), not on `config` or `state`, and task files are loaded in greenlets
+    (so click's context is not reachable either). The flag is on the command line the CLI parsed, so
+    it is read back from sys.argv with the CLI's own option definitions. Outside the pyinfra CLI (API
+    use, tests) this is False: a missing lock then fails, which is the safe side."""
+    cli_module = sys.modules.get("pyinfra_cli.cli")  # never imported here: importing it patches gevent
+    command = getattr(cli_module, "cli", None)
+    if command is None:
+        return False
+    argv = tuple(sys.argv[1:])
+    cached = _DRY.get(argv)
+    if cached is None:
+        try:
+            ctx = command.make_context("pyinfra", list(argv), resilient_parsing=True)
+            cached = bool(ctx.params.get("dry"))
+        except Exception:  # an argv the CLI cannot parse back: read the flag itself
+            cached = "--dry" in argv
+        _DRY[argv] = cached
+    return cached
+
+
+_DRY: dict[tuple[str, ...], bool] = {}

@@ -11,47 +11,60 @@ model_fleet_address, preflight_disk_margin_gb.
 Restarts: nothing (serving restarts when the model revision in its provenance changes).
 Not idempotent: none. In fleet mode the first rig that needs a model serves it to the others in
 "Copy model files between rigs", only while a peer needs files.
+Without a usable lock: a real run fails the host here (when sources did not already), saying what
+the lock pins and how to make it; a --dry run warns so in one line and plans nothing here.
 """
 
-from pyinfra import host, state
+from pyinfra import host, logger, state
 from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import apt, files
 
 from rigup.desired.knobs import knob
-from rigup.desired.lock import LockError
+from rigup.desired.lock import LockError, phase_without_lock
 from rigup.desired.models import plan_models
+from rigup.desired.plan import host_plan
 from rigup.operations.model import RIGFETCH_SRC, model_files, model_fleet_share
+from rigup.runstate import pyinfra_dry_run
 
 try:
     plan = plan_models(state, host)
 except LockError as exc:
-    raise DeployError(str(exc)) from None
+    preview = host_plan(host.data.dict(), host.name, read_secrets=False, require_lock=False)
+    if preview.lock is not None:  # not about the lock (e.g. a bad model_fleet_source)
+        raise DeployError(str(exc)) from None
+    dry = pyinfra_dry_run()
+    message = phase_without_lock("model", preview.recipe, preview.lock_problem, dry)
+    if not dry:
+        raise DeployError(f"{host.name}: {message}") from None
+    logger.warning(f"{host.print_prefix}{message}")
+    plan = None
 
-reverify = bool(knob(host.data, "model_reverify"))
-retries = knob(host.data, "model_download_retries")
-token_file = knob(host.data, "hf_token_file")
+if plan is not None:
+    reverify = bool(knob(host.data, "model_reverify"))
+    retries = knob(host.data, "model_download_retries")
+    token_file = knob(host.data, "hf_token_file")
 
-apt.packages(name="Install python3 for rigfetch", packages=["python3"])
-files.directory(name="Create the rigup bin directory", path=plan.script.rsplit("/", 1)[0], mode="755")
-files.put(name="Upload rigfetch (model fetch and verify helper)", src=str(RIGFETCH_SRC), dest=plan.script, mode="755")
+    apt.packages(name="Install python3 for rigfetch", packages=["python3"])
+    files.directory(name="Create the rigup bin directory", path=plan.script.rsplit("/", 1)[0], mode="755")
+    files.put(name="Upload rigfetch (model fetch and verify helper)", src=str(RIGFETCH_SRC), dest=plan.script, mode="755")
 
-model_files(
-    name="Fetch locked model files from the hub",
-    manifest=plan.hub_manifest,
-    script=plan.script,
-    reverify=reverify,
-    retries=retries,
-    hf_token_file=token_file,
-)
-model_fleet_share(
-    name="Copy model files between rigs (fleet mode)",
-    fetch_manifest=plan.fetch_manifest,
-    serve_manifest=plan.serve_manifest,
-    peers=list(plan.peers),
-    sources=plan.sources,
-    script=plan.script,
-    listen_port=plan.listen_port,
-    reverify=reverify,
-    retries=retries,
-    hf_token_file=token_file,
-)
+    model_files(
+        name="Fetch locked model files from the hub",
+        manifest=plan.hub_manifest,
+        script=plan.script,
+        reverify=reverify,
+        retries=retries,
+        hf_token_file=token_file,
+    )
+    model_fleet_share(
+        name="Copy model files between rigs (fleet mode)",
+        fetch_manifest=plan.fetch_manifest,
+        serve_manifest=plan.serve_manifest,
+        peers=list(plan.peers),
+        sources=plan.sources,
+        script=plan.script,
+        listen_port=plan.listen_port,
+        reverify=reverify,
+        retries=retries,
+        hf_token_file=token_file,
+    )

@@ -23,6 +23,8 @@ Not idempotent: "Health-gate the (re)started variant" runs only after a (re)star
 driver change and then reports a change; when it fails it restores the previous good generation, restarts
 it, gates it again, and fails the host saying it was rolled back.
 Skipped, with a warning, on a host whose driver needs a reboot under driver_reboot=never.
+Without a usable lock: a real run fails the host (when sources or model did not already), saying
+what the lock pins and how to make it; a --dry run warns so in one line and plans nothing here.
 """
 
 import posixpath
@@ -34,7 +36,7 @@ from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.operations import apt, files
 
 from rigup.desired.knobs import knob, knob_int
-from rigup.desired.lock import LockError
+from rigup.desired.lock import LockError, phase_without_lock
 from rigup.desired.plan import host_plan
 from rigup.desired.release import release_path
 from rigup.desired.secrets import SecretError
@@ -50,22 +52,30 @@ from rigup.operations.serving import (
     variant_service,
 )
 from rigup.rig import SERVINGCTL_SCRIPT
-from rigup.runstate import driver_changed, serving_blocked
+from rigup.runstate import driver_changed, pyinfra_dry_run, serving_blocked
 
 # The interconnect plan (NCCL / custom all-reduce) comes from the GPU topology read now, as preflight,
 # status and doctor read it. On a host whose driver is installed in this same run it is unknown here
 # (no nvidia-smi yet): the gpu_interconnect knob decides, and the next run applies what is detected.
 topology = host.get_fact(GpuTopology)
 try:
-    plan = host_plan(host.data.dict(), host.name, topology)
+    plan = host_plan(host.data.dict(), host.name, topology, require_lock=False)
     env_text = plan.env_text()  # refuses quotes/newlines that would break the .env
     timeout_s = health_timeout_s(plan.recipe, knob(host.data, "serving_health_timeout_s"))
     keep = knob_int(host.data, "serving_keep_generations", minimum=1)
 except (LockError, SecretError, ValueError) as exc:
     raise DeployError(f"{host.name}: {exc}") from None
+no_lock = None
+if plan.lock is None:  # no release without pins
+    dry = pyinfra_dry_run()
+    no_lock = phase_without_lock("serving", plan.recipe, plan.lock_problem, dry)
+    if not dry:
+        raise DeployError(f"{host.name}: {no_lock}")
 
 blocked = serving_blocked(host)
-if blocked is not None:
+if no_lock is not None:
+    logger.warning(f"{host.print_prefix}{no_lock}")
+elif blocked is not None:
     logger.warning(f"{host.print_prefix}SERVING SKIPPED: {blocked}")
 else:
     recipe = plan.recipe

@@ -8,26 +8,38 @@ Reads: variant, variant_overrides, install_root, vllm_fork_git_url, genesis_git_
 club3090_git_url, lock_file.
 Restarts: nothing (serving renders the commits into its provenance and restarts on change).
 Not idempotent: none (a re-run with the same pins changes nothing).
+Without a usable lock: the first phase that needs pins. A real run fails the host here, saying what
+the lock pins and how to make it; a --dry run warns so in one line and plans nothing here.
 """
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import apt, files
 
-from rigup.desired.lock import LockError
+from rigup.desired.lock import LockError, phase_without_lock
 from rigup.desired.plan import host_plan
 from rigup.operations.git import git_checkout
+from rigup.runstate import pyinfra_dry_run
 
 try:
-    recipe = host_plan(host.data.dict(), host.name, read_secrets=False).recipe
+    plan = host_plan(host.data.dict(), host.name, read_secrets=False, require_lock=False)
 except LockError as exc:
     raise DeployError(str(exc)) from None
+recipe = plan.recipe
+sources = recipe.sources
+if plan.lock is None and sources:  # a variant without sources needs no pins here; model refuses then
+    dry = pyinfra_dry_run()
+    message = phase_without_lock("sources", recipe, plan.lock_problem, dry)
+    if not dry:
+        raise DeployError(f"{host.name}: {message}")
+    logger.warning(f"{host.print_prefix}{message}")
+    sources = ()
 
-if recipe.sources:
+if sources:
     apt.packages(name="Install git", packages=["git"])
     files.directory(name="Create the sources directory", path=recipe.paths.sources_dir, mode="755")
 
-for source in host.loop(recipe.sources):
+for source in host.loop(sources):
     git_checkout(
         name="Check out each source at its locked commit",
         src=source.git_url,

@@ -1,4 +1,8 @@
-"""`rigup lock`: resolve what the fleet's variants need into exact pins (rigs.lock.yaml); --upgrade moves pins on purpose and prints the difference."""
+"""`rigup lock`: resolve what the fleet's variants need into exact pins (rigs.lock.yaml); --upgrade moves pins on purpose and prints the difference.
+
+Pins no host's variant needs any more are kept (a host may go back to its variant) and listed as
+"kept, unused: NAME"; --prune removes them ("pruned: NAME"). --check exits 1 only when a pin the
+fleet needs is missing or stale; unused pins are listed, not a failure."""
 
 from __future__ import annotations
 
@@ -42,6 +46,8 @@ def run_lock(args: argparse.Namespace, out: Any = None) -> int:
                 say(f"stale: {problem}")
             for name in extra:
                 say(f"unused: {name}")
+            if extra:
+                say(f"{path}: {_count(len(extra))} no host needs (kept; `python -m rigup lock --prune` removes them)")
             if problems:
                 say(f"{path}: {len(problems)} entries missing or stale; run `python -m rigup lock`")
                 return 1
@@ -50,24 +56,41 @@ def run_lock(args: argparse.Namespace, out: Any = None) -> int:
         token = read_hf_token(_fleet_token_file(fleet))
         resolver = Resolver(hf_token=token, image_digests=args.image_digests, log=(say if args.verbose else None))
         upgrade = None if args.upgrade is None else list(args.upgrade)
-        new, changes = update_lock(old, needs, resolver, upgrade)
+        new, changes = update_lock(old, needs, resolver, upgrade, prune=args.prune)
     except (LockError, FleetError, RecipeError, SecretError) as exc:
         print(f"rigup lock: {exc}", file=sys.stderr)
         return 2
+    unused = [c.name for c in changes if c.kind == "unused"]
+    pruned = [c.name for c in changes if c.kind == "pruned"]
     for change in changes:
+        if change.kind in ("unused", "pruned"):
+            continue
         say(f"{change.kind:9} {change.name}")
         for line in change.lines:
             say(f"          {line}")
+    for name in unused:
+        say(f"kept, unused: {name}")
+    if unused:
+        say(f"{path}: kept {_count(len(unused))} no host needs; `python -m rigup lock --prune` removes them")
+    for name in pruned:
+        say(f"pruned: {name}")
+    if pruned:
+        say(f"{path}: pruned {_count(len(pruned))} no host needs")
+    pins = f"{len(needs)} pins" + (f", {len(unused)} unused" if unused else "")
     changed = new.dump() != (old.dump() if path.exists() else "")
     if args.dry_run:
         say(f"{path}: {'would change' if changed else 'unchanged'} (dry run)")
         return 0
     if changed:
         new.save(path)
-        say(f"{path}: written ({len(needs)} pins); commit it")
+        say(f"{path}: written ({pins}); commit it")
     else:
-        say(f"{path}: unchanged ({len(needs)} pins)")
+        say(f"{path}: unchanged ({pins})")
     return 0
+
+
+def _count(n: int) -> str:
+    return f"{n} pin{'' if n == 1 else 's'}"
 
 
 def _fleet_token_file(fleet: Any) -> str | None:
@@ -91,7 +114,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="move pins to what the refs point at now: all, or the NAMEs given "
         "(git:genesis, model:<repo id>, image:<repo>:<tag>; the prefix is optional)",
     )
-    parser.add_argument("--check", action="store_true", help="only report missing/stale entries; exit 1 if any")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--check", action="store_true", help="only report missing/stale entries (exit 1 if any) and unused ones"
+    )
+    mode.add_argument(
+        "--prune", action="store_true", help="remove the pins no host's variant needs (default: keep and list them)"
+    )
     parser.add_argument("--image-digests", action="store_true", help="ask the registry for each image tag's digest")
     parser.add_argument("--dry-run", action="store_true", help="show what would change; write nothing")
     parser.add_argument("-v", "--verbose", action="store_true", help="print each resolution")

@@ -362,3 +362,37 @@ def deploy_lock(host_data: Mapping[str, Any], base_dir: Path | None = None) -> L
     _LOADED[path] = (mtime, lock)
     return lock
 
+
+
+# -- the deploy without a usable lock ------------------------------------------------------------
+LOCK_COMMAND = "python -m rigup lock"
+
+# The deploy phases that need pins, in order (preflight, driver, Docker and the toolkit need none).
+PINNED_PHASES = ("sources", "model", "serving")
+
+
+def phase_pins(phase: str, recipe: Any) -> str:
+    """What the lock pins for one deploy phase of this recipe, in words."""
+    if phase == "sources":
+        names = ", ".join(f"{s.name} ({s.ref})" for s in recipe.sources) or "no source"
+        return f"the git commits of {names} that variant {recipe.variant} checks out"
+    if phase == "model":
+        repos = ", ".join(m.repo_id for m in recipe.models)
+        return f"the model revisions of {repos} and the SHA-256 of every file of them"
+    if phase == "serving":
+        return (
+            f"the image digest of {recipe.image.repository}:{recipe.image.tag} and the release "
+            "(release.json: image, commits, model files) built from those pins"
+        )
+    raise ValueError(f"phase {phase!r} needs no pins (known: {', '.join(PINNED_PHASES)})")
+
+
+def phase_without_lock(phase: str, recipe: Any, problem: str | None, dry: bool) -> str:
+    """What a phase that needs pins says on a host without a usable lock, in one line: that it is
+    skipped (dry run) or cannot run, what the lock pins for it, why there is none, and the command
+    that makes it. The task file adds the host (pyinfra's prefix, or the name in a DeployError)."""
+    why = (problem or "no usable lock file").rstrip(". ")
+    if LOCK_COMMAND not in why:
+        why += f"; run `{LOCK_COMMAND}` on the control machine and commit the file"
+    head = f"{phase.upper()} SKIPPED in this dry run (a real run stops here)" if dry else f"{phase} cannot run"
+    return f"{head}: it needs the lock, which pins {phase_pins(phase, recipe)}. {why}"

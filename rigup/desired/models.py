@@ -59,35 +59,43 @@ class _HostInfo:
     fleet: bool
 
 
-_PLANS: dict[int, tuple[Any, dict[str, ModelPlan]]] = {}
+_PLANS: dict[int, tuple[Any, dict[str, ModelPlan], dict[str, str]]] = {}
 
 
 def plan_models(state: Any, current: Any) -> ModelPlan:
     """The model plan of `current`, computed once per run for every activated host.
 
-    Raises LockError when any rig's lock entries are missing or stale.
+    Raises LockError when `current` has no usable lock (missing file, or entries missing or stale:
+    the message is the plan's lock_problem). Rigs without a usable lock are left out of the fleet
+    plan (they neither serve nor fetch from peers); a real run has stopped at their sources by then.
     """
     cached = _PLANS.get(id(state))
     if cached is None or cached[0] is not state:
-        cached = (state, _plan_all(state))
+        cached = (state, *_plan_all(state))
         _PLANS[id(state)] = cached
-    plans = cached[1]
-    if current.name not in plans:
+    _, plans, problems = cached
+    if current.name not in plans and current.name not in problems:
         # Not activated (e.g. connected later): plan it alone against the hub.
-        return _plan_all(state, only=current)[current.name]
+        plans, problems = _plan_all(state, only=current)
+    if current.name in problems:
+        raise LockError(problems[current.name])
     return plans[current.name]
 
 
-def _plan_all(state: Any, only: Any = None) -> dict[str, ModelPlan]:
+def _plan_all(state: Any, only: Any = None) -> tuple[dict[str, ModelPlan], dict[str, str]]:
     hosts = [only] if only is not None else [h for h in state.inventory if h in state.activated_hosts]
     infos: list[_HostInfo] = []
+    problems: dict[str, str] = {}  # host name -> why it has no usable lock
     for h in hosts:
         data = h.data.dict()
-        plan = host_plan(data, h.name, read_secrets=False)
+        plan = host_plan(data, h.name, read_secrets=False, require_lock=False)
         recipe, lock = plan.recipe, plan.lock
         mode = knob(data, "model_fleet_source")
         if mode not in FLEET_MODES:
             raise LockError(f"{h.name}: model_fleet_source must be one of {', '.join(FLEET_MODES)}, got {mode!r}")
+        if lock is None:
+            problems[h.name] = plan.lock_problem or f"{h.name}: no usable lock file"
+            continue
         infos.append(_HostInfo(h, recipe, lock, data, mode == "auto"))
 
     source_of: dict[str, _HostInfo] = {}
@@ -151,5 +159,5 @@ def _plan_all(state: Any, only: Any = None) -> dict[str, ModelPlan]:
             sources=sources,
             listen_port=int(knob(info.data, "model_fleet_port")),
         )
-    return plans
+    return plans, problems
 

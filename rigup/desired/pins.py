@@ -264,7 +264,7 @@ def _registry_token(challenge: str) -> str | None:
 @dataclass
 class Change:
     name: str
-    kind: str  # added | upgraded | fixed (stale) | removed | kept
+    kind: str  # added | upgraded | fixed (stale) | kept (at the newest pin) | unused (kept) | pruned
     lines: list[str] = field(default_factory=list)
 
 
@@ -311,11 +311,14 @@ def update_lock(
     needs: Mapping[str, Need],
     resolver: Resolver,
     upgrade: list[str] | None,
+    prune: bool = False,
 ) -> tuple[LockFile, list[Change]]:
     """New lock for these needs: keep good pins, resolve missing/stale ones and those to upgrade.
 
     + upgrade: None = upgrade nothing; [] = upgrade everything; names = only those (with or
       without the "git:"/"model:"/"image:" prefix)
+    + prune: drop the pins no need names any more (a Change "pruned" each); False keeps them
+      as they are, unresolved (a Change "unused" each): a host may go back to its variant
     """
     if upgrade:
         unknown = [w for w in upgrade if not any(_matches(n, [w]) for n in needs)]
@@ -347,8 +350,13 @@ def update_lock(
         else:
             changes.append(Change(name, "kept", ["already at the newest pin"]))
     for name in old.names():
-        if name not in needs:
-            changes.append(Change(name, "removed", ["no host's variant needs it any more"]))
+        if name in needs:
+            continue
+        if prune:
+            changes.append(Change(name, "pruned", ["no host's variant needs it any more"]))
+        else:
+            _store(new, old.entry(name))  # type: ignore[arg-type]
+            changes.append(Change(name, "unused", ["no host's variant needs it; kept (--prune removes it)"]))
     return new, changes
 
 

@@ -454,3 +454,61 @@ def test_cli_registers_the_lock_command() -> None:
 
     args = build_parser().parse_args(["lock", "--upgrade", "git:genesis", "--image-digests"])
     assert args.func is run_lock and args.upgrade == ["git:genesis"] and args.image_digests
+
+
+# ------------------------------------------------------------------------------------------
+# the deploy without a usable lock (tests/tasks/test_dry_without_lock.py runs the deploy itself)
+
+
+def test_phases_without_a_lock_say_what_the_lock_pins_and_how_to_make_it() -> None:
+    from rigup.desired.knobs import load_defaults
+    from rigup.desired.lock import PINNED_PHASES, phase_without_lock
+    from rigup.desired.recipe import resolve
+
+    recipe = resolve({**load_defaults(), "variant": "dual-turbo"})
+    problem = "/x/rigs.lock.yaml: lock file not found (knob lock_file); run `python -m rigup lock` on the control machine"
+    lines = {phase: phase_without_lock(phase, recipe, problem, dry=True) for phase in PINNED_PHASES}
+    assert lines["sources"].startswith("SOURCES SKIPPED in this dry run (a real run stops here): it needs the lock")
+    assert "git commits of vllm-fork (marlin-pad-sub-tile-n), genesis (" in lines["sources"]
+    assert "SHA-256 of every file" in lines["model"] and recipe.models[0].repo_id in lines["model"]
+    assert f"image digest of {recipe.image.repository}:{recipe.image.tag} and the release" in lines["serving"]
+    for line in lines.values():
+        assert "\n" not in line and line.endswith(problem) and line.count("python -m rigup lock") == 1
+    real = phase_without_lock("model", recipe, problem, dry=False)
+    assert real.startswith("model cannot run: it needs the lock, which pins the model revisions")
+    # A problem that does not say how to make the lock gets the command appended.
+    assert phase_without_lock("serving", recipe, "bad YAML.", dry=False).endswith(
+        "bad YAML; run `python -m rigup lock` on the control machine and commit the file"
+    )
+    with pytest.raises(ValueError, match="needs no pins"):
+        phase_without_lock("docker", recipe, problem, dry=True)
+
+
+def test_dry_run_is_read_from_the_pyinfra_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    import click
+
+    from rigup import runstate as lockmod
+
+    assert lockmod.pyinfra_dry_run() is False  # not under the pyinfra CLI (pytest never has --dry)
+
+    @click.command()
+    @click.argument("inventory")
+    @click.argument("operations", nargs=-1)
+    @click.option("--dry", is_flag=True)
+    @click.option("--data", multiple=True)
+    def cli(**kwargs: object) -> None:  # stands in for pyinfra_cli.cli.cli (importing that patches gevent)
+        raise AssertionError("never invoked")
+
+    monkeypatch.setitem(sys.modules, "pyinfra_cli.cli", types.SimpleNamespace(cli=cli))
+    monkeypatch.setattr(lockmod, "_DRY", {})
+    for argv, dry in (
+        (["inventory.py", "deploy.py", "--dry"], True),
+        (["--dry", "inventory.py", "deploy.py"], True),
+        (["inventory.py", "deploy.py"], False),
+        (["--data", "note=--dry", "inventory.py", "deploy.py"], False),
+    ):
+        monkeypatch.setattr(sys, "argv", ["pyinfra", *argv])
+        assert lockmod.pyinfra_dry_run() is dry, argv
