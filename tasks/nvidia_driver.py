@@ -4,8 +4,9 @@ True afterwards: the driver metapackage for nvidia_driver_branch / _flavour / _s
 (Ubuntu archive: nvidia-driver-<branch>[-open] plus Canonical-signed linux-modules-nvidia when the
 archive has them for the running kernel; CUDA repo: nvidia-open-<branch> / cuda-drivers-<branch>),
 its module is the one loaded (verified after the reboot), its packages are held and excluded from
-unattended-upgrades, nouveau is blacklisted, and rigup-gpu-power.service sets persistence mode and
-gpu_power_cap_watts at every boot (re-applied now only when nvidia-smi shows drift). After a
+unattended-upgrades, nouveau is blacklisted (none of this for a driver the host provides: a loaded
+module no apt package installed is left alone), and rigup-gpu-power.service sets persistence mode and
+the power cap (gpu_power_cap_watts, else gpu_power_cap_by_model for the card) at every boot (re-applied now only when nvidia-smi shows drift). After a
 driver change and its reboot every preflight check runs again with nvidia-smi answering (VRAM,
 driver CUDA, compute capability, power limits) and fails the host before Docker and the model.
 
@@ -91,24 +92,28 @@ if want is not None:
             exclusive_arch=arch,
         )
 
-    blacklist = files.put(
-        name="Blacklist nouveau",
-        src="files/blacklist-nouveau.conf",
-        dest="/etc/modprobe.d/blacklist-nouveau.conf",
-        mode="644",
-    )
-    if host.get_fact(Which, command="update-initramfs"):
-        server.shell(
-            name="Rebuild the initramfs after the nouveau blacklist changed",
-            commands=["update-initramfs -u"],
-            _if=blacklist.did_change,
+    # A driver the host provides (runfile, hypervisor) is left alone: apt does not manage it, so the
+    # nouveau blacklist and the unattended-upgrades exclusion would only leave files behind.
+    plan = plan_driver(want, host.get_fact(NvidiaPackages), host.get_fact(NvidiaKernelModule))
+    if not plan.external:
+        blacklist = files.put(
+            name="Blacklist nouveau",
+            src="files/blacklist-nouveau.conf",
+            dest="/etc/modprobe.d/blacklist-nouveau.conf",
+            mode="644",
         )
-    files.put(
-        name="Keep unattended-upgrades away from the NVIDIA driver",
-        src="files/52rigup-nvidia-driver",
-        dest="/etc/apt/apt.conf.d/52rigup-nvidia-driver",
-        mode="644",
-    )
+        if host.get_fact(Which, command="update-initramfs"):
+            server.shell(
+                name="Rebuild the initramfs after the nouveau blacklist changed",
+                commands=["update-initramfs -u"],
+                _if=blacklist.did_change,
+            )
+        files.put(
+            name="Keep unattended-upgrades away from the NVIDIA driver",
+            src="files/52rigup-nvidia-driver",
+            dest="/etc/apt/apt.conf.d/52rigup-nvidia-driver",
+            mode="644",
+        )
 
     persistence = bool(knob(host.data, "gpu_persistence_enabled"))
     power_cap = power_cap_for(host.data, visible_gpus(host.get_fact(NvidiaGpus), host.get_fact(PciGpus))).watts
@@ -173,7 +178,7 @@ if want is not None:
     record(
         host,
         HostDriverState(
-            plan=plan_driver(want, host.get_fact(NvidiaPackages), host.get_fact(NvidiaKernelModule)),
+            plan=plan,
             reboot_policy="auto" if reboot else "never",
             changed=driver.did_change,
         ),

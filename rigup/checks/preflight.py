@@ -9,7 +9,7 @@ rigup.checks.fit.assess and is reported as checks of the same kind.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -36,7 +36,7 @@ from rigup.parsers.dpkg import DebPackage
 from rigup.parsers.gpu_models import known_gpu
 from rigup.parsers.lspci import PciDevice, visible_gpus
 from rigup.parsers.nvidia_smi import Gpu, SmiQuery
-from rigup.parsers.system import DiskFree, LoadedModule, OsInfo, PendingReboot, SecureBootState
+from rigup.parsers.system import Capabilities, DiskFree, LoadedModule, OsInfo, PendingReboot, SecureBootState
 from rigup.parsers.topology import Topology
 
 Severity = Literal["error", "warning", "info"]
@@ -564,6 +564,57 @@ def check_pending_reboot(facts: HostFacts, plan: DriverPlan | None) -> Check | N
             "reboot the host before the deploy so the driver is checked against the kernel that will run",
         )
     return Check("pending-reboot", False, "warning", "the host flags a pending reboot", "reboot at a convenient time")
+
+
+def check_capabilities(caps: Capabilities, host_data: Mapping[str, Any]) -> list[Check]:
+    """What the host can run, before any other fact is read: root or passwordless sudo, systemd as
+    the running init, apt, and Docker present or installable. "privileges" failing means the other
+    facts cannot be read at all (they run through sudo)."""
+    out: list[Check] = []
+    sudo = bool(knob(host_data, "_sudo"))
+    who = "root" if caps.root else f"uid {caps.uid}"
+    if caps.root and sudo and caps.sudo == "absent":
+        out.append(_fail("privileges", "logged in as root, but _sudo is true and sudo is not installed",
+                         "set _sudo: false for this host (root needs no sudo)", "_sudo"))
+    elif caps.root:
+        out.append(_ok("privileges", "logged in as root", "_sudo"))
+    elif not sudo:
+        out.append(_fail("privileges", f"logged in as {who} with _sudo false: rigup installs packages and units as root",
+                         "set _sudo: true and allow the user passwordless sudo, or log in as root", "_sudo"))
+    elif caps.sudo == "absent":
+        out.append(_fail("privileges", f"logged in as {who} and sudo is not installed",
+                         "install sudo and allow the user passwordless sudo (NOPASSWD), or log in as root with _sudo: false", "_sudo"))
+    elif caps.sudo == "password":
+        out.append(_fail("privileges", f"sudo asks {who} for a password",
+                         "allow the SSH user passwordless sudo (NOPASSWD in /etc/sudoers.d/), or log in as root", "_sudo"))
+    else:
+        out.append(_ok("privileges", f"{who} with passwordless sudo", "_sudo"))
+    systemd = caps.pid1 == "systemd" and caps.systemd_running and "systemctl" in caps.tools
+    if systemd:
+        out.append(_ok("systemd", "systemd is the running init"))
+    else:
+        found = f"process 1 is {caps.pid1 or 'unknown'!r}" + ("" if caps.systemd_running else ", /run/systemd/system is absent")
+        out.append(_fail("systemd", f"{found}: rigup's units (serving, GPU power), Docker and driver reboots need systemd",
+                         "deploy to a host booted with systemd (a container without systemd cannot be a rig)"))
+    apt = {"apt-get", "dpkg"} <= set(caps.tools)
+    if apt:
+        out.append(_ok("apt", "apt-get and dpkg are installed"))
+    else:
+        out.append(_fail("apt", "apt-get or dpkg is missing: rigup installs Docker, the toolkit and drivers with apt",
+                         "use Ubuntu 22.04 or 24.04", "preflight_os_allowed"))
+    if "docker" in caps.tools:
+        out.append(_ok("docker", "docker is installed"))
+    elif systemd and apt:
+        out.append(_ok("docker", "docker is not installed; the docker phase installs it from Docker's repository"))
+    else:
+        out.append(_fail("docker", "docker is not installed and cannot be installed here (needs systemd and apt)",
+                         "deploy to a host booted with systemd and apt, or one with a working Docker engine"))
+    return out
+
+
+def privileges_missing(checks: Sequence[Check]) -> bool:
+    """The capability checks say the facts that need root cannot be read."""
+    return any(c.name == "privileges" and c.failed for c in checks)
 
 
 def run_checks(

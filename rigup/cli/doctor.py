@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from rigup.checks.preflight import Check, HostFacts, failures, gather, host_recipe, run_checks
+from rigup.checks.preflight import Check, HostFacts, failures
 
 
 @dataclass
@@ -28,7 +28,9 @@ class HostReport:
 
     @property
     def ok(self) -> bool:
-        return self.reachable and not failures(self.checks)
+        """Reachable, every fact read, at least one check run and none failed: what could not be
+        checked counts as a failure."""
+        return self.reachable and self.error is None and bool(self.checks) and not failures(self.checks)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -54,7 +56,7 @@ def collect(
     from pyinfra.api.state import StateStage
     from pyinfra.context import ctx_host, ctx_state
 
-    from rigup.facts.gpu import GpuTopology
+    from rigup.operations.preflight import host_preflight
 
     inventory = Inventory(([(name, dict(data)) for name, data in hosts], {}))
     state = State(inventory=inventory, config=Config(SUDO=sudo))
@@ -70,17 +72,13 @@ def collect(
             if host not in state.activated_hosts or not host.connected:
                 reports.append(HostReport(host.name, False, error="could not connect (see the log above)"))
                 continue
-            data = host.data.dict()
             with ctx_host.use(host):
                 try:
-                    topology = host.get_fact(GpuTopology)
-                    built = host_recipe(data, host.name, topology, lock_dir)
-                    facts = gather(lambda cls, **kw: host.get_fact(cls, **kw), data, built.recipe, topology)
+                    checks, facts = host_preflight(host, lock_dir)
                 except Exception as exc:  # a fact command failed on this host: report, go on
                     reports.append(HostReport(host.name, True, error=f"{type(exc).__name__}: {exc}"))
                     continue
             failed_by_fact = host in state.failed_hosts
-            checks = run_checks(facts, built.recipe, data, built.error, built.lock_problem)
             report = HostReport(host.name, True, checks, facts)
             if failed_by_fact:
                 report.error = "a fact could not be read (see the log above)"

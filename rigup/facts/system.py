@@ -9,10 +9,13 @@ from pyinfra.api import FactBase, FactProcessError
 
 from rigup.facts.util import ABSENT, _absent, _parse
 from rigup.parsers.system import (
+    CAPABILITY_TOOLS,
+    Capabilities,
     DiskFree,
     OsInfo,
     PendingReboot,
     SecureBootState,
+    parse_capabilities,
     parse_df_sections,
     parse_os_release,
     parse_reboot_required,
@@ -123,3 +126,29 @@ class BootId(FactBase[str | None]):
     def process(self, output: list[str]) -> str | None:
         return output[0].strip() if output else None
 
+
+class HostCapabilities(FactBase[Capabilities]):
+    """
+    What the host can run, read as the login user without sudo (``host.get_fact(HostCapabilities,
+    _sudo=False)``), so that a host without sudo still answers: process 1, whether systemd runs, the
+    user id, whether sudo works without a password, and which of systemctl, apt-get, dpkg and docker
+    are installed.
+
+    .. code:: python
+
+        Capabilities(pid1="systemd", systemd_running=True, uid=1000, sudo="passwordless",
+                     tools=("systemctl", "apt-get", "dpkg", "docker"))
+    """
+
+    command = (
+        'echo "pid1=$(cat /proc/1/comm 2>/dev/null)"; '
+        "if [ -d /run/systemd/system ]; then echo systemd=yes; else echo systemd=no; fi; "
+        'echo "uid=$(id -u)"; '
+        "if ! command -v sudo >/dev/null 2>&1; then echo sudo=absent; "
+        "elif sudo -n true >/dev/null 2>&1; then echo sudo=passwordless; else echo sudo=password; fi; "
+        "for t in " + " ".join(CAPABILITY_TOOLS) + "; do "
+        'if command -v "$t" >/dev/null 2>&1; then echo "$t=yes"; else echo "$t=no"; fi; done'
+    )
+
+    def process(self, output: list[str]) -> Capabilities:
+        return _parse(output, parse_capabilities)

@@ -3,14 +3,25 @@ any failure (again after a new driver is loaded), before anything changes."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, operation
 
-from rigup.checks.preflight import Check, failures, gather, host_recipe, run_checks
+from rigup.checks.preflight import (
+    Check,
+    HostFacts,
+    check_capabilities,
+    failures,
+    gather,
+    host_recipe,
+    privileges_missing,
+    run_checks,
+)
 from rigup.desired.knobs import knob
 from rigup.facts.gpu import GpuTopology
+from rigup.facts.system import HostCapabilities
 
 
 def _fail_host(state: Any, host: Any, title: str, lines: list[str]) -> bool:
@@ -22,14 +33,26 @@ def _fail_host(state: Any, host: Any, title: str, lines: list[str]) -> bool:
     return False
 
 
-def preflight_report(target: Any) -> list[Check]:
-    """Every preflight check for `target` (a pyinfra Host), from facts read now: the recipe is the
-    one the later phases build (rigup.desired.plan.host_plan with the host's GPU topology)."""
+def host_preflight(target: Any, base_dir: Path | None = None) -> tuple[list[Check], HostFacts | None]:
+    """Every preflight check for `target` (a pyinfra Host) and the facts they read, read now.
+
+    What the host can run is read first, without sudo: where the login user cannot act as root, the
+    other facts (which run through sudo) are not read and those checks alone come back. The recipe is
+    the one the later phases build (rigup.desired.plan.host_plan with the host's GPU topology); a
+    relative lock_file is read from `base_dir` (default: the fleet file's directory)."""
     data = target.data.dict()
+    first = check_capabilities(target.get_fact(HostCapabilities, _sudo=False), data)
+    if privileges_missing(first):
+        return first, None
     topology = target.get_fact(GpuTopology)
-    built = host_recipe(data, target.name, topology)
+    built = host_recipe(data, target.name, topology, base_dir)
     facts = gather(lambda cls, **kw: target.get_fact(cls, **kw), data, built.recipe, topology)
-    return run_checks(facts, built.recipe, data, built.error, built.lock_problem)
+    return first + run_checks(facts, built.recipe, data, built.error, built.lock_problem), facts
+
+
+def preflight_report(target: Any) -> list[Check]:
+    """host_preflight's checks."""
+    return host_preflight(target)[0]
 
 
 @operation()

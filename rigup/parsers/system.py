@@ -194,3 +194,42 @@ def parse_reboot_required(output: str | Iterable[str]) -> PendingReboot:
             raise ParseError(f"reboot-required: unexpected line {line!r}")
     return PendingReboot(required=required, packages=tuple(packages))
 
+
+@dataclass(frozen=True)
+class Capabilities(_Jsonable):
+    """What the host can run, read without sudo (rigup.facts.system.HostCapabilities)."""
+
+    pid1: str  # the name of process 1 ("systemd" on a booted host)
+    systemd_running: bool  # /run/systemd/system exists: systemd is the running init
+    uid: int  # of the user pyinfra logs in as
+    sudo: Literal["passwordless", "password", "absent"]  # sudo -n true, for a non-root user
+    tools: tuple[str, ...]  # of systemctl, apt-get, dpkg, docker: those on PATH
+
+    @property
+    def root(self) -> bool:
+        return self.uid == 0
+
+
+CAPABILITY_TOOLS = ("systemctl", "apt-get", "dpkg", "docker")
+
+
+def parse_capabilities(output: str | Iterable[str]) -> Capabilities:
+    """Parse the key=value lines HostCapabilities prints (pid1, systemd, uid, sudo, one per tool)."""
+    values: dict[str, str] = {}
+    for line in _lines(output):
+        if not line.strip():
+            continue
+        key, sep, value = line.strip().partition("=")
+        if not sep:
+            raise ParseError(f"capabilities: not key=value: {line!r}")
+        values[key] = value
+    missing = [k for k in ("pid1", "systemd", "uid", "sudo", *CAPABILITY_TOOLS) if k not in values]
+    if missing or not values["uid"].isdigit() or values["sudo"] not in ("passwordless", "password", "absent"):
+        raise ParseError(f"capabilities: missing or bad {missing or ['uid/sudo']} in {values!r}")
+    return Capabilities(
+        pid1=values["pid1"],
+        systemd_running=values["systemd"] == "yes",
+        uid=int(values["uid"]),
+        sudo=values["sudo"],  # type: ignore[arg-type]
+        tools=tuple(t for t in CAPABILITY_TOOLS if values[t] == "yes"),
+    )

@@ -41,7 +41,7 @@ def test_collect_reads_facts_and_runs_checks(lock_dir: Path):
     row = next(line for line in table.splitlines() if "gpu-layout" in line)
     assert row.split()[:3] == ["@fake/rig-b", "gpu-layout", "FAIL"]
     assert "variant 'dual' runs tensor parallel 2; this host has 1 GPU(s)" in row and "[key: variant]" in row
-    assert "@fake/rig-a  summary" in table and "14/14 checks passed" in table
+    assert "@fake/rig-a  summary" in table and "18/18 checks passed" in table
     assert "  os  " not in table  # passed info checks only with --verbose
     verbose = doctor.format_table(reports, verbose=True)
     assert "  os  " in verbose
@@ -165,3 +165,17 @@ def test_registered_in_the_cli():
 
     args = build_parser().parse_args(["doctor", "--json", "--limit", "canary"])
     assert args.func is doctor.run and args.json and args.limit == ["canary"]
+
+
+def test_what_could_not_be_checked_is_a_failure() -> None:
+    from rigup.checks.preflight import Check
+    from rigup.cli.doctor import HostReport
+
+    passed = Check("os", True, "info", "Ubuntu 24.04")
+    assert HostReport("rig", True, [passed]).ok
+    assert not HostReport("rig", True, []).ok  # reachable, but nothing was checked
+    assert not HostReport("rig", True, [passed], error="a fact could not be read (see the log above)").ok
+    assert not HostReport("rig", True, error="CalledProcessError: sudo: not found").ok
+    assert not HostReport("rig", False, error="could not connect").ok
+    doc = HostReport("rig", True, [], error="sudo: not found").to_json()
+    assert doc["ok"] is False and doc["error"] == "sudo: not found"

@@ -11,6 +11,8 @@ tests/e2e/hostlayer_deploy.py`), after `python -m rigup doctor --json` read the 
   rig-late   fresh 2x RTX 3080 20 GB: lspci's PCI id 10de:2206 is shared by 10 GB and 20 GB boards, so
              preflight only warns (VRAM unknown until the driver loads); the driver is installed and
              the host rebooted, then the re-run of the checks fails it before Docker is installed
+  rig-nosd   fresh 2x RTX 3090 whose systemctl was taken away: the capability checks fail it (systemd)
+             before anything changes on it
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ SPECS = [
     HostSpec("rig-ok", group="canary"),
     HostSpec("rig-small", hardware="2x3080-20gb"),
     HostSpec("rig-late", hardware="2x3080-20gb"),
+    HostSpec("rig-nosd"),
 ]
 PREFLIGHT_OP = "Run preflight checks (a failed check fails this host)"
 DRIVER_OP = "Install and load the NVIDIA driver (stop serving, install, reboot, verify)"
@@ -62,8 +65,11 @@ def prepared(bed: Testbed) -> dict[str, Any]:
     reboot(small)
     assert sh(small, "nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits").split() == ["20480", "20480"]
     assert "CUDA Version        : 12.4" in sh(small, "nvidia-smi --version")
+    nosd = bed.host("rig-nosd")
+    sh(nosd, "sudo mv /usr/bin/systemctl /usr/bin/systemctl.away")  # not rebooted while it is away
     return {
         "snapshot": snapshot(small, install_root=True),
+        "nosd_snapshot": snapshot(nosd, install_root=True),
         "boots": {h.name: h.boots() for h in bed.hosts},
     }
 
@@ -95,7 +101,11 @@ def test_doctor_reports_the_fit_from_the_hosts_facts(doctor: tuple[int, dict[str
     code, doc, log = doctor
     assert code == 1, log  # rig-small fails
     ok = {h["host"]: h["ok"] for h in doc["hosts"]}
-    assert ok == {"rig-ok": True, "rig-small": False, "rig-late": True}, log
+    assert ok == {"rig-ok": True, "rig-small": False, "rig-late": True, "rig-nosd": False}, log
+    nosd = checks_of(doc, "rig-nosd")
+    assert [n for n, c in nosd.items() if c["severity"] == "error" and not c["ok"]] == ["systemd", "docker"], nosd
+    assert "deploy to a host booted with systemd" in nosd["systemd"]["fix"]
+    assert nosd["privileges"]["ok"] and nosd["apt"]["ok"]
 
     small = checks_of(doc, "rig-small")
     assert [n for n, c in small.items() if not c["ok"] and c["severity"] == "error"] == ["cuda-compat", "vram-fit"]
@@ -148,3 +158,14 @@ def test_ambiguous_card_is_rechecked_after_the_reboot(bed: Testbed, prepared: di
     # stopped before Docker: nothing after the re-check ran on it
     assert "docker-ce" not in sh(host, "dpkg-query -W -f='${Package} ${db:Status-Abbrev}\\n' 'docker*' 2>/dev/null || true")
     assert "rig-late" not in op(results, SMOKE_OP)["success"]
+
+
+def test_host_without_systemctl_fails_the_capability_checks_untouched(
+    bed: Testbed, prepared: dict[str, Any], converge: Any
+) -> None:
+    code, results, log = converge
+    assert "rig-nosd" in op(results, PREFLIGHT_OP)["error"]
+    assert changed(results, "rig-nosd") == []
+    nosd = bed.host("rig-nosd")
+    assert snapshot(nosd, install_root=True) == prepared["nosd_snapshot"], "rig-nosd changed although preflight failed"
+    assert "rig-nosd: systemd: " in log and "need systemd" in log

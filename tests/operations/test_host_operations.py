@@ -19,7 +19,7 @@ from rigup.facts.apt import AptPolicies, AptSourceEntries
 from rigup.facts.docker import DockerDaemonJson, DockerEngineInfo, DockerImageSize, DockerSnap
 from rigup.facts.driver import NvidiaDevChar, NvidiaKernelModule, NvidiaPackages, PrebuiltNvidiaModules
 from rigup.facts.gpu import DriverCudaVersion, GpuMemoryUse, GpuTopology, NvidiaGpus, PciGpus
-from rigup.facts.system import FreeDisk, OsReleaseInfo, PathSizes, RebootPending, SecureBoot
+from rigup.facts.system import FreeDisk, HostCapabilities, OsReleaseInfo, PathSizes, RebootPending, SecureBoot
 from rigup.operations.apt import apt_source_exclusive, conflicting_entries
 from rigup.operations.docker import docker_daemon_config, docker_nvidia_runtime, image_ref, merged_daemon_config
 from rigup.operations.driver import nvidia_driver, nvidia_driver_hold, reboot_and_wait
@@ -31,7 +31,13 @@ from rigup.parsers.docker import parse_daemon_json, parse_docker_info
 from rigup.parsers.dpkg import DebPackage, parse_dpkg_query
 from rigup.parsers.lspci import parse_lspci
 from rigup.parsers.nvidia_smi import parse_gpu_query
-from rigup.parsers.system import DevCharState, LoadedModule, parse_dev_char, parse_nvidia_version_file
+from rigup.parsers.system import (
+    DevCharState,
+    LoadedModule,
+    parse_capabilities,
+    parse_dev_char,
+    parse_nvidia_version_file,
+)
 from tests.support.fit_fake import offline_lock
 from tests.support.hostlayer import GB, converged_2x3090, disk, fresh_2x3090, fx, one_3090_on_550
 from tests.support.opharness import ScriptedHost, call_function, raw_commands, run_op
@@ -420,6 +426,7 @@ def preflight_host(facts, lock_dir: Path | None = None, **data) -> ScriptedHost:
     else:
         values["lock_file"] = "/nonexistent/rigs.lock.yaml"
     scripted = {
+        HostCapabilities: lambda _sudo: parse_capabilities(fx("capabilities/booted-sudo-user.txt")),
         OsReleaseInfo: facts.os,
         NvidiaGpus: facts.smi,
         PciGpus: facts.pci,
@@ -443,7 +450,7 @@ def preflight_host(facts, lock_dir: Path | None = None, **data) -> ScriptedHost:
 def test_preflight_passes_quietly(tmp_path: Path):
     host = preflight_host(converged_2x3090(), tmp_path)
     assert run_op(preflight_checks, host) == []
-    assert host.noops == ["preflight: 14 of 14 checks passed, 0 warned, none failed"]
+    assert host.noops == ["preflight: 18 of 18 checks passed, 0 warned, none failed"]
     # memory of every rigup variant's container is free: the deploy replaces or stops them
     (names,) = [kw["container_names"] for fact, kw in host.fact_calls if fact == "GpuMemoryUse"]
     assert {"vllm-qwen36-27b-dual", "vllm-qwen36-27b-dual-turbo", "vllm-gemma-4-31b-mtp"} <= set(names)
@@ -452,7 +459,7 @@ def test_preflight_passes_quietly(tmp_path: Path):
 def test_preflight_without_a_lock_warns_and_checks_the_catalog_refs():
     host = preflight_host(converged_2x3090())
     assert run_op(preflight_checks, host) == []
-    assert host.noops == ["preflight: 14 of 15 checks passed, 1 warned, none failed"]
+    assert host.noops == ["preflight: 18 of 19 checks passed, 1 warned, none failed"]
     assert host.logs[0].startswith("preflight warning: rig-07: lock: checked against the catalog's refs: /nonexistent")
 
 
@@ -507,7 +514,7 @@ def test_preflight_after_driver_rechecks_with_the_loaded_driver(tmp_path: Path):
     host = preflight_host(converged_2x3090(), tmp_path)
     (cmd,) = raw_commands(preflight_after_driver, host)
     assert call_function(cmd, host) is True
-    assert host.logs[-1] == "preflight with the driver loaded: 14 checks passed"
+    assert host.logs[-1] == "preflight with the driver loaded: 18 checks passed"
 
 
 def test_preflight_reads_disk_where_docker_keeps_images(tmp_path: Path):

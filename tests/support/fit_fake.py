@@ -22,6 +22,7 @@ def fit_responses(kind: str, memory: str | None = None, cuda: str | None = None)
     """kind: "converged" (2x3090 on 580, PCIe without P2P), "one-gpu" (1x3090 on 550) or anything
     else (fresh: no nvidia-smi). memory: `--query-gpu=index,uuid,name,memory.total,memory.used,
     compute_cap` lines instead of the kind's; cuda: the driver's "CUDA Version" instead of the kind's."""
+    capabilities = {"pid1=$(cat /proc/1/comm": fit_text("../capabilities/booted-sudo-user.txt").splitlines()}
     if kind == "converged":
         mem = memory if memory is not None else fit_text("2x3090-pcie/memory.csv")
         topo = fit_text("2x3090-pcie/topo.txt") + f"\n{SECTION}\n" + fit_text("2x3090-pcie/p2p.txt")
@@ -31,8 +32,9 @@ def fit_responses(kind: str, memory: str | None = None, cuda: str | None = None)
         topo = ONE_GPU_TOPO + f"{SECTION}\n"
         version = cuda or "12.4"
     else:
-        return {"memory.total,memory.used": ABSENT, "nvidia-smi topo -m": ABSENT, "CUDA Version": ABSENT}
+        return {**capabilities, "memory.total,memory.used": ABSENT, "nvidia-smi topo -m": ABSENT, "CUDA Version": ABSENT}
     return {
+        **capabilities,
         # sections: memory query, compute apps, our container's pid, process ancestry
         "memory.total,memory.used": (mem.strip() + f"\n{SECTION}\n{SECTION}\n{SECTION}\n").splitlines(),
         "nvidia-smi topo -m": topo.splitlines(),
