@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from rigup.client.ssh import FileLog, JournalLog, RemoteError, Runner, ServiceLog, SshSettings
+from rigup.client.ssh import LOCAL_HOST, FileLog, JournalLog, RemoteError, Runner, ServiceLog, SshSettings
 from rigup.desired.fleet import Fleet, load_fleet
 from rigup.desired.knobs import knob
 from rigup.desired.plan import host_plan
@@ -46,6 +46,8 @@ class Target:
 
 
 def api_host(hostname: str) -> str:
+    if hostname == LOCAL_HOST:
+        return "127.0.0.1"  # the serving port on this machine
     return f"[{hostname}]" if ":" in hostname and not hostname.startswith("[") else hostname
 
 

@@ -8,6 +8,7 @@ import re
 import select
 import shlex
 import socket
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,11 @@ class SshSettings:
     connect_retries: int = 0
     sudo: bool = True  # prefix root commands with `sudo -n` (the fleet's `_sudo`)
 
+    @property
+    def local(self) -> bool:
+        """pyinfra's local connector (a host named @local): commands run here, without SSH."""
+        return self.hostname == LOCAL_HOST
+
     @classmethod
     def from_data(cls, name: str, data: dict[str, Any]) -> SshSettings:
         return cls(
@@ -62,6 +68,35 @@ class Runner(Protocol):
     """Runs a shell command on a rig (SshSession, or a fake in tests)."""
 
     def run(self, command: str, *, sudo: bool = False, timeout: float = 30.0, stdin: bytes | None = None) -> CommandResult: ...
+
+
+LOCAL_HOST = "@local"
+
+
+class LocalSession:
+    """The machine rigup runs on (a fleet host named @local), as a Runner: sh here, sudo -n for root
+    commands unless this user is root or _sudo is false."""
+
+    def __init__(self, settings: SshSettings) -> None:
+        self.settings = settings
+
+    def connect(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def run(self, command: str, *, sudo: bool = False, timeout: float = 30.0, stdin: bytes | None = None) -> CommandResult:
+        argv = ["sh", "-c", command]
+        if sudo and self.settings.sudo and os.geteuid() != 0:
+            argv = ["sudo", "-n", "--", *argv]
+        try:
+            done = subprocess.run(argv, input=stdin or b"", capture_output=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            raise RemoteError(f"{LOCAL_HOST}: command timed out after {timeout:g} s") from None
+        except OSError as exc:
+            raise RemoteError(f"{LOCAL_HOST}: {exc}") from None
+        return CommandResult(done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace"))
 
 
 class SshSession:
@@ -196,7 +231,7 @@ class LazySsh:
 
     def __init__(self, settings: SshSettings | None) -> None:
         self.settings = settings
-        self.session: SshSession | None = None
+        self.session: SshSession | LocalSession | None = None
         self.failure: RemoteError | None = None
 
     def run(self, command: str, *, sudo: bool = False, timeout: float = 30.0, stdin: bytes | None = None) -> CommandResult:
@@ -205,7 +240,7 @@ class LazySsh:
         if self.failure is not None:
             raise self.failure
         if self.session is None:
-            session = SshSession(self.settings)
+            session = LocalSession(self.settings) if self.settings.local else SshSession(self.settings)
             try:
                 session.connect()
             except RemoteError as exc:

@@ -1,0 +1,68 @@
+"""A fleet host named @local (pyinfra's local connector) is reached without SSH: its API is on
+127.0.0.1 and the commands status and verify run on it execute here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rigup import REPO_ROOT
+from rigup.cli.runner import fleet_targets
+from rigup.client.ssh import LazySsh, LocalSession
+from rigup.desired.fleet import load_fleet
+from rigup.desired.knobs import load_defaults
+from rigup.desired.recipe import resolve
+from tests.support.responder import responder
+
+
+def local_fleet(tmp_path: Path, extra: str = "") -> Path:
+    fleet = tmp_path / "rigs.yaml"
+    fleet.write_text(f'groups:\n  local:\n    hosts:\n      "@local": {{variant: single{extra}}}\n')
+    return fleet
+
+
+def test_the_local_host_is_a_target_on_loopback_whose_commands_run_here(tmp_path: Path) -> None:
+    (target,) = fleet_targets(fleet=load_fleet(local_fleet(tmp_path)))
+    assert target.name == "@local" and target.api_url == "http://127.0.0.1:8020"
+    assert target.ssh is not None and target.ssh.local
+    runner = LazySsh(target.ssh)
+    result = runner.run("id -u; echo $RIGUP_MARK", timeout=10)
+    assert result.rc == 0 and result.stdout.split() == [str(os.getuid())]  # this process's user, no SSH
+    assert isinstance(runner.session, LocalSession)
+    assert runner.run("exit 3").rc == 3
+
+
+def test_status_reads_the_local_host_without_ssh(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "rigup", "status", "--json"],
+        cwd=REPO_ROOT, env={**os.environ, "RIGUP_RIGS": str(local_fleet(tmp_path))},
+        capture_output=True, text=True, timeout=120,
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr
+    (host,) = json.loads(proc.stdout)["hosts"]
+    items = {i["item"]: i for i in host["items"]}
+    assert host["host"] == "@local" and host["url"] == "http://127.0.0.1:8020"
+    # The unit and provenance were read here (nothing is installed on this machine), not over SSH.
+    assert items["service"]["actual"] == "not installed, not enabled"
+    assert items["provenance"]["actual"] == "none (never passed the health gate)"
+    assert "ssh" not in json.dumps(items).lower()
+
+
+def test_verify_checks_the_local_api(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from rigup.cli import main
+
+    served = resolve({**load_defaults(), "variant": "single"}).served_model_name
+    with responder(tmp_path, "--max-model-len", "48000", model=served) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        monkeypatch.setenv("RIGUP_RIGS", str(local_fleet(tmp_path, f", variant_overrides: {{port: {port}}}")))
+        code = main(["verify", "--json", "--log-file", str(server.log_file)])
+    report = json.loads(capsys.readouterr().out)
+    (host,) = report["hosts"]
+    assert host["host"] == "@local" and host["url"] == f"http://127.0.0.1:{port}"
+    results = {r["check"]: r["outcome"] for r in host["results"]}
+    assert results["models"] == "pass" and code == host["failed"] == 0, host["results"]
