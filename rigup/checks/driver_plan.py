@@ -15,7 +15,6 @@ DRIVER_SOURCES: tuple[str, ...] = ("ubuntu", "cuda")
 FLAVOURS: tuple[str, ...] = ("open", "proprietary")
 
 
-REBOOT_POLICIES: tuple[str, ...] = ("auto", "never")
 
 
 # Highest CUDA version each driver branch supports (NVIDIA's CUDA toolkit release notes, table 3).

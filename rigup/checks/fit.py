@@ -47,13 +47,14 @@ from typing import Any, Literal
 from rigup.checks.driver_plan import BRANCH_CUDA
 from rigup.desired.catalog import load_catalog
 from rigup.desired.interconnect import pcie_summary
+from rigup.desired.knobs import VRAM_MISFIT_POLICIES
 from rigup.desired.recipe import Recipe, nearest_layout
 from rigup.parsers.nvidia_smi import ComputeApp, GpuState, _cc
 
 Severity = Literal["fail", "warn", "info"]
 
 
-POLICIES: tuple[str, ...] = ("fail", "warn")  # knob preflight_vram_misfit
+POLICIES = VRAM_MISFIT_POLICIES  # knob preflight_vram_misfit, declared in rigup.desired.knobs
 
 
 # The seeds state VRAM to 0.1 GB (nvidia-smi MiB / 1000); budgets closer than this count as equal.

@@ -16,7 +16,6 @@ from typing import Any, Literal
 
 from rigup.checks.driver_plan import (
     BRANCH_CUDA,
-    REBOOT_POLICIES,
     DriverPlan,
     DriverWant,
     branch_cuda,
@@ -26,7 +25,7 @@ from rigup.checks.driver_plan import (
 from rigup.checks.fit import GpuState, assess
 from rigup.desired.catalog import rigup_container_names
 from rigup.desired.gpu_power import LOW_CAP_SHARE, power_cap
-from rigup.desired.knobs import knob
+from rigup.desired.knobs import REBOOT_POLICIES, knob
 from rigup.facts.docker import DockerEngineInfo, DockerImageSize, DockerSnap
 from rigup.facts.driver import NvidiaKernelModule, NvidiaPackages, PrebuiltModules, PrebuiltNvidiaModules
 from rigup.facts.gpu import DriverCudaVersion, GpuMemoryUse, GpuTopology, NvidiaGpus, PciGpus

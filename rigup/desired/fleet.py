@@ -1,11 +1,18 @@
 """The user's fleet file (rigs.yaml): groups, hosts, SSH settings and per-host knob overrides.
 
-Every key is checked against the knobs that group_data/all.py declares, so a typo fails with the
-file, the host and the key instead of being silently ignored by pyinfra.
+Every key is checked against the knobs that group_data/all.py declares, and every value against what
+that knob accepts (rigup.desired.knobs.check_knob; variant_overrides against the host's variant,
+rigup.desired.recipe.check_overrides), so a typo or a bad value fails here, before anything connects,
+with one message naming the file, the host (or `data` / the group), the key, the value and what is
+allowed, instead of being silently ignored by pyinfra or failing mid-deploy.
+
+A host named `@local` is pyinfra's local connector (the machine rigup runs on); unless the fleet file
+sets `_sudo` for it, it gets `_sudo: true` only when the current user is not root.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from dataclasses import dataclass, field
@@ -15,7 +22,8 @@ from typing import Any
 import yaml
 
 from rigup import WORK_DIR
-from rigup.desired.knobs import load_defaults
+from rigup.desired.knobs import OPTIONAL_KNOB_TYPES as OPTIONAL_KNOB_TYPES  # moved to knobs; kept importable here
+from rigup.desired.knobs import KnobError, check_knob, load_defaults, type_ok
 
 FLEET_ENV = "RIGUP_RIGS"
 DEFAULT_FLEET_FILE = WORK_DIR / "rigs.yaml"
@@ -36,19 +44,18 @@ SSH_KEYS = frozenset(
 )
 PYINFRA_KEYS = frozenset({"_sudo"})
 
-# Types of knobs whose default is None (the default's own type says nothing about them).
-OPTIONAL_KNOB_TYPES: dict[str, tuple[type, ...]] = {
-    "gpu_count": (int,),
-    "gpu_power_cap_watts": (int,),
-    "hf_token_file": (str,),
-    "serving_api_key_file": (str,),
-    "serving_health_timeout_s": (int, float),
-    "model_fleet_address": (str,),
-}
 SSH_KEY_TYPES: dict[str, tuple[type, ...]] = {
     "ssh_port": (int,),
     "ssh_connect_retries": (int,),
 }
+# What the numeric SSH settings accept beyond their type: (allowed, test).
+SSH_KEY_RANGES: dict[str, tuple[str, Any]] = {
+    "ssh_port": ("an integer port from 1 to 65535", lambda v: 1 <= v <= 65535),
+    "ssh_connect_retries": ("an integer of at least 0", lambda v: v >= 0),
+}
+
+# pyinfra's local connector: the host rigup runs on, without SSH.
+LOCAL_HOST = "@local"
 
 GROUP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 TOP_LEVEL_KEYS = frozenset({"data", "groups"})
@@ -109,7 +116,10 @@ def load_fleet(path: Path | str | None = None) -> Fleet:
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise FleetError(f"{path}: not valid YAML: {exc}") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+        raise FleetError(f"{path}: not valid YAML{where}: {problem}") from None  # one line
     if not isinstance(document, dict):
         raise FleetError(f"{path}: expected a mapping with 'groups' at the top level")
     _reject_unknown(path, "top level", document, TOP_LEVEL_KEYS)
@@ -145,9 +155,41 @@ def load_fleet(path: Path | str | None = None) -> Fleet:
                 )
             seen_hosts[host_name] = group_name
             own = _checked_data(path, f"host {host_name!r}", host_values, knobs, allow_ssh=True)
-            members.append(FleetHost(host_name, group_name, {**fleet_data, **group_data, **own}))
+            sections = (("data", fleet_data), (f"{where} data", group_data), (f"host {host_name!r}", own))
+            data = {**fleet_data, **group_data, **own}
+            _check_host_overrides(path, host_name, data, sections, knobs)
+            if host_name == LOCAL_HOST and "_sudo" not in data:
+                data["_sudo"] = local_sudo()
+            members.append(FleetHost(host_name, group_name, data))
         groups[group_name] = members
     return Fleet(path=path, groups=groups)
+
+
+def local_sudo() -> bool:
+    """`_sudo` for the @local host: run through sudo unless rigup already runs as root."""
+    return os.geteuid() != 0
+
+
+def _check_host_overrides(
+    path: Path, host_name: str, data: dict[str, Any], sections: tuple[tuple[str, dict[str, Any]], ...], knobs: dict[str, Any]
+) -> None:
+    """variant_overrides depend on the variant (its tensor parallel sizes, its model's context): check
+    the host's merged pair with the one rule resolve() applies."""
+    from rigup.desired.recipe import RecipeError, check_overrides  # the catalog is needed only here
+
+    overrides = data.get("variant_overrides")
+    if not overrides:
+        return
+    variant = data.get("variant", knobs["variant"])
+    try:
+        check_overrides(variant, overrides)
+    except RecipeError as exc:
+        origin = next(where for where, values in reversed(sections) if "variant_overrides" in values)
+        notes = [] if f"variant {variant!r}" in str(exc) else [f"variant {variant!r}"]
+        if origin != f"host {host_name!r}":
+            notes.append(f"variant_overrides set in {origin}")
+        context = f" ({'; '.join(notes)})" if notes else ""
+        raise FleetError(f"{path}: host {host_name!r}{context}: {exc}") from None
 
 
 def _reject_unknown(path: Path, where: str, mapping: dict, allowed: frozenset[str]) -> None:
@@ -165,50 +207,32 @@ def _checked_data(
         raise FleetError(f"{path}: {where}: expected a mapping of settings, got {type(values).__name__}")
     for key, value in values.items():
         if key in knobs:
-            _check_knob_type(path, where, key, value, knobs[key])
+            try:
+                check_knob(key, value)
+            except KnobError as exc:
+                raise FleetError(f"{path}: {where}: {exc}") from None
         elif key in PYINFRA_KEYS:
             _check_type(path, where, key, value, (bool,))
         elif key in SSH_KEYS:
             if not allow_ssh:
                 raise FleetError(f"{path}: {where}: {key!r} is a per-host SSH setting; set it on the host")
             _check_type(path, where, key, value, SSH_KEY_TYPES.get(key, (str,)))
+            if key in SSH_KEY_RANGES and not SSH_KEY_RANGES[key][1](value):
+                raise FleetError(f"{path}: {where}: {key!r} must be {SSH_KEY_RANGES[key][0]}, got {value!r}")
         else:
-            raise FleetError(
-                f"{path}: {where}: unknown key {key!r}: not a knob in group_data/all.py nor an SSH setting"
-            )
-    if "variant" in values:
-        _check_variant(path, where, values["variant"])
+            raise FleetError(f"{path}: {where}: {_unknown_key(key, knobs, allow_ssh)}")
     return dict(values)
 
 
-def _check_knob_type(path: Path, where: str, key: str, value: Any, default: Any) -> None:
-    if value is None:
-        return  # None always means "use the built-in behaviour" for optional knobs
-    if default is None:
-        expected = OPTIONAL_KNOB_TYPES.get(key)
-        if expected is not None:
-            _check_type(path, where, key, value, expected)
-        return
-    expected_type: tuple[type, ...] = (type(default),)
-    if isinstance(default, float):
-        expected_type = (int, float)
-    _check_type(path, where, key, value, expected_type)
+def _unknown_key(key: Any, knobs: dict[str, Any], allow_ssh: bool) -> str:
+    others = sorted(PYINFRA_KEYS | (SSH_KEYS if allow_ssh else frozenset()))
+    close = difflib.get_close_matches(str(key), [*knobs, *SSH_KEYS, *PYINFRA_KEYS], n=3, cutoff=0.75)
+    hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+    what = "a knob declared in group_data/all.py nor an SSH setting" if allow_ssh else "a knob declared in group_data/all.py"
+    return f"unknown key {key!r}{hint}: not {what}; allowed here: those knobs, {', '.join(others)}"
 
 
 def _check_type(path: Path, where: str, key: str, value: Any, expected: tuple[type, ...]) -> None:
-    # bool is an int in Python; a YAML `true` for a number knob is still a mistake.
-    if isinstance(value, bool) and bool not in expected:
-        ok = False
-    else:
-        ok = isinstance(value, expected)
-    if not ok:
+    if not type_ok(value, expected):
         names = " or ".join(t.__name__ for t in expected)
         raise FleetError(f"{path}: {where}: {key!r} must be {names}, got {value!r}")
-
-
-def _check_variant(path: Path, where: str, variant: Any) -> None:
-    from rigup.desired.catalog import variant_names  # the catalog is only needed when a variant is set
-
-    known = variant_names()
-    if variant not in known:
-        raise FleetError(f"{path}: {where}: 'variant' {variant!r} is not in the catalog (known: {', '.join(known)})")

@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import copy
 import functools
+import ipaddress
 import json
+import re
 import types
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, get_args
 
 from rigup import DEPLOY_ROOT
+from rigup.desired.interconnect import MODES as INTERCONNECT_MODES
+from rigup.parsers.dpkg import DriverSource
+from rigup.parsers.system import Flavour
 
 KNOBS_FILE = DEPLOY_ROOT / "group_data" / "all.py"
 
@@ -69,8 +76,251 @@ def knob(data: Any, name: str) -> Any:
 
 
 def knob_int(data: Any, name: str, minimum: int) -> int:
-    """knob() for an integer knob with a lower bound; ValueError naming the knob, the value and what is allowed."""
+    """knob() for an integer knob with a lower bound; KnobError naming the knob, the value and what is allowed."""
     value = knob(data, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer of at least {minimum}, got {value!r}")
+    rule = _int_at_least(minimum)
+    if not rule.test(value):
+        raise KnobError(f"{name} must be {rule.allowed}, got {value!r}")
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# validation: what each knob accepts (the fleet file check and the CLI's --data use these)
+
+
+class KnobError(ValueError):
+    """A knob value rigup cannot use; the message names the knob, the value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    allowed: str  # what the knob accepts, as the message says it: "one of auto, never"
+    test: Callable[[Any], bool]
+    problem: Callable[[str, Any], str] | None = None  # (knob, value) -> the message, when not "must be <allowed>"
+
+    def message(self, name: str, value: Any) -> str:
+        if self.problem is not None:
+            return self.problem(name, value)
+        return f"{name!r} must be {self.allowed}, got {value!r}"
+
+
+# Types of knobs whose default is None (the default's own type says nothing about them).
+OPTIONAL_KNOB_TYPES: dict[str, tuple[type, ...]] = {
+    "gpu_count": (int,),
+    "gpu_power_cap_watts": (int,),
+    "hf_token_file": (str,),
+    "serving_api_key_file": (str,),
+    "serving_health_timeout_s": (int, float),
+    "model_fleet_address": (str,),
+}
+
+# Knobs with a non-None default that still take None (group_data/all.py says what None means).
+NONE_ALLOWED = frozenset(
+    {"gpu_power_cap_watts", "gpu_power_cap_by_model", "variant_overrides", "source_refs", "docker_insecure_registries"}
+)
+
+# Knobs that are paths on the rig: absolute, and of the character set the systemd unit renders unquoted
+# (the pattern rigup.desired.recipe checks them against when it resolves a recipe).
+RIG_PATH_KNOBS = ("install_root", "model_dir")
+RIG_PATH = re.compile(r"^/[A-Za-z0-9._+/-]*$")
+# container_registry: host[:port][/path], as rigup.desired.recipe prefixes image names with it.
+REGISTRY = re.compile(r"[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._-]+)*/?")
+
+# Enum knobs. Where the code that reads a knob sits below this module (parsers, interconnect) its set
+# is imported; the others are declared here, and the checks and the models plan import them.
+REBOOT_POLICIES: tuple[str, ...] = ("auto", "never")
+VRAM_MISFIT_POLICIES: tuple[str, ...] = ("fail", "warn")
+MODEL_FLEET_MODES: tuple[str, ...] = ("auto", "off")
+
+URL_KNOBS = (
+    "nvidia_cuda_repo_url",
+    "nvidia_cuda_repo_key_url",
+    "docker_apt_url",
+    "docker_apt_key_url",
+    "nvidia_ctk_apt_url",
+    "nvidia_ctk_apt_key_url",
+    "hf_endpoint",
+)
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://\S+$")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _one_of(values: Iterable[str]) -> Rule:
+    values = tuple(values)
+    return Rule(f"one of {', '.join(values)}", lambda v: isinstance(v, str) and v in values)
+
+
+def _int_at_least(minimum: int) -> Rule:
+    return Rule(f"an integer of at least {minimum}", lambda v: _is_int(v) and v >= minimum)
+
+
+def _text(what: str = "a non-empty string") -> Rule:
+    return Rule(what, lambda v: isinstance(v, str) and bool(v.strip()))
+
+
+def _list_of_text(what: str, non_empty: bool = False) -> Rule:
+    return Rule(
+        what,
+        lambda v: isinstance(v, list)
+        and (bool(v) or not non_empty)
+        and all(isinstance(i, str) and i.strip() for i in v),
+    )
+
+
+def _is_ip(value: Any) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _rig_path() -> Rule:
+    return Rule(
+        "an absolute path on the rig (letters, digits and ._+-/, no '..'; e.g. /opt/rigup)",
+        lambda v: isinstance(v, str) and bool(RIG_PATH.match(v)) and ".." not in v.split("/"),
+    )
+
+
+def _registry() -> Rule:
+    return Rule(
+        "a registry host, host[:port][/path] (e.g. docker.io, mirror.lan:5000)",
+        lambda v: isinstance(v, str) and bool(REGISTRY.fullmatch(v)),
+    )
+
+
+def _source_refs() -> Rule:
+    from rigup.desired.catalog import load_catalog
+
+    sources = tuple(sorted(load_catalog()["sources"]))
+    return Rule(
+        f"a mapping of source name ({', '.join(sources)}) to a branch, tag or commit",
+        lambda v: isinstance(v, Mapping)
+        and all(k in sources and isinstance(ref, str) and ref.strip() for k, ref in v.items()),
+    )
+
+
+def _variant() -> Rule:
+    from rigup.desired.catalog import variant_names
+
+    names = tuple(variant_names())
+    return Rule(
+        f"a catalog variant, one of {', '.join(names)}",
+        lambda v: v in names,
+        lambda name, v: f"{name!r} {v!r} is not in the catalog (known: {', '.join(names)})",
+    )
+
+
+@functools.cache
+def _rule_table() -> dict[str, Rule]:
+    """Knob name -> what it accepts beyond its type."""
+    port = Rule("an integer port from 1 to 65535", lambda v: _is_int(v) and 1 <= v <= 65535)
+    table: dict[str, Rule] = {
+        "variant": _variant(),
+        "gpu_count": _int_at_least(1),
+        "variant_overrides": Rule("a mapping of variant_overrides keys to values", lambda v: isinstance(v, Mapping)),
+        "preflight_os_allowed": Rule(
+            'a list of "<os-release ID> <VERSION_ID>" strings (e.g. "ubuntu 24.04")',
+            lambda v: isinstance(v, list) and all(isinstance(i, str) and len(i.split()) == 2 for i in v),
+        ),
+        "preflight_disk_margin_gb": Rule("a number of GB, 0 or more", lambda v: _is_number(v) and v >= 0),
+        "preflight_vram_misfit": _one_of(VRAM_MISFIT_POLICIES),
+        "nvidia_driver_branch": Rule("a driver branch number (e.g. 580)", lambda v: _is_int(v) and v >= 1),
+        "nvidia_driver_flavour": _one_of(get_args(Flavour)),
+        "nvidia_driver_source": _one_of(get_args(DriverSource)),
+        "driver_reboot": _one_of(REBOOT_POLICIES),
+        "driver_reboot_timeout_s": _int_at_least(1),
+        "gpu_power_cap_watts": _int_at_least(1),
+        "gpu_power_cap_by_model": Rule(
+            "a mapping of GPU model name (as nvidia-smi names it) to watts (an integer of at least 1, or null)",
+            lambda v: isinstance(v, Mapping)
+            and all(isinstance(k, str) and (w is None or (_is_int(w) and w >= 1)) for k, w in v.items()),
+        ),
+        "gpu_interconnect": _one_of(INTERCONNECT_MODES),
+        "docker_packages": _list_of_text("a non-empty list of apt package names", non_empty=True),
+        "docker_insecure_registries": _list_of_text('a list of "host:port" registries'),
+        "nvidia_ctk_packages": _list_of_text("a non-empty list of apt package names", non_empty=True),
+        "gpu_smoke_image": _text("an image reference (e.g. nvidia/cuda:12.6.0-base-ubuntu22.04)"),
+        "container_registry": _registry(),
+        "source_refs": _source_refs(),
+        "hf_token_file": _text("a file path on the control machine"),
+        "lock_file": _text("a file path on the control machine"),
+        "model_download_retries": _int_at_least(1),
+        "model_fleet_source": _one_of(MODEL_FLEET_MODES),
+        "model_fleet_port": port,
+        "model_fleet_address": _text("a host name or IP address"),
+        "serving_bind_address": Rule("an IP address (e.g. 0.0.0.0, 127.0.0.1)", _is_ip),
+        "serving_api_key_file": _text("a file path on the control machine"),
+        "serving_health_timeout_s": Rule("a number of seconds above 0", lambda v: _is_number(v) and v > 0),
+        "serving_keep_generations": _int_at_least(1),
+        "rollout_canary_group": _text("a group name of the fleet file"),
+        "rollout_batch": _int_at_least(1),
+        "rollout_max_failures": _int_at_least(0),
+    }
+    for name in RIG_PATH_KNOBS:
+        table[name] = _rig_path()
+    url = Rule(
+        "a URL, scheme://host/path (e.g. https://mirror.lan/ubuntu)", lambda v: isinstance(v, str) and bool(_URL.match(v))
+    )
+    git_url = Rule("a git URL (no spaces)", lambda v: isinstance(v, str) and bool(v.strip()) and not re.search(r"\s", v))
+    table.update({name: url for name in URL_KNOBS})
+    table.update({name: git_url for name in _defaults() if name.endswith("_git_url")})
+    return table
+
+
+def rules() -> dict[str, Rule]:
+    """The rules of the knobs group_data/all.py declares (a rule for a knob it no longer declares is
+    dropped; undeclared_rules() names them, and a test fails on any)."""
+    declared = _defaults()
+    return {name: rule for name, rule in _rule_table().items() if name in declared}
+
+
+def undeclared_rules() -> list[str]:
+    """Knobs with a rule here that group_data/all.py does not declare (should be none)."""
+    return sorted(set(_rule_table()) - set(_defaults()))
+
+
+def expected_types(name: str) -> tuple[type, ...] | None:
+    """The Python types a knob's value may have (from its default), None when anything goes."""
+    default = _defaults()[name]
+    if default is None:
+        return OPTIONAL_KNOB_TYPES.get(name)
+    if isinstance(default, float):
+        return (int, float)
+    return (type(default),)
+
+
+def type_ok(value: Any, expected: tuple[type, ...]) -> bool:
+    # bool is an int in Python; a YAML `true` for a number knob is still a mistake.
+    if isinstance(value, bool) and bool not in expected:
+        return False
+    return isinstance(value, expected)
+
+
+def check_knob(name: str, value: Any) -> Any:
+    """Validate one knob's value: its type, then its rule. Returns the value; raises KnobError naming the
+    knob, the value and what is allowed (variant_overrides' entries depend on the variant: see
+    rigup.desired.recipe.check_overrides)."""
+    defaults = _defaults()
+    if name not in defaults:
+        raise KnobError(f"unknown knob {name!r} (not declared in group_data/all.py)")
+    rule = rules().get(name)
+    if value is None:
+        if defaults[name] is None or name in NONE_ALLOWED:
+            return value  # None means "the built-in behaviour" (group_data/all.py says which)
+        raise KnobError(f"{name!r} must be {rule.allowed if rule else type(defaults[name]).__name__}, got None")
+    expected = expected_types(name)
+    if expected is not None and not type_ok(value, expected):
+        names = " or ".join(t.__name__ for t in expected)
+        hint = f" (allowed: {rule.allowed})" if rule is not None else ""
+        raise KnobError(f"{name!r} must be {names}, got {value!r}{hint}")
+    if rule is not None and not rule.test(value):
+        raise KnobError(rule.message(name, value))
     return value

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rigup.desired.knobs import knob
+from rigup.desired.knobs import MODEL_FLEET_MODES, knob
 from rigup.desired.lock import LockError, ModelPin
 from rigup.desired.plan import host_plan
 
-FLEET_MODES = ("auto", "off")  # knob model_fleet_source: fetch from a fleet peer that has the files, or not
+FLEET_MODES = MODEL_FLEET_MODES  # knob model_fleet_source, declared in rigup.desired.knobs
 
 
 def script_path(install_root: str) -> str:

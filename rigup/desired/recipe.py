@@ -276,6 +276,41 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def check_overrides(variant: str, overrides: Any) -> dict[str, Any]:
+    """Check a host's `variant_overrides` for catalog variant `variant` (the one rule: resolve uses it,
+    and so does the fleet file check, before anything starts).
+
+    Returns every override key's value for the variant (the catalog's, then the overrides'). Raises
+    RecipeError naming the key, the value and what is allowed (an unknown variant too)."""
+    catalog = load_catalog()
+    if variant not in catalog["variants"]:
+        raise RecipeError(f"unknown variant {variant!r}; known: {', '.join(sorted(catalog['variants']))}")
+    v = catalog["variants"][variant]
+    return _apply_overrides(overrides, v, catalog["models"][v["model"]])
+
+
+def _apply_overrides(overrides: Any, variant: Mapping[str, Any], model: Mapping[str, Any]) -> dict[str, Any]:
+    if overrides is None:
+        overrides = {}
+    if not isinstance(overrides, Mapping):
+        raise RecipeError(
+            f"variant_overrides must be a mapping of {', '.join(OVERRIDE_KEYS)} to values, got {overrides!r}"
+        )
+    knobs: dict[str, Any] = {k: variant.get(k) for k in OVERRIDE_KEYS}
+    for key in sorted(overrides, key=str):
+        if key not in OVERRIDE_KEYS:
+            raise RecipeError(
+                f"unknown variant_overrides key {key!r} (value {overrides[key]!r}); allowed: {', '.join(OVERRIDE_KEYS)}"
+            )
+        knobs[key] = _check_override(key, overrides[key], variant, model)
+    if knobs["max_num_batched_tokens"] is not None and knobs["max_num_batched_tokens"] < knobs["max_num_seqs"]:
+        raise RecipeError(
+            f"variant_overrides['max_num_batched_tokens'] must be at least max_num_seqs ({knobs['max_num_seqs']}), "
+            f"got {knobs['max_num_batched_tokens']!r}"
+        )
+    return knobs
+
+
 def _check_override(key: str, value: Any, variant: Mapping[str, Any], model: Mapping[str, Any]) -> Any:
     """Validate one variant_overrides entry; return the value to use."""
     where = f"variant_overrides[{key!r}]"
@@ -531,17 +566,7 @@ def resolve(host_data: Mapping[str, Any], lock: Lock | None = None, interconnect
             raise RecipeError(f"source_refs[{source!r}] must be a branch, tag or commit, got {ref!r}")
 
     overrides = knob(host_data, "variant_overrides") or {}
-    if not isinstance(overrides, Mapping):
-        raise RecipeError(f"variant_overrides must be a mapping, got {type(overrides).__name__}")
-    knobs: dict[str, Any] = {k: v.get(k) for k in OVERRIDE_KEYS}
-    for key in sorted(overrides):
-        if key not in OVERRIDE_KEYS:
-            raise RecipeError(
-                f"unknown variant_overrides key {key!r}; allowed: {', '.join(OVERRIDE_KEYS)}"
-            )
-        knobs[key] = _check_override(key, overrides[key], v, main_spec)
-    if knobs["max_num_batched_tokens"] is not None and knobs["max_num_batched_tokens"] < knobs["max_num_seqs"]:
-        raise RecipeError("variant_overrides: max_num_batched_tokens must be at least max_num_seqs")
+    knobs = _apply_overrides(overrides, v, main_spec)
 
     install_root = str(_require(host_data, "install_root")).rstrip("/") or "/"
     model_dir = str(_require(host_data, "model_dir")).rstrip("/") or "/"
@@ -681,6 +706,7 @@ __all__ = [
     "RecipeError",
     "RigPaths",
     "SourceSpec",
+    "check_overrides",
     "nearest_layout",
     "resolve",
 ]

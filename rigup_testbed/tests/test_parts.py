@@ -152,7 +152,8 @@ def _fake_bed(tmp_path: Path, urls: dict[str, str]) -> Testbed:
 def test_fleet_points_every_url_knob_at_the_hub_and_loads_with_rigup_fleet(tmp_path: Path) -> None:
     from rigup.desired.fleet import load_fleet
 
-    urls = {k: f"http://10.213.9.1:8080/{k}" for k in url_knobs()}
+    # every URL knob at the hub; the registry as image references name one (host:port, no scheme)
+    urls = {k: "10.213.9.1:8080" if k == "container_registry" else f"http://10.213.9.1:8080/{k}" for k in url_knobs()}
     bed = _fake_bed(tmp_path, urls)
     doc = bed.fleet()
     assert doc["data"]["preflight_os_allowed"] == ["debian 12"]

@@ -16,9 +16,9 @@ import textwrap
 import pytest
 
 from rigup import REPO_ROOT
-from rigup.facts.system import HostCapabilities
 from rigup.desired.knobs import load_defaults
 from rigup.desired.recipe import resolve
+from rigup.facts.system import HostCapabilities
 from tests.support.fit_fake import fit_responses
 from tests.support.hostlayer import fx
 
