@@ -11,6 +11,9 @@ local variables. What crosses files is recorded here, per host (keyed weakly on 
   note_change(host, key, *ops)   tasks/docker.py ("docker"), tasks/nvidia_driver.py ("driver")
   changed(host, *keys)           tasks/container_toolkit.py: run the GPU smoke test after either
   pyinfra_dry_run()              tasks/sources.py, model.py, serving.py: --dry without a lock plans on
+  account(host, line)            operations, at execute time: what they did (driver loaded, GB fetched
+                                 from the hub or a peer, image pulled, variant restarted, gate passed);
+                                 tasks/summary.py prints every host's lines when the run ends
 
 Nothing else is shared between task files; everything decided before the run is in the host plan
 (rigup.desired.plan)."""
@@ -22,6 +25,9 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from pyinfra import logger
+from pyinfra.api.state import BaseStateCallback
 
 from rigup.checks.driver_plan import DriverPlan
 
@@ -116,3 +122,63 @@ def pyinfra_dry_run() -> bool:
 
 
 _DRY: dict[tuple[str, ...], bool] = {}
+
+
+# --------------------------------------------------------------------------------------------
+# The converge's account: what each host did, printed once when the last operation has ended.
+
+_ACCOUNTS: dict[int, tuple[Any, dict[str, list[str]]]] = {}  # id(pyinfra State) -> (that State, host -> lines)
+
+
+def _run_account(run: Any) -> dict[str, list[str]]:
+    held = _ACCOUNTS.get(id(run))
+    if held is None or held[0] is not run:  # a new run (an id can be reused once a State is gone)
+        held = _ACCOUNTS[id(run)] = (run, {})
+    return held[1]
+
+
+def account(host: Any, line: str) -> None:
+    """Note what an operation did on `host` (execute time), for the closing summary."""
+    real = _real(host)
+    run = getattr(real, "state", None) or real  # the run's State (a bare host in unit tests)
+    _run_account(run).setdefault(real.name, []).append(line)
+
+
+def accounts(state: Any) -> dict[str, list[str]]:
+    return {name: list(lines) for name, lines in _run_account(state).items()}
+
+
+def summary_table(done: dict[str, list[str]], host_names: list[str], failed: set[str]) -> str:
+    """One row per host: its state after the run and what it did ("no change" when nothing)."""
+    rows = []
+    for name in host_names:
+        lines = done.get(name) or ["no change"]
+        rows.append((name, "FAILED" if name in failed else "ok", "; ".join(lines)))
+    width = max([len("HOST")] + [len(r[0]) for r in rows])
+    out = [f"{'HOST':<{width}}  RESULT  WHAT THIS CONVERGE DID"]
+    out += [f"{name:<{width}}  {result:<6}  {did}" for name, result, did in rows]
+    return "\n".join(out)
+
+
+class ConvergeSummary(BaseStateCallback):
+    """Prints summary_table after the last operation of the run (not in --dry: nothing executes)."""
+
+    def __init__(self) -> None:
+        self.printed = False
+
+    def operation_end(self, state: Any, op_hash: Any) -> None:
+        order = state.get_op_order()
+        if self.printed or not order or op_hash != order[-1]:
+            return
+        self.printed = True
+        names = [h.name for h in state.inventory if h in state.activated_hosts or h in state.failed_hosts]
+        failed = {h.name for h in state.failed_hosts}
+        logger.info("--> What this converge did, per host:")
+        for line in summary_table(accounts(state), names, failed).splitlines():
+            logger.info(f"    {line}")
+
+
+def print_summary_at_the_end(state: Any) -> None:
+    """Register the closing summary once per run (tasks/summary.py runs for every host)."""
+    if not any(isinstance(h, ConvergeSummary) for h in state.callback_handlers):
+        state.add_callback_handler(ConvergeSummary())

@@ -19,6 +19,7 @@ from rigup.facts.driver import NvidiaKernelModule, NvidiaPackages
 from rigup.facts.gpu import NvidiaGpus
 from rigup.operations.apt import APT_ENV, APT_GET
 from rigup.operations.preflight import _fail_host
+from rigup.runstate import account
 
 
 def _boot_id(host: Any) -> str | None:
@@ -27,6 +28,9 @@ def _boot_id(host: Any) -> str | None:
     except Exception:  # connection dropping while the host goes down
         return None
     return output.stdout_lines[0].strip() if ok and output.stdout_lines else None
+
+
+REBOOT_PROGRESS_S = 10  # seconds between "waiting for the reboot" lines
 
 
 def reboot_and_wait(reboot_timeout: int, delay: int = 5, interval: int = 2) -> Iterator[Any]:
@@ -50,17 +54,27 @@ def reboot_and_wait(reboot_timeout: int, delay: int = 5, interval: int = 2) -> I
         gevent.sleep(delay)
         clear_askpass_cache(host)
         host.disconnect()
-        deadline = time.monotonic() + reboot_timeout
+        started = time.monotonic()
+        deadline = started + reboot_timeout
+        told = started
         while True:
             host.connect(show_errors=False)
             if host.connected:
                 now = _boot_id(host)
                 if now is not None and now != before[0]:
-                    host.log_styled("rebooted", fg="cyan", log_func=logger.info)
+                    took = time.monotonic() - started + delay
+                    host.log_styled(f"rebooted in {took:.0f} s", fg="cyan", log_func=logger.info)
+                    account(host, f"rebooted in {took:.0f} s")
                     clear_askpass_cache(host)
                     return True
             if time.monotonic() > deadline:
                 return _fail_host(state, host, f"did not come back within {reboot_timeout}s after the reboot", [])
+            if time.monotonic() - told >= REBOOT_PROGRESS_S:  # at default verbosity: the wait is not silent
+                told = time.monotonic()
+                host.log_styled(
+                    f"waiting for the reboot: {told - started + delay:.0f} s of at most {reboot_timeout} s",
+                    log_func=logger.info,
+                )
             gevent.sleep(interval)
 
     yield FunctionCommand(wait, (), {})
@@ -79,6 +93,7 @@ def _verify_driver(state: Any, host: Any, want: DriverWant) -> bool:
         fg="green",
         log_func=logger.info,
     )
+    account(host, f"driver {plan.loaded.version} ({plan.loaded.flavour}) installed and loaded")  # type: ignore[union-attr]
     return True
 
 

@@ -16,8 +16,10 @@ from rigup.desired.knobs import knob
 from rigup.desired.models import script_path
 from rigup.desired.secrets import SecretError, read_hf_token
 from rigup.facts.model import ModelFiles, _needs_work
+from rigup.operations.streamed import streamed
 from rigup.rig import RIGFETCH_SCRIPT
-from rigup.rig.rigfetch import encode_manifest
+from rigup.rig.rigfetch import encode_manifest, human_bytes
+from rigup.runstate import account
 
 RIGFETCH_SRC = RIGFETCH_SCRIPT
 
@@ -53,6 +55,32 @@ def _rigfetch(script: str, manifest_b64: str, options: list[Any], stdin: str) ->
         "--secrets-stdin",
         _stdin=stdin,
     )
+
+
+def _fetched(host: Any, ok: bool, output: Any, seconds: float) -> None:
+    """The converge's account of a rigfetch run, from the JSON report it prints last on stdout."""
+    report: dict[str, Any] = {}
+    for line in reversed(output.stdout_lines):
+        try:
+            report = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(report, dict) and "bytes_downloaded" in report:
+            break
+        report = {}
+    if not ok or not report:
+        account(host, f"model files: rigfetch failed after {seconds:.0f} s")
+        return
+    account(
+        host,
+        f"model files: {human_bytes(report['bytes_downloaded'])} downloaded "
+        f"({human_bytes(report['bytes_from_peer'])} from a fleet peer), "
+        f"{human_bytes(report['bytes_hashed'])} hashed, verified in {seconds:.0f} s",
+    )
+
+
+def _served(host: Any, ok: bool, output: Any, seconds: float) -> None:
+    account(host, f"model files: served to fleet peers for {seconds:.0f} s" if ok else "model files: serving peers failed")
 
 
 def _common_options(retries: int, reverify: bool) -> list[Any]:
@@ -102,7 +130,8 @@ def model_files(
         host.noop(f"{status['ok']} model files match the lock (verified stamps)")
         return
     options = _common_options(retries, reverify)
-    yield _rigfetch(script, b64, options, _secrets_line(hf_token_file, fleet=False))
+    # streamed: rigfetch's progress line (bytes done/total, rate, ETA) every few seconds, per host
+    yield streamed(_rigfetch(script, b64, options, _secrets_line(hf_token_file, fleet=False)), _fetched)
 
 
 @operation()
@@ -190,14 +219,17 @@ def model_fleet_share(
         str(expected),
     ]
     if fetch_work and expected:
-        yield _rigfetch(
-            script,
-            encode_manifest(fetch),
-            [*options, "--serve-manifest-b64", QuoteString(encode_manifest(serve_manifest)), *serve_options],
-            stdin,
+        yield streamed(
+            _rigfetch(
+                script,
+                encode_manifest(fetch),
+                [*options, "--serve-manifest-b64", QuoteString(encode_manifest(serve_manifest)), *serve_options],
+                stdin,
+            ),
+            _fetched,
         )
     elif fetch_work:
-        yield _rigfetch(script, encode_manifest(fetch), options, stdin)
+        yield streamed(_rigfetch(script, encode_manifest(fetch), options, stdin), _fetched)
     else:
-        yield _rigfetch(script, encode_manifest(serve_manifest), ["--serve", *serve_options], stdin)
+        yield streamed(_rigfetch(script, encode_manifest(serve_manifest), ["--serve", *serve_options], stdin), _served)
 

@@ -13,6 +13,8 @@ from pyinfra.api.hiddenvalue import HiddenValue
 from rigup.desired.recipe import Recipe
 from rigup.facts.docker import DockerImageId
 from rigup.facts.serving import RigupVariantUnits, SecretFileState, ServingStatus
+from rigup.operations.streamed import streamed
+from rigup.runstate import account
 
 CTL_NAME = "rigup-servingctl"
 
@@ -131,7 +133,11 @@ def image_pulled(ref: str):
     if image_id is not None:
         host.noop(f"image {ref} is present ({image_id[:19]})")
         return
-    yield StringCommand("docker pull --quiet", QuoteString(ref))
+    # streamed: docker's per-layer lines while it pulls (tens of GB on a fresh rig)
+    yield streamed(
+        StringCommand("docker pull", QuoteString(ref)),
+        lambda h, ok, output, s: account(h, f"image pulled in {s:.0f} s" if ok else f"image pull failed after {s:.0f} s"),
+    )
 
 
 @operation()
@@ -181,13 +187,20 @@ def variant_service(ctl: str, release: str, unit: str):
             # limit (StartLimitBurst); a deliberate (re)start must not be refused for them. Only a
             # loaded unit has a counter: inactive units are unloaded, and reset-failed fails on those.
             yield StringCommand("systemctl reset-failed", QuoteString(unit))
-        yield StringCommand("systemctl", "restart" if running else "start", QuoteString(unit))
+        yield streamed(
+            StringCommand("systemctl", "restart" if running else "start", QuoteString(unit)),
+            lambda h, ok, output, s: account(h, f"{unit} {'restarted' if running else 'started'}"),
+        )
         changed = True
     if status.get("enabled") not in ("enabled", "enabled-runtime"):
         yield StringCommand("systemctl enable", QuoteString(unit))
         changed = True
     if not changed:
         host.noop(f"{unit} is {active}, enabled, and started after its files last changed")
+
+
+def _gated(host: Any, ok: bool, output: Any, seconds: float) -> None:
+    account(host, f"health gate passed in {seconds:.0f} s" if ok else f"health gate FAILED after {seconds:.0f} s")
 
 
 def _gate_command(ctl: str, release: str, timeout_s: int, keep: int, rollback: bool) -> StringCommand:
@@ -197,7 +210,8 @@ def _gate_command(ctl: str, release: str, timeout_s: int, keep: int, rollback: b
     ]
     if not rollback:
         parts.append("--no-rollback")
-    return StringCommand(*parts)
+    # streamed: servingctl's lines while it waits for the model to load (minutes on a real rig)
+    return streamed(StringCommand(*parts), _gated)
 
 
 def _check_gate_args(timeout_s: int, keep: int) -> None:

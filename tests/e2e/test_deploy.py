@@ -99,3 +99,26 @@ def test_hf_token_stays_out_of_output_and_world_readable_files(bed: Testbed, con
         for path in found:
             mode = host.ssh(f"sudo stat -c %a {path}", check=False).stdout.strip()
             assert mode == "600", f"{host.name}: {path} holds the token with mode {mode}"
+
+
+def test_long_work_shows_progress_and_each_converge_ends_with_an_account(bed: Testbed, converges: Any) -> None:
+    """At pyinfra's default verbosity: rigfetch's progress lines and the reboot appear per host as they
+    happen, and the run ends with one row per host saying what it did."""
+    _, log, _ = converges[0]
+    lines = log.splitlines()
+    for host in bed.hosts:
+        assert any(host.name in line and "rigfetch: progress: downloaded" in line for line in lines), host.name
+        assert any(host.name in line and "rebooted in" in line for line in lines), host.name
+    first = log[log.index("--> What this converge did, per host:"):].splitlines()[1:]
+    assert first[0].split() == ["HOST", "RESULT", "WHAT", "THIS", "CONVERGE", "DID"]
+    for host in bed.hosts:
+        (row,) = [line for line in first if line.split()[:1] == [host.name]]
+        assert row.split()[1] == "ok", row
+        for part in ("installed and loaded", "rebooted in", "downloaded", "image pulled in",
+                     "rigup-dual.service started", "health gate passed in"):
+            assert part in row, (part, row)
+    _, log, _ = converges[1]
+    second = log[log.index("--> What this converge did, per host:"):].splitlines()[1:]
+    for host in bed.hosts:
+        (row,) = [line for line in second if line.split()[:1] == [host.name]]
+        assert row.split()[1:] == ["ok", "no", "change"], row

@@ -191,7 +191,7 @@ def test_image_pulled_noop_when_present():
 
 def test_image_pulled_pulls_when_missing():
     executed, _ = run(image_pulled, {INSPECT: []}, ref="docker.io/vllm/vllm-openai:v1")
-    assert changes(executed, (INSPECT,)) == ["docker pull --quiet docker.io/vllm/vllm-openai:v1"]
+    assert changes(executed, (INSPECT,)) == ["docker pull docker.io/vllm/vllm-openai:v1"]
 
 
 # --------------------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ def test_serving_task_on_a_fresh_rig(inventory: Path):
     assert API_KEY not in output
     commands = [line.split(">>> ", 1)[1] for line in output.splitlines() if ">>> " in line]
     wanted = [
-        "docker pull --quiet docker.io/vllm/vllm-openai:",
+        "docker pull docker.io/vllm/vllm-openai:",
         "umask 077 && tmp=$(mktemp /opt/rigup/variants/dual/.env.XXXXXX)",
         "systemctl start rigup-dual.service",
         "systemctl enable rigup-dual.service",

@@ -1,0 +1,83 @@
+"""The converge's account (rigup.runstate): lines per host and run, and the closing table printed once
+after the last operation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rigup import runstate
+
+
+@dataclass(eq=False)
+class FakeHost:
+    name: str
+    state: Any = None
+
+
+@dataclass(eq=False)
+class FakeState:
+    hosts: list[FakeHost]
+    order: list[str]
+    failed: set[str] = field(default_factory=set)
+    callback_handlers: list[Any] = field(default_factory=list)
+
+    @property
+    def inventory(self) -> list[FakeHost]:
+        return self.hosts
+
+    @property
+    def activated_hosts(self) -> set[Any]:
+        return {h for h in self.hosts if h.name not in self.failed}
+
+    @property
+    def failed_hosts(self) -> set[Any]:
+        return {h for h in self.hosts if h.name in self.failed}
+
+    def get_op_order(self) -> list[str]:
+        return self.order
+
+    def add_callback_handler(self, handler: Any) -> None:
+        self.callback_handlers.append(handler)
+
+
+def test_accounts_are_kept_per_run_and_host() -> None:
+    run_a, run_b = FakeState([], []), FakeState([], [])
+    a1, b1 = FakeHost("rig-01", run_a), FakeHost("rig-01", run_b)
+    runstate.account(a1, "rebooted in 21 s")
+    runstate.account(a1, "health gate passed in 8 s")
+    runstate.account(b1, "image pulled in 3 s")
+    assert runstate.accounts(run_a) == {"rig-01": ["rebooted in 21 s", "health gate passed in 8 s"]}
+    assert runstate.accounts(run_b) == {"rig-01": ["image pulled in 3 s"]}
+
+
+def test_the_table_has_a_row_per_host_and_says_no_change() -> None:
+    table = runstate.summary_table({"rig-01": ["rebooted in 21 s", "image pulled in 3 s"]}, ["rig-01", "rig-02", "rig-10"], {"rig-10"})
+    assert table.splitlines() == [
+        "HOST    RESULT  WHAT THIS CONVERGE DID",
+        "rig-01  ok      rebooted in 21 s; image pulled in 3 s",
+        "rig-02  ok      no change",
+        "rig-10  FAILED  no change",
+    ]
+
+
+def test_the_summary_prints_once_after_the_last_operation(monkeypatch: Any) -> None:
+    printed: list[str] = []
+    monkeypatch.setattr(runstate.logger, "info", printed.append)
+    state = FakeState([FakeHost("rig-01"), FakeHost("rig-02")], ["op1", "op2"], failed={"rig-02"})
+    for host in state.hosts:
+        host.state = state
+    runstate.account(state.hosts[0], "model files: 1.0 GB downloaded")
+    runstate.print_summary_at_the_end(state)
+    runstate.print_summary_at_the_end(state)  # every host's task file asks: registered once
+    (handler,) = state.callback_handlers
+    handler.operation_end(state, "op1")
+    assert printed == []  # not the last operation
+    handler.operation_end(state, "op2")
+    handler.operation_end(state, "op2")
+    assert printed == [
+        "--> What this converge did, per host:",
+        "    HOST    RESULT  WHAT THIS CONVERGE DID",
+        "    rig-01  ok      model files: 1.0 GB downloaded",
+        "    rig-02  FAILED  no change",
+    ]
