@@ -24,10 +24,14 @@ import sys
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from io import StringIO
 from typing import Any
 
 from pyinfra import logger
 from pyinfra.api.state import BaseStateCallback
+from rich import box
+from rich.console import Console
+from rich.table import Table
 
 from rigup.checks.driver_plan import DriverPlan
 
@@ -148,16 +152,17 @@ def accounts(state: Any) -> dict[str, list[str]]:
     return {name: list(lines) for name, lines in _run_account(state).items()}
 
 
-def summary_table(done: dict[str, list[str]], host_names: list[str], failed: set[str]) -> str:
-    """One row per host: its state after the run and what it did ("no change" when nothing)."""
-    rows = []
+def summary_table(done: dict[str, list[str]], host_names: list[str], failed: set[str], width: int = 200) -> str:
+    """One row per host: its state after the run and what it did ("no change" when nothing), laid out
+    by rich (plain text: it goes through pyinfra's log)."""
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for column in ("HOST", "RESULT", "WHAT THIS CONVERGE DID"):
+        table.add_column(column, overflow="fold")
     for name in host_names:
-        lines = done.get(name) or ["no change"]
-        rows.append((name, "FAILED" if name in failed else "ok", "; ".join(lines)))
-    width = max([len("HOST")] + [len(r[0]) for r in rows])
-    out = [f"{'HOST':<{width}}  RESULT  WHAT THIS CONVERGE DID"]
-    out += [f"{name:<{width}}  {result:<6}  {did}" for name, result, did in rows]
-    return "\n".join(out)
+        table.add_row(name, "FAILED" if name in failed else "ok", "; ".join(done.get(name) or ["no change"]))
+    out = StringIO()
+    Console(file=out, width=width, color_system=None, force_terminal=False).print(table)
+    return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
 
 
 class ConvergeSummary(BaseStateCallback):
