@@ -86,7 +86,7 @@ def _served(host: Any, ok: bool, output: Any, seconds: float) -> None:
 def _common_options(retries: int, reverify: bool) -> list[Any]:
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 1:
         raise OperationError(f"model_download_retries must be a positive integer, got {retries!r}")
-    options: list[Any] = ["--retries", str(retries)]
+    options: list[Any] = ["--retries", str(retries), "--terse"]  # a deploy streams the progress lines only
     if reverify:
         options.append("--reverify")
     return options

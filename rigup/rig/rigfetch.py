@@ -178,12 +178,18 @@ def safe_relpath(rel: str) -> bool:
 # logging and counters
 
 
+# With --terse, only these lines reach stderr (what a deploy streams to the user): the plan, the
+# periodic progress line, the fleet peer's state, warnings and the end; every line goes to the log.
+TERSE_PREFIXES = ("progress:", "done:", "downloading ", "hashing ", "fleet peer", "WARNING", "serving ", "stopped serving")
+
+
 class Log:
     """Progress lines to stderr and to the log file the user can tail. Never gets secrets."""
 
-    def __init__(self, path: str | None, quiet: bool = False) -> None:
+    def __init__(self, path: str | None, quiet: bool = False, terse: bool = False) -> None:
         self.lock = threading.Lock()
         self.quiet = quiet
+        self.terse = terse
         self.handle = None
         if path is not None:
             try:
@@ -195,7 +201,8 @@ class Log:
     def __call__(self, message: str) -> None:
         line = "%s %s" % (time.strftime("%Y-%m-%dT%H:%M:%S"), message)
         with self.lock:
-            if not self.quiet:
+            shown = not self.quiet and (not self.terse or message.startswith(TERSE_PREFIXES) or " files: " in message)
+            if shown:
                 sys.stderr.write("rigfetch: %s\n" % message)
                 sys.stderr.flush()
             if self.handle is not None:
@@ -1200,6 +1207,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--report", help="where to write the JSON counters (default: state_dir/fetch-report.json)")
     parser.add_argument("--log", help="progress log (default: state_dir/fetch.log)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr (the log still gets it)")
+    parser.add_argument("--terse", action="store_true", help="on stderr only the plan, progress, peer state and end lines")
     parser.add_argument("--serve-manifest-b64", help="also serve this manifest's verified files while fetching")
     parser.add_argument("--listen", default="0.0.0.0:8765", help="--serve: address:port to listen on")
     parser.add_argument("--expect-peers", type=int, default=1, help="--serve: stop after this many peers finish")
@@ -1230,7 +1238,7 @@ def main(argv: list | None = None) -> int:
     except ManifestError as exc:
         sys.stderr.write("rigfetch: %s\n" % exc)
         return EXIT_USAGE
-    log = Log(args.log or os.path.join(state_dir, LOG_FILE), quiet=args.quiet)
+    log = Log(args.log or os.path.join(state_dir, LOG_FILE), quiet=args.quiet, terse=args.terse)
     try:
         if args.serve:
             server = start_server(manifest, args, secrets.get("fleet_token"), log)

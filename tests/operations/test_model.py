@@ -168,7 +168,7 @@ def test_model_files_runs_rigfetch_with_secrets_on_stdin(tmp_path: Path, monkeyp
     assert meta.did_change()
     (command,) = _rigfetch_runs(host)
     assert command.startswith("python3 /opt/rigup/bin/rigfetch.py --manifest-b64 ")
-    assert "--retries 5 --reverify --secrets-stdin" in command
+    assert "--retries 5 --terse --reverify --secrets-stdin" in command
     b64 = command.split("--manifest-b64 ")[1].split()[0]
     assert load_manifest(None, b64) == plan.hub_manifest
     assert HF_TOKEN not in " ".join(host.connector.executed_commands)

@@ -490,3 +490,17 @@ def test_hub_commits_used_by_the_tests_differ_in_one_file(hub: hfhub.HfHub) -> N
     _, first = commit_files(hub, QWEN, 0)
     _, second = commit_files(hub, QWEN, 1)
     assert [p for p in first if first[p]["sha256"] != second[p]["sha256"]] == [SHARD2]
+
+
+def test_terse_shows_the_plan_progress_and_end_and_logs_everything(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log_file = tmp_path / "fetch.log"
+    log = rigfetch.Log(str(log_file), terse=True)
+    for line in ("9 files: 0 stamped, 0 to hash, 9 to download", "downloading 9 files (160.0 MB) with 4 connections",
+                 "a/b.safetensors downloaded and verified (40.0 MB)", 'serve: 10.0.0.2 "GET /a HTTP/1.1" 200 -',
+                 "progress: downloaded 1.0 GB / 2.0 GB (50%) at 100.0 MB/s, ETA 10s", "done: 9 files ok"):
+        log(line)
+    log.close()
+    shown = [line.removeprefix("rigfetch: ") for line in capsys.readouterr().err.splitlines()]
+    assert shown == ["9 files: 0 stamped, 0 to hash, 9 to download", "downloading 9 files (160.0 MB) with 4 connections",
+                     "progress: downloaded 1.0 GB / 2.0 GB (50%) at 100.0 MB/s, ETA 10s", "done: 9 files ok"]
+    assert len(log_file.read_text().splitlines()) == 6  # the log keeps every line
