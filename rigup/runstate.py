@@ -29,7 +29,6 @@ from typing import Any
 
 from pyinfra import logger
 from pyinfra.api.state import BaseStateCallback
-from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -152,10 +151,10 @@ def accounts(state: Any) -> dict[str, list[str]]:
     return {name: list(lines) for name, lines in _run_account(state).items()}
 
 
-def summary_table(done: dict[str, list[str]], host_names: list[str], failed: set[str], width: int = 200) -> str:
+def summary_table(done: dict[str, list[str]], host_names: list[str], failed: set[str], width: int = 10_000) -> str:
     """One row per host: its state after the run and what it did ("no change" when nothing), laid out
     by rich (plain text: it goes through pyinfra's log)."""
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    table = Table(box=None, pad_edge=False)  # one line per host however long: logs are searched by host
     for column in ("HOST", "RESULT", "WHAT THIS CONVERGE DID"):
         table.add_column(column, overflow="fold")
     for name in host_names:

@@ -231,5 +231,5 @@ def model_fleet_share(
     elif fetch_work:
         yield streamed(_rigfetch(script, encode_manifest(fetch), options, stdin), _fetched)
     else:
-        yield streamed(_rigfetch(script, encode_manifest(serve_manifest), ["--serve", *serve_options], stdin), _served)
+        yield streamed(_rigfetch(script, encode_manifest(serve_manifest), ["--serve", "--terse", *serve_options], stdin), _served)
 

@@ -202,7 +202,7 @@ def test_fleet_share_serves_only_peers_that_need_files(tmp_path: Path) -> None:
     one, two, three = (state.inventory.get_host(f"@fake/rig-0{i}") for i in (1, 2, 3))
     metas = _share(state)
     (serve,) = _rigfetch_runs(one)
-    assert "--serve --listen 0.0.0.0:8765 --expect-peers 1" in serve
+    assert "--serve --terse --listen 0.0.0.0:8765 --expect-peers 1" in serve
     (fetch,) = _rigfetch_runs(two)
     assert "--serve" not in fetch
     assert _rigfetch_runs(three) == [] and not metas[three].did_change()
