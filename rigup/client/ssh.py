@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import paramiko
 
 from rigup.desired.knobs import knob
+from rigup.parsers.nvidia_smi import GPU_MEMORY_QUERY, parse_memory_used
 
 SSH_CONNECT_TIMEOUT_S = 10.0
 
@@ -318,19 +319,12 @@ class FileLog:
         return [line for line in self._lines() if regex.search(line)][-lines:]
 
 
-GPU_MEMORY_QUERY = "nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader,nounits"
-
-
 def gpu_memory(runner: Runner) -> list[tuple[int, int]]:
     """(used MiB, total MiB) per GPU, from nvidia-smi on the rig. Raises RemoteError."""
     result = runner.run(GPU_MEMORY_QUERY, timeout=30)
     if result.rc != 0:
         raise RemoteError(f"nvidia-smi: {(result.stdout + result.stderr).strip()[:200] or f'exit {result.rc}'}")
-    rows = []
-    for line in result.stdout.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 3 and all(p.isdigit() for p in parts):
-            rows.append((int(parts[1]), int(parts[2])))
+    rows = parse_memory_used(result.stdout)
     if not rows:
         raise RemoteError(f"nvidia-smi printed no GPU rows: {result.stdout.strip()[:200]!r}")
     return rows

@@ -297,3 +297,16 @@ def parse_driver_cuda(output: str | Iterable[str]) -> str | None:
     match = _CUDA_VERSION.search(text)
     return match.group(1) if match else None
 
+
+# What verify and status ask a rig over SSH for the VRAM margin: one row per GPU.
+GPU_MEMORY_QUERY = "nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader,nounits"
+
+
+def parse_memory_used(output: str | Iterable[str]) -> list[tuple[int, int]]:
+    """(used MiB, total MiB) per GPU from GPU_MEMORY_QUERY's output; lines that are not rows are skipped."""
+    rows = []
+    for line in _lines(output):
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3 and all(p.isdigit() for p in parts):
+            rows.append((int(parts[1]), int(parts[2])))
+    return rows

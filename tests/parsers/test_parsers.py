@@ -337,3 +337,10 @@ def test_dataclasses_serialise_for_pyinfra_cli():
     q = parse_gpu_query(fixture("nvidia-smi/2x3090-580-capped.csv"))
     data = q.to_json()
     assert data["status"] == "ok" and data["gpus"][1]["bus_id"] == "0000:2d:00.0"
+
+
+def test_memory_used_rows_for_the_vram_margin() -> None:
+    from rigup.parsers.nvidia_smi import parse_memory_used
+
+    assert parse_memory_used("0, 23456, 24576\n1, 120, 24576\n") == [(23456, 24576), (120, 24576)]
+    assert parse_memory_used("No devices were found\n") == []  # the caller says nvidia-smi printed no rows
