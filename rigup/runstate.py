@@ -11,6 +11,7 @@ local variables. What crosses files is recorded here, per host (keyed weakly on 
   note_change(host, key, *ops)   tasks/docker.py ("docker"), tasks/nvidia_driver.py ("driver")
   changed(host, *keys)           tasks/container_toolkit.py: run the GPU smoke test after either
   pyinfra_dry_run()              tasks/sources.py, model.py, serving.py: --dry without a lock plans on
+  pins_missing(host, phase, plan)  the same files: a phase without its pins warns (--dry) or fails the host
   account(host, line)            operations, at execute time: what they did (driver loaded, GB fetched
                                  from the hub or a peer, image pulled, variant restarted, gate passed);
                                  tasks/summary.py prints every host's lines when the run ends
@@ -28,11 +29,13 @@ from io import StringIO
 from typing import Any
 
 from pyinfra import logger
+from pyinfra.api.exceptions import DeployError
 from pyinfra.api.state import BaseStateCallback
 from rich.console import Console
 from rich.table import Table
 
 from rigup.checks.driver_plan import DriverPlan
+from rigup.desired.lock import phase_without_lock
 
 
 @dataclass(frozen=True)
@@ -186,3 +189,17 @@ def print_summary_at_the_end(state: Any) -> None:
     """Register the closing summary once per run (tasks/summary.py runs for every host)."""
     if not any(isinstance(h, ConvergeSummary) for h in state.callback_handlers):
         state.add_callback_handler(ConvergeSummary())
+
+
+def pins_missing(host: Any, phase: str, plan: Any) -> bool:
+    """Whether `phase` (sources, model, serving) lacks the lock's pins in `plan` (a HostPlan built with
+    require_lock=False). A --dry run then logs one line saying what the lock pins and how to make it,
+    and the phase plans nothing; a real run fails the host with the same line (DeployError)."""
+    if plan.lock is not None:
+        return False
+    dry = pyinfra_dry_run()
+    message = phase_without_lock(phase, plan.recipe, plan.lock_problem, dry)
+    if not dry:
+        raise DeployError(f"{host.name}: {message}")
+    logger.warning(f"{host.print_prefix}{message}")
+    return True

@@ -15,28 +15,23 @@ Without a usable lock: a real run fails the host here (when sources did not alre
 the lock pins and how to make it; a --dry run warns so in one line and plans nothing here.
 """
 
-from pyinfra import host, logger, state
+from pyinfra import host, state
 from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import apt, files
 
 from rigup.desired.knobs import knob
-from rigup.desired.lock import LockError, phase_without_lock
+from rigup.desired.lock import LockError
 from rigup.desired.models import plan_models
 from rigup.desired.plan import host_plan
 from rigup.operations.model import RIGFETCH_SRC, model_files, model_fleet_share
-from rigup.runstate import pyinfra_dry_run
+from rigup.runstate import pins_missing
 
 try:
     plan = plan_models(state, host)
 except LockError as exc:
     preview = host_plan(host.data.dict(), host.name, read_secrets=False, require_lock=False)
-    if preview.lock is not None:  # not about the lock (e.g. a bad model_fleet_source)
+    if not pins_missing(host, "model", preview):  # not about the lock (e.g. a bad model_fleet_source)
         raise DeployError(str(exc)) from None
-    dry = pyinfra_dry_run()
-    message = phase_without_lock("model", preview.recipe, preview.lock_problem, dry)
-    if not dry:
-        raise DeployError(f"{host.name}: {message}") from None
-    logger.warning(f"{host.print_prefix}{message}")
     plan = None
 
 if plan is not None:

@@ -36,7 +36,7 @@ from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.operations import apt, files
 
 from rigup.desired.knobs import knob, knob_int
-from rigup.desired.lock import LockError, phase_without_lock
+from rigup.desired.lock import LockError
 from rigup.desired.plan import host_plan
 from rigup.desired.release import release_path
 from rigup.desired.secrets import SecretError
@@ -52,7 +52,7 @@ from rigup.operations.serving import (
     variant_service,
 )
 from rigup.rig import SERVINGCTL_SCRIPT
-from rigup.runstate import driver_changed, pyinfra_dry_run, serving_blocked
+from rigup.runstate import driver_changed, pins_missing, serving_blocked
 
 # The interconnect plan (NCCL / custom all-reduce) comes from the GPU topology read now, as preflight,
 # status and doctor read it. On a host whose driver is installed in this same run it is unknown here
@@ -65,19 +65,11 @@ try:
     keep = knob_int(host.data, "serving_keep_generations", minimum=1)
 except (LockError, SecretError, ValueError) as exc:
     raise DeployError(f"{host.name}: {exc}") from None
-no_lock = None
-if plan.lock is None:  # no release without pins
-    dry = pyinfra_dry_run()
-    no_lock = phase_without_lock("serving", plan.recipe, plan.lock_problem, dry)
-    if not dry:
-        raise DeployError(f"{host.name}: {no_lock}")
-
+missing_pins = pins_missing(host, "serving", plan)  # no release without pins: --dry warns, a real run fails
 blocked = serving_blocked(host)
-if no_lock is not None:
-    logger.warning(f"{host.print_prefix}{no_lock}")
-elif blocked is not None:
+if blocked is not None and not missing_pins:
     logger.warning(f"{host.print_prefix}SERVING SKIPPED: {blocked}")
-else:
+if blocked is None and not missing_pins:
     recipe = plan.recipe
     paths = recipe.paths
     ctl = ctl_path(paths.install_root)

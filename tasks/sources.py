@@ -12,28 +12,22 @@ Without a usable lock: the first phase that needs pins. A real run fails the hos
 the lock pins and how to make it; a --dry run warns so in one line and plans nothing here.
 """
 
-from pyinfra import host, logger
+from pyinfra import host
 from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import apt, files
 
-from rigup.desired.lock import LockError, phase_without_lock
+from rigup.desired.lock import LockError
 from rigup.desired.plan import host_plan
 from rigup.operations.git import git_checkout
-from rigup.runstate import pyinfra_dry_run
+from rigup.runstate import pins_missing
 
 try:
     plan = host_plan(host.data.dict(), host.name, read_secrets=False, require_lock=False)
 except LockError as exc:
     raise DeployError(str(exc)) from None
 recipe = plan.recipe
-sources = recipe.sources
-if plan.lock is None and sources:  # a variant without sources needs no pins here; model refuses then
-    dry = pyinfra_dry_run()
-    message = phase_without_lock("sources", recipe, plan.lock_problem, dry)
-    if not dry:
-        raise DeployError(f"{host.name}: {message}")
-    logger.warning(f"{host.print_prefix}{message}")
-    sources = ()
+# a variant without sources needs no pins here (the model phase refuses then)
+sources = () if recipe.sources and pins_missing(host, "sources", plan) else recipe.sources
 
 if sources:
     apt.packages(name="Install git", packages=["git"])
