@@ -1,6 +1,8 @@
 """Preflight: fail a host before anything changes on it.
 
-True afterwards: every host still in the run runs an allowed OS, has enough GPUs of a supported
+True afterwards: every host still in the run can run rigup (read first, without sudo: root or
+passwordless sudo, systemd as the running init, apt, Docker present or installable; a login that
+cannot act as root is judged from these alone), runs an allowed OS, has enough GPUs of a supported
 compute capability for its variant (gpu-layout: a valid tensor-parallel size), GPUs whose memory
 (free of other processes) fits one of the variant's measured VRAM envelopes (vram-fit; rigup.checks.fit),
 a loaded driver that supports the image's CUDA runtime unless this run replaces it (cuda-compat;
@@ -16,7 +18,7 @@ and a warning says so.
 
 Reads: variant, variant_overrides, gpu_count, gpu_interconnect, preflight_os_allowed,
 preflight_disk_margin_gb, preflight_vram_misfit, nvidia_driver_branch, nvidia_driver_flavour,
-nvidia_driver_source, driver_reboot, gpu_power_cap_watts, install_root, model_dir,
+nvidia_driver_source, driver_reboot, gpu_power_cap_watts, gpu_power_cap_by_model, _sudo, install_root, model_dir,
 container_registry, lock_file.
 Changes: nothing. Restarts: nothing.
 """
