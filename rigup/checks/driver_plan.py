@@ -15,8 +15,6 @@ DRIVER_SOURCES: tuple[str, ...] = ("ubuntu", "cuda")
 FLAVOURS: tuple[str, ...] = ("open", "proprietary")
 
 
-
-
 # Highest CUDA version each driver branch supports (NVIDIA's CUDA toolkit release notes, table 3).
 BRANCH_CUDA: dict[int, tuple[int, int]] = {
     535: (12, 2),

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # only for hints: the functions below import rigup.desired.recipe lazily
-    pass
 from rigup.desired.lock import LockError, LockFile, lock_path, need_problem
 from rigup.desired.pins import Resolver, fleet_needs, update_lock
 from rigup.desired.secrets import SecretError, read_hf_token

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-if TYPE_CHECKING:  # rigup.desired.recipe imports this module
-    pass
 from rigup.parsers.topology import Topology
 
 MODES: tuple[str, ...] = ("auto", "force_on", "force_off")  # knob gpu_interconnect

@@ -8,15 +8,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from rigup.desired.knobs import knob
-
-if TYPE_CHECKING:  # only for hints: the functions below import rigup.desired.recipe lazily
-    pass
-
 
 LOCK_VERSION = 1
 SHA40 = re.compile(r"^[0-9a-f]{40}$")
@@ -361,7 +357,6 @@ def deploy_lock(host_data: Mapping[str, Any], base_dir: Path | None = None) -> L
     lock = LockFile.load(path)
     _LOADED[path] = (mtime, lock)
     return lock
-
 
 
 # -- the deploy without a usable lock ------------------------------------------------------------

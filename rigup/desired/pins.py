@@ -9,10 +9,8 @@ import tempfile
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # only for hints: the functions below import rigup.desired.recipe lazily
-    pass
 from rigup.desired.knobs import knob
 from rigup.desired.lock import (
     DIGEST,

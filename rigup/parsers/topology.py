@@ -6,11 +6,7 @@ import itertools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # rigup.desired.recipe imports this module
-    pass
-
+from typing import Any
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # topo -m underlines its header row
 _LINK = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC|CPU)$")
