@@ -15,7 +15,7 @@ model_dir = "/opt/rigup/models"  # model and draft directories (mounted into the
 
 # --- Preflight ------------------------------------------------------------------------------
 preflight_os_allowed = ["ubuntu 22.04", "ubuntu 24.04"]  # "<os-release ID> <VERSION_ID>" list
-preflight_disk_margin_gb = 10  # GB free beyond model + image + sources before anything starts
+preflight_disk_margin_gb = 10.0  # GB free beyond model + image + sources before anything starts
 preflight_vram_misfit = "fail"  # fail|warn: what a variant that does not fit the GPUs' VRAM does
 
 # --- NVIDIA driver -------------------------------------------------------------------------

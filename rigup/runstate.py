@@ -168,14 +168,36 @@ def summary_table(done: dict[str, list[str]], host_names: list[str], failed: set
 
 
 class ConvergeSummary(BaseStateCallback):
-    """Prints summary_table after the last operation of the run (not in --dry: nothing executes)."""
+    """Prints summary_table once, after the last operation of the run, or, where the run stopped
+    early (every host failed) or ran --serial / --no-wait (no end-of-operation callback), when
+    pyinfra disconnects from the hosts at the end. Nothing in --dry: nothing executes."""
 
     def __init__(self) -> None:
         self.printed = False
+        self.executed = False
+        self.busy: set[str] = set()  # hosts inside an operation (a reboot disconnects them mid-run)
+
+    def operation_host_start(self, state: Any, host: Any, op_hash: Any) -> None:
+        self.executed = True
+        self.busy.add(host.name)
+
+    def operation_host_success(self, state: Any, host: Any, op_hash: Any, retry_count: int = 0) -> None:
+        self.busy.discard(host.name)
+
+    def operation_host_error(self, state: Any, host: Any, op_hash: Any, retry_count: int = 0, max_retries: int = 0) -> None:
+        self.busy.discard(host.name)
 
     def operation_end(self, state: Any, op_hash: Any) -> None:
         order = state.get_op_order()
-        if self.printed or not order or op_hash != order[-1]:
+        if order and op_hash == order[-1]:
+            self._print(state)
+
+    def host_disconnect(self, state: Any, host: Any) -> None:
+        if self.executed and host.name not in self.busy:
+            self._print(state)
+
+    def _print(self, state: Any) -> None:
+        if self.printed:
             return
         self.printed = True
         names = [h.name for h in state.inventory if h in state.activated_hosts or h in state.failed_hosts]
@@ -194,7 +216,8 @@ def print_summary_at_the_end(state: Any) -> None:
 def pins_missing(host: Any, phase: str, plan: Any) -> bool:
     """Whether `phase` (sources, model, serving) lacks the lock's pins in `plan` (a HostPlan built with
     require_lock=False). A --dry run then logs one line saying what the lock pins and how to make it,
-    and the phase plans nothing; a real run fails the host with the same line (DeployError)."""
+    and the phase plans nothing; a real run stops with the same line (DeployError: pyinfra ends the
+    whole run when a task file raises, before any operation of this phase runs)."""
     if plan.lock is not None:
         return False
     dry = pyinfra_dry_run()

@@ -11,7 +11,7 @@ model_fleet_address, preflight_disk_margin_gb.
 Restarts: nothing (serving restarts when the model revision in its provenance changes).
 Not idempotent: none. In fleet mode the first rig that needs a model serves it to the others in
 "Copy model files between rigs", only while a peer needs files.
-Without a usable lock: a real run fails the host here (when sources did not already), saying what
+Without a usable lock: a real run stops here (when sources did not already; pyinfra ends the run when a task file raises), saying what
 the lock pins and how to make it; a --dry run warns so in one line and plans nothing here.
 """
 

@@ -165,13 +165,13 @@ if want is not None:
             name="Re-run the preflight checks with the new driver loaded (VRAM, CUDA, GPUs)",
             _if=driver.did_change,
         )
-    if persistence or power_cap is not None:
-        gpu_power_state(
-            name="Apply GPU persistence mode and power cap where nvidia-smi shows drift",
-            unit=POWER_UNIT,
-            power_cap_watts=power_cap,
-            persistence=persistence,
-        )
+    # Always: without a cap, a limit an earlier cap left is set back to the card's default.
+    gpu_power_state(
+        name="Apply GPU persistence mode and power cap where nvidia-smi shows drift",
+        unit=POWER_UNIT,
+        power_cap_watts=power_cap,
+        persistence=persistence,
+    )
 
     # The decision later task files read: prepare-time facts decide it, nothing earlier in the run
     # changes the loaded module.

@@ -23,7 +23,7 @@ Not idempotent: "Health-gate the (re)started variant" runs only after a (re)star
 driver change and then reports a change; when it fails it restores the previous good generation, restarts
 it, gates it again, and fails the host saying it was rolled back.
 Skipped, with a warning, on a host whose driver needs a reboot under driver_reboot=never.
-Without a usable lock: a real run fails the host (when sources or model did not already), saying
+Without a usable lock: a real run stops (when sources or model did not already), saying
 what the lock pins and how to make it; a --dry run warns so in one line and plans nothing here.
 """
 

@@ -8,8 +8,8 @@ Reads: variant, variant_overrides, install_root, vllm_fork_git_url, genesis_git_
 club3090_git_url, lock_file.
 Restarts: nothing (serving renders the commits into its provenance and restarts on change).
 Not idempotent: none (a re-run with the same pins changes nothing).
-Without a usable lock: the first phase that needs pins. A real run fails the host here, saying what
-the lock pins and how to make it; a --dry run warns so in one line and plans nothing here.
+Without a usable lock: the first phase that needs pins. A real run stops here (pyinfra ends the run when a task
+file raises), saying what the lock pins and how to make it; a --dry run warns so in one line and plans nothing here.
 """
 
 from pyinfra import host

@@ -81,3 +81,23 @@ def test_the_summary_prints_once_after_the_last_operation(monkeypatch: Any) -> N
         "    rig-01  ok      model files: 1.0 GB downloaded",
         "    rig-02  FAILED  no change",
     ]
+
+
+def test_a_run_that_stops_early_prints_at_the_disconnect_but_not_for_a_reboot(monkeypatch: Any) -> None:
+    printed: list[str] = []
+    monkeypatch.setattr(runstate.logger, "info", printed.append)
+    state = FakeState([FakeHost("rig-01")], ["op1", "op2"], failed={"rig-01"})
+    state.hosts[0].state = state
+    runstate.print_summary_at_the_end(state)
+    (handler,) = state.callback_handlers
+    host = state.hosts[0]
+    handler.host_disconnect(state, host)
+    assert printed == []  # nothing executed yet (a --dry run, or a fact command)
+    handler.operation_host_start(state, host, "op1")
+    handler.host_disconnect(state, host)  # the reboot inside op1 disconnects it
+    assert printed == []
+    handler.operation_host_error(state, host, "op1")  # op1 fails it: pyinfra stops, then disconnects
+    handler.host_disconnect(state, host)
+    handler.host_disconnect(state, host)
+    assert printed == ["--> What this converge did, per host:", "    HOST    RESULT  WHAT THIS CONVERGE DID",
+                       "    rig-01  FAILED  no change"]

@@ -386,10 +386,11 @@ def check_power_cap(facts: HostFacts, host_data: Mapping[str, Any]) -> Check | N
     for g in facts.smi.gpus:
         low, high = g.power_min_w, g.power_max_w
         if (low is not None and cap.watts < low) or (high is not None and cap.watts > high):
+            span = f"{'?' if low is None else f'{low:g}'}-{'?' if high is None else f'{high:g}'}"
             return _fail(
                 "power-cap",
-                f"{cap.reason}: outside GPU {g.index}'s ({g.name}) range {low:g}-{high:g} W",
-                f"set gpu_power_cap_watts between {low:g} and {high:g} (or null to keep the default)",
+                f"{cap.reason}: outside GPU {g.index}'s ({g.name}) range {span} W",
+                f"set gpu_power_cap_watts within {span} W (or null to keep the default)",
                 key,
             )
     for g in facts.smi.gpus:
@@ -565,10 +566,13 @@ def check_pending_reboot(facts: HostFacts, plan: DriverPlan | None) -> Check | N
     return Check("pending-reboot", False, "warning", "the host flags a pending reboot", "reboot at a convenient time")
 
 
-def check_capabilities(caps: Capabilities, host_data: Mapping[str, Any]) -> list[Check]:
+def check_capabilities(caps: Capabilities | None, host_data: Mapping[str, Any]) -> list[Check]:
     """What the host can run, before any other fact is read: root or passwordless sudo, systemd as
     the running init, apt, and Docker present or installable. "privileges" failing means the other
-    facts cannot be read at all (they run through sudo)."""
+    facts cannot be read at all (they run through sudo). caps None: the probe itself failed."""
+    if caps is None:
+        return [_fail("privileges", "could not read what the host can run (the probe failed; see the log above)",
+                      "check that the login works and runs sh", "_sudo")]
     out: list[Check] = []
     sudo = bool(knob(host_data, "_sudo"))
     who = "root" if caps.root else f"uid {caps.uid}"

@@ -45,7 +45,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rigup import DEPLOY_ROOT
+from rigup import DEPLOY_ROOT, WORK_DIR
+from rigup.desired.fleet import fleet_path
 
 GATE_MARKER = "RIGUP-GATE-RESULT:"  # rigup.rig.servingctl.RESULT_MARKER (kept literal: no import cycle)
 OUTPUT_TAIL = 12  # lines of a failing operation's output kept in the report
@@ -173,7 +174,10 @@ def run_step(
     with tempfile.TemporaryDirectory(prefix="rigup-rollout-") as tmp:
         report_path = Path(tmp) / "report.json"
         cmd = [sys.executable, "-m", "rigup.cli.rollout", "--worker", str(report_path), "--", *argv]
-        env = dict(os.environ, PYINFRA_PROGRESS="off", PYTHONPATH=_pythonpath(cwd))
+        # The worker runs in the deploy's directory (rigup/_deploy when installed): it must read the
+        # fleet and lock the parent read, from the user's directory.
+        env = dict(os.environ, PYINFRA_PROGRESS="off", PYTHONPATH=_pythonpath(cwd), RIGUP_HOME=str(WORK_DIR))
+        env.setdefault("RIGUP_RIGS", str(fleet_path()))
         started = time.monotonic()
         with open(log_path, "a", encoding="utf-8") as log:
             log.write(f"$ pyinfra {' '.join(argv)}\n")
@@ -413,7 +417,7 @@ def run_rollout(args: argparse.Namespace, echo: Callable[[str], None]) -> Rollou
     steps = plan(hosts, groups, settings)
     if args.plan:
         return RolloutResult(settings, steps, [HostResult(h, s.name, "skipped") for s in steps for h in s.hosts], None, None, {})
-    log_dir = Path(args.log_dir) if args.log_dir else cwd / ".rigup" / "rollout" / time.strftime("%Y%m%d-%H%M%S")
+    log_dir = Path(args.log_dir) if args.log_dir else WORK_DIR / ".rigup" / "rollout" / time.strftime("%Y%m%d-%H%M%S")
     log_dir.mkdir(parents=True, exist_ok=True)
     echo(f"rollout: logs in {log_dir}")
 

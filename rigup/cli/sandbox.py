@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         print(
             f"rigup sandbox: this machine lacks {', '.join(missing)}; run scripts/setup (as root) to install "
-            "them, or apt-get install the packages named",
+            "them, or apt-get install the packages named (an installed rigup: the packages named)",
             file=sys.stderr,
         )
         return 2

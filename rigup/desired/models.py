@@ -96,7 +96,9 @@ def _plan_all(state: Any, only: Any = None) -> tuple[dict[str, ModelPlan], dict[
         if lock is None:
             problems[h.name] = plan.lock_problem or f"{h.name}: no usable lock file"
             continue
-        infos.append(_HostInfo(h, recipe, lock, data, mode == "auto"))
+        # pyinfra's @local has no address other rigs can reach unless model_fleet_address names one
+        reachable = h.name != "@local" or knob(data, "model_fleet_address") is not None
+        infos.append(_HostInfo(h, recipe, lock, data, mode == "auto" and reachable))
 
     source_of: dict[str, _HostInfo] = {}
     for info in infos:

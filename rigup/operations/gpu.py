@@ -35,6 +35,14 @@ def nvidia_dev_char_links():
     yield StringCommand("nvidia-ctk", "system", "create-dev-char-symlinks", "--create-all")
 
 
+def _uncapped_drift(smi: Any) -> list[Any]:
+    """GPUs whose limit is not their default although rigup caps none (a cap an earlier converge set)."""
+    return [
+        g for g in smi.gpus
+        if g.power_default_w is not None and g.power_limit_w is not None and abs(g.power_limit_w - g.power_default_w) > 0.5
+    ]
+
+
 def _power_drift(smi: Any, power_cap_watts: int | None, persistence: bool) -> list[str]:
     drift: list[str] = []
     for g in smi.gpus:
@@ -50,6 +58,8 @@ def _verify_power(state: Any, host: Any, power_cap_watts: int | None, persistenc
     if smi is None or smi.status != "ok":
         return _fail_host(state, host, "nvidia-smi does not answer after applying GPU settings", [])
     drift = _power_drift(smi, power_cap_watts, persistence)
+    if power_cap_watts is None:
+        drift += [f"GPU {g.index} power limit {g.power_limit_w:g} W != its default {g.power_default_w:g} W" for g in _uncapped_drift(smi)]
     if drift:
         return _fail_host(state, host, "GPU settings did not apply", drift)
     return True
@@ -63,7 +73,8 @@ def gpu_power_state(unit: str, power_cap_watts: int | None = None, persistence: 
     then check again.
 
     + unit: the oneshot systemd unit that applies the settings
-    + power_cap_watts: wanted per-GPU power limit (None: not managed)
+    + power_cap_watts: wanted per-GPU power limit (None: each card's default limit; a limit an
+      earlier cap left is set back to the default with ``nvidia-smi -i N -pl DEFAULT``)
     + persistence: whether persistence mode must be on
 
     **Example:**
@@ -78,10 +89,14 @@ def gpu_power_state(unit: str, power_cap_watts: int | None = None, persistence: 
         host.noop(f"nvidia-smi does not answer (driver not loaded); {unit} applies the settings at boot")
         return
     drift = _power_drift(smi, power_cap_watts, persistence)
-    if not drift:
+    reset = _uncapped_drift(smi) if power_cap_watts is None else []
+    if not drift and not reset:
         host.noop(f"{len(smi.gpus)} GPU(s) at the wanted power limit and persistence mode")
         return
-    yield StringCommand("systemctl", "restart", QuoteString(unit))
+    for g in reset:
+        yield StringCommand("nvidia-smi", "-i", str(g.index), "-pl", f"{g.power_default_w:g}")
+    if drift:
+        yield StringCommand("systemctl", "restart", QuoteString(unit))
     yield FunctionCommand(_verify_power, (power_cap_watts, persistence), {})
 
 

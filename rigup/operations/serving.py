@@ -189,7 +189,9 @@ def variant_service(ctl: str, release: str, unit: str):
             yield StringCommand("systemctl reset-failed", QuoteString(unit))
         yield streamed(
             StringCommand("systemctl", "restart" if running else "start", QuoteString(unit)),
-            lambda h, ok, output, s: account(h, f"{unit} {'restarted' if running else 'started'}"),
+            lambda h, ok, output, s: account(
+                h, f"{unit} {'restarted' if running else 'started'}" if ok else f"{unit} failed to {'restart' if running else 'start'}"
+            ),
         )
         changed = True
     if status.get("enabled") not in ("enabled", "enabled-runtime"):
