@@ -54,9 +54,6 @@ from rigup.parsers.nvidia_smi import ComputeApp, GpuState, _cc
 Severity = Literal["fail", "warn", "info"]
 
 
-POLICIES = VRAM_MISFIT_POLICIES  # knob preflight_vram_misfit, declared in rigup.desired.knobs
-
-
 # The seeds state VRAM to 0.1 GB (nvidia-smi MiB / 1000); budgets closer than this count as equal.
 TOLERANCE_MIB = 100
 
@@ -542,7 +539,7 @@ def assess(recipe: Recipe, gpus: Iterable[Any], driver_cuda: str | None, misfit_
     catalog = load_catalog()
     findings: list[Finding] = []
     severity: Severity = "fail"
-    if misfit_policy in POLICIES:
+    if misfit_policy in VRAM_MISFIT_POLICIES:
         severity = "fail" if misfit_policy == "fail" else "warn"
     else:
         findings.append(Finding("vram-policy", False, "fail", f"preflight_vram_misfit must be fail or warn, got {misfit_policy!r}",

@@ -9,8 +9,6 @@ from rigup.desired.knobs import MODEL_FLEET_MODES, knob
 from rigup.desired.lock import LockError, ModelPin
 from rigup.desired.plan import host_plan
 
-FLEET_MODES = MODEL_FLEET_MODES  # knob model_fleet_source, declared in rigup.desired.knobs
-
 
 def script_path(install_root: str) -> str:
     return f"{install_root.rstrip('/')}/bin/rigfetch.py"  # where rigfetch.py is uploaded on the rig
@@ -91,8 +89,8 @@ def _plan_all(state: Any, only: Any = None) -> tuple[dict[str, ModelPlan], dict[
         plan = host_plan(data, h.name, read_secrets=False, require_lock=False)
         recipe, lock = plan.recipe, plan.lock
         mode = knob(data, "model_fleet_source")
-        if mode not in FLEET_MODES:
-            raise LockError(f"{h.name}: model_fleet_source must be one of {', '.join(FLEET_MODES)}, got {mode!r}")
+        if mode not in MODEL_FLEET_MODES:
+            raise LockError(f"{h.name}: model_fleet_source must be one of {', '.join(MODEL_FLEET_MODES)}, got {mode!r}")
         if lock is None:
             problems[h.name] = plan.lock_problem or f"{h.name}: no usable lock file"
             continue

@@ -12,14 +12,13 @@ import ipaddress
 import json
 import math
 import posixpath
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from rigup.desired.catalog import CatalogError, load_catalog
 from rigup.desired.interconnect import Interconnect, apply_env, effective, nccl_settings
-from rigup.desired.knobs import knob
+from rigup.desired.knobs import REGISTRY, RIG_PATH, _is_int, knob
 
 # Where every vLLM image of the catalog installs the vllm package (python 3.12 site-packages).
 VLLM_SITE = "/usr/local/lib/python3.12/dist-packages/vllm"
@@ -30,7 +29,7 @@ CONTAINER_PORT = 8000
 # systemd unit directory on the rig.
 SYSTEMD_UNIT_DIR = "/etc/systemd/system"
 
-_SAFE_PATH = re.compile(r"^/[A-Za-z0-9._+/-]*$")
+_SAFE_PATH = RIG_PATH  # declared with the knobs that are rig paths
 
 # `variant_overrides` keys a host may set, with the recipe field each one changes.
 OVERRIDE_KEYS = (
@@ -272,10 +271,6 @@ def _require(host_data: Mapping[str, Any], key: str) -> Any:
     return host_data[key]
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def check_overrides(variant: str, overrides: Any) -> dict[str, Any]:
     """Check a host's `variant_overrides` for catalog variant `variant` (the one rule: resolve uses it,
     and so does the fleet file check, before anything starts).
@@ -374,7 +369,7 @@ def nearest_layout(gpus: int, sizes: Sequence[int]) -> tuple[int, int] | None:
 
 def _registry_prefix(registry: Any) -> str:
     # host[:port][/path] as in "docker.io", "mirror.lan:5000" or "registry.example/dockerhub"
-    if not isinstance(registry, str) or not re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._-]+)*/?", registry):
+    if not isinstance(registry, str) or not REGISTRY.fullmatch(registry):
         raise RecipeError(f"container_registry must be a registry host (host[:port][/path]), got {registry!r}")
     return registry.rstrip("/")
 

@@ -23,14 +23,21 @@ import yaml
 
 from rigup import REPO_ROOT
 from rigup.checks.driver_plan import DRIVER_SOURCES, FLAVOURS
-from rigup.checks.fit import POLICIES
 from rigup.desired import fleet as fleet_module
 from rigup.desired import knobs as knobs_module
 from rigup.desired import recipe as recipe_module
 from rigup.desired.fleet import FleetError, load_fleet
 from rigup.desired.interconnect import MODES
-from rigup.desired.knobs import REBOOT_POLICIES, KnobError, check_knob, load_defaults, rules, undeclared_rules
-from rigup.desired.models import FLEET_MODES
+from rigup.desired.knobs import (
+    MODEL_FLEET_MODES,
+    REBOOT_POLICIES,
+    VRAM_MISFIT_POLICIES,
+    KnobError,
+    check_knob,
+    load_defaults,
+    rules,
+    undeclared_rules,
+)
 from rigup.desired.recipe import RecipeError, check_overrides, resolve
 
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
@@ -233,15 +240,15 @@ def test_example_fleet_file_passes():
 ENUMS = {
     "driver_reboot": REBOOT_POLICIES,
     "gpu_interconnect": MODES,
-    "preflight_vram_misfit": POLICIES,
-    "model_fleet_source": FLEET_MODES,
+    "preflight_vram_misfit": VRAM_MISFIT_POLICIES,
+    "model_fleet_source": MODEL_FLEET_MODES,
     "nvidia_driver_flavour": FLAVOURS,
     "nvidia_driver_source": DRIVER_SOURCES,
 }
 
 
 def test_patterns_repeated_for_the_layering_match_the_recipes():
-    # rigup.desired.knobs cannot import rigup.desired.recipe (which imports it): the two patterns must agree.
+    # The recipe uses the knobs' patterns; the fleet check and resolve must agree on every value.
     assert knobs_module.RIG_PATH.pattern == recipe_module._SAFE_PATH.pattern
     for registry in ("docker.io", "mirror.lan:5000", "registry.example/dockerhub/", "https://x", "a b", "", "x:y"):
         try:
