@@ -49,8 +49,9 @@ container_registry = "docker.io"  # registry prefix for every image (point at a 
 # --- Sources (git) --------------------------------------------------------------------------
 vllm_fork_git_url = "https://github.com/noonghunna/vllm.git"  # patched vLLM fork (Marlin files)
 genesis_git_url = "https://github.com/Sandermage/genesis-vllm-patches.git"  # Genesis patch tree
-club3090_git_url = "https://github.com/noonghunna/club-3090.git"  # vendored sidecars, chat templates, Gemma overlays
-source_refs = {}  # source name (vllm-fork|genesis|club3090) -> branch, tag or commit replacing the catalog's pin
+club3090_git_url = "https://github.com/noonghunna/club-3090.git"  # the recipes (compose files) and what they mount
+qwen36_dual_3090_git_url = "https://github.com/noonghunna/qwen36-dual-3090.git"  # the frozen dual-card recipes
+source_refs = {}  # catalog source name (see rigup/desired/catalog.yaml) -> branch, tag or commit replacing its pin
 
 # --- Models (Hugging Face) -----------------------------------------------------------------
 hf_endpoint = "https://huggingface.co"  # Hugging Face endpoint or mirror (HF_ENDPOINT)
@@ -64,6 +65,7 @@ model_fleet_address = None  # str or None: address peers use to reach this rig's
 
 # --- Serving -------------------------------------------------------------------------------
 serving_bind_address = "0.0.0.0"  # host address the API port is published on
+container_network_at_start = True  # the serving container may reach PyPI at start (some recipes pip-install)
 serving_api_key_file = None  # control-machine path of a 0600 file holding the API key; None: open
 serving_health_timeout_s = None  # seconds for the health gate; None scales with model size
 serving_keep_generations = 2  # rendered generations kept for rollback (current + previous)

@@ -450,7 +450,7 @@ def docker_debs(codename: str) -> list[Deb]:
                   homepage="https://www.docker.com", depends=["containerd.io (>= 1.7.27)", "docker-ce-cli", "python3"],
                   recommends=["docker-ce-rootless-extras"], conflicts=["docker (<< 1.5~)", "docker-engine", "docker.io"],
                   replaces=["docker-engine"])
-        eng.add_tool("/usr/lib/docker-standin/daemon", ["dockerd.py", "dockerclient.py", "responder.py"],
+        eng.add_tool("/usr/lib/docker-standin/daemon", ["dockerd.py", "dockerclient.py", "responder.py", "container.py"],
                      {"/usr/bin/dockerd": "dockerd.py"}, {"version.json": meta})
         if RICH_RESPONDER.is_file():  # the vLLM wire behaviour the container's responder serves
             eng.add_file("/usr/lib/docker-standin/daemon/openai_responder.py", RICH_RESPONDER, 0o644)

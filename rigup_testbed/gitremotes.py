@@ -45,11 +45,9 @@ import time
 import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from rigup.desired.catalog import CATALOG_FILE
 from rigup_testbed.service import BackgroundServer, run_service
@@ -63,9 +61,8 @@ VLLM_REPO = "noonghunna/vllm"
 VLLM_BRANCH = "marlin-pad-sub-tile-n"
 GENESIS_REPO = "Sandermage/genesis-vllm-patches"
 CLUB_REPO = "noonghunna/club-3090"
+QWEN_DUAL_REPO = "noonghunna/qwen36-dual-3090"
 CATALOG = CATALOG_FILE
-# catalog source key -> stand-in repo
-CATALOG_SOURCES = {"vllm-fork": VLLM_REPO, "genesis": GENESIS_REPO, "club3090": CLUB_REPO}
 MARLIN_DIR = "vllm/model_executor/kernels/linear/mixed_precision"
 APPLY_ALL = "vllm/_genesis/patches/apply_all.py"
 USAGE = {"docs/USAGE.md": "pip install genesis-vllm-patches\n"}
@@ -108,21 +105,21 @@ class CommitSpec:
 
 
 def catalog_mount_paths(catalog: Path = CATALOG) -> dict[str, list[str]]:
-    """Catalog source key -> sorted paths some variant mounts from it (every `{source:, path:}` mapping)."""
+    """Catalog source key -> sorted paths some variant's rendered compose file mounts from it.
+
+    Every variant is rendered from the fixture trees (rigup_testbed/recipes.py) with the default knobs."""
+    from rigup.desired.catalog import load_catalog_file
+    from rigup.desired.knobs import load_defaults
+    from rigup.desired.recipe import resolve
+    from rigup_testbed.recipes import working_trees
+
     found: dict[str, set[str]] = {}
-
-    def walk(node: Any) -> None:
-        if isinstance(node, Mapping):
-            if isinstance(node.get("source"), str) and isinstance(node.get("path"), str):
-                found.setdefault(node["source"], set()).add(node["path"].strip("/"))
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    if catalog.exists():
-        walk(yaml.safe_load(catalog.read_text()))
+    reader = working_trees()
+    for name in load_catalog_file(catalog)["variants"] if catalog.exists() else ():
+        host = load_defaults()
+        host["variant"] = name
+        for source in resolve(host, upstream=reader).sources:
+            found.setdefault(source.name, set()).update(p.strip("/") for p in source.required_paths)
     return {k: sorted(v) for k, v in sorted(found.items())}
 
 
@@ -320,18 +317,37 @@ def _genesis_commits() -> list[CommitSpec]:
 GENESIS_TAGS: dict[str, tuple[str, bool]] = {"v7.72.2": ("dev2", True), "v7.69": ("dev0", False)}
 
 
+def _snapshot_commit(key: str, message: str, parent_tree: Mapping[str, str], source: str, parent: str) -> tuple[CommitSpec, dict[str, str]]:
+    """A commit whose tree is exactly the fixture snapshot of `source` (earlier files deleted)."""
+    from rigup_testbed.recipes import tree_files
+
+    tree = tree_files(source)
+    files: dict[str, str | None] = {p: None for p in parent_tree if p not in tree}
+    files.update(tree)
+    return CommitSpec(key, "main", message, files, parent), tree
+
+
 def _club_commits() -> list[CommitSpec]:
-    root = {
-        "README.md": "# club-3090 (rigup test-bed stand-in)\n",
-        "scripts/setup.sh": _standin_file("scripts/setup.sh", CLUB_REPO),
-    }
-    s2 = _missing(root, catalog_mount_paths().get("club3090", []), CLUB_REPO)
-    s2["docs/UPSTREAM.md"] = "Pinned images: see the engine profiles.\n"
+    """club-3090's layouts in upstream's order: the spring one (docker-compose.<name>.yml, ../patches,
+    /opt/ai/vllm-src), May's (<topology>/<name>.yml, ${ESTATE_*}, ${TP:-2}) and August's
+    (<topology>/<quant>/<profile>.yml), then a later commit on main."""
+    root = {"README.md": "# club-3090 (rigup test-bed stand-in)\n"}
+    spring, t1 = _snapshot_commit("spring", "Spring layout: docker-compose.<name>.yml", root, "club3090-spring", "root")
+    may, t2 = _snapshot_commit("may", "May layout: <topology>/<name>.yml", t1, "club3090-may", "spring")
+    aug, t3 = _snapshot_commit("aug", "August layout: <topology>/<quant>/<profile>.yml", t2, "club3090", "may")
     return [
         CommitSpec("root", "main", "Initial layout", root, None),
-        CommitSpec("s2", "main", "S2 snapshot: vendored patches, chat templates, Gemma overlays", s2, "root"),
-        CommitSpec("head", "main", "Docs: newer notes", {"README.md": "# club-3090 (rigup test-bed stand-in), newer\n"}, "s2"),
+        spring,
+        may,
+        aug,
+        CommitSpec("head", "main", "Docs: newer notes", {"README.md": "# club-3090 (rigup test-bed stand-in), newer\n"}, "aug"),
     ]
+
+
+def _qwen_dual_commits() -> list[CommitSpec]:
+    root = {"README.md": "# qwen36-dual-3090 (rigup test-bed stand-in)\n"}
+    frozen, _ = _snapshot_commit("frozen", "Frozen: moved to club-3090", root, "qwen36-dual-3090", "root")
+    return [CommitSpec("root", "main", "Initial layout", root, None), frozen]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -379,8 +395,9 @@ class GenesisRemote(RemoteRepo):
 
 @dataclass(frozen=True)
 class ClubRemote(RemoteRepo):
-    pin: str = ""  # the "S2" snapshot commit holding every vendored file the catalog mounts
-    main_head: str = ""  # one commit after the pin
+    pin: str = ""  # the May snapshot commit
+    main_head: str = ""  # one commit after the August snapshot
+    snapshots: dict[str, str] = field(default_factory=dict)  # catalog source -> commit of its fixture tree
 
 
 @dataclass(frozen=True)
@@ -389,13 +406,27 @@ class Remotes:
     vllm: VllmRemote
     genesis: GenesisRemote
     club3090: ClubRemote
+    qwen_dual: ClubRemote
 
     def to_json(self) -> dict[str, Any]:
-        return {"root": self.root, "vllm": asdict(self.vllm), "genesis": asdict(self.genesis), "club3090": asdict(self.club3090)}
+        return {"root": self.root, "vllm": asdict(self.vllm), "genesis": asdict(self.genesis),
+                "club3090": asdict(self.club3090), "qwen36_dual": asdict(self.qwen_dual)}
+
+    def source_refs(self) -> dict[str, str]:
+        """The `source_refs` knob for these remotes: they cannot hold upstream's commits, so the sources
+        the catalog pins to an upstream SHA point at the stand-ins' equivalents (Genesis v7.69, a tag on a
+        dev-only commit like 2db18df; each frozen recipe snapshot). `club3090` follows main."""
+        return source_refs_of(self.to_json())
+
+    def git_knobs(self, base: str) -> dict[str, str]:
+        """The *_git_url knobs pointing at these remotes under a server base URL."""
+        return {"vllm_fork_git_url": self.vllm.url(base), "genesis_git_url": self.genesis.url(base),
+                "club3090_git_url": self.club3090.url(base), "qwen36_dual_3090_git_url": self.qwen_dual.url(base)}
 
     def by_source(self) -> dict[str, RemoteRepo]:
         """Catalog source key -> remote."""
-        return {"vllm-fork": self.vllm, "genesis": self.genesis, "club3090": self.club3090}
+        return {"vllm-fork": self.vllm, "genesis": self.genesis, "club3090": self.club3090,
+                "club3090-may": self.club3090, "club3090-spring": self.club3090, "qwen36-dual-3090": self.qwen_dual}
 
 
 def _fast_import_stream(commits: list[CommitSpec], tags: Mapping[str, tuple[str, bool]]) -> bytes:
@@ -529,6 +560,16 @@ def _peeled_tags(path: Path) -> dict[str, str]:
     return tags
 
 
+def source_refs_of(remotes: Mapping[str, Any]) -> dict[str, str]:
+    """Remotes.source_refs from the JSON form (what the hub's ready file holds)."""
+    refs = {"genesis": "v7.69"}
+    for repo in ("club3090", "qwen36_dual"):
+        for source, sha in (remotes.get(repo, {}).get("snapshots") or {}).items():
+            if source != "club3090":
+                refs[source] = sha
+    return refs
+
+
 def make_remotes(root: Path | str) -> Remotes:
     """Create (or verify) the bare repos under `root`; idempotent and deterministic."""
     root = Path(root)
@@ -539,6 +580,8 @@ def make_remotes(root: Path | str) -> Remotes:
         gpath, gshas = _ensure(root, GENESIS_REPO, gen_commits, GENESIS_TAGS, "main")
         club_commits = _club_commits()
         cpath, cshas = _ensure(root, CLUB_REPO, club_commits, {}, "main")
+        qd_commits = _qwen_dual_commits()
+        qpath, qshas = _ensure(root, QWEN_DUAL_REPO, qd_commits, {}, "main")
     vllm = VllmRemote(
         name=VLLM_REPO,
         path=str(vpath),
@@ -567,10 +610,21 @@ def make_remotes(root: Path | str) -> Remotes:
         branches=_branch_heads(club_commits, cshas),
         tags={},
         commits=dict(cshas),
-        pin=cshas["s2"],
+        pin=cshas["may"],
         main_head=cshas["head"],
+        snapshots={"club3090-spring": cshas["spring"], "club3090-may": cshas["may"], "club3090": cshas["aug"]},
     )
-    return Remotes(str(root), vllm, genesis, club)
+    qwen_dual = ClubRemote(
+        name=QWEN_DUAL_REPO,
+        path=str(qpath),
+        branches=_branch_heads(qd_commits, qshas),
+        tags={},
+        commits=dict(qshas),
+        pin=qshas["frozen"],
+        main_head=qshas["frozen"],
+        snapshots={"qwen36-dual-3090": qshas["frozen"]},
+    )
+    return Remotes(str(root), vllm, genesis, club, qwen_dual)
 
 
 def add_commit(repo: RemoteRepo, branch: str, files: Mapping[str, str | None], message: str) -> str:
@@ -587,8 +641,8 @@ def add_commit(repo: RemoteRepo, branch: str, files: Mapping[str, str | None], m
     try:
         git("read-tree", tip, cwd=path, env=env)
         for name, content in files.items():
-            if content is None:
-                git("update-index", "--force-remove", name, cwd=path, env=env)
+            if content is None:  # --index-info with mode 0 removes it (a bare repo has no work tree)
+                git("update-index", "--index-info", cwd=path, env=env, input=f"0 {'0' * 40}\t{name}\n".encode())
             else:
                 blob = git("hash-object", "-w", "--stdin", cwd=path, input=content.encode()).strip()
                 git("update-index", "--add", "--cacheinfo", f"100644,{blob},{name}", cwd=path, env=env)

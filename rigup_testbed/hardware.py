@@ -105,6 +105,8 @@ class GpuModel:
 RTX_3090 = GpuModel("NVIDIA GeForce RTX 3090", 24576, "8.6", 350, 100, 400)
 RTX_3080_20GB = GpuModel("NVIDIA GeForce RTX 3080", 20480, "8.6", 320, 100, 370)
 RTX_2080_TI = GpuModel("NVIDIA GeForce RTX 2080 Ti", 11264, "7.5", 250, 100, 280, architecture="Turing")
+# memory.total of the real H200 capture (tests/fixtures/nvidia-smi/1xH200-580.159.04-device.csv)
+H200 = GpuModel("NVIDIA H200", 143771, "9.0", 700, 200, 700, architecture="Hopper")
 
 
 def gpu_uuid(host: str, index: int) -> str:
@@ -152,10 +154,13 @@ def build(
 PRESETS: Mapping[str, tuple[tuple[GpuModel, ...], str | None]] = {
     "2x3090": ((RTX_3090, RTX_3090), "PIX"),
     "2x3090-nvlink": ((RTX_3090, RTX_3090), "NV4"),
+    "4x3090": ((RTX_3090,) * 4, "PIX"),  # four cards behind PCIe switches, no NVLink (club-3090's quad rig)
     "1x3090": ((RTX_3090,), None),
     "2x3080-20gb": ((RTX_3080_20GB, RTX_3080_20GB), "PIX"),
     "mixed-3090-3080": ((RTX_3090, RTX_3080_20GB), "PHB"),
     "1x2080ti": ((RTX_2080_TI,), None),
+    "1xh200": ((H200,), None),  # sm 9.0: the recipes that need Hopper or newer (NVFP4, Gemma fp8 KV)
+    "2xh200": ((H200, H200), "PIX"),
     "none": ((), None),
 }
 

@@ -487,6 +487,15 @@ SANDBOX_GEMMA_ASSISTANT = "google/gemma-4-31B-it-assistant"
 SANDBOX_GEMMA_DFLASH = "z-lab/gemma-4-31b-it-dflash"
 SANDBOX_CARNICE = "wasifb/Carnice_V2_27B_INT4_BF16MTP"
 SANDBOX_GATED = "rigup-testbed/gated-tiny"
+# club-3090's August lineup: other checkpoints of the same two families (small single-file stand-ins)
+SANDBOX_AUGUST = {
+    "cyankiwi/Qwen3.6-27B-AWQ-BF16-INT4": ("qwen", False, 901),
+    "Qwen/Qwen3.6-27B-FP8": ("qwen", False, 902),
+    "nvidia/Qwen3.6-27B-NVFP4": ("qwen", False, 903),
+    "cyankiwi/gemma-4-31B-it-qat-AWQ-INT4": ("gemma", False, 904),
+    "unsloth/gemma-4-31B-it-qat-w4a16": ("gemma", False, 905),
+    "google/gemma-4-31B-it-qat-w4a16-ct": ("gemma", True, 906),
+}
 
 # Bytes at scale 1.0; `sandbox_spec(scale=...)` multiplies them (tests use tiny scales).
 SANDBOX_SIZES: dict[str, int] = {
@@ -500,6 +509,7 @@ SANDBOX_SIZES: dict[str, int] = {
     "carnice_shard1": 3_000_000,
     "carnice_shard2": 1_000_000,
     "gated": 200_000,
+    "august": 1_000_000,
 }
 
 GITATTRIBUTES = (
@@ -644,6 +654,11 @@ def sandbox_spec(scale: float = 1.0, sizes: Mapping[str, int] | None = None) -> 
             },
             SANDBOX_GEMMA_DFLASH: single("gemma-4-31b-it DFlash draft", sz["gemma_dflash"], 601, draft_config),
             SANDBOX_GATED: {**single("gated tiny model", sz["gated"], 701, {"rigup_testbed_standin": True}), "gated": True},
+            **{
+                repo: {**single(f"{repo} weights", sz["august"], seed, qwen_config if family == "qwen" else gemma_config),
+                       "gated": gated}
+                for repo, (family, gated, seed) in SANDBOX_AUGUST.items()
+            },
         }
     }
 

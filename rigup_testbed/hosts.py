@@ -201,6 +201,8 @@ def create_host(
     _write(root, "/etc/resolv.conf", "# rigup test bed: hosts have no DNS; the hub is rigup-hub in /etc/hosts\n")
     _write(root, "/etc/machine-id", secrets.token_hex(16) + "\n", 0o444)
     _write(root, hw.PATH_IN_HOST, hardware.to_json())
+    # Like a rig with internet: containers may reach PyPI at start (a test can write {"network": false}).
+    _write(root, "/etc/rigup-testbed/containers.json", '{"network": true}\n')
     _write(root, f"/home/{user}/.ssh/authorized_keys", client_pubkey.strip() + "\n", 0o600, uid_gid)
     # One host key per host, generated now; sshd loads only it, and the control side pins it.
     key = root / "etc/ssh/ssh_host_ed25519_key"

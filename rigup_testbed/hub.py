@@ -59,10 +59,9 @@ class Service:
 
 
 def _source_refs(remotes: dict[str, Any]) -> dict[str, str]:
-    """The stand-in remotes cannot hold upstream's commits, so pin the sources whose catalog ref is an
-    upstream SHA to the stand-ins' equivalents: Genesis v7.69 (tag on a dev-only commit, like 2db18df)
-    and club-3090's S2 snapshot."""
-    return {"genesis": "v7.69", "club3090": remotes["club3090"]["pin"]}
+    from rigup_testbed.gitremotes import source_refs_of
+
+    return source_refs_of(remotes)
 
 
 def _git_knobs(base: str, root: Path) -> dict[str, str]:

@@ -566,6 +566,18 @@ def check_pending_reboot(facts: HostFacts, plan: DriverPlan | None) -> Check | N
     return Check("pending-reboot", False, "warning", "the host flags a pending reboot", "reboot at a convenient time")
 
 
+def check_container_network(recipe: Any | None, host_data: Mapping[str, Any]) -> Check | None:
+    """Some upstream recipes pip-install packages at every container start: they need PyPI then."""
+    if recipe is None or not recipe.needs_network_at_start:
+        return None
+    what = f"variant {recipe.variant!r}: upstream's entrypoint runs pip install at every container start"
+    if knob(host_data, "container_network_at_start"):
+        return _ok("container-network", f"{what} (allowed: container_network_at_start)", "container_network_at_start")
+    return _fail("container-network", f"{what}, and container_network_at_start is false",
+                 "allow the rig to reach PyPI and set container_network_at_start: true, or pick a variant that "
+                 "installs nothing at start (python -m rigup render --list)", "container_network_at_start")
+
+
 def check_capabilities(caps: Capabilities | None, host_data: Mapping[str, Any]) -> list[Check]:
     """What the host can run, before any other fact is read: root or passwordless sudo, systemd as
     the running init, apt, and Docker present or installable. "privileges" failing means the other
@@ -669,6 +681,7 @@ def run_checks(
         check_power_cap(facts, host_data),
         check_docker_snap(facts),
         check_pending_reboot(facts, plan),
+        check_container_network(recipe, host_data),
     ):
         if extra is not None:
             checks.append(extra)

@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from rigup.desired.lock import LockError, LockFile, lock_path, need_problem
-from rigup.desired.pins import Resolver, fleet_needs, update_lock
+from rigup.desired.pins import Resolver, fleet_lock_file, fleet_needs, update_lock
 from rigup.desired.secrets import SecretError, read_hf_token
 
 
@@ -26,14 +26,14 @@ def run_lock(args: argparse.Namespace, out: Any = None) -> int:
 
     try:
         fleet = load_fleet(args.fleet)
-        needs, lock_file = fleet_needs(fleet)
-        path = lock_path(lock_file, fleet.path.parent)
+        path = lock_path(fleet_lock_file(fleet), fleet.path.parent)
         try:
             old = LockFile.load(path)
         except LockError:
             if path.exists():
                 raise
             old = LockFile(path=path)
+        needs, _ = fleet_needs(fleet, old if path.exists() else None)
         if args.check:
             problems = [p for p in (need_problem(n, old) for n in needs.values()) if p is not None]
             extra = [n for n in old.names() if n not in needs]
@@ -55,6 +55,13 @@ def run_lock(args: argparse.Namespace, out: Any = None) -> int:
         resolver = Resolver(hf_token=token, image_digests=args.image_digests, log=(say if args.verbose else None))
         upgrade = None if args.upgrade is None else list(args.upgrade)
         new, changes = update_lock(old, needs, resolver, upgrade, prune=args.prune)
+        # A moved recipe repository can mount from other sources: pin what the new commits need too.
+        needs_after, _ = fleet_needs(fleet, new)
+        if set(needs_after) - set(needs):
+            new, more = update_lock(new, needs_after, resolver, None, prune=args.prune)
+            changes += [c for c in more if c.kind not in ("unused", "pruned", "kept")]
+            needs = needs_after
+        diffs = rendered_diffs(fleet, old, new) if path.exists() else []
     except (LockError, FleetError, RecipeError, SecretError) as exc:
         print(f"rigup lock: {exc}", file=sys.stderr)
         return 2
@@ -66,6 +73,10 @@ def run_lock(args: argparse.Namespace, out: Any = None) -> int:
         say(f"{change.kind:9} {change.name}")
         for line in change.lines:
             say(f"          {line}")
+    for title, lines in diffs:
+        say(title)
+        for line in lines:
+            say(f"  {line}")
     for name in unused:
         say(f"kept, unused: {name}")
     if unused:
@@ -85,6 +96,39 @@ def run_lock(args: argparse.Namespace, out: Any = None) -> int:
     else:
         say(f"{path}: unchanged ({pins})")
     return 0
+
+
+def rendered_diffs(fleet: Any, old: LockFile, new: LockFile) -> list[tuple[str, list[str]]]:
+    """For each variant the fleet runs whose rendered compose file the new pins change: a unified diff."""
+    import difflib
+
+    from rigup.desired.recipe import resolve
+
+    out: list[tuple[str, list[str]]] = []
+    seen: set[str] = set()
+    for host in fleet.hosts:
+        data = fleet.resolved_data(host.name)
+        before, after = resolve(data, old), resolve(data, new)
+        if before.compose_text == after.compose_text or after.compose_text in seen:
+            continue
+        seen.add(after.compose_text)
+        hosts = [h.name for h in fleet.hosts if fleet.resolved_data(h.name).get("variant") == before.variant]
+
+        def body(text: str) -> list[str]:
+            return [line for line in text.splitlines() if not line.startswith("#")]
+
+        if body(before.compose_text) == body(after.compose_text):
+            out.append((f"rendered {after.paths.compose_file} for {', '.join(hosts)}: only the base commit in its "
+                        f"header changes ({before.upstream.commit[:12]} -> {after.upstream.commit[:12]}); "
+                        f"the new release still restarts it once", []))
+            continue
+        lines = list(difflib.unified_diff(
+            body(before.compose_text), body(after.compose_text),
+            f"{before.variant} at {before.upstream.source}@{before.upstream.commit[:12]}",
+            f"{after.variant} at {after.upstream.source}@{after.upstream.commit[:12]}", lineterm="", n=1,
+        ))
+        out.append((f"rendered {after.paths.compose_file} changes for {', '.join(hosts)}:", lines))
+    return out
 
 
 def _count(n: int) -> str:

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rigup.desired.catalog import load_catalog, variant_names
+from rigup.desired.catalog import variant_names
+from rigup.desired.compose_doc import explain
 from rigup.desired.knobs import load_defaults, parse_data_value
 from rigup.desired.lock import LockError, LockFile
 from rigup.desired.plan import host_plan
@@ -37,23 +38,67 @@ def host_data_for_cli(variant: str, data_pairs: list[str]) -> dict[str, Any]:
     return host_data
 
 
+def _plan(variant: str, args: argparse.Namespace) -> Any:
+    host_data = host_data_for_cli(variant, args.data)
+    lock = LockFile.load(args.lock) if args.lock is not None else None
+    topo = None
+    if args.topo is not None:
+        topo = topology(Path(args.topo).read_text(), None if args.p2p is None else Path(args.p2p).read_text())
+    return host_plan(host_data, "render", topo, lock=lock, require_lock=False, read_secrets=False)
+
+
+def _list(args: argparse.Namespace) -> int:
+    """Every variant with its port, layout, upstream file and whether upstream still carries it."""
+    failed = 0
+    for name in variant_names():
+        try:
+            recipe = _plan(name, args).recipe
+        except (RecipeError, LockError, TopologyError, OSError) as exc:
+            print(f"{name:34} cannot render: {exc}")
+            failed += 1
+            continue
+        up = recipe.upstream
+        print(f"{name:34} :{recipe.host_port:<5} TP={recipe.tensor_parallel_size}  {recipe.upstream_status:8} "
+              f"{up.source}@{up.commit[:8]}:{up.path}")
+        print(f"{'':34} {recipe.description}")
+    return 1 if failed else 0
+
+
+def _audit(args: argparse.Namespace, variants: list[str]) -> int:
+    """--explain: every difference from upstream's file, attributed; exit 1 on any unexplained one."""
+    total = 0
+    for name in variants:
+        try:
+            recipe = _plan(name, args).recipe
+        except (RecipeError, LockError, TopologyError, OSError) as exc:
+            print(f"rigup render: {exc}", file=sys.stderr)
+            return 2
+        lines, unexplained = explain(recipe.upstream, recipe.compose_text, list(recipe.changes))
+        total += unexplained
+        if args.explain:
+            print(f"{name}:")
+            print("\n".join(lines))
+        else:
+            print(f"{name:34} {lines[-1]}  ({recipe.upstream.source}@{recipe.upstream.commit[:8]}:"
+                  f"{recipe.upstream.path})")
+    if len(variants) > 1:
+        print(f"{len(variants)} variants, unexplained: {total}")
+    return 1 if total else 0
+
+
 def _cmd_render(args: argparse.Namespace) -> int:
     if args.list:
-        catalog = load_catalog()
-        for name in variant_names():
-            v = catalog["variants"][name]
-            print(f"{name:26} :{v['port']:<5} TP={v['tensor_parallel_size']}  {v['description']}")
-        return 0
+        return _list(args)
+    if args.audit:
+        return _audit(args, variant_names())
+    if args.variant is not None and args.explain:
+        return _audit(args, [args.variant])
     if args.variant is None or args.out is None:
-        print("rigup render: VARIANT and --out are required (or --list)", file=sys.stderr)
+        print("rigup render: VARIANT and --out are required (or --list, --audit, VARIANT --explain)", file=sys.stderr)
         return 2
     try:
-        host_data = host_data_for_cli(args.variant, args.data)
+        plan = _plan(args.variant, args)
         lock = LockFile.load(args.lock) if args.lock is not None else None
-        topo = None
-        if args.topo is not None:
-            topo = topology(Path(args.topo).read_text(), None if args.p2p is None else Path(args.p2p).read_text())
-        plan = host_plan(host_data, "render", topo, lock=lock, require_lock=False, read_secrets=False)
     except (RecipeError, LockError, TopologyError, OSError) as exc:
         print(f"rigup render: {exc}", file=sys.stderr)
         return 2
@@ -102,7 +147,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--topo", metavar="FILE", help="a host's `nvidia-smi topo -m` output: plan NCCL settings for its interconnect"
     )
     parser.add_argument("--p2p", metavar="FILE", help="with --topo: the host's `nvidia-smi topo -p2p r` output")
-    parser.add_argument("--list", action="store_true", help="list the catalog's variants and exit")
+    parser.add_argument("--list", action="store_true",
+                        help="list the variants: port, layout, upstream file and commit, current or archived upstream")
+    parser.add_argument("--explain", action="store_true",
+                        help="with VARIANT: every difference from upstream's compose file and the transform behind it")
+    parser.add_argument("--audit", action="store_true",
+                        help="every variant's count of differences from upstream; exit 1 if any is unexplained")
     parser.set_defaults(func=_cmd_render)
     return parser
 

@@ -20,24 +20,23 @@ import yaml
 CATALOG_FILE = Path(__file__).with_name("catalog.yaml")
 
 # Keys whose value replaces the base's instead of merging into it.
-REPLACED_KEYS = frozenset({"speculative", "genesis", "alternative_envelopes", "env"})
+REPLACED_KEYS = frozenset({"speculative", "alternative_envelopes"})
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _SHA = re.compile(r"^[0-9a-f]{40}$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 # Variant keys: name -> (required, accepted types). None in the types tuple means null is allowed.
+# Everything about how the engine runs comes from upstream's compose file; these say what it does not.
 _VARIANT_SCHEMA: dict[str, tuple[bool, tuple[type | None, ...]]] = {
     "description": (True, (str,)),
+    "upstream": (True, (dict,)),  # {source: <catalog source>, path: <compose file>, service: <optional>}
     "image": (True, (str,)),
-    "port": (True, (int,)),
-    "container_name": (True, (str,)),
-    "served_model_name": (True, (str,)),
     "model": (True, (str,)),
     "draft": (False, (str, None)),
-    "sources": (False, (list,)),
-    "source_mounts": (False, (list,)),
-    "cache_mounts": (False, (dict,)),
+    "port": (False, (int,)),  # rigup's host port when upstream's would collide; default: upstream's
+    "source_paths": (False, (dict,)),  # repository path prefix or host path -> catalog source
+    "mount_fixes": (False, (dict,)),  # container target -> {source, path, why}
+    "speculative": (False, (dict, None)),  # what upstream's entrypoint builds (not in its command)
     "tensor_parallel_size": (True, (int,)),
     "tensor_parallel_sizes": (True, (list,)),
     "min_compute_capability": (True, (str,)),
@@ -45,29 +44,12 @@ _VARIANT_SCHEMA: dict[str, tuple[bool, tuple[type | None, ...]]] = {
     "vram_per_gpu_gb": (True, (int, float, None)),
     "measured_on_gpu_mib": (True, (int,)),
     "alternative_envelopes": (False, (list,)),
-    "dtype": (True, (str,)),
-    "quantization": (False, (str, None)),
     "max_model_len": (True, (int,)),
     "gpu_memory_utilization": (True, (float,)),
     "max_num_seqs": (True, (int,)),
     "max_num_batched_tokens": (True, (int, None)),
-    "kv_cache_dtype": (True, (str, None)),
-    "speculative": (True, (dict, None)),
     "language_model_only": (True, (bool,)),
-    "trust_remote_code": (True, (bool,)),
-    "reasoning_parser": (False, (str, None)),
-    "tool_call_parser": (False, (str, None)),
-    "chat_template": (False, (str, None)),
-    "prefix_caching": (True, (bool,)),
-    "chunked_prefill": (True, (bool,)),
-    "extra_args": (False, (list,)),
-    "env": (True, (dict,)),
-    "env_refs": (False, (dict,)),
-    "genesis": (False, (dict, None)),
-    "sidecars": (False, (list,)),
-    "entrypoint_prelude": (False, (list,)),
-    "shm_size": (True, (str,)),
-    "ipc": (True, (str,)),
+    "notes": (False, (str,)),
     "base": (False, (str,)),
 }
 
@@ -138,7 +120,7 @@ def _validate_variant(name: str, v: dict[str, Any], cat: Mapping[str, Any]) -> N
     bad = [s for s in sizes if s not in model["valid_tensor_parallel_sizes"]]
     if bad:
         raise CatalogError(f"{where}.tensor_parallel_sizes: {bad} invalid for model {v['model']!r}")
-    if not 1 <= v["port"] <= 65535:
+    if "port" in v and not 1 <= v["port"] <= 65535:
         raise CatalogError(f"{where}.port: out of range")
     if not 0.5 <= v["gpu_memory_utilization"] <= 0.99:
         raise CatalogError(f"{where}.gpu_memory_utilization: out of range")
@@ -151,49 +133,24 @@ def _validate_variant(name: str, v: dict[str, Any], cat: Mapping[str, Any]) -> N
     if not re.fullmatch(r"\d+\.\d+", v["min_compute_capability"]):
         raise CatalogError(f"{where}.min_compute_capability: write it as MAJOR.MINOR")
 
-    spec = v["speculative"]
+    up = v["upstream"]
+    if set(up) - {"source", "path", "service"} or not {"source", "path"} <= set(up):
+        raise CatalogError(f"{where}.upstream: needs source and path (and optionally service)")
+    if up["source"] not in cat["sources"]:
+        raise CatalogError(f"{where}.upstream.source: unknown source {up['source']!r}")
+    if up["path"].startswith("/") or ".." in up["path"].split("/"):
+        raise CatalogError(f"{where}.upstream.path: a path inside the repository")
+    for prefix, source in (v.get("source_paths") or {}).items():
+        if source not in cat["sources"]:
+            raise CatalogError(f"{where}.source_paths.{prefix}: unknown source {source!r}")
+    for target, fix in (v.get("mount_fixes") or {}).items():
+        if not isinstance(fix, dict) or set(fix) != {"source", "path", "why"} or fix["source"] not in cat["sources"]:
+            raise CatalogError(f"{where}.mount_fixes.{target}: needs source (a catalog source), path and why")
+    spec = v.get("speculative")
     if spec is not None:
-        extra = set(spec) - {"kind", "method", "uses_draft", "num_speculative_tokens"}
+        extra = set(spec) - {"kind", "num_speculative_tokens"}
         if extra or not isinstance(spec.get("num_speculative_tokens"), int) or spec.get("kind") not in ("mtp", "dflash"):
             raise CatalogError(f"{where}.speculative: needs kind (mtp|dflash) and num_speculative_tokens; unknown keys {sorted(extra)}")
-        if bool(spec.get("uses_draft")) != (v.get("draft") is not None):
-            raise CatalogError(f"{where}.speculative: uses_draft must be true exactly when a draft is set")
-    elif v.get("draft") is not None:
-        raise CatalogError(f"{where}: a draft model without a speculative config")
-
-    sources = v.get("sources") or []
-    for s in sources:
-        if s not in cat["sources"]:
-            raise CatalogError(f"{where}.sources: unknown source {s!r}")
-    targets: set[str] = set()
-    for i, mount in enumerate(v.get("source_mounts") or []):
-        if not isinstance(mount, dict) or set(mount) != {"source", "path", "target"}:
-            raise CatalogError(f"{where}.source_mounts[{i}]: needs exactly source, path, target")
-        if mount["source"] not in sources:
-            raise CatalogError(f"{where}.source_mounts[{i}]: source {mount['source']!r} not in sources")
-        if mount["path"].startswith("/") or ".." in mount["path"].split("/"):
-            raise CatalogError(f"{where}.source_mounts[{i}].path: must be relative inside the checkout")
-        if not mount["target"].startswith("/") or mount["target"] in targets:
-            raise CatalogError(f"{where}.source_mounts[{i}].target: must be absolute and unique")
-        targets.add(mount["target"])
-    for s in sources:
-        if not any(m["source"] == s for m in v.get("source_mounts") or []):
-            raise CatalogError(f"{where}.sources: {s!r} is listed but nothing is mounted from it")
-
-    for script in v.get("sidecars") or []:
-        if script not in targets:
-            raise CatalogError(f"{where}.sidecars: {script!r} is not the target of a source mount")
-    if v.get("genesis") is None and v.get("sidecars"):
-        raise CatalogError(f"{where}.sidecars: sidecars run after Genesis apply_all; set genesis")
-    for key, value in v["env"].items():
-        if not _ENV_NAME.match(str(key)) or not (value is None or isinstance(value, (str, int, float))):
-            raise CatalogError(f"{where}.env.{key}: names are shell identifiers, values scalars")
-    genesis = v.get("genesis")
-    if genesis is not None:
-        if "genesis" not in sources:
-            raise CatalogError(f"{where}.genesis: needs the genesis source")
-        if not isinstance(genesis.get("pip"), list) or not genesis["pip"]:
-            raise CatalogError(f"{where}.genesis.pip: list the packages apply_all needs")
     for i, env in enumerate(v.get("alternative_envelopes") or []):
         if not isinstance(env, dict) or not {"max_model_len", "gpu_memory_utilization"} <= set(env):
             raise CatalogError(f"{where}.alternative_envelopes[{i}]: needs max_model_len and gpu_memory_utilization")
@@ -241,11 +198,6 @@ def _validate(cat: Any) -> dict[str, Any]:
         flat["name"] = name
         variants[name] = flat
 
-    containers: dict[str, str] = {}
-    for name, v in variants.items():
-        other = containers.setdefault(v["container_name"], name)
-        if other != name:
-            raise CatalogError(f"variants.{name}.container_name: also used by {other!r}")
     return {
         "images": cat["images"],
         "sources": cat["sources"],
@@ -281,5 +233,5 @@ def variant_names() -> list[str]:
 
 
 def rigup_container_names() -> tuple[str, ...]:
-    """Every container name a rigup variant runs under, sorted (one variant owns a rig's GPUs)."""
-    return tuple(sorted({str(v["container_name"]) for v in load_catalog()["variants"].values()}))
+    """Every container name a rigup variant runs under, sorted (the container-name transform: rigup-<variant>)."""
+    return tuple(sorted(f"rigup-{name}" for name in load_catalog()["variants"]))

@@ -106,31 +106,3 @@ def pcie_summary(ic: Interconnect | None) -> str:
     """The plan's line when the catalog's settings stay (PCIe without P2P, or nothing known)."""
     why = "no topology information" if ic is None else f"{ic.source}: {ic.detail}"
     return f"PCIe ({why}): NCCL_P2P_DISABLE=1, --disable-custom-all-reduce"
-
-
-def apply_env(env: Mapping[str, str], settings: NcclSettings) -> dict[str, str]:
-    """`env` with the settings applied, in order: a set variable takes the place of a dropped one.
-
-    With custom all-reduce on, expandable_segments leaves PYTORCH_CUDA_ALLOC_CONF: the all-reduce
-    buffers are shared through CUDA IPC, which expandable segments do not support (detect_nvlink.sh
-    sets "max_split_size_mb:512" on NVLink hosts for the same reason).
-    """
-    pending = dict(settings.set_env)
-    out: dict[str, str] = {}
-    for key, value in env.items():
-        if key in settings.unset_env:
-            if pending:
-                first = next(iter(pending))
-                out[first] = pending.pop(first)
-            continue
-        if key in pending:
-            value = pending.pop(key)
-        if key == "PYTORCH_CUDA_ALLOC_CONF" and settings.custom_all_reduce:
-            parts = [p for p in value.split(",") if p.strip() and p.strip() != "expandable_segments:True"]
-            if not parts:
-                continue
-            value = ",".join(parts)
-        out[key] = value
-    out.update(pending)
-    return out
-

@@ -283,7 +283,11 @@ def model_revision_wanted(model_key: str) -> str:
 def needs_for(recipe: Any, host_data: Mapping[str, Any]) -> list[Need]:
     """Everything the recipe's variant pulls from outside, as lock entries to have."""
     out: list[Need] = [ImageNeed(recipe.image.lock_name, recipe.image.repository, recipe.image.tag, recipe.image.registry)]
-    for source in recipe.sources:
+    sources = list(recipe.sources)
+    upstream = getattr(recipe, "upstream_source", None)
+    if upstream is not None and all(s.name != upstream.name for s in sources):
+        sources.append(upstream)  # the recipe's own repository: pinned even when nothing is mounted from it
+    for source in sources:
         out.append(GitNeed(source.lock_name, source.git_url, source.ref, source.full_clone))
     endpoint = str(knob(host_data, "hf_endpoint")).rstrip("/")
     for model in recipe.models:

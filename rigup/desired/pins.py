@@ -266,8 +266,19 @@ class Change:
     lines: list[str] = field(default_factory=list)
 
 
-def fleet_needs(fleet: Any) -> tuple[dict[str, Need], str]:
-    """Every need of every host of the fleet, by lock name, plus the fleet's lock_file knob value."""
+def fleet_lock_file(fleet: Any) -> str:
+    """The fleet's lock_file knob (one value for the whole fleet)."""
+    files = {str(knob(fleet.resolved_data(h.name), "lock_file")) for h in fleet.hosts}
+    if len(files) > 1:
+        raise LockError(f"hosts disagree on lock_file ({sorted(files)}); set it once for the fleet")
+    return files.pop() if files else "rigs.lock.yaml"
+
+
+def fleet_needs(fleet: Any, lock: Any = None) -> tuple[dict[str, Need], str]:
+    """Every need of every host of the fleet, by lock name, plus the fleet's lock_file knob value.
+
+    Recipes are rendered from upstream at `lock`'s pins where it has them (what mounts which source
+    depends on the recipe repository's commit), else at the refs' current commits."""
     from rigup.desired.recipe import resolve
 
     needs: dict[str, Need] = {}
@@ -276,7 +287,7 @@ def fleet_needs(fleet: Any) -> tuple[dict[str, Need], str]:
     for host in fleet.hosts:
         data = fleet.resolved_data(host.name)
         lock_files.add(str(knob(data, "lock_file")))
-        recipe = resolve(data, None)
+        recipe = resolve(data, lock)
         for need in needs_for(recipe, data):
             known = needs.get(need.name)
             if known is not None and _need_key(known) != _need_key(need):

@@ -12,18 +12,19 @@ import ipaddress
 import json
 import math
 import posixpath
+import re
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from rigup.desired.catalog import CatalogError, load_catalog
-from rigup.desired.interconnect import Interconnect, apply_env, effective, nccl_settings
+from rigup.desired.compose_doc import Change, ComposeEdit, ComposeError, UpstreamFile, dump
+from rigup.desired.interconnect import Interconnect, effective, nccl_settings
 from rigup.desired.knobs import REGISTRY, RIG_PATH, _is_int, knob
+from rigup.desired.transforms import CACHE_TARGETS, MODEL_ROOT, OVERRIDE_FLAGS, Context, SourceCheckout, apply_all
+from rigup.desired.upstream import UpstreamError, UpstreamReader, WorkingTrees, default_reader
 
-# Where every vLLM image of the catalog installs the vllm package (python 3.12 site-packages).
-VLLM_SITE = "/usr/local/lib/python3.12/dist-packages/vllm"
-# Where models are mounted inside the container (the upstream composes' convention).
-CONTAINER_MODEL_ROOT = "/root/.cache/huggingface"
 # The port vLLM listens on inside the container; the host port is per variant.
 CONTAINER_PORT = 8000
 # systemd unit directory on the rig.
@@ -205,6 +206,7 @@ class Recipe:
     speculative_method: str | None  # "mtp" or "dflash" (catalog `kind`); None: no speculative decoding
     language_model_only: bool
     genesis: bool  # Genesis patches applied at container start
+    needs_network_at_start: bool  # upstream's entrypoint pip-installs at every start (needs PyPI)
     # container
     entrypoint: tuple[str, ...]
     vllm_args: tuple[str, ...]  # the compose `command` (arguments to `vllm serve`)
@@ -223,7 +225,12 @@ class Recipe:
     # GPU interconnect the NCCL settings were planned for (TP >= 2 only; None: the catalog's PCIe-safe
     # settings, i.e. nothing detected and nothing forced)
     interconnect: Interconnect | None = None
-    interconnect_note: str | None = None  # set when the settings differ from the catalog's (compose header)
+    interconnect_note: str | None = None  # set when the settings differ from upstream's (compose header)
+    upstream: UpstreamFile | None = None  # the base: upstream's compose file at the commit it was read at
+    upstream_source: SourceSpec | None = None  # the recipe repository it was read from (locked like a source)
+    upstream_status: str = "current"  # "current" in upstream's newest lineup, else "archived"
+    compose_text: str = ""  # the compose file the rig runs (upstream + transforms)
+    changes: tuple[Change, ...] = ()  # every transform's recorded edit, in order
 
     @property
     def model(self) -> ModelSpec:
@@ -439,7 +446,7 @@ def _model(
         revision=lock.model_revision(lock_name) if lock is not None else None,
         dir_name=spec["dir"],
         path=posixpath.join(model_dir, spec["dir"]),
-        container_path=posixpath.join(CONTAINER_MODEL_ROOT, spec["dir"]),
+        container_path=posixpath.join(MODEL_ROOT, spec["dir"]),
         role=role,
         approx_size_gb=float(spec["approx_size_gb"]),
         verify_glob=spec["verify_glob"],
@@ -447,102 +454,74 @@ def _model(
     )
 
 
-def _speculative(variant: Mapping[str, Any], draft: ModelSpec | None) -> tuple[str | None, str | None]:
-    spec = variant.get("speculative")
-    if spec is None:
-        return None, None
-    # Key order follows the upstream composes: method, model, num_speculative_tokens.
-    config: dict[str, Any] = {}
-    method = spec.get("method")
-    if method is not None:
-        config["method"] = method
-    if spec.get("uses_draft"):
-        if draft is None:  # the catalog loader already refuses this; kept for a clear message
-            raise RecipeError(f"variant {variant['name']!r}: speculative config needs a draft model")
-        config["model"] = draft.container_path
-    config["num_speculative_tokens"] = int(spec["num_speculative_tokens"])
-    return json.dumps(config, separators=(",", ":")), str(spec["kind"])
-
-
-def _vllm_args(
-    v: Mapping[str, Any], main: ModelSpec, spec_json: str | None, knobs: Mapping[str, Any], custom_all_reduce: bool = False
-) -> tuple[str, ...]:
-    """The `vllm serve` argument list, in the upstream composes' order."""
-    args: list[str] = ["--model", main.container_path, "--served-model-name", v["served_model_name"]]
-    if v.get("quantization") is not None:
-        args += ["--quantization", v["quantization"]]
-    args += ["--dtype", v["dtype"]]
-    args += ["--tensor-parallel-size", str(knobs["tensor_parallel_size"])]
-    # PCIe-only 3090s: custom all-reduce needs P2P/NVLink, which the stack disables (NCCL_P2P_DISABLE=1).
-    # rigup.desired.interconnect turns it on for NVLink hosts.
-    if knobs["tensor_parallel_size"] > 1 and not custom_all_reduce:
-        args.append("--disable-custom-all-reduce")
-    args += ["--max-model-len", str(knobs["max_model_len"])]
-    args += ["--gpu-memory-utilization", _fmt_float(knobs["gpu_memory_utilization"])]
-    args += ["--max-num-seqs", str(knobs["max_num_seqs"])]
-    if knobs["max_num_batched_tokens"] is not None:
-        args += ["--max-num-batched-tokens", str(knobs["max_num_batched_tokens"])]
-    if v.get("kv_cache_dtype") is not None:
-        args += ["--kv-cache-dtype", v["kv_cache_dtype"]]
-    if v.get("language_model_only"):
-        args.append("--language-model-only")
-    if v.get("trust_remote_code"):
-        args.append("--trust-remote-code")
-    if v.get("reasoning_parser") is not None:
-        args += ["--reasoning-parser", v["reasoning_parser"]]
-    if v.get("tool_call_parser") is not None:
-        args += ["--enable-auto-tool-choice", "--tool-call-parser", v["tool_call_parser"]]
-    if v.get("chat_template") is not None:
-        args += ["--chat-template", v["chat_template"]]
-    if v.get("prefix_caching"):
-        args.append("--enable-prefix-caching")
-    if v.get("chunked_prefill"):
-        args.append("--enable-chunked-prefill")
-    if spec_json is not None:
-        args += ["--speculative-config", spec_json]
-    args += [str(a) for a in v.get("extra_args") or ()]
-    args += ["--host", "0.0.0.0", "--port", str(CONTAINER_PORT)]
-    return tuple(args)
-
-
 def _capability(text: str) -> tuple[int, int]:
     major, minor = str(text).split(".")
     return int(major), int(minor)
 
 
-def _fmt_float(value: float) -> str:
-    text = repr(float(value))
-    return text[:-2] if text.endswith(".0") else text
+def _upstream_commit(source: SourceSpec, reader: UpstreamReader) -> str:
+    """The commit a variant's upstream compose file is read at: the lock's, else the ref's full sha,
+    else (a preview without a lock) where the branch or tag points now."""
+    if source.commit is not None:
+        return source.commit
+    try:
+        return reader.resolve_ref(source.name, source.git_url, source.ref)
+    except UpstreamError as exc:
+        raise RecipeError(f"{source.lock_name}: not locked, and {exc}") from None
 
 
-def _entrypoint(v: Mapping[str, Any]) -> tuple[str, ...]:
-    genesis = v.get("genesis")
-    prelude = list(v.get("entrypoint_prelude") or ())
-    if genesis is None and not prelude:
-        return ("vllm", "serve")
-    lines = ["set -e", *prelude]
-    if genesis is not None:
-        apply_all = f"{VLLM_SITE}/_genesis/patches/apply_all.py"
-        lines += [
-            "pip install -q " + " ".join(genesis["pip"]),
-            # An empty or missing Genesis mount makes apply_all a silent no-op (club-3090#13): stop here.
-            f"if [ ! -f {apply_all} ]; then echo 'rigup: Genesis tree missing at {apply_all}' >&2; exit 1; fi",
-            "python3 -m vllm._genesis.patches.apply_all",
-        ]
-    lines += [f"python3 {script}" for script in v.get("sidecars") or ()]
-    lines.append('exec vllm serve "$@"')
-    return ("/bin/bash", "-c", "\n".join(lines) + "\n", "--")
+def _int_flag(edit: ComposeEdit, flag: str, default: int | None) -> int | None:
+    values = edit.flag_values(flag)
+    if values is None:
+        return default
+    if len(values) != 1 or not values[0].isdigit():
+        raise ComposeError(f"{edit.where('command ' + flag)}: {values!r} is not an integer after defaults")
+    return int(values[0])
 
 
-def resolve(host_data: Mapping[str, Any], lock: Lock | None = None, interconnect: Interconnect | None = None) -> Recipe:
-    """Turn (catalog, host data, lock) into the recipe for the host's `variant`.
+def _float_flag(edit: ComposeEdit, flag: str) -> float:
+    values = edit.flag_values(flag)
+    try:
+        return float(values[0]) if values and len(values) == 1 else float("nan")
+    except ValueError:
+        raise ComposeError(f"{edit.where('command ' + flag)}: {values!r} is not a number after defaults") from None
+
+
+def _speculative(edit: ComposeEdit, v: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(--speculative-config JSON, method) from upstream's command, else the catalog's note of what
+    upstream's entrypoint builds (newer composes assemble it from SPEC_N)."""
+    values = edit.flag_values("--speculative-config")
+    if values is not None:
+        try:
+            config = json.loads(values[0])
+        except (IndexError, ValueError):
+            raise ComposeError(f"{edit.where('command --speculative-config')}: not JSON: {values!r}") from None
+        method = str(config.get("method") or "")
+        kind = "dflash" if "dflash" in method else "mtp" if method in ("mtp", "") or "mtp" in method else method
+        return json.dumps(config, separators=(",", ":")), kind
+    spec = v.get("speculative")
+    if spec is None:
+        return None, None
+    config = {"method": spec["kind"], "num_speculative_tokens": int(spec["num_speculative_tokens"])}
+    return json.dumps(config, separators=(",", ":")), str(spec["kind"])
+
+
+def resolve(
+    host_data: Mapping[str, Any],
+    lock: Lock | None = None,
+    interconnect: Interconnect | None = None,
+    upstream: UpstreamReader | None = None,
+) -> Recipe:
+    """Turn (catalog, host data, lock, upstream's compose file) into the recipe for the host's `variant`.
 
     + host_data: the host's knobs (group_data/all.py names): variant, variant_overrides,
-      install_root, model_dir, container_registry, serving_bind_address, gpu_interconnect and the
-      *_git_url knobs the variant's sources name
+      install_root, model_dir, container_registry, serving_bind_address, gpu_interconnect, source_refs
+      and the *_git_url knobs
     + lock: exact pins (git commits, model revisions, image digests); None keeps the catalog's refs
-    + interconnect: what rigup.desired.interconnect detected on the host (`detect`/`choose`); None keeps the
-      catalog's PCIe-safe NCCL settings unless the gpu_interconnect knob forces them
+      (upstream files are then read at the catalog's documented commits)
+    + interconnect: what rigup.desired.interconnect detected on the host; None keeps upstream's
+      PCIe-safe NCCL settings unless the gpu_interconnect knob forces them
+    + upstream: where upstream files are read (rigup.desired.upstream; default: the git cache)
     """
     catalog = load_catalog()
     name = _require(host_data, "variant")
@@ -550,6 +529,7 @@ def resolve(host_data: Mapping[str, Any], lock: Lock | None = None, interconnect
         raise RecipeError(f"unknown variant {name!r}; known: {', '.join(sorted(catalog['variants']))}")
     v = catalog["variants"][name]
     main_spec = catalog["models"][v["model"]]
+    reader = upstream if upstream is not None else default_reader()
 
     source_refs = knob(host_data, "source_refs") or {}
     if not isinstance(source_refs, Mapping):
@@ -594,40 +574,106 @@ def resolve(host_data: Mapping[str, Any], lock: Lock | None = None, interconnect
     models = [_model(catalog, v["model"], "main", model_dir, lock)]
     if v.get("draft") is not None:
         models.append(_model(catalog, v["draft"], "draft", model_dir, lock))
-    draft = models[1] if len(models) > 1 else None
 
-    # Mounts: models (read-only), files from git sources, then the compile caches.
-    mounts: list[Mount] = [
-        Mount(m.path, m.container_path, True, "model", f"model:{m.name}") for m in models
-    ]
-    files_by_source: dict[str, list[str]] = {}
-    for mount in v.get("source_mounts") or ():
-        src_path = posixpath.join(paths.sources_dir, mount["source"], mount["path"])
-        files_by_source.setdefault(mount["source"], []).append(mount["path"])
-        mounts.append(Mount(src_path, mount["target"], True, "source", f"git:{mount['source']}"))
-    host_dirs: list[str] = []
-    for cache_name, target in (v.get("cache_mounts") or {}).items():
-        host = posixpath.join(paths.cache_dir, cache_name)
-        host_dirs.append(host)
-        mounts.append(Mount(host, target, False, "cache", "cache"))
-    sources = tuple(
-        _source(catalog, s, host_data, paths.sources_dir, tuple(files_by_source.get(s, ())), lock)
-        for s in v.get("sources") or ()
-    )
+    # The base: upstream's compose file at the locked commit.
+    up = v["upstream"]
+    up_source = _source(catalog, up["source"], host_data, paths.sources_dir, (), lock)
+    commit = _upstream_commit(up_source, reader)
+    try:
+        text = reader.read(up_source.name, up_source.git_url, commit, up["path"])
+    except UpstreamError as exc:
+        raise RecipeError(f"variant {name!r}: {exc}") from None
+    # From a local working tree ($RIGUP_UPSTREAM_TREES) the text is the tree's, not the commit's: say so.
+    local = str(reader.trees[up_source.name]) if isinstance(reader, WorkingTrees) else None
+    base = UpstreamFile(up_source.name, up_source.git_url, commit, up["path"], text, local)
 
-    spec_json, spec_method = _speculative(v, draft)
-    env_map = {k: str(val) for k, val in (v.get("env") or {}).items() if val is not None}
+    image = _image(catalog, v["image"], registry, lock)
     try:
         planned = effective(knob(host_data, "gpu_interconnect"), interconnect)
     except ValueError as exc:
         raise RecipeError(str(exc)) from None
-    tp = knobs["tensor_parallel_size"]
-    nccl = nccl_settings(planned, tp)
-    if nccl is not None:
-        env_map = apply_env(env_map, nccl)
-    env = tuple(EnvVar(k, val) for k, val in env_map.items())
-    image = _image(catalog, v["image"], registry, lock)
-    documented = all(knobs[k] == v.get(k) for k in OVERRIDE_KEYS if k != "port")
+    checkouts = {s: SourceCheckout(s, posixpath.join(paths.sources_dir, s)) for s in catalog["sources"]}
+    ctx = Context(
+        variant=name,
+        image_ref=image.ref,
+        image_why=f"catalog image {image.key} ({image.repository}:{image.tag})"
+        + (", digest from the lock" if image.digest else ", tag only (no digest locked)"),
+        bind_address=bind_address,
+        host_port=overrides.get("port", v.get("port")) if isinstance(overrides, Mapping) else v.get("port"),
+        container_port_default=CONTAINER_PORT,
+        model_mounts=[(m.path, m.container_path) for m in models],
+        cache_dir=paths.cache_dir,
+        upstream_source=checkouts[up_source.name],
+        path_sources={prefix: checkouts[s] for prefix, s in (v.get("source_paths") or {}).items()},
+        mount_fixes={t: {**f, "checkout": checkouts[f["source"]]} for t, f in (v.get("mount_fixes") or {}).items()},
+        exists=lambda path: reader.kind(up_source.name, up_source.git_url, commit, path),
+        overrides={k: knobs[k] for k in OVERRIDE_FLAGS if k in (overrides or {})},
+        gpu_count=lambda edit: _int_flag(edit, "--tensor-parallel-size", 1) or 1,
+        nccl=lambda tp: nccl_settings(planned, tp),
+        nvlink=None if planned is None else planned.nvlink,
+        labels={"rigup.variant": name, "rigup.image": image.ref},
+    )
+    try:
+        edit = ComposeEdit(base, up.get("service"))
+        apply_all(edit, ctx)
+        served = edit.flag_values("--served-model-name") or []
+        model_arg = edit.flag_values("--model") or []
+        tp = _int_flag(edit, "--tensor-parallel-size", 1) or 1
+        max_model_len = _int_flag(edit, "--max-model-len", None)
+        max_num_seqs = _int_flag(edit, "--max-num-seqs", None)
+        batched = _int_flag(edit, "--max-num-batched-tokens", None)
+        util = _float_flag(edit, "--gpu-memory-utilization")
+        spec_json, spec_method = _speculative(edit, v)
+    except (ComposeError, UpstreamError) as exc:
+        raise RecipeError(f"variant {name!r}: {exc}") from None
+    if model_arg != [models[0].container_path]:
+        raise RecipeError(f"variant {name!r}: {base.where}: --model is {model_arg!r}; the catalog's model "
+                          f"{models[0].name} is mounted at {models[0].container_path}")
+    if not served:
+        raise RecipeError(f"variant {name!r}: {base.where}: no --served-model-name")
+    if max_model_len is None or max_num_seqs is None or util != util:
+        raise RecipeError(f"variant {name!r}: {base.where}: --max-model-len, --max-num-seqs and "
+                          f"--gpu-memory-utilization must be set")
+    entrypoint = tuple(str(t) for t in (edit.get("entrypoint") or ()))
+    script = "\n".join(entrypoint)
+    env_map = edit.env()
+
+    used = ctx.used_sources
+    sources = tuple(
+        _source(catalog, s, host_data, paths.sources_dir, tuple(sorted(used[s])), lock)
+        for s in catalog["sources"] if s in used
+    )
+    mount_list: list[Mount] = []
+    model_paths = {m.container_path: m for m in models}
+    for vol in edit.volumes():
+        if vol["target"] in model_paths:
+            kind, origin = "model", f"model:{model_paths[vol['target']].name}"
+        elif vol["target"] in CACHE_TARGETS:
+            kind, origin = "cache", "cache"
+        else:
+            owner = next((s for s in sources if vol["source"] == s.path or vol["source"].startswith(s.path + "/")), None)
+            kind, origin = "source", f"git:{owner.name}" if owner else "host"
+        mount_list.append(Mount(vol["source"], vol["target"], bool(vol["read_only"]), kind, origin))
+        for m in models:
+            if vol["target"].startswith(m.container_path + "/"):
+                # A bind over a file inside the read-only model mount needs that file to exist there
+                # (the mountpoint cannot be created on a read-only bind): the lock lists the model's files.
+                rel = vol["target"][len(m.container_path) + 1:]
+                pin = getattr(lock, "models", {}).get(m.lock_name) if lock is not None else None
+                files = pin.files if pin is not None else ()
+                if files and rel not in {f.path for f in files}:
+                    raise RecipeError(
+                        f"variant {name!r}: {base.where}: upstream mounts {vol['target']}, but {m.repo_id} at "
+                        f"{m.revision} has no {rel}, and the verified model directory is mounted read-only"
+                    )
+    documented = (
+        all(k == "port" for k in (overrides or {}))
+        and (tp, max_model_len, util, max_num_seqs, batched, "--language-model-only" in edit.command())
+        == (v["tensor_parallel_size"], v["max_model_len"], float(v["gpu_memory_utilization"]), v["max_num_seqs"],
+            v["max_num_batched_tokens"], bool(v["language_model_only"]))
+    )
+    rendered_text = dump(edit.doc, _header(name, v, base, ctx.interconnect_note))
+    host_port = int(str(edit.get("ports")[0]).rsplit(":", 2)[-2])
     disk = image.approx_size_gb + sum(m.approx_size_gb for m in models) + sum(s.approx_size_gb for s in sources)
 
     return Recipe(
@@ -636,14 +682,14 @@ def resolve(host_data: Mapping[str, Any], lock: Lock | None = None, interconnect
         family=main_spec["family"],
         image=image,
         bind_address=bind_address,
-        host_port=knobs["port"],
+        host_port=host_port,
         container_port=CONTAINER_PORT,
         project_name=f"rigup-{name}",
-        service_name="vllm",
-        container_name=v["container_name"],
-        served_model_name=v["served_model_name"],
-        tensor_parallel_size=knobs["tensor_parallel_size"],
-        gpu_count=knobs["tensor_parallel_size"],
+        service_name=edit.service,
+        container_name=str(edit.get("container_name")),
+        served_model_name=served[0],
+        tensor_parallel_size=tp,
+        gpu_count=tp,
         valid_tensor_parallel_sizes=tuple(v["tensor_parallel_sizes"]),
         min_compute_capability=_capability(v["min_compute_capability"]),
         min_gpu_memory_gb=float(v["min_gpu_memory_gb"]),
@@ -659,32 +705,63 @@ def resolve(host_data: Mapping[str, Any], lock: Lock | None = None, interconnect
             )
             for e in v.get("alternative_envelopes") or ()
         ),
-        max_model_len=knobs["max_model_len"],
-        gpu_memory_utilization=float(knobs["gpu_memory_utilization"]),
-        max_num_seqs=knobs["max_num_seqs"],
-        max_num_batched_tokens=knobs["max_num_batched_tokens"],
-        kv_cache_dtype=v.get("kv_cache_dtype"),
-        dtype=v["dtype"],
+        max_model_len=max_model_len,
+        gpu_memory_utilization=util,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=batched,
+        kv_cache_dtype=(edit.flag_values("--kv-cache-dtype") or [None])[0],
+        dtype=(edit.flag_values("--dtype") or ["auto"])[0],
         speculative_config=spec_json,
         speculative_method=spec_method,
-        language_model_only=bool(v.get("language_model_only")),
-        genesis=v.get("genesis") is not None,
-        entrypoint=_entrypoint(v),
-        vllm_args=_vllm_args(v, models[0], spec_json, knobs, nccl is not None and nccl.custom_all_reduce),
-        environment=env,
-        environment_refs=tuple(EnvRef(k, ref) for k, ref in (v.get("env_refs") or {}).items()),
-        mounts=tuple(mounts),
-        shm_size=str(v["shm_size"]),
-        ipc=str(v["ipc"]),
+        language_model_only="--language-model-only" in edit.command(),
+        genesis="vllm._genesis.patches.apply_all" in script,
+        needs_network_at_start=bool(re.search(r"\bpip3? install\b|-m pip install", script)),
+        entrypoint=entrypoint,
+        vllm_args=tuple(edit.command()),
+        environment=tuple(EnvVar(k, val) for k, val in env_map.items() if val is not None),
+        environment_refs=(EnvRef("HUGGING_FACE_HUB_TOKEN", HF_TOKEN_VAR), EnvRef("VLLM_API_KEY", API_KEY_VAR)),
+        mounts=tuple(mount_list),
+        shm_size=str(edit.get("shm_size") or ""),
+        ipc=str(edit.get("ipc") or ""),
         sources=sources,
         models=tuple(models),
         disk_needed_gb=math.ceil(disk * 10) / 10,
         paths=paths,
-        host_dirs=tuple(host_dirs),
-        overrides=dict(overrides),
+        host_dirs=tuple(ctx.host_dirs),
+        overrides=dict(overrides or {}),
         interconnect=planned if tp > 1 else None,
-        interconnect_note=None if nccl is None else nccl.summary,
+        interconnect_note=ctx.interconnect_note,
+        upstream=base,
+        upstream_source=up_source,
+        upstream_status="archived" if (up_source.name != "club3090" or "/_archive/" in up["path"]) else "current",
+        compose_text=rendered_text,
+        changes=tuple(edit.changes),
     )
+
+
+HF_TOKEN_VAR = "HF_TOKEN"
+API_KEY_VAR = "VLLM_API_KEY"
+
+
+def _public_url(url: str) -> str:
+    """The URL without user:password (a private mirror's credentials must not land in a 0644 file)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")))
+
+
+def _header(name: str, v: Mapping[str, Any], base: UpstreamFile, note: str | None) -> str:
+    lines = [
+        f"Rendered by rigup for variant {name}: {v['description']}",
+        f"Base: {base.path} at {_public_url(base.url)} {base.commit}"
+        + (f" (read from the local tree {base.local_tree}, not from that commit)" if base.local_tree else ""),
+        "plus rigup's transforms (`rigup render " + name + " --explain` lists every difference).",
+        f"Do not edit: the next converge overwrites it. Run through rigup-{name}.service.",
+    ]
+    if note:
+        lines.append(f"GPU interconnect: {note}")
+    return "\n".join(lines)
 
 
 __all__ = [

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import jinja2
 
@@ -47,16 +45,6 @@ class RenderedFile:
         return "".join(lines)
 
 
-def _compose_quote(value: Any) -> str:
-    """A YAML double-quoted scalar with `$` doubled so Compose does not interpolate it."""
-    return json.dumps(str(value).replace("$", "$$"), ensure_ascii=False)
-
-
-def _env_ref(key: str) -> str:
-    """The Compose reference to a .env key; unset or empty means empty."""
-    return json.dumps("${" + key + ":-}")
-
-
 @functools.cache
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
@@ -65,8 +53,6 @@ def _environment() -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
-    env.filters["q"] = _compose_quote
-    env.filters["env_ref"] = _env_ref
     return env
 
 
@@ -85,7 +71,8 @@ def render_variant(recipe: Recipe, *, hf_token_present: bool, api_key_present: b
     )
     paths = recipe.paths
     return {
-        paths.compose_file.lstrip("/"): RenderedFile(_render("compose.yaml.j2", recipe), "0644"),
+        # upstream's compose file plus rigup's transforms (rigup/desired/transforms.py)
+        paths.compose_file.lstrip("/"): RenderedFile(recipe.compose_text, "0644"),
         # 0600 whether or not a secret is configured today, so adding one never widens exposure.
         paths.env_file.lstrip("/"): RenderedFile(_render("env.j2", recipe), "0600", secrets),
         paths.unit_file.lstrip("/"): RenderedFile(_render("rigup-variant.service.j2", recipe), "0644"),

@@ -171,8 +171,9 @@ class Project:
                     gpus["count"] = -1
         binds = []
         for v in s.get("volumes") or []:
-            if v.get("type") == "bind":
-                binds.append({"source": v["source"], "target": v["target"], "read_only": bool(v.get("read_only"))})
+            if v.get("type") == "bind":  # short syntax comes back from `config` with bind.create_host_path: true
+                binds.append({"source": v["source"], "target": v["target"], "read_only": bool(v.get("read_only")),
+                              "create_host_path": bool((v.get("bind") or {}).get("create_host_path"))})
             elif v.get("type") == "volume" and v.get("source"):
                 vol = (self.model.get("volumes") or {}).get(v["source"], {}).get("name", f"{self.name}_{v['source']}")
                 binds.append({"source": f"/var/lib/docker/volumes/{vol}/_data", "target": v["target"],

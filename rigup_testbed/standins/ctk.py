@@ -171,7 +171,7 @@ def cdi(args: list[str]) -> int:
             out = Path(opts["output"])
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(spec)
-            info(f"Generated CDI spec with version 0.5.0")
+            info("Generated CDI spec with version 0.5.0")
         else:
             sys.stdout.write(spec)
         return 0

@@ -367,7 +367,27 @@ def parse_volumes(values: list[str]) -> list[dict[str, Any]]:
         src, dst = parts[0], parts[1]
         if not src.startswith("/"):
             src = f"/var/lib/docker/volumes/{src}/_data"
-        out.append({"source": src, "target": dst, "read_only": len(parts) > 2 and "ro" in parts[2].split(",")})
+        out.append({"source": src, "target": dst, "read_only": len(parts) > 2 and "ro" in parts[2].split(","),
+                    "create_host_path": True})
+    return out
+
+
+def parse_mounts(values: list[str]) -> list[dict[str, Any]]:
+    """--mount type=bind,source=...,target=...[,readonly]: a missing source fails the create (no host path made)."""
+    out = []
+    for v in values:
+        opts = dict(p.partition("=")[::2] for p in v.split(","))
+        if opts.get("type", "volume") not in ("bind", "volume"):
+            continue
+        src = opts.get("source") or opts.get("src") or ""
+        dst = opts.get("target") or opts.get("destination") or opts.get("dst") or ""
+        if not src or not dst:
+            continue
+        bind = opts.get("type") == "bind"
+        if not bind:
+            src = f"/var/lib/docker/volumes/{src}/_data"
+        ro = "readonly" in opts and opts["readonly"] in ("", "true", "1") or "ro" in opts and opts["ro"] in ("", "true", "1")
+        out.append({"source": src, "target": dst, "read_only": ro, "create_host_path": not bind})
     return out
 
 
@@ -429,7 +449,8 @@ def cmd_run(args: list[str]) -> int:
         "ports": parse_ports(opts.get("-p", []) + opts.get("--publish", [])),
         "restart": first(opts, "--restart"), "gpus": parse_gpus(gpus) if gpus else None,
         "runtime": first(opts, "--runtime"), "network_mode": first(opts, "--network", "--net"),
-        "binds": parse_volumes(opts.get("-v", []) + opts.get("--volume", [])), "healthcheck": hc,
+        "binds": parse_volumes(opts.get("-v", []) + opts.get("--volume", [])) + parse_mounts(opts.get("--mount", [])),
+        "healthcheck": hc,
         "auto_remove": "--rm" in opts, "ipc": first(opts, "--ipc"), "working_dir": first(opts, "-w", "--workdir"),
     }
     quiet = "-q" in opts or "--quiet" in opts
@@ -446,7 +467,10 @@ def cmd_run(args: list[str]) -> int:
         err(f"docker: Error response from daemon: {exc}\n\nRun 'docker run --help' for more information")
         if "--rm" in opts:
             dc.rpc("remove", name=cid, force=True)
-        return 127 if "executable file not found" in str(exc) else 125
+        text = str(exc)
+        if "error during container init: exec" in text:  # the entrypoint itself: missing 127, not runnable 126
+            return 127 if "executable file not found" in text or "no such file or directory" in text else 126
+        return 125
     if "-d" in opts or "--detach" in opts:
         print(cid)
         return 0

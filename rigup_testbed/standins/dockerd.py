@@ -15,8 +15,11 @@ What it shares with the real daemon, because rigup's checks depend on it:
   * containers run under the daemon's cgroup, survive the CLI, die with the daemon and come back at
     daemon start per restart policy. A vLLM (or llama.cpp server) container runs responder.py, an
     OpenAI-compatible HTTP server; `nvidia-smi` runs the host's nvidia-smi with the container's GPUs;
-    `sleep`, `true`, `echo` run as such; anything else exits 127 saying it is not simulated. Published
-    ports are bound by the daemon (like docker-proxy) and handed to the container process.
+    `sleep`, `true`, `echo` run as such (fast paths). A shell, script or Python entrypoint (`bash -c
+    SCRIPT -- ARGS`) runs for real in a root assembled from the container's mounts (container.py), where
+    shims stand in for python3, pip, vllm and nvidia-smi; anything else exits 127 saying it is not
+    simulated. Published ports are bound by the daemon (like docker-proxy) and handed to the container
+    process; bind sources are checked/created at start like the engine does.
 Clients talk to it over the real socket path with a private JSON RPC (see dockerclient.py).
 """
 
@@ -27,7 +30,6 @@ import http.server
 import json
 import os
 import re
-import shlex
 import shutil
 import signal
 import socket
@@ -42,6 +44,7 @@ from typing import Any
 
 import common
 import dockerclient as ref
+from container import vllm_args  # noqa: F401 - also dockerd.vllm_args
 
 HERE = Path(__file__).resolve().parent
 LOG = "/var/log/docker-standin/calls.log"
@@ -133,59 +136,34 @@ def load_config(path: Path, flag_hosts: list[str]) -> dict[str, Any]:
 # --- containers ----------------------------------------------------------------------------------
 
 
-def vllm_args(tokens: list[str]) -> dict[str, Any]:
-    """The vLLM (or llama.cpp server) options a command line carries."""
-    out: dict[str, Any] = {"served_model_names": []}
-    flags_with_value = {
-        "--model": "model", "--port": "port", "--host": "host", "--api-key": "api_key",
-        "--tensor-parallel-size": "tp", "-tp": "tp", "--gpu-memory-utilization": "gpu_util",
-        "--max-model-len": "max_model_len", "--speculative-config": "speculative_config",
-        "--alias": "alias", "-a": "alias", "-m": "model", "--ctx-size": "max_model_len", "-c": "max_model_len",
-    }
-    i = 0
-    while i < len(tokens):
-        t = tokens[i]
-        name, eq, value = t.partition("=")
-        if name == "--served-model-name":
-            vals = [value] if eq else []
-            while not eq and i + 1 < len(tokens) and not tokens[i + 1].startswith("-") and tokens[i + 1] not in ("&&", ";", "|"):
-                i += 1
-                vals.append(tokens[i])
-            out["served_model_names"] += vals
-        elif name in flags_with_value:
-            if not eq and i + 1 < len(tokens):
-                i += 1
-                value = tokens[i]
-            out[flags_with_value[name]] = value
-        elif t == "serve" and i + 1 < len(tokens) and not tokens[i + 1].startswith("-"):
-            out.setdefault("model", tokens[i + 1])
-            i += 1
-        i += 1
-    return out
-
-
 def expand_env(text: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)",
                   lambda m: env.get(m.group(1) or m.group(3), m.group(2) or "") or (m.group(2) or ""), text)
 
 
+SHELLS = ("bash", "sh")
+PYTHONS = ("python3", "python", "python3.12")
+
+
 def classify(c: dict[str, Any]) -> tuple[str, list[str]]:
-    """(kind, argv tokens) of what the container runs: vllm | llama | nvidia-smi | simple | unknown."""
+    """(kind, argv tokens) of what the container runs: vllm | llama | nvidia-smi | simple | shell | unknown.
+
+    shell: a shell, a script or a Python file, run for real in an assembled root (container.py); the
+    others are fast paths that run the stand-in directly."""
     entry = c["Config"].get("Entrypoint") or []
     cmd = c["Config"].get("Cmd") or []
     image = c["Config"]["Image"]
     env = dict(e.split("=", 1) for e in c["Config"].get("Env", []) if "=" in e)
-    if entry[-1:] == ["-c"] and Path(entry[0]).name in ("bash", "sh") and cmd:
-        script = expand_env(" ".join(cmd), env)
-        try:
-            tokens = shlex.split(script)
-        except ValueError:
-            tokens = script.split()
-    elif cmd[:2] in (["bash", "-c"], ["sh", "-c"], ["/bin/bash", "-c"], ["/bin/sh", "-c"]) and len(cmd) > 2:
-        tokens = shlex.split(expand_env(" ".join(cmd[2:]), env))
-    else:
-        tokens = [expand_env(t, env) for t in entry + cmd]
     image_name = ref.parse_ref(image)["path"]
+    argv = list(entry + cmd)
+    while argv and argv[0].endswith("nvidia_entrypoint.sh"):  # the CUDA images' entrypoint only execs "$@"
+        argv = argv[1:]
+    prog = Path(argv[0]).name if argv else ""
+    if prog in SHELLS or (prog in PYTHONS and "vllm.entrypoints.openai.api_server" not in argv) \
+            or prog in ("pip", "pip3") or (argv and argv[0].startswith("/") and prog not in ("llama-server", "nvidia-smi",
+                                                                                          "sleep", "true", "echo", "false")):
+        return "shell", argv
+    tokens = [expand_env(t, env) for t in entry + cmd]
     if "vllm" in image_name and not entry and not (cmd[:1] and not cmd[0].startswith("-")):
         tokens = ["vllm", "serve"] + tokens  # the vllm/vllm-openai image's own entrypoint
     if ("vllm" in tokens and "serve" in tokens) or "vllm.entrypoints.openai.api_server" in tokens:
@@ -198,6 +176,29 @@ def classify(c: dict[str, Any]) -> tuple[str, list[str]]:
     if words[:1] in (["sleep"], ["true"], ["echo"], ["false"]):
         return "simple", words
     return "unknown", words
+
+
+def image_kind(image: str) -> str:
+    """Which image layer an assembled container root gets."""
+    name = ref.parse_ref(image)["path"]
+    if "vllm" in name:
+        return "vllm"
+    if "llama.cpp" in name:
+        return "llama"
+    if "cuda" in name:
+        return "cuda"
+    return "plain"
+
+
+def host_source(source: str) -> Path:
+    """Where a bind source lives for the daemon (named volumes live under the stand-in root)."""
+    if source.startswith("/var/lib/docker/"):
+        return common.path(source)
+    return Path(source)
+
+
+def missing_source(source: str) -> str:
+    return f'invalid mount config for type "bind": bind source path does not exist: {source}'
 
 
 class Engine:
@@ -375,6 +376,11 @@ class Engine:
                         f'Conflict. The container name "/{name}" is already in use by container "{c["Id"]}". '
                         "You have to remove (or rename) that container to be able to reuse that name.", 409)
             runtime = spec.get("runtime") or self.default_runtime
+            binds = [{"source": b["source"], "target": b["target"], "read_only": bool(b.get("read_only")),
+                      "create_host_path": bool(b.get("create_host_path", True))} for b in spec.get("binds") or []]
+            for b in binds:
+                if not b["create_host_path"] and not os.path.exists(host_source(b["source"])):
+                    raise ref.DaemonError(missing_source(b["source"]), 400)
             cid = hashlib.sha256(f"{name}:{time.time()}:{os.getpid()}".encode()).hexdigest()
             image_cfg = img.get("Config", {})
             env = dict(e.split("=", 1) for e in image_cfg.get("Env", []))
@@ -402,7 +408,7 @@ class Engine:
                           "Dead": False, "Pid": 0, "ExitCode": 0, "Error": "", "StartedAt": "0001-01-01T00:00:00Z",
                           "FinishedAt": "0001-01-01T00:00:00Z"},
                 "standin": {"ports": spec.get("ports") or [], "gpus_request": spec.get("gpus"),
-                            "user_stopped": False},
+                            "user_stopped": False, "binds": binds},
             }
             self.containers[cid] = c
             self.save()
@@ -463,6 +469,7 @@ class Engine:
             if c["State"]["Running"]:
                 return c
             gpus = self.gpu_devices(c)
+            self._mount_sources(c)
             kind, tokens = classify(c)
             if kind == "nvidia-smi" and not which("nvidia-smi"):
                 raise ref.DaemonError('failed to create task for container: failed to create shim task: OCI runtime '
@@ -477,6 +484,24 @@ class Engine:
             c["standin"]["user_stopped"] = False
             self.save()
             return c
+
+    @staticmethod
+    def _mount_sources(c: dict[str, Any]) -> None:
+        """Bind sources at start, as the engine sets them up: a missing one is created as an empty
+        directory (short syntax, create_host_path: true) or fails the start (long syntax without it)."""
+        binds = c["standin"].get("binds") or [{"source": m["Source"], "target": m["Destination"], "read_only": not m["RW"],
+                                               "create_host_path": True} for m in c["Mounts"]]
+        for b in binds:
+            src = host_source(b["source"])
+            if os.path.exists(src):
+                continue
+            if not b["create_host_path"]:
+                raise ref.DaemonError(missing_source(b["source"]), 400)
+            try:
+                src.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ref.DaemonError(f'error while creating mount source path \'{b["source"]}\': mkdir {b["source"]}: '
+                                      f'{(exc.strerror or str(exc)).lower()}', 500) from None
 
     def _bind_ports(self, c: dict[str, Any]) -> list[socket.socket]:
         if c["HostConfig"]["NetworkMode"] == "host":
@@ -523,18 +548,22 @@ class Engine:
             proc_env["NVIDIA_VISIBLE_DEVICES"] = ",".join(str(g["index"]) for g in gpus)
         log = open(cdir / "container.log", "ab")
         fds: list[int] = []
+        ready: int | None = None
+        responder_spec = {
+            "id": c["Id"], "name": c["Name"][1:], "kind": kind, "args": vllm_args(tokens),
+            "gpus": [g["uuid"] for g in gpus], "network_mode": c["HostConfig"]["NetworkMode"],
+            "listen": [{"fd": s.fileno(), "container_port": int(p["container_port"])}
+                       for s, p in zip(sockets, c["standin"]["ports"])],
+            "binds": c["Mounts"], "status_file": str(cdir / "status.json"), "ctr_socket": str(self.ctr_socket(c["Id"])),
+        }
         if kind in ("vllm", "llama"):
-            spec = {
-                "id": c["Id"], "name": c["Name"][1:], "kind": kind, "args": vllm_args(tokens),
-                "gpus": [g["uuid"] for g in gpus], "network_mode": c["HostConfig"]["NetworkMode"],
-                "listen": [{"fd": s.fileno(), "container_port": int(p["container_port"])}
-                           for s, p in zip(sockets, c["standin"]["ports"])],
-                "binds": c["Mounts"], "status_file": str(cdir / "status.json"), "ctr_socket": str(self.ctr_socket(c["Id"])),
-            }
             fds = [s.fileno() for s in sockets]
             spec_file = cdir / "spec.json"
-            common.write_json_atomic(spec_file, spec, 0o600)
+            common.write_json_atomic(spec_file, responder_spec, 0o600)
             argv = [sys.executable, str(HERE / "responder.py"), str(spec_file)]
+        elif kind == "shell":
+            argv, fds, ready = self._shell_init(c, tokens, gpus, sockets, cdir, responder_spec, proc_env)
+            proc_env = {k: v for k, v in proc_env.items() if k in ("PATH", common.ROOT_ENV)}
         elif kind == "nvidia-smi":
             argv = [which("nvidia-smi") or "nvidia-smi"] + tokens[1:]
         elif kind == "simple":
@@ -542,24 +571,92 @@ class Engine:
         else:
             argv = ["sh", "-c", 'echo "rigup stand-in: running $0 in a container is not simulated" >&2; exit 127',
                     " ".join(tokens) or "(image default command)"]
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=proc_env,
-                                pass_fds=fds, start_new_session=True, cwd="/")
-        log.close()
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=proc_env,
+                                    pass_fds=fds, start_new_session=True, cwd="/")
+        finally:
+            log.close()
+            if ready is not None:
+                os.close(fds[-1])
+        if ready is not None:
+            failure = self._await_exec(ready, proc)
+            if failure:
+                c["State"].update({"Status": "exited" if c["State"]["StartedAt"][:4] != "0001" else "created",
+                                   "ExitCode": int(failure.get("code", 127)), "Error": failure["error"]})
+                raise ref.DaemonError(
+                    "failed to create task for container: failed to create shim task: OCI runtime create failed: runc "
+                    "create failed: unable to start container process: error during container init: "
+                    f"{failure['error']}: unknown", 500)
         self.procs[c["Id"]] = proc
         c["Path"], c["Args"] = (tokens[0], tokens[1:]) if tokens else ("", [])
         c["State"].update({"Status": "running", "Running": True, "Restarting": False, "Pid": proc.pid, "ExitCode": 0,
                            "StartedAt": now_iso(), "FinishedAt": "0001-01-01T00:00:00Z", "Error": ""})
         c["standin"]["started"] = time.time()
         c["standin"]["kind"] = kind
-        if c["Config"].get("Healthcheck") and kind in ("vllm", "llama"):
+        if c["Config"].get("Healthcheck") and kind in ("vllm", "llama", "shell"):
             c["State"]["Health"] = {"Status": "starting", "FailingStreak": 0, "Log": []}
             threading.Thread(target=self._health_loop, args=(c["Id"], proc), daemon=True).start()
         else:
             c["State"].pop("Health", None)
         threading.Thread(target=self._monitor, args=(c["Id"], proc), daemon=True).start()
 
+    def _shell_init(self, c: dict[str, Any], argv: list[str], gpus: list[dict[str, Any]], sockets: list[socket.socket],
+                    cdir: Path, responder_spec: dict[str, Any], env: dict[str, str]) -> tuple[list[str], list[int], int]:
+        """container.py --init: the container's own argv in a root assembled from its mounts (see container.py)."""
+        common.write_json_atomic(cdir / "spec.json", responder_spec, 0o600)
+        ready, ready_w = os.pipe()
+        ctr_env = {k: v for k, v in env.items() if k != common.ROOT_ENV}
+        workdir = c["Config"].get("WorkingDir") or ("/vllm-workspace" if image_kind(c["Config"]["Image"]) == "vllm" else "/")
+        spec = {
+            "argv": argv, "env": ctr_env, "hostname": c["Config"]["Hostname"], "workdir": workdir,
+            "image": image_kind(c["Config"]["Image"]), "gpus": [g["index"] for g in gpus],
+            "shm_size": c["HostConfig"].get("ShmSize"), "cdir": str(cdir), "ready_fd": ready_w,
+            "nvidia_smi": which("nvidia-smi") if gpus else None,
+            "mounts": [{"source": str(host_source(m["Source"])), "target": m["Destination"], "ro": not m["RW"]}
+                       for m in c["Mounts"]],
+            "host": {"python": sys.executable, "responder": str(HERE / "responder.py"), "spec": str(cdir / "spec.json"),
+                     "nvidia_smi": which("nvidia-smi") if gpus else None,
+                     "root_env": os.environ.get(common.ROOT_ENV) if common.test_mode() else None},
+        }
+        common.write_json_atomic(cdir / "init.json", spec, 0o600)
+        return ([sys.executable, str(HERE / "container.py"), "--init", str(cdir / "init.json")],
+                [s.fileno() for s in sockets] + [ready_w], ready)
+
+    @staticmethod
+    def _await_exec(ready: int, proc: subprocess.Popen[bytes]) -> dict[str, Any] | None:
+        """What container.py --init reported before its exec (None: the container's process runs)."""
+        import select
+
+        data = b""
+        deadline = time.monotonic() + 60
+        try:
+            while time.monotonic() < deadline:
+                r, _, _ = select.select([ready], [], [], 0.5)
+                if r:
+                    chunk = os.read(ready, 65536)
+                    if not chunk:
+                        break
+                    data += chunk
+            else:
+                os.killpg(proc.pid, signal.SIGKILL)
+                data = json.dumps({"error": "rigup stand-in: the container root took over 60 s to assemble"}).encode()
+        finally:
+            os.close(ready)
+        if not data:
+            return None
+        proc.wait()
+        try:
+            return json.loads(data)
+        except ValueError:
+            return {"error": data.decode(errors="replace"), "code": 126}
+
     def _monitor(self, cid: str, proc: subprocess.Popen[bytes]) -> None:
         code = proc.wait()
+        if self.containers.get(cid, {}).get("standin", {}).get("kind") == "shell":
+            try:  # what the script left running in the background dies with it, as in its PID namespace
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         with self.lock:
             c = self.containers.get(cid)
             if c is None or self.procs.get(cid) is not proc:
@@ -667,7 +764,10 @@ class Engine:
             self.stop(name, timeout=0.5)
         with self.lock:
             self.containers.pop(c["Id"], None)
-            shutil.rmtree(self.state_dir / "containers" / c["Id"], ignore_errors=True)
+            cdir = self.state_dir / "containers" / c["Id"]
+            # A container root is only mounted in its own namespace; never recurse into one seen from here.
+            if not os.path.ismount(cdir / "rootfs"):
+                shutil.rmtree(cdir, ignore_errors=True)
             self.save()
 
     def wait(self, name: str) -> int:

@@ -21,13 +21,16 @@ Faults come from /etc/rigup-testbed/responder.json, read at start and per reques
   {"mode": "ok" | "fail" | "slow" | "crash", "delay_s": 2, "startup_delay_s": 0, "check_model": true}
   fail: /health 500 and completions 500; slow: every answer waits delay_s; crash: exits 1 after start.
 
-Usage: responder.py SPEC.json  (written by dockerd: args, GPUs, listening fds, container socket).
+Usage: responder.py SPEC.json  (written by dockerd: args, GPUs, listening fds, container socket; or by
+container.py's vllm shim when a container's own script runs `exec vllm serve "$@"`: then "args" are the
+arguments bash passed and only the published socket of the container port in --port is served).
 """
 
 from __future__ import annotations
 
 import hashlib
 import http.server
+import io
 import json
 import os
 import signal
@@ -355,10 +358,18 @@ if rich is not None:
             if f.get("mode") == "slow":
                 time.sleep(float(f.get("delay_s", 2)))
             path = self.path.split("?")[0]
+            names = getattr(self.server, "names", [])
             if path == "/health" and f.get("mode") == "fail":
                 self.send_json(500, {"error": "EngineDeadError"})
             elif path == "/version":
                 self.send_json(200, {"version": VLLM_VERSION})
+            elif path == "/v1/models" and len(names) > 1 and self.authorised():  # several --served-model-name
+                config = self.server.config
+                self.send_json(200, {"object": "list", "data": [
+                    {"id": n, "object": "model", "created": self.server.created, "owned_by": "vllm",
+                     "root": self.server.model_path or n, "parent": None, "max_model_len": config.max_model_len}
+                    for n in names]})
+                self.access(200)
             else:
                 super().do_GET()
 
@@ -373,6 +384,20 @@ if rich is not None:
                                      "(above) for the root cause.", "type": "InternalServerError", "param": None,
                                      "code": 500})
                 return
+            names = getattr(self.server, "names", [])
+            if len(names) > 1:  # any served name reaches the one model openai_responder serves
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length)
+                try:
+                    req = json.loads(raw)
+                    if isinstance(req, dict) and req.get("model") in names[1:]:
+                        req["model"] = names[0]
+                        raw = json.dumps(req).encode()
+                except ValueError:
+                    pass
+                self.headers.replace_header("Content-Length", str(len(raw)))
+                self.rfile = io.BytesIO(raw)
+                self.close_connection = True
             super().do_POST()
 
     class BoundResponder(rich.Responder):  # type: ignore[name-defined,misc]
@@ -398,7 +423,9 @@ def tcp_server(sock: socket.socket, app: App) -> Any:
     if rich is not None and app.names:
         config = rich.Config(model=app.names[0], max_model_len=app.max_model_len, api_key=app.api_key,
                              acceptance_length=3.40 if app.spec_decode else None)
-        return BoundResponder(sock, config)
+        srv = BoundResponder(sock, config)
+        srv.names, srv.model_path = list(app.names), app.model
+        return srv
     srv = TCPServer(sock.getsockname()[:2], Handler, bind_and_activate=False)
     srv.socket.close()
     srv.socket = sock
@@ -425,23 +452,33 @@ def main(argv: list[str]) -> int:
     log(f"vLLM API server version {VLLM_VERSION}" if app.kind == "vllm" else "llama server starting")
     log(f"args: model={app.model!r} served_model_name={app.names} tensor_parallel_size={app.tp} "
         f"max_model_len={app.max_model_len}")
+    if spec.get("argv"):
+        log(f"non-default args: {spec['argv'][1:]!r}")
 
     # The daemon's published sockets accept from the first moment (docker-proxy); until the engine is up
     # a connection is closed at once, which clients see as "Empty reply from server".
-    published = [socket.socket(fileno=entry["fd"]) for entry in spec.get("listen", [])]
+    # Started from a container's own command line (container.py), only the container port the server
+    # listens on (--port) reaches it; other published ports keep closing connections.
+    serve_port = spec.get("serve_port")
+    listen = spec.get("listen", [])
+    published = [socket.socket(fileno=entry["fd"]) for entry in listen
+                 if serve_port is None or int(entry["container_port"]) == int(serve_port)]
+    unserved = [socket.socket(fileno=entry["fd"]) for entry in listen
+                if serve_port is not None and int(entry["container_port"]) != int(serve_port)]
     early_stop = threading.Event()
+    never = threading.Event()
 
-    def reject(sock: socket.socket) -> None:
+    def reject(sock: socket.socket, until: threading.Event) -> None:
         sock.settimeout(0.2)
-        while not early_stop.is_set():
+        while not until.is_set():
             try:
                 conn, _ = sock.accept()
                 conn.close()
             except (TimeoutError, OSError):
                 continue
 
-    rejecters = [threading.Thread(target=reject, args=(s,), daemon=True) for s in published]
-    for t in rejecters:
+    rejecters = [threading.Thread(target=reject, args=(s, early_stop), daemon=True) for s in published]
+    for t in rejecters + [threading.Thread(target=reject, args=(s, never), daemon=True) for s in unserved]:
         t.start()
     app.startup_checks(f)
     delay = float(f.get("startup_delay_s", 0) or 0)

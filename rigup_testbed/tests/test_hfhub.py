@@ -479,7 +479,7 @@ def test_sandbox_default_sizes_and_hash_cache(tmp_path: Path) -> None:
     assert spec["repos"][hfhub.SANDBOX_QWEN_DFLASH]["commits"][0]["files"]["model.safetensors"]["size"] == 30_000_000
     assert set(spec["repos"]) == {
         QWEN, hfhub.SANDBOX_QWEN_DFLASH, hfhub.SANDBOX_GEMMA, hfhub.SANDBOX_GEMMA_ASSISTANT, hfhub.SANDBOX_GEMMA_DFLASH,
-        hfhub.SANDBOX_CARNICE, hfhub.SANDBOX_GATED,
+        hfhub.SANDBOX_CARNICE, hfhub.SANDBOX_GATED, *hfhub.SANDBOX_AUGUST,
     }  # fmt: skip
     small = hfhub.sandbox_spec(scale=0.001)
     cache = hfhub.HashCache(tmp_path / "cache.json")

@@ -307,14 +307,14 @@ def test_alike_cards_report_no_mix() -> None:
         ("dual", 3, True, "info", "tensor parallel 2, 1 idle (the nearest valid layout); "
          "Lorbus/Qwen3.6-27B-int4-AutoRound cannot be split 3 ways (valid tensor parallel sizes: 1, 2, 4, 8)", None),
         ("dual", 4, False, "warn", "nearest valid layout is tensor parallel 4",
-         "set variant_overrides.tensor_parallel_size: 4 (or variant multi4, measured at that size)"),
+         "set variant_overrides.tensor_parallel_size: 4 (or variant multi4, qwen-multi4-autoround-int4-mtp, qwen-multi4-fp8-mtp, measured at that size)"),
         ("dual", 6, False, "warn", "nearest valid layout is tensor parallel 4 with 2 idle; "
          "Lorbus/Qwen3.6-27B-int4-AutoRound cannot be split 6 ways", "set variant_overrides.tensor_parallel_size: 4"),
         ("dual", 8, False, "warn", "nearest valid layout is tensor parallel 4 with 4 idle", None),
         ("multi4", 3, False, "fail", "runs tensor parallel 4; this host has 3 GPU(s)", "use tensor parallel 2: variant dual, dual-turbo"),
         ("single", 2, False, "warn", "nearest valid layout is tensor parallel 2", "use variant dual, dual-turbo"),
         ("gemma-dual-int8", 4, False, "warn", "nearest valid layout is tensor parallel 4",
-         "use variant gemma-dual with variant_overrides.tensor_parallel_size: 4"),
+         "use variant gemma-multi4-google-qat-w4a16-base (tensor parallel 4)"),
     ],
 )
 def test_layout_table(variant: str, n: int, ok: bool, severity: str, message: str, fix: str | None) -> None:

@@ -14,9 +14,8 @@ import pytest
 import yaml
 
 from rigup.cli import router
-from rigup.desired.catalog import load_catalog
 
-MODEL = load_catalog()["variants"]["dual"]["served_model_name"]
+MODEL = "qwen3.6-27b-autoround"  # dual's --served-model-name upstream
 KEY = "sk-router-test-000111"
 
 

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from rigup import REPO_ROOT
 from rigup.cli.runner import fleet_targets
 from rigup.client.ssh import LazySsh, LocalSession
 from rigup.desired.fleet import load_fleet
@@ -37,14 +34,16 @@ def test_the_local_host_is_a_target_on_loopback_whose_commands_run_here(tmp_path
     assert runner.run("exit 3").rc == 3
 
 
-def test_status_reads_the_local_host_without_ssh(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "rigup", "status", "--json"],
-        cwd=REPO_ROOT, env={**os.environ, "RIGUP_RIGS": str(local_fleet(tmp_path))},
-        capture_output=True, text=True, timeout=120,
-    )
-    assert "Traceback" not in proc.stderr, proc.stderr
-    (host,) = json.loads(proc.stdout)["hosts"]
+def test_status_reads_the_local_host_without_ssh(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # In this process, so the recipe is read from the upstream fixture trees (tests/conftest.py), not github.
+    from rigup.cli import main
+
+    monkeypatch.setenv("RIGUP_RIGS", str(local_fleet(tmp_path)))
+    main(["status", "--json"])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err, err
+    (host,) = json.loads(out)["hosts"]
     items = {i["item"]: i for i in host["items"]}
     assert host["host"] == "@local" and host["url"] == "http://127.0.0.1:8020"
     # The unit and provenance were read here (nothing is installed on this machine), not over SSH.

@@ -304,7 +304,7 @@ def test_integer_knobs_reject_below_the_bound_and_bools(name):
         ("serving_bind_address", "localhost", "an IP address"),
         ("container_registry", "https://mirror.lan", "host[:port][/path]"),
         ("docker_apt_url", "download.docker.com/linux/ubuntu", "a URL"),
-        ("source_refs", {"genesys": "main"}, "club3090, genesis, vllm-fork"),
+        ("source_refs", {"genesys": "main"}, "club3090, club3090-may, club3090-spring, genesis, qwen36-dual-3090, vllm-fork"),
         ("preflight_os_allowed", ["ubuntu"], "<os-release ID> <VERSION_ID>"),
         ("preflight_disk_margin_gb", -1, "0 or more"),
         ("serving_health_timeout_s", 0, "above 0"),

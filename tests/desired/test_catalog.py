@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 import yaml
 
-from rigup.desired.catalog import CATALOG_FILE, CatalogError, load_catalog_file, variant_names
+from rigup.desired.catalog import CATALOG_FILE, CatalogError, load_catalog_file, rigup_container_names, variant_names
 from rigup.desired.knobs import load_defaults
 from rigup.desired.recipe import Recipe, resolve
+from rigup_testbed.recipes import tree as upstream_tree
 
 NIGHTLY_7A1E = "nightly-7a1eb8ac2ec4ea69338c51dc7afd4b15010abfa8"
 NIGHTLY_BF61 = "nightly-bf610c2f56764e1b30bc6065f4ceace3d6e59036"
@@ -80,8 +81,10 @@ def arg(recipe: Recipe, flag: str) -> str | None:
     return args[args.index(flag) + 1] if flag in args else None
 
 
-def test_catalog_has_exactly_the_seed_variants() -> None:
-    assert variant_names() == list(EXPECTED)
+def test_catalog_has_the_seed_variants_in_order() -> None:
+    # The catalog also carries club-3090's current lineup (upstream source club3090); the seed
+    # variants keep their names and order.
+    assert set(EXPECTED) <= set(variant_names())
 
 
 @pytest.mark.parametrize("variant", list(EXPECTED))
@@ -97,7 +100,7 @@ def test_variant_matches_seed_table(variant: str) -> None:
     assert r.language_model_only is text_only
     # The same values reach the vLLM command line.
     assert arg(r, "--tensor-parallel-size") == str(tp)
-    assert arg(r, "--dtype") == dtype
+    assert arg(r, "--dtype") == (None if dtype == "auto" else dtype)  # Gemma's composes leave vLLM's default
     assert arg(r, "--max-model-len") == str(ctx)
     assert arg(r, "--gpu-memory-utilization") == str(util)
     assert arg(r, "--max-num-seqs") == str(seqs)
@@ -105,8 +108,10 @@ def test_variant_matches_seed_table(variant: str) -> None:
     assert arg(r, "--kv-cache-dtype") == kv
     assert arg(r, "--speculative-config") == spec
     assert ("--language-model-only" in r.vllm_args) is text_only
-    assert ("--disable-custom-all-reduce" in r.vllm_args) is (tp > 1)
-    assert r.vllm_args[-4:] == ("--host", "0.0.0.0", "--port", "8000")
+    # Spring composes pass it in the command; May's entrypoints add it unless NVLink was detected.
+    disabled = "--disable-custom-all-reduce" in r.vllm_args or "--disable-custom-all-reduce" in "\n".join(r.entrypoint)
+    assert disabled is (tp > 1)
+    assert (arg(r, "--host"), arg(r, "--port")) == ("0.0.0.0", "8000")
     assert arg(r, "--model") == r.model.container_path
 
 
@@ -114,7 +119,10 @@ def test_variant_matches_seed_table(variant: str) -> None:
 def test_qwen_variants_keep_the_base_cli_and_env(variant: str) -> None:
     r = recipe_for(variant)
     env = {e.name: e.value for e in r.environment}
-    for key, value in QWEN_BASE_ENV.items():
+    # Upstream's minimal compose (TP=1, no sampler override) sets only part of the base set.
+    base = {k: v for k, v in QWEN_BASE_ENV.items()
+            if variant != "single-minimal" or k not in ("NCCL_P2P_DISABLE", "VLLM_USE_FLASHINFER_SAMPLER")}
+    for key, value in base.items():
         assert env[key] == value, key
     expected_alloc = "expandable_segments:True" if variant == "single-minimal" else "expandable_segments:True,max_split_size_mb:512"
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == expected_alloc
@@ -139,20 +147,32 @@ def test_genesis_marlin_and_sources(variant: str) -> None:
         assert "python3 -m vllm._genesis.patches.apply_all" in script
         assert script.rstrip().endswith('exec vllm serve "$@"')
         assert targets[genesis_target].source == "/opt/rigup/sources/genesis/vllm/_genesis"
+        assert targets[genesis_target].read_only
         genesis = next(s for s in r.sources if s.name == "genesis")
+        assert genesis.required_paths == ("vllm/_genesis",)
         assert genesis.commit == "2db18df4bc3abd4eb58a9b2e0342082fa7012c64" and genesis.full_clone
         assert env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] == "1" and env["VLLM_MARLIN_USE_ATOMIC_ADD"] == "1"
         assert env["GENESIS_ENABLE_P64_QWEN3CODER_MTP_STREAMING"] == "1"
         # Upstream's tolist mount pointed at a path no Genesis revision has; it comes from external_probe/.
+        # The tolist sidecar is upstream's own file, from the club-3090 spring checkout (it exists there).
         tolist = targets["/patches/patch_tolist_cudagraph.py"]
-        assert tolist.source == "/opt/rigup/sources/genesis/external_probe/patch_tolist_cudagraph.py"
+        assert tolist.read_only and tolist.source == (
+            "/opt/rigup/sources/club3090-spring/models/qwen3.6-27b/vllm/patches/patch_tolist_cudagraph.py")
+        assert (upstream_tree("club3090-spring") / "models/qwen3.6-27b/vllm/patches/patch_tolist_cudagraph.py").is_file()
         assert "python3 /patches/patch_tolist_cudagraph.py" in script
     else:
         assert not r.genesis
         assert genesis_target not in targets
         assert not any(k.startswith("GENESIS_") for k in env)
         assert "genesis" not in [s.name for s in r.sources]
-    if variant in MARLIN:
+    if variant in MARLIN and r.upstream.source == "club3090-may":  # type: ignore[union-attr]
+        # The May composes mount club-3090's vendored copy of the fork's files.
+        for name in ("marlin.py", "MPLinearKernel.py"):
+            mount = targets[MARLIN_TARGET + name]
+            assert mount.read_only and mount.origin == "git:club3090-may"
+            assert mount.source == f"/opt/rigup/sources/club3090-may/models/qwen3.6-27b/vllm/patches/vllm-marlin-pad/{name}"
+        assert "vllm-fork" not in [s.name for s in r.sources]
+    elif variant in MARLIN:
         fork = next(s for s in r.sources if s.name == "vllm-fork")
         assert fork.ref == "marlin-pad-sub-tile-n" and fork.commit is None  # branch until locked
         for name in ("marlin.py", "MPLinearKernel.py"):
@@ -165,38 +185,39 @@ def test_genesis_marlin_and_sources(variant: str) -> None:
 
 
 def test_genesis_sets_per_variant() -> None:
-    turbo = {e.name: e.value for e in recipe_for("dual-turbo").environment}
+    """The spring recipes' Genesis switches and sidecars, as upstream had them at 2e934ad1."""
+    turbo_recipe = recipe_for("dual-turbo")
+    turbo = {e.name: e.value for e in turbo_recipe.environment}
     for flag in ("P66_CUDAGRAPH_SIZE_FILTER", "P64_QWEN3CODER_MTP_STREAMING", "P68_AUTO_FORCE_TOOL",
                  "P69_LONG_CTX_TOOL_REMINDER", "P67_TQ_MULTI_QUERY_KERNEL", "PN30_DS_LAYOUT_SPEC_DECODE"):
         assert turbo[f"GENESIS_ENABLE_{flag}"] == "1", flag
     assert turbo["GENESIS_ENABLE_P78_TOLIST_CAPTURE_GUARD"] == "0"
-    assert turbo["GENESIS_ENABLE_PN34_WORKSPACE_LOCK_RELAX"] == "1"  # replaces the workspace-lock sidecar
-    assert "GENESIS_ENABLE_P65_TURBOQUANT_SPEC_CG_DOWNGRADE" not in turbo  # exclusive with P67 on v7.69
-    single = {e.name: e.value for e in recipe_for("single").environment}
-    assert {k for k in single if k.startswith("GENESIS_ENABLE_")} == {
-        "GENESIS_ENABLE_P65_TURBOQUANT_SPEC_CG_DOWNGRADE", "GENESIS_ENABLE_P66_CUDAGRAPH_SIZE_FILTER",
-        "GENESIS_ENABLE_P64_QWEN3CODER_MTP_STREAMING"}
-    assert "--no-scheduler-reserve-full-isl" in recipe_for("single").vllm_args
+    # At 2e934ad1 the workspace lock is relaxed by a sidecar, not the later PN34 switch.
+    assert "GENESIS_ENABLE_PN34_WORKSPACE_LOCK_RELAX" not in turbo
+    assert "python3 /patches/patch_workspace_lock_disable.py" in turbo_recipe.entrypoint[2]
+    sidecar = next(m for m in turbo_recipe.mounts if m.target == "/patches/patch_workspace_lock_disable.py")
+    assert sidecar.source.startswith("/opt/rigup/sources/club3090-spring/") and sidecar.read_only
+    single = recipe_for("single")
+    assert "--no-scheduler-reserve-full-isl" in single.vllm_args
+    assert {e.name: e.value for e in single.environment}["GENESIS_ENABLE_P65_TURBOQUANT_SPEC_CG_DOWNGRADE"] == "1"
     long_text = {e.name: e.value for e in recipe_for("single-long-text").environment}
     assert long_text["GENESIS_ENABLE_PN32_GDN_CHUNKED_PREFILL"] == "1"
     assert long_text["GENESIS_PN32_GDN_CHUNK_SIZE"] == "8192"
-    tools = {e.name for e in recipe_for("single-tools-text").environment if e.name.startswith("GENESIS_ENABLE_")}
-    assert tools == {f"GENESIS_ENABLE_{p}" for p in (
-        "P58_ASYNC_PLACEHOLDER_FIX", "P64_QWEN3CODER_MTP_STREAMING", "P66_CUDAGRAPH_SIZE_FILTER",
-        "P68_AUTO_FORCE_TOOL", "P69_LONG_CTX_TOOL_REMINDER", "P72_PROFILE_RUN_CAP", "P74_CHUNK_CLAMP", "P94",
-        "PN8_MTP_DRAFT_ONLINE_QUANT", "PN13_CUDA_GRAPH_LAMBDA_ARITY", "PN14_TQ_DECODE_OOB_CLAMP",
-        "PN17_FA2_LSE_CLAMP", "PN19_SCOPED_MAX_SPLIT")}
-    bounded = recipe_for("single-bounded-thinking").vllm_args
-    assert arg(recipe_for("single-bounded-thinking"), "--structured-outputs-config.enable_in_reasoning") == "true"
-    assert "--language-model-only" in bounded
+    bounded = recipe_for("single-bounded-thinking")
+    assert arg(bounded, "--structured-outputs-config.enable_in_reasoning") == "true"
+    assert "--language-model-only" in bounded.vllm_args
 
 
-def test_long_text_runs_inputs_embeds_sidecar_from_club3090() -> None:
+def test_long_text_runs_inputs_embeds_sidecar_from_club3090_spring() -> None:
+    rel = "models/qwen3.6-27b/vllm/patches/patch_inputs_embeds_optional.py"
+    assert (upstream_tree("club3090-spring") / rel).is_file()
     for variant in ("single-long-text", "single-long-text-no-mtp"):
         r = recipe_for(variant)
         assert "python3 /patches/patch_inputs_embeds_optional.py" in r.entrypoint[2]
-        club = next(s for s in r.sources if s.name == "club3090")
-        assert "models/qwen3.6-27b/vllm/patches/patch_inputs_embeds_optional.py" in club.required_paths
+        club = next(s for s in r.sources if s.name == "club3090-spring")
+        assert rel in club.required_paths
+        mount = next(m for m in r.mounts if m.target == "/patches/patch_inputs_embeds_optional.py")
+        assert mount.read_only and mount.source == f"/opt/rigup/sources/club3090-spring/{rel}"
 
 
 @pytest.mark.parametrize("variant", list(EXPECTED))
@@ -236,10 +257,10 @@ def test_draft_and_model_dirs() -> None:
 
 
 def test_container_names_are_unique() -> None:
-    names = [recipe_for(v).container_name for v in EXPECTED]
+    names = [recipe_for(v).container_name for v in variant_names()]
+    assert names == [f"rigup-{v}" for v in variant_names()]
     assert len(names) == len(set(names))
-    assert recipe_for("dual").container_name == "vllm-qwen36-27b-dual"
-    assert recipe_for("dual-dflash-noviz").container_name == "vllm-qwen36-27b-dual-dflash-noviz"
+    assert tuple(sorted(names)) == rigup_container_names()
 
 
 # --- the loader rejects broken catalogs ----------------------------------------------------------
@@ -255,7 +276,7 @@ def broken(tmp_path: Path, edit: Any) -> Path:
 
 
 def test_unmodified_copy_loads(tmp_path: Path) -> None:
-    assert list(load_catalog_file(broken(tmp_path, lambda raw: None))["variants"]) == list(EXPECTED)
+    assert list(load_catalog_file(broken(tmp_path, lambda raw: None))["variants"]) == variant_names()
 
 
 @pytest.mark.parametrize(
@@ -265,9 +286,13 @@ def test_unmodified_copy_loads(tmp_path: Path) -> None:
         (lambda raw: raw["variants"]["dual"].update(tensor_parallel_sizes=[2, 3]), "invalid for model"),
         (lambda raw: raw["variants"]["dual"].update(image="nope"), "unknown image 'nope'"),
         (lambda raw: raw["variants"]["dual"].update(base="missing"), "base 'missing'"),
-        (lambda raw: raw["variants"]["dual-turbo"].update(sidecars=["/patches/other.py"]), "not the target of a source mount"),
-        (lambda raw: raw["variants"]["dual-dflash"].update(draft=None), "uses_draft"),
-        (lambda raw: raw["variants"]["single-tools-text"].update(container_name="vllm-qwen36-27b"), "also used by"),
+        (lambda raw: raw["variants"]["dual-turbo"].update(sidecars=["/patches/other.py"]), "variants.dual-turbo: unknown key 'sidecars'"),
+        (lambda raw: raw["variants"]["dual"].update(upstream={"source": "nope", "path": "x.yml"}), "unknown source 'nope'"),
+        (lambda raw: raw["variants"]["dual"].update(upstream={"source": "club3090"}), "needs source and path"),
+        (lambda raw: raw["variants"]["dual"].update(upstream={"source": "club3090", "path": "../x.yml"}), "a path inside the repository"),
+        (lambda raw: raw["variants"]["dual"].update(source_paths={"/opt/x": "nope"}), "source_paths./opt/x: unknown source"),
+        (lambda raw: raw["variants"]["dual"].update(mount_fixes={"/patches/x.py": {"source": "genesis", "path": "x.py"}}), "needs source (a catalog source), path and why"),
+        (lambda raw: raw["variants"]["dual"].update(speculative={"kind": "eagle", "num_speculative_tokens": 3}), "needs kind (mtp|dflash)"),
         (lambda raw: raw["variants"]["dual"].update(gpu_memory_utilization=1), "wrong type"),
         (lambda raw: raw["images"]["vllm-nightly-7a1eb8ac"].update(cuda_runtime=13.0), "cuda_runtime"),
         (lambda raw: raw["variants"]["dual"].update(vram_per_gpu_gb=25.0), "more than the measuring card holds"),
@@ -289,19 +314,44 @@ def test_gemma_variants() -> None:
         assert arg(r, "--chat-template") == "/vllm-workspace/examples/tool_chat_template_gemma4.jinja"
         assert arg(r, "--served-model-name") == "gemma-4-31b-autoround"
         assert "--quantization" not in r.vllm_args and "--reasoning-parser" not in r.vllm_args
+        assert r.entrypoint[:2] == ("/bin/bash", "-c") and r.draft is not None
+    # vLLM PR #40391 (rebased) and the tool-parser fix, vendored in club-3090 at b3010249
     int8 = recipe_for("gemma-dual-int8")
-    overlay = [m.target for m in int8.mounts if m.origin == "git:club3090"]
-    assert len(overlay) == 8 and "/usr/local/lib/python3.12/dist-packages/vllm/model_executor/models/gemma4.py" in overlay
+    overlay = [m.target for m in int8.mounts if m.origin == "git:club3090-may"]
+    assert "/usr/local/lib/python3.12/dist-packages/vllm/model_executor/models/gemma4.py" in overlay
+    assert all(m.read_only for m in int8.mounts if m.origin == "git:club3090-may")
     dflash = recipe_for("gemma-dual-dflash")
-    assert len([m for m in dflash.mounts if m.origin == "git:club3090"]) == 12
+    assert sum(m.origin == "git:club3090-may" for m in dflash.mounts) > len(overlay)
     assert "pip install --quiet --upgrade transformers==5.8.0" in dflash.entrypoint[2]
-    assert recipe_for("gemma-dual").entrypoint == ("vllm", "serve")
+    assert dflash.needs_network_at_start and not int8.needs_network_at_start
     assert recipe_for("gemma-dual").draft.gated  # type: ignore[union-attr]
 
 
-def test_carnice_uses_its_chat_template_without_touching_the_model_dir() -> None:
+def test_carnice_mounts_its_chat_template_over_the_models_own() -> None:
+    """Upstream (b3010249) binds its template over the model's chat_template.jinja; the model mount is
+    read-only, so the file must exist in the verified model (rigup checks the lock's file list)."""
     r = recipe_for("carnice-bf16mtp")
-    assert arg(r, "--chat-template") == "/etc/rigup/carnice-chat-template.jinja"
-    template = next(m for m in r.mounts if m.target == "/etc/rigup/carnice-chat-template.jinja")
-    assert template.source == "/opt/rigup/sources/club3090/models/qwen3.6-27b/vllm/patches/carnice-chat-template.jinja"
-    assert not any(m.target.startswith(r.model.container_path + "/") for m in r.mounts)
+    inside = [m for m in r.mounts if m.target.startswith(r.model.container_path + "/")]
+    assert [m.target for m in inside] == [f"{r.model.container_path}/chat_template.jinja"]
+    assert inside[0].source == ("/opt/rigup/sources/club3090-may/models/qwen3.6-27b/vllm/patches/"
+                                "carnice-chat-template.jinja") and inside[0].read_only
+    assert arg(r, "--tool-call-parser") == "qwen3_xml"
+
+
+
+def test_a_file_bound_into_the_read_only_model_must_ship_with_the_model() -> None:
+    from rigup.desired.lock import FilePin, LockFile, ModelPin
+    from rigup.desired.recipe import RecipeError, resolve
+
+    name = recipe_for("carnice-bf16mtp").model.lock_name
+    repo_id = name.removeprefix("model:")
+
+    def lock_with(*files: str) -> LockFile:
+        lock = LockFile()
+        lock.models[name] = ModelPin(name, repo_id, "main", "2" * 40, tuple(FilePin(f, 1, "3" * 64) for f in files))
+        return lock
+
+    data = {**load_defaults(), "variant": "carnice-bf16mtp"}
+    assert resolve(data, lock_with("config.json", "chat_template.jinja")).model.revision == "2" * 40
+    with pytest.raises(RecipeError, match="has no chat_template.jinja, and the verified model directory is mounted read-only"):
+        resolve(data, lock_with("config.json", "model.safetensors"))

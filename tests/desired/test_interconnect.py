@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from rigup.cli.render import add_parser
-from rigup.desired.interconnect import Interconnect, apply_env, choose, detect, effective, nccl_settings
+from rigup.desired.interconnect import Interconnect, choose, detect, effective, nccl_settings
 from rigup.desired.knobs import load_defaults
 from rigup.desired.plan import recipe_for
 from rigup.desired.recipe import Recipe, RecipeError, resolve
@@ -145,21 +145,6 @@ def test_settings_per_interconnect() -> None:
     assert nccl_settings(Interconnect(True, True, "forced"), 1) is None  # TP=1 has no collectives
 
 
-def test_apply_env_keeps_order_and_drops_expandable_segments() -> None:
-    env = {"A": "1", "NCCL_P2P_DISABLE": "1", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,max_split_size_mb:512"}
-    nv = nccl_settings(Interconnect(True, True, "forced"), 2)
-    assert nv is not None
-    assert list(apply_env(env, nv).items()) == [
-        ("A", "1"), ("NCCL_P2P_LEVEL", "NVL"), ("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")]
-    p2p = nccl_settings(Interconnect(False, True, "detected"), 2)
-    assert p2p is not None
-    assert apply_env(env, p2p)["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True,max_split_size_mb:512"
-    assert apply_env({"B": "2"}, nv) == {"B": "2", "NCCL_P2P_LEVEL": "NVL"}  # nothing to replace: appended
-
-
-# --- recipe and render --------------------------------------------------------------------------
-
-
 def nvlink_host() -> Interconnect:
     return detect(topology(text("h200-nvlink/topo.txt")), 2)
 
@@ -190,12 +175,20 @@ def test_force_off_on_an_nvlink_host_is_the_pcie_recipe() -> None:
     off = resolve(host(gpu_interconnect="force_off"), interconnect=nvlink_host())
     base = resolve(host())
     assert (off.vllm_args, off.environment, off.interconnect_note) == (base.vllm_args, base.environment, None)
+    assert off.upstream.path.endswith("docker-compose.dual.yml")  # no NVLINK_MODE in the spring layout
     assert off.interconnect is not None and off.interconnect.source == "forced"
 
 
 def test_force_on_without_detection_and_p2p_over_pcie() -> None:
-    on = resolve(host("gemma-dual", gpu_interconnect="force_on"))
+    on = resolve(host("dual", gpu_interconnect="force_on"))
     assert env_of(on)["NCCL_P2P_LEVEL"] == "NVL" and "--disable-custom-all-reduce" not in on.vllm_args
+    # Layouts whose entrypoint sources detect_nvlink.sh get only NVLINK_MODE; the script sets NCCL.
+    gemma = resolve(host("gemma-dual", gpu_interconnect="force_on"))
+    assert env_of(gemma)["NVLINK_MODE"] == "force_on" and "NCCL_P2P_LEVEL" not in env_of(gemma)
+    assert "custom all-reduce stays off" in (gemma.interconnect_note or "")  # May's compose-time "${_NVLINK_ENABLED:-0}"
+    off = resolve(host("qwen-dual-autoround-int4-fp8-mtp", gpu_interconnect="force_off"))
+    assert env_of(off)["NVLINK_MODE"] == "force_off"
+    assert env_of(resolve(host("qwen-dual-autoround-int4-fp8-mtp")))["NVLINK_MODE"] == "auto"  # nothing known
     p2p = detect(topology(text("2x3090-pcie-p2p/topo.txt"), text("2x3090-pcie-p2p/p2p.txt")), 2)
     r = resolve(host(), interconnect=p2p)
     assert env_of(r)["NCCL_P2P_LEVEL"] == "PHB" and "NCCL_P2P_DISABLE" not in env_of(r)
@@ -219,11 +212,17 @@ def test_nvlink_compose_validates(variant: str, tmp_path: Path) -> None:
     files = render_variant(r, hf_token_present=False, api_key_present=False)
     write_tree(tmp_path, files, {})
     config = compose_config(r, tmp_path)
-    service = config["services"]["vllm"]
-    assert service["environment"]["NCCL_P2P_LEVEL"] == "NVL"
-    assert "NCCL_P2P_DISABLE" not in service["environment"]
-    assert "--disable-custom-all-reduce" not in service["command"]
+    service = config["services"][r.service_name]
     compose_text = files[r.paths.compose_file.lstrip("/")].content
+    assert "--disable-custom-all-reduce" not in service["command"]
+    if "NVLINK_MODE" in service["environment"]:
+        # entrypoints that source detect_nvlink.sh: rigup sets the mode it decided, the script the NCCL vars
+        assert service["environment"]["NVLINK_MODE"] == "force_on"
+        assert "# GPU interconnect: NVLINK_MODE=force_on" in compose_text
+        return
+    assert service["environment"]["NCCL_P2P_LEVEL"] == "NVL"
+    assert "expandable_segments" not in service["environment"]["PYTORCH_CUDA_ALLOC_CONF"]
+    assert "NCCL_P2P_DISABLE" not in service["environment"]
     assert "# GPU interconnect: NVLink (forced: gpu_interconnect: force_on; detected: GPU0-GPU1 NV18)" in compose_text
 
 
@@ -233,7 +232,7 @@ def test_force_off_compose_is_the_default_compose(tmp_path: Path) -> None:
     render = lambda r: {k: f.content for k, f in render_variant(r, hf_token_present=True, api_key_present=False).items()}  # noqa: E731
     assert render(off) == render(base)
     write_tree(tmp_path, render_variant(off, hf_token_present=False, api_key_present=False), {})
-    service = compose_config(off, tmp_path)["services"]["vllm"]
+    service = compose_config(off, tmp_path)["services"][off.service_name]
     assert service["environment"]["NCCL_P2P_DISABLE"] == "1" and "--disable-custom-all-reduce" in service["command"]
 
 
@@ -247,10 +246,11 @@ def run_render(*args: str) -> int:
 def test_render_cli_with_topology(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run_render("dual", "--out", str(tmp_path), "--topo", str(FIT / "h200-nvlink/topo.txt")) == 0
     compose = (tmp_path / "opt/rigup/variants/dual/compose.yaml").read_text()
-    assert 'NCCL_P2P_LEVEL: "NVL"' in compose and "--disable-custom-all-reduce" not in compose
+    assert "- NCCL_P2P_LEVEL=NVL\n" in compose and "--disable-custom-all-reduce" not in compose
+    assert "- NCCL_P2P_DISABLE=1\n" not in compose
     assert run_render("dual", "--out", str(tmp_path / "pcie"), "--topo", str(FIT / "2x3090-pcie/topo.txt"),
                       "--p2p", str(FIT / "2x3090-pcie/p2p.txt")) == 0
-    assert '"--disable-custom-all-reduce"' in (tmp_path / "pcie/opt/rigup/variants/dual/compose.yaml").read_text()
+    assert "- --disable-custom-all-reduce\n" in (tmp_path / "pcie/opt/rigup/variants/dual/compose.yaml").read_text()
     capsys.readouterr()
     assert run_render("dual", "--out", str(tmp_path / "x"), "--topo", str(FIT / "driver-575/version.txt")) == 2
     assert "no GPU0 column header" in capsys.readouterr().err
@@ -260,9 +260,10 @@ def test_recipe_for_looks_at_the_gpus_the_variant_uses() -> None:
     topo = topology(text("4x3090-nic/topo.txt"), text("4x3090-nic/p2p.txt"))
     dual = recipe_for(host(), topo)  # GPUs 0 and 1: one switch, P2P OK
     assert env_of(dual)["NCCL_P2P_LEVEL"] == "PHB" and dual.interconnect_note is not None
-    four = recipe_for(host("multi4"), topo)  # 0-2 crosses sockets: the catalog's settings
+    four = recipe_for(host("multi4"), topo)  # 0-2 crosses sockets: no NVLink, no P2P
     assert four.interconnect is not None and not four.interconnect.p2p_ok
-    assert four.environment == resolve(host("multi4")).environment and four.interconnect_note is None
+    # multi4's entrypoint sources detect_nvlink.sh: rigup pins its mode to what it found
+    assert env_of(four)["NVLINK_MODE"] == "force_off" and env_of(resolve(host("multi4")))["NVLINK_MODE"] == "auto"
     assert recipe_for(host(), None) == resolve(host())
     assert recipe_for(host("single"), topo) == resolve(host("single"))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import io
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -218,8 +219,8 @@ def _host_data(hub: hfhub.HfHub, remotes: tuple[Remotes, str], tmp_path: Path, *
         **load_defaults(),
         "variant": "dual-dflash",
         "hf_endpoint": hub.url,
-        "vllm_fork_git_url": rem.vllm.url(base),
-        "genesis_git_url": rem.genesis.url(base),
+        **rem.git_knobs(base),
+        "source_refs": {k: v for k, v in rem.source_refs().items() if k != "genesis"},
         "lock_file": str(tmp_path / "rigs.lock.yaml"),
         **extra,
     }
@@ -320,6 +321,8 @@ data:
   hf_endpoint: {hub.url}
   vllm_fork_git_url: {rem.vllm.url(base)}
   genesis_git_url: {rem.genesis.url(base)}
+  club3090_git_url: {rem.club3090.url(base)}
+  source_refs: {json.dumps({k: v for k, v in rem.source_refs().items() if k != "genesis"})}
 groups:
   canary:
     hosts:
@@ -344,11 +347,11 @@ def test_lock_command_check_write_and_rerun(hub: hfhub.HfHub, remotes: tuple[Rem
     fleet = _write_fleet(tmp_path / "rigs.yaml", hub, remotes)
     assert _run(fleet, "--check") == (1, f"{tmp_path / 'rigs.lock.yaml'}: missing\n")
     code, out = _run(fleet)
-    assert code == 0 and "written (4 pins)" in out
+    assert code == 0 and "written (5 pins)" in out
     text = (tmp_path / "rigs.lock.yaml").read_text()
     assert _run(fleet, "--check")[0] == 0
     code, out = _run(fleet)
-    assert code == 0 and "unchanged (4 pins)" in out
+    assert code == 0 and "unchanged (5 pins)" in out
     assert (tmp_path / "rigs.lock.yaml").read_text() == text
     code, out = _run(fleet, "--dry-run", "--upgrade")
     assert code == 0 and "unchanged (dry run)" in out
@@ -512,3 +515,57 @@ def test_dry_run_is_read_from_the_pyinfra_command_line(monkeypatch: pytest.Monke
     ):
         monkeypatch.setattr(sys, "argv", ["pyinfra", *argv])
         assert lockmod.pyinfra_dry_run() is dry, argv
+
+
+def test_lock_upgrade_of_the_recipe_repository_prints_each_rendered_diff(
+    hub: hfhub.HfHub, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """`rigup lock --upgrade club3090` after upstream changed a recipe: the pin moves, and the diff of the
+    rendered compose file of every variant the fleet runs from it is printed (read from git, not the
+    fixture trees)."""
+    from rigup.desired.upstream import GitCache, use_reader
+    from rigup_testbed.recipes import tree
+
+    root = tmp_path_factory.mktemp("git-recipes")
+    rem = make_remotes(root)
+    previous = use_reader(GitCache(tmp_path / "cache"))
+    try:
+        with GitServer(root, http_port=None) as server:
+            base = server.git_url
+            fleet = tmp_path / "rigs.yaml"
+            fleet.write_text(
+                f"""
+data:
+  hf_endpoint: {hub.url}
+  club3090_git_url: {rem.club3090.url(base)}
+groups:
+  rigs:
+    hosts:
+      rig-01: {{ssh_hostname: 10.0.0.11, variant: qwen-dual-autoround-int4-fp8-mtp}}
+      rig-02: {{ssh_hostname: 10.0.0.12, variant: qwen-dual-autoround-int4-fp8-mtp}}
+      rig-03: {{ssh_hostname: 10.0.0.13, variant: qwen-single-autoround-int4-minimal}}
+"""
+            )
+            assert _run(fleet)[0] == 0
+            before = LockFile.load(tmp_path / "rigs.lock.yaml")
+            assert before.git_commit("git:club3090") == rem.club3090.main_head
+            path = "models/qwen3.6-27b/vllm/compose/dual/autoround-int4/fp8-mtp.yml"
+            text = (tree("club3090") / path).read_text()
+            assert "${MAX_NUM_SEQS:-2}" in text
+            moved = add_commit(rem.club3090, "main", {path: text.replace("${MAX_NUM_SEQS:-2}", "${MAX_NUM_SEQS:-3}")},
+                               "dual: three streams")
+            code, out = _run(fleet)  # without --upgrade the pin stays
+            assert code == 0 and "rendered" not in out
+            code, out = _run(fleet, "--upgrade", "club3090")
+    finally:
+        use_reader(previous)
+    assert code == 0, out
+    assert "upgraded  git:club3090" in out and moved in out
+    # one diff, for the two rigs of the changed recipe; the single-card recipe renders the same but
+    # for the base commit its header names
+    assert out.count("compose.yaml changes for") == 1
+    assert "compose.yaml changes for rig-01, rig-02:" in out
+    assert "compose.yaml for rig-03: only the base commit in its header changes" in out
+    assert "-    - '2'" in out and "+    - '3'" in out
+    assert f"at club3090@{rem.club3090.main_head[:12]}" in out and f"at club3090@{moved[:12]}" in out
+    assert LockFile.load(tmp_path / "rigs.lock.yaml").git_commit("git:club3090") == moved

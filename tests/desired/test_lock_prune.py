@@ -70,7 +70,8 @@ def test_a_needed_stale_pin_is_fixed_while_an_unused_one_is_kept(
 ) -> None:
     rem, _ = remotes
     first, _ = update_lock(LockFile(), _needs(_host_data(hub, remotes, tmp_path, variant="dual-dflash")), Resolver(), None)
-    moved = _host_data(hub, remotes, tmp_path, variant="dual", source_refs={"vllm-fork": rem.vllm.main_head})
+    refs = {**_host_data(hub, remotes, tmp_path)["source_refs"], "vllm-fork": rem.vllm.main_head}
+    moved = _host_data(hub, remotes, tmp_path, variant="dual", source_refs=refs)
     new, changes = update_lock(first, _needs(moved), Resolver(), None)
     assert [(c.name, c.kind) for c in changes] == [("git:vllm-fork", "fixed"), (UNUSED, "unused")]
     assert new.git_commit("git:vllm-fork") == rem.vllm.main_head
@@ -88,11 +89,11 @@ def test_lock_command_keeps_lists_and_prunes(hub: hfhub.HfHub, remotes: tuple[Re
     assert code == 0
     assert f"kept, unused: {UNUSED}\n" in out
     assert f"{lock}: kept 1 pin no host needs; `python -m rigup lock --prune` removes them" in out
-    assert out.endswith(f"{lock}: unchanged (3 pins, 1 unused)\n")
+    assert out.endswith(f"{lock}: unchanged (4 pins, 1 unused)\n")
     assert lock.read_text() == text
 
     code, out = _run(fleet, "--check")  # unused is reported, not a failure
-    assert code == 0 and f"unused: {UNUSED}\n" in out and "covers all 3 pins" in out
+    assert code == 0 and f"unused: {UNUSED}\n" in out and "covers all 4 pins" in out
 
     code, out = _run(fleet, "--dry-run", "--prune")
     assert code == 0 and f"pruned: {UNUSED}\n" in out and "would change (dry run)" in out
@@ -101,7 +102,7 @@ def test_lock_command_keeps_lists_and_prunes(hub: hfhub.HfHub, remotes: tuple[Re
     code, out = _run(fleet, "--prune")
     assert code == 0
     assert f"pruned: {UNUSED}\n" in out and f"{lock}: pruned 1 pin no host needs" in out
-    assert out.endswith(f"{lock}: written (3 pins); commit it\n")
+    assert out.endswith(f"{lock}: written (4 pins); commit it\n")
     assert UNUSED not in LockFile.load(lock).names() and f"model:{QWEN}" in LockFile.load(lock).names()
     code, out = _run(fleet, "--check")
     assert code == 0 and "unused" not in out

@@ -99,8 +99,12 @@ def test_registry_mirror_and_rig_paths() -> None:
     assert r.model.path == "/data/models/qwen3.6-27b-autoround-int4"
     sources = {m.target: m.source for m in r.mounts if m.kind == "source"}
     assert sources["/usr/local/lib/python3.12/dist-packages/vllm/_genesis"] == "/srv/rig/sources/genesis/vllm/_genesis"
+    # dual-turbo's patch sidecars come from the club-3090 spring checkout the compose file is read from.
     assert {s.name: s.path for s in r.sources} == {"vllm-fork": "/srv/rig/sources/vllm-fork",
-                                                   "genesis": "/srv/rig/sources/genesis"}
+                                                   "genesis": "/srv/rig/sources/genesis",
+                                                   "club3090-spring": "/srv/rig/sources/club3090-spring"}
+    assert sources["/patches/patch_tolist_cudagraph.py"] == (
+        "/srv/rig/sources/club3090-spring/models/qwen3.6-27b/vllm/patches/patch_tolist_cudagraph.py")
     assert r.host_dirs == ("/srv/rig/cache/dual-turbo/torch_compile", "/srv/rig/cache/dual-turbo/triton")
     assert r.health_url == r.models_url == "http://127.0.0.1:8011/v1/models"
     assert r.liveness_url == "http://127.0.0.1:8011/health"
@@ -111,8 +115,10 @@ def test_registry_mirror_and_rig_paths() -> None:
 def test_git_urls_come_from_knobs() -> None:
     r = resolve(host("single-long-text", genesis_git_url="http://10.0.0.1/genesis.git",
                      club3090_git_url="http://10.0.0.1/club.git"))
+    # club3090-spring is a snapshot of the club-3090 repository: same URL knob.
     assert {s.name: s.git_url for s in r.sources} == {"genesis": "http://10.0.0.1/genesis.git",
-                                                      "club3090": "http://10.0.0.1/club.git"}
+                                                      "club3090-spring": "http://10.0.0.1/club.git"}
+    assert r.upstream is not None and r.upstream.url == "http://10.0.0.1/club.git"
 
 
 @pytest.mark.parametrize(
@@ -163,7 +169,10 @@ def test_lock_pins_commits_revisions_and_digest() -> None:
     assert r.image.digest == digest
     assert r.image.ref.endswith(f":nightly-7a1eb8ac2ec4ea69338c51dc7afd4b15010abfa8@{digest}")
     turbo = resolve(host("dual-turbo"), lock)
-    assert {s.name: s.commit for s in turbo.sources} == {"vllm-fork": fork, "genesis": genesis}
+    # The spring snapshot is not in this lock: it stays at the catalog's full commit, unlocked.
+    assert {s.name: (s.commit, s.locked) for s in turbo.sources} == {
+        "vllm-fork": (fork, True), "genesis": (genesis, True), "club3090-spring": ("2e934ad18ad70d98e2e314ca3a96759935393949", False)}
+    assert turbo.upstream is not None and turbo.upstream.commit == "2e934ad18ad70d98e2e314ca3a96759935393949"
 
 
 def test_without_lock_refs_stay_as_documented() -> None:
@@ -171,6 +180,7 @@ def test_without_lock_refs_stay_as_documented() -> None:
     assert {s.name: (s.ref, s.commit, s.locked) for s in r.sources} == {
         "vllm-fork": ("marlin-pad-sub-tile-n", None, False),
         "genesis": ("2db18df4bc3abd4eb58a9b2e0342082fa7012c64", "2db18df4bc3abd4eb58a9b2e0342082fa7012c64", False),
+        "club3090-spring": ("2e934ad18ad70d98e2e314ca3a96759935393949", "2e934ad18ad70d98e2e314ca3a96759935393949", False),
     }
     assert r.image.digest is None and r.model.revision is None
     partial = resolve(host("dual-turbo"), FakeLock({}))  # a lock without entries changes nothing
@@ -190,3 +200,9 @@ def test_source_refs_replace_the_catalog_pin_and_are_validated():
         resolve({**data, "source_refs": {"genesys": "dev"}})
     with pytest.raises(RecipeError, match=r"source_refs\['genesis'\] must be"):
         resolve({**data, "source_refs": {"genesis": ""}})
+
+
+def test_credentials_in_a_git_url_stay_out_of_the_rendered_file() -> None:
+    r = resolve(host("dual", club3090_git_url="https://rigup:s3cret-token@git.example.lan:8443/mirror/club-3090.git"))
+    assert "s3cret-token" not in r.compose_text and "rigup:" not in r.compose_text
+    assert "https://git.example.lan:8443/mirror/club-3090.git" in r.compose_text

@@ -20,12 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from rigup.cli.render import add_parser
 from rigup.desired.catalog import variant_names
+from rigup.desired.compose_doc import command_items, explain
 from rigup.desired.knobs import load_defaults
 from rigup.desired.recipe import Recipe, resolve
 from rigup.desired.render import RenderedFile, render_variant
+from rigup_testbed.recipes import tree as upstream_tree
 
 HF_TOKEN = "hf_test_TOKEN_0123456789"
 API_KEY = "k3y-with$dollar#hash and space"
@@ -109,17 +112,19 @@ def render(recipe: Recipe, hf: bool = True, api: bool = True) -> dict[str, Rende
 def test_compose_file_is_valid_and_matches_recipe(variant: str, tmp_path: Path) -> None:
     recipe = recipe_for(variant)
     write_tree(tmp_path, render(recipe), {"HF_TOKEN": HF_TOKEN, "VLLM_API_KEY": API_KEY})
+    assert render(recipe)[recipe.paths.compose_file.lstrip("/")].content == recipe.compose_text
     config = compose_config(recipe, tmp_path)
     assert config["name"] == f"rigup-{variant}"
-    service = config["services"]["vllm"]
+    assert list(config["services"]) == [recipe.service_name]  # upstream's service name stays
+    service = config["services"][recipe.service_name]
     # compose prints literal "$" as "$$" (its output is re-parseable); undo that to compare.
     unescape = lambda items: [s.replace("$$", "$") for s in items]  # noqa: E731
-    assert unescape(service["command"]) == list(recipe.vllm_args)
-    assert unescape(service["entrypoint"]) == list(recipe.entrypoint)
+    assert unescape(service["command"]) == [s.replace("$$", "$") for s in recipe.vllm_args]
+    assert unescape(service.get("entrypoint") or []) == [s.replace("$$", "$") for s in recipe.entrypoint]
     assert service["image"] == recipe.image.ref
-    assert service["container_name"] == recipe.container_name
+    assert service["container_name"] == recipe.container_name == f"rigup-{variant}"
     assert service["restart"] == "no"
-    assert service["ipc"] == "host" and service["shm_size"] == "17179869184"  # 16gb
+    assert service["ipc"] == recipe.ipc == "host"
     assert service["ports"] == [{"mode": "ingress", "host_ip": "0.0.0.0", "target": 8000,
                                  "published": str(recipe.host_port), "protocol": "tcp"}]
     devices = service["deploy"]["resources"]["reservations"]["devices"]
@@ -127,11 +132,87 @@ def test_compose_file_is_valid_and_matches_recipe(variant: str, tmp_path: Path) 
     env = {k: (v or "").replace("$$", "$") for k, v in service["environment"].items()}
     assert env["HUGGING_FACE_HUB_TOKEN"] == HF_TOKEN
     assert env["VLLM_API_KEY"] == API_KEY  # taken literally from .env: no interpolation of $ or #
+    assert env["HF_HUB_OFFLINE"] == env["TRANSFORMERS_OFFLINE"] == "1"
+    assert "NVIDIA_VISIBLE_DEVICES" not in env  # the GPU reservation decides
     for var in recipe.environment:
-        assert env[var.name] == var.value
+        if var.name not in ("HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY"):
+            assert env[var.name] == var.value.replace("$$", "$"), var.name
     volumes = [(v["source"], v["target"], v.get("read_only", False)) for v in service["volumes"]]
     assert volumes == [(m.source, m.target, m.read_only) for m in recipe.mounts]
     assert all(v["type"] == "bind" and not v["bind"].get("create_host_path", False) for v in service["volumes"])
+    # Models: one read-only bind per verified model directory, where upstream's command expects them.
+    models = [(m.source, m.target) for m in recipe.mounts if m.kind == "model"]
+    assert models == [(m.path, m.container_path) for m in recipe.models]
+    assert all(m.read_only for m in recipe.mounts if m.kind in ("model", "source"))
+    assert not any(m.target == "/root/.cache/huggingface" for m in recipe.mounts)
+    assert service["labels"] == {"rigup.variant": variant, "rigup.image": recipe.image.ref}
+    assert service["logging"] == {"driver": "json-file", "options": {"max-size": "50m", "max-file": "3"}}
+
+
+@pytest.mark.parametrize("variant", variant_names())
+def test_every_difference_from_upstream_is_explained(variant: str) -> None:
+    recipe = recipe_for(variant)
+    assert recipe.upstream is not None
+    lines, unexplained = explain(recipe.upstream, recipe.compose_text, list(recipe.changes))
+    assert unexplained == 0, "\n".join(lines)
+    assert lines[-1].endswith("unexplained: 0")
+    assert not any("[UNEXPLAINED]" in line for line in lines)
+    assert lines[0].startswith(f"base: {recipe.upstream.path} at {recipe.upstream.url} {recipe.upstream.commit}")
+    assert "read from the local tree" in lines[0]  # the unit tests render from the fixture trees: said so
+
+
+def _config_json(compose_file: Path, cwd: Path) -> dict[str, Any]:
+    """`docker compose config --format json` with an empty environment (no .env next to the file)."""
+    proc = subprocess.run([compose_bin(), "--file", str(compose_file), "config", "--format", "json"],
+                          capture_output=True, text=True, timeout=60, cwd=cwd,
+                          env={"PATH": os.environ.get("PATH", "")})
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _by_flag(command: list[str]) -> dict[str, list[str]]:
+    seen: dict[str, int] = {}
+    out: dict[str, list[str]] = {}
+    for flag, args in command_items(command):
+        seen[flag] = seen.get(flag, 0) + 1
+        out[flag + (f" #{seen[flag]}" if seen[flag] > 1 else "")] = args
+    return out
+
+
+@pytest.mark.parametrize("variant", variant_names())
+def test_defaults_interpolate_like_compose(variant: str, tmp_path: Path) -> None:
+    """Upstream's raw file through Compose (in its own directory, empty environment) and rigup's
+    rendered file through Compose agree on every key no transform but `defaults` touched."""
+    recipe = recipe_for(variant)
+    assert recipe.upstream is not None
+    raw_file = upstream_tree(recipe.upstream.source) / recipe.upstream.path
+    assert raw_file.is_file()
+    (raw,) = _config_json(raw_file, raw_file.parent)["services"].values()
+    rendered_file = tmp_path / "compose.yaml"
+    rendered_file.write_text(recipe.compose_text)
+    rendered = _config_json(rendered_file, tmp_path)["services"][recipe.service_name]
+    touched = {c.key for c in recipe.changes if c.transform != "defaults"}
+
+    raw_cmd, new_cmd = _by_flag(raw["command"]), _by_flag(rendered["command"])
+    compared = 0
+    for flag, args in raw_cmd.items():
+        if f"command {flag}" not in touched:
+            assert new_cmd.get(flag) == args, flag
+            compared += 1
+    assert compared >= len(raw_cmd) - len([k for k in touched if k.startswith("command ")])
+    for flag in new_cmd:
+        assert flag in raw_cmd or f"command {flag}" in touched, flag  # nothing appears unrecorded
+    raw_env, new_env = raw.get("environment") or {}, rendered.get("environment") or {}
+    for name, value in raw_env.items():
+        if f"environment {name}" not in touched:
+            assert new_env.get(name) == value, name
+    for name in new_env:
+        assert name in raw_env or f"environment {name}" in touched, name
+    if "entrypoint" not in touched:
+        assert rendered.get("entrypoint") == raw.get("entrypoint")
+    for key in ("shm_size", "ipc", "working_dir", "user", "ulimits", "healthcheck"):
+        if key not in touched and not any(k.startswith(key + ".") for k in touched):
+            assert rendered.get(key) == raw.get(key), key
 
 
 def test_secrets_only_in_env_file(tmp_path: Path) -> None:
@@ -171,7 +252,7 @@ def test_unsafe_secret_values_are_refused(value: str) -> None:
 def test_compose_without_secrets_leaves_them_empty(tmp_path: Path) -> None:
     recipe = recipe_for("single-minimal")
     write_tree(tmp_path, render(recipe, hf=False, api=False), {})
-    env = compose_config(recipe, tmp_path)["services"]["vllm"]["environment"]
+    env = compose_config(recipe, tmp_path)["services"][recipe.service_name]["environment"]
     assert not env["VLLM_API_KEY"] and not env["HUGGING_FACE_HUB_TOKEN"]
 
 
@@ -248,13 +329,21 @@ def test_cli_writes_what_the_deploy_renders(tmp_path: Path, monkeypatch: pytest.
         assert written[relpath].read_text() == rendered.content
         assert stat.S_IMODE(written[relpath].stat().st_mode) == int(rendered.mode, 8)
     assert "srv/rig/variants/dual-dflash/compose.yaml" in capsys.readouterr().out
-    assert '"--max-model-len"\n      - "100000"' in written["srv/rig/variants/dual-dflash/compose.yaml"].read_text()
+    (service,) = yaml.safe_load(written["srv/rig/variants/dual-dflash/compose.yaml"].read_text())["services"].values()
+    command = [str(s) for s in service["command"]]
+    assert command[command.index("--max-model-len") + 1] == "100000"
+    assert service["ports"] == ["0.0.0.0:9100:8000"]
+    assert service["volumes"][0]["source"] == "/opt/rigup/models/qwen3.6-27b-autoround-int4"
 
 
 def test_cli_list_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run_cli(["render", "--list"]) == 0
-    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    out = capsys.readouterr().out.splitlines()
+    listed = [line.split()[0] for line in out if not line.startswith(" ")]
     assert listed == variant_names()
+    dual = next(line for line in out if line.startswith("dual "))
+    assert dual.split()[1:4] == [":8010", "TP=2", "archived"]
+    assert dual.split()[4] == "club3090-spring@2e934ad1:models/qwen3.6-27b/vllm/compose/docker-compose.dual.yml"
     assert run_cli(["render", "dual", "--out", str(tmp_path), "--data", "no_such_knob=1"]) == 2
     assert "no_such_knob" in capsys.readouterr().err
     assert run_cli(["render", "dual", "--out", str(tmp_path), "--data", 'variant_overrides={"tp": 4}']) == 2

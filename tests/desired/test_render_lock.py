@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rigup.cli.render import add_parser
 from rigup.desired.knobs import load_defaults
@@ -15,6 +16,7 @@ TAG = "nightly-7a1eb8ac2ec4ea69338c51dc7afd4b15010abfa8"
 DIGEST = "sha256:" + "ab" * 32
 FORK = "1" * 40
 REV = "2" * 40
+SPRING = "2e934ad18ad70d98e2e314ca3a96759935393949"  # the catalog's club3090-spring snapshot
 
 
 def run_render(*args: str) -> int:
@@ -29,6 +31,8 @@ def write_lock(path: Path, with_model: bool = True) -> Path:
     lock = LockFile()
     lock.images[f"image:vllm/vllm-openai:{TAG}"] = ImagePin(f"image:vllm/vllm-openai:{TAG}", "vllm/vllm-openai", TAG, DIGEST)
     lock.git["git:vllm-fork"] = GitPin("git:vllm-fork", knobs["vllm_fork_git_url"], "marlin-pad-sub-tile-n", FORK)
+    # The recipe repository the variant's compose file is read from is pinned too.
+    lock.git["git:club3090-spring"] = GitPin("git:club3090-spring", knobs["club3090_git_url"], SPRING, SPRING)
     if with_model:
         name = "model:Lorbus/Qwen3.6-27B-int4-AutoRound"
         lock.models[name] = ModelPin(name, "Lorbus/Qwen3.6-27B-int4-AutoRound", "main", REV,
@@ -41,7 +45,9 @@ def test_render_shows_locked_pins(tmp_path: Path, capsys: pytest.CaptureFixture[
     lock = write_lock(tmp_path / "rigs.lock.yaml")
     assert run_render("dual", "--out", str(tmp_path / "out"), "--lock", str(lock)) == 0
     compose = (tmp_path / "out/opt/rigup/variants/dual/compose.yaml").read_text()
-    assert f'image: "docker.io/vllm/vllm-openai:{TAG}@{DIGEST}"' in compose
+    (service,) = yaml.safe_load(compose)["services"].values()
+    assert service["image"] == f"docker.io/vllm/vllm-openai:{TAG}@{DIGEST}"
+    assert service["labels"]["rigup.image"] == service["image"]
     out, err = capsys.readouterr()
     assert "warning" not in err
     assert f"git:vllm-fork: {FORK}" in out and f"model:Lorbus/Qwen3.6-27B-int4-AutoRound: {REV}" in out

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from rigup.desired.upstream import TREES_ENV
 from rigup_testbed.fleet import Testbed, host_names
 from rigup_testbed.hosts import HostSpec
 from rigup_testbed.image import REPO_ROOT, cache_dir
@@ -113,6 +114,17 @@ def clean_stale_runs() -> list[str]:
         finally:
             lock.release()
     return cleaned
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _recipes_from_the_git_remotes() -> Iterator[None]:
+    """rigup and pyinfra run by e2e tests read upstream's recipes from the test bed's git remotes, as on
+    a real control machine: the unit tests' $RIGUP_UPSTREAM_TREES shortcut is off for each e2e module
+    (and back for the unit tests that run after it)."""
+    saved = os.environ.pop(TREES_ENV, None)
+    yield
+    if saved is not None:
+        os.environ[TREES_ENV] = saved
 
 
 @pytest.fixture(scope="session")

@@ -125,16 +125,19 @@ def starts_since(host: Host, unit: str, since_epoch: int) -> int:
     return int(out or 0)
 
 
-def port_of(variant: str) -> int:
-    from rigup.desired.catalog import load_catalog
+def _recipe(variant: str) -> Any:
+    from rigup.desired.knobs import load_defaults
+    from rigup.desired.recipe import resolve
 
-    return int(load_catalog()["variants"][variant]["port"])
+    return resolve({**load_defaults(), "variant": variant})  # from the fixture trees the remotes commit
+
+
+def port_of(variant: str) -> int:
+    return _recipe(variant).host_port
 
 
 def served_name(variant: str) -> str:
-    from rigup.desired.catalog import load_catalog
-
-    return str(load_catalog()["variants"][variant]["served_model_name"])
+    return _recipe(variant).served_model_name
 
 
 # --------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from pyinfra.api import FunctionCommand
 from pyinfra.facts.systemd import SystemdStatus
 
 import rigup.operations.driver as driver_ops
+from rigup.desired.catalog import rigup_container_names
 from rigup.desired.knobs import load_defaults
 from rigup.facts.apt import AptPolicies, AptSourceEntries
 from rigup.facts.docker import DockerDaemonJson, DockerEngineInfo, DockerImageSize, DockerSnap
@@ -453,7 +454,8 @@ def test_preflight_passes_quietly(tmp_path: Path):
     assert host.noops == ["preflight: 18 of 18 checks passed, 0 warned, none failed"]
     # memory of every rigup variant's container is free: the deploy replaces or stops them
     (names,) = [kw["container_names"] for fact, kw in host.fact_calls if fact == "GpuMemoryUse"]
-    assert {"vllm-qwen36-27b-dual", "vllm-qwen36-27b-dual-turbo", "vllm-gemma-4-31b-mtp"} <= set(names)
+    assert set(names) == set(rigup_container_names())
+    assert {"rigup-dual", "rigup-dual-turbo", "rigup-gemma-dual"} <= set(names)
 
 
 def test_preflight_without_a_lock_warns_and_checks_the_catalog_refs():

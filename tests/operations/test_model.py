@@ -4,6 +4,7 @@ of the model operations, on @fake hosts with scripted rigfetch --check answers."
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,8 @@ def _write_lock(path: Path, variants: list[str]) -> None:
         data = {**load_defaults(), "variant": variant}
         for need in needs_for(resolve(data, None), data):
             if isinstance(need, GitNeed):
-                lock.git[need.name] = GitPin(need.name, need.url, need.ref, "1" * 40)
+                commit = need.ref if re.fullmatch(r"[0-9a-f]{40}", need.ref) else "1" * 40
+                lock.git[need.name] = GitPin(need.name, need.url, need.ref, commit)
             elif isinstance(need, ModelNeed):
                 files = (FilePin("config.json", 10, "a" * 64), FilePin("model.safetensors", 1000, "b" * 64))
                 lock.models[need.name] = ModelPin(need.name, need.repo_id, need.revision, "2" * 40, files)

@@ -3,6 +3,7 @@ output, so the rig looks brand new): the commands it would run, in order, and no
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from rigup import REPO_ROOT
 from rigup.desired.knobs import load_defaults
 from rigup.desired.lock import FilePin, GitNeed, GitPin, ImagePin, LockFile, ModelNeed, ModelPin, needs_for
 from rigup.desired.recipe import resolve
+from rigup.desired.upstream import TREES_ENV
 
 API_KEY = "sk-task-test-5e1f0c2d9a"
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
@@ -50,7 +52,7 @@ def inventory(tmp_path: Path) -> Path:
 def test_serving_task_on_a_fresh_rig(inventory: Path):
     proc = subprocess.run(
         [PYINFRA, "-y", "-vv", str(inventory), "tasks/serving.py"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "HOME": "/root"},
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "HOME": "/root", TREES_ENV: os.environ[TREES_ENV]},
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]

@@ -1,0 +1,1 @@
+print("club3090 stand-in: w4a8-int8-act/patch-inc-w4a8.py applied")

@@ -1,0 +1,1 @@
+print("club3090 stand-in: vllm-gemma4-dflash/v1/spec_decode/utils.py applied")

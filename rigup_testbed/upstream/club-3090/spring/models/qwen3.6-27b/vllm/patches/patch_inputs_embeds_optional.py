@@ -1,0 +1,1 @@
+print("club3090 stand-in: patch_inputs_embeds_optional.py applied")

@@ -1,0 +1,197 @@
+"""Every catalog variant comes up on the sandbox, rendered from the test bed's upstream remotes, and the
+recipe repository's pin moves with its rendered diff and one restart.
+
+One bed of four rigs, each in its own group: a 1x3090 (the single-card recipes), a 2x3090 and a 4x3090
+(the dual and four-card ones) and a 2xH200 (the recipes that need sm 9.0, plus duals). Each round
+switches every rig to its next variant with the real `rigup lock` and `pyinfra deploy.py`; the health
+gate, `rigup verify` and the old unit being stopped are checked per rig. Then: a recipe the hardware
+cannot run is refused in preflight with nothing changed, an empty Genesis tree fails the gate with the
+cause and rolls back, and `rigup lock --upgrade club3090` after an upstream commit prints the rendered
+diff and restarts the rig once.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from rigup.desired.catalog import variant_names
+from rigup_testbed.fleet import Testbed
+from rigup_testbed.gitremotes import RemoteRepo, add_commit, git
+from rigup_testbed.hosts import HostSpec
+from rigup_testbed.image import REPO_ROOT
+from rigup_testbed.recipes import tree
+from tests.e2e.test_serving import GATE_TIMEOUT_S, Bed, _tail, models, provenance, sh, starts_since, unit_prop
+from tests.e2e.test_serving import _recipe as recipe_of
+
+pytestmark = pytest.mark.e2e
+
+# rig -> (hardware preset, the variants it switches through, in order)
+LINEUP: dict[str, tuple[str, list[str]]] = {
+    "rig-1x": ("1x3090", ["single", "single-long-vision", "single-long-text", "single-long-text-no-mtp",
+                          "single-bounded-thinking", "single-tools-text", "single-minimal",
+                          "qwen-single-autoround-int4-minimal"]),
+    "rig-2x": ("2x3090", ["dual", "dual-turbo", "dual-dflash", "dual-dflash-noviz", "seed-dual-turbo",
+                          "carnice-bf16mtp", "qwen-dual-awq-bf16-int4-int8", "qwen-dual-autoround-int4-fp8-mtp"]),
+    "rig-4x": ("4x3090", ["multi4", "qwen-multi4-autoround-int4-mtp", "qwen-multi4-fp8-mtp",
+                          "gemma-multi4-google-qat-w4a16-base", "gemma-dual", "gemma-dual-int8", "gemma-dual-dflash",
+                          "gemma-dual-autoround-int4-bf16-mtp"]),
+    "rig-h2": ("2xh200", ["qwen-dual-nvfp4-mtp", "qwen-single-nvfp4-mtp", "gemma-single-autoround-int4-fp8-mtp",
+                          "qwen-dual-fp8-mtp", "gemma-dual-autoround-int4-int8", "gemma-dual-qat-awq-int4-base",
+                          "gemma-dual-qat-w4a16-int8"]),
+}
+ROUNDS = max(len(v) for _, v in LINEUP.values())
+GROUP = {"rig-1x": "single", "rig-2x": "dual", "rig-4x": "quad", "rig-h2": "hopper"}  # one group per rig
+BRING_UP_S: dict[str, float] = {}  # variant -> seconds of the deploy round that brought it up
+
+
+def test_the_lineup_covers_every_catalog_variant() -> None:
+    listed = [v for _, variants in LINEUP.values() for v in variants]
+    assert sorted(listed) == sorted(variant_names()) and len(listed) == len(set(listed))
+
+
+@pytest.fixture(scope="module")
+def bed(testbed_factory: Callable[..., Testbed]) -> Iterator[Bed]:
+    specs = [HostSpec(name, hardware=preset, group=GROUP[name]) for name, (preset, _) in LINEUP.items()]
+    testbed = testbed_factory(specs, "rigrc")
+    b = Bed(testbed, testbed.workdir)
+    # Gemma's drafter is gated: the hub takes any bearer token, as one that accepted the licence
+    token = testbed.workdir / "hf.token"
+    token.write_text("hf_rigup_e2e_recipes\n")
+    token.chmod(0o600)
+    b.data = {"serving_health_timeout_s": GATE_TIMEOUT_S, "hf_token_file": str(token)}
+    b.group_data = {GROUP[name]: {"variant": variants[0]} for name, (_, variants) in LINEUP.items()}
+    b.write()
+    yield b
+
+
+def _verify(bed: Bed, *hosts: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rigup", "verify", "--json", "--limit", *hosts], cwd=REPO_ROOT, env=bed.env(),
+        capture_output=True, text=True, timeout=600,
+    )
+
+
+def _check_serving(bed: Bed, rig: str, variant: str) -> None:
+    host = bed.host(rig)
+    recipe = recipe_of(variant)
+    unit = f"rigup-{variant}.service"
+    assert unit_prop(host, unit, "ActiveState") == "active", f"{rig}: {unit}"
+    code, body = models(host, recipe.host_port)
+    assert code == 200 and recipe.served_model_name in [m["id"] for m in body["data"]], (rig, variant, body)
+    prov = provenance(host)
+    assert prov["variant"] == variant and prov["gate"]["result"] == "passed", (rig, prov.get("gate"))
+    # the compose file on the rig is the rendered one: upstream's base commit is named in it
+    compose = sh(host, f"cat /opt/rigup/variants/{variant}/compose.yaml")
+    assert f"Base: {recipe.upstream.path} at " in compose
+
+
+def test_every_variant_comes_up_and_verifies(bed: Bed) -> None:
+    timings: list[str] = []
+    for n in range(ROUNDS):
+        if n:
+            bed.group_data = {GROUP[name]: {"variant": variants[min(n, len(variants) - 1)]}
+                              for name, (_, variants) in LINEUP.items()}
+            bed.write()
+        started = time.monotonic()
+        bed.deploy()
+        elapsed = time.monotonic() - started
+        active = {name: variants[min(n, len(variants) - 1)] for name, (_, variants) in LINEUP.items()}
+        for rig, variant in active.items():
+            _check_serving(bed, rig, variant)
+            if n and n < len(LINEUP[rig][1]):
+                BRING_UP_S[variant] = round(elapsed, 1)
+                old = f"rigup-{LINEUP[rig][1][n - 1]}.service"
+                assert unit_prop(bed.host(rig), old, "ActiveState") == "inactive", f"{rig}: {old} still runs"
+            elif not n:
+                BRING_UP_S[variant] = round(elapsed, 1)
+        proc = _verify(bed, *active)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+        timings.append(f"round {n + 1}: {elapsed:.1f} s ({', '.join(active.values())})")
+    print("\n".join(timings))
+    print(json.dumps(BRING_UP_S, indent=1))
+
+
+def test_a_recipe_the_hardware_cannot_run_is_refused_before_any_change(bed: Bed) -> None:
+    rig = "rig-1x"
+    host = bed.host(rig)
+    current = LINEUP[rig][1][-1]
+    before = unit_prop(host, f"rigup-{current}.service", "ExecMainStartTimestamp")
+    bed.group_data = {**bed.group_data, GROUP[rig]: {"variant": "gemma-single-autoround-int4-fp8-mtp"}}
+    bed.write()
+    proc = bed.deploy("--limit", rig, expect_ok=False)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "compute capability 8.6; variant 'gemma-single-autoround-int4-fp8-mtp' needs >= 9.0" in output, _tail(proc)
+    assert unit_prop(host, f"rigup-{current}.service", "ExecMainStartTimestamp") == before
+    assert sh(host, "test -e /opt/rigup/variants/gemma-single-autoround-int4-fp8-mtp && echo yes || echo no") == "no"
+
+
+def _remote(bed: Bed, key: str) -> RemoteRepo:
+    ready = json.loads((bed.testbed.workdir / "hub" / "git" / "ready.json").read_text())
+    info = ready["remotes"][key]
+    return RemoteRepo(info["name"], info["path"], dict(info["branches"]), dict(info["tags"]), dict(info["commits"]))
+
+
+def test_an_empty_genesis_tree_fails_the_gate_with_the_cause_and_rolls_back(bed: Bed) -> None:
+    """A switch to a Genesis recipe whose Genesis commit lost patches/apply_all.py: the checkout has the
+    mounted directory (the sources phase passes), upstream's own entrypoint check stops the container,
+    the gate fails with that cause, and the rig goes back to the variant it served."""
+    rig = "rig-1x"
+    host = bed.host(rig)
+    good_variant = LINEUP[rig][1][-1]  # no Genesis: the rollback target does not mount the broken tree
+    _check_serving(bed, rig, good_variant)
+    good = provenance(host)
+    genesis = _remote(bed, "genesis")
+    # on a branch from the v7.69 tag the recipe runs, so nothing but apply_all.py differs
+    git("update-ref", "refs/heads/rigup-e2e-broken", genesis.tags["v7.69"], cwd=Path(genesis.path))
+    broken = add_commit(genesis, "rigup-e2e-broken", {"vllm/_genesis/patches/apply_all.py": None}, "lose apply_all")
+    refs = {**bed.testbed.urls.get("source_refs", {}), "genesis": broken}
+    bed.group_data = {**bed.group_data, GROUP[rig]: {"variant": "single", "source_refs": refs}}
+    bed.write()
+    proc = bed.deploy("--limit", rig, expect_ok=False)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "FAILED and ROLLED BACK" in output, _tail(proc)
+    assert "Genesis tree is not mounted" in output, _tail(proc, 200)  # the container's own words, in the error
+    assert unit_prop(host, "rigup-single.service", "ActiveState") == "inactive"
+    _check_serving(bed, rig, good_variant)
+    prov = provenance(host)
+    assert prov["release_sha256"] == good["release_sha256"] and prov["last_rollback"]["outcome"] == "rolled back"
+    bed.group_data = {**bed.group_data, GROUP[rig]: {"variant": good_variant}}
+    bed.write()
+
+
+def test_moving_the_recipe_pin_shows_the_rendered_diff_and_restarts_once(bed: Bed) -> None:
+    rig, variant = "rig-2x", LINEUP["rig-2x"][1][-1]
+    host = bed.host(rig)
+    unit = f"rigup-{variant}.service"
+    assert provenance(host)["variant"] == variant
+    path = recipe_of(variant).upstream.path
+    text = (tree("club3090") / path).read_text()
+    assert "${MAX_NUM_SEQS:-2}" in text
+    club = _remote(bed, "club3090")
+    moved = add_commit(club, "main", {path: text.replace("${MAX_NUM_SEQS:-2}", "${MAX_NUM_SEQS:-3}")},
+                       "dual: three streams")
+    proc = subprocess.run([sys.executable, "-m", "rigup", "lock", "--upgrade", "club3090"], cwd=REPO_ROOT,
+                          env=bed.env(), capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "upgraded  git:club3090" in out and moved in out
+    assert f"/opt/rigup/variants/{variant}/compose.yaml changes for {rig}:" in out
+    assert "-    - '2'" in out and "+    - '3'" in out
+    mark = int(sh(host, "date +%s")) - 1
+    bed.write(relock=False)
+    bed.deploy()
+    assert starts_since(host, unit, mark) == 1
+    assert "'3'" in sh(host, f"grep -A1 -- '--max-num-seqs' /opt/rigup/variants/{variant}/compose.yaml")
+    assert provenance(host)["gate"]["result"] == "passed"
+    # and only once: a converged re-run leaves it alone
+    bed.deploy()
+    assert starts_since(host, unit, mark) == 1
