@@ -487,15 +487,26 @@ SANDBOX_GEMMA_ASSISTANT = "google/gemma-4-31B-it-assistant"
 SANDBOX_GEMMA_DFLASH = "z-lab/gemma-4-31b-it-dflash"
 SANDBOX_CARNICE = "wasifb/Carnice_V2_27B_INT4_BF16MTP"
 SANDBOX_GATED = "rigup-testbed/gated-tiny"
-# club-3090's August lineup: other checkpoints of the same two families (small single-file stand-ins)
-SANDBOX_AUGUST = {
-    "cyankiwi/Qwen3.6-27B-AWQ-BF16-INT4": ("qwen", False, 901),
-    "Qwen/Qwen3.6-27B-FP8": ("qwen", False, 902),
-    "nvidia/Qwen3.6-27B-NVFP4": ("qwen", False, 903),
-    "cyankiwi/gemma-4-31B-it-qat-AWQ-INT4": ("gemma", False, 904),
-    "unsloth/gemma-4-31B-it-qat-w4a16": ("gemma", False, 905),
-    "google/gemma-4-31B-it-qat-w4a16-ct": ("gemma", True, 906),
-}
+HAND_BUILT = (SANDBOX_QWEN, SANDBOX_QWEN_DFLASH, SANDBOX_GEMMA, SANDBOX_GEMMA_ASSISTANT, SANDBOX_GEMMA_DFLASH,
+              SANDBOX_CARNICE)  # fmt: skip
+
+
+def catalog_standins() -> dict[str, tuple[str, bool, int]]:
+    """Every other model rigup's catalog names: repo id -> (config kind, gated, seed), one small weight file
+    each. The seed comes from the repo id, so a model's bytes do not change when others are added."""
+    from rigup.desired.catalog import load_catalog  # the product's catalog is what this sandbox serves
+
+    standins = {}
+    for model in load_catalog()["models"].values():
+        repo = model["repo_id"]
+        if repo in HAND_BUILT or repo in standins:
+            continue
+        family = model["family"]
+        kind = "qwen" if family.startswith("qwen") else "gemma" if family.startswith("gemma") else "generic"
+        seed = 10_000 + int(hashlib.sha256(repo.encode()).hexdigest()[:8], 16) % 1_000_000
+        standins[repo] = (kind, bool(model["gated"]), seed)
+    return standins
+
 
 # Bytes at scale 1.0; `sandbox_spec(scale=...)` multiplies them (tests use tiny scales).
 SANDBOX_SIZES: dict[str, int] = {
@@ -509,7 +520,7 @@ SANDBOX_SIZES: dict[str, int] = {
     "carnice_shard1": 3_000_000,
     "carnice_shard2": 1_000_000,
     "gated": 200_000,
-    "august": 1_000_000,
+    "standin": 1_000_000,  # each catalog_standins() model
 }
 
 GITATTRIBUTES = (
@@ -582,6 +593,8 @@ def sandbox_spec(scale: float = 1.0, sizes: Mapping[str, int] | None = None) -> 
     }
 
     draft_config = {"architectures": ["DFlashDraftModel"], "rigup_testbed_standin": True}
+    generic_config = {"architectures": ["RigupTestbedStandinForCausalLM"], "rigup_testbed_standin": True}
+    configs = {"qwen": qwen_config, "gemma": gemma_config, "generic": generic_config}
     assistant_config = {"architectures": ["Gemma4AssistantModel"], "rigup_testbed_standin": True}
 
     def single(repo_title: str, size: int, seed: int, config: dict[str, Any]) -> dict[str, Any]:
@@ -655,9 +668,8 @@ def sandbox_spec(scale: float = 1.0, sizes: Mapping[str, int] | None = None) -> 
             SANDBOX_GEMMA_DFLASH: single("gemma-4-31b-it DFlash draft", sz["gemma_dflash"], 601, draft_config),
             SANDBOX_GATED: {**single("gated tiny model", sz["gated"], 701, {"rigup_testbed_standin": True}), "gated": True},
             **{
-                repo: {**single(f"{repo} weights", sz["august"], seed, qwen_config if family == "qwen" else gemma_config),
-                       "gated": gated}
-                for repo, (family, gated, seed) in SANDBOX_AUGUST.items()
+                repo: {**single(f"{repo} weights", sz["standin"], seed, configs[kind]), "gated": gated}
+                for repo, (kind, gated, seed) in catalog_standins().items()
             },
         }
     }

@@ -1,4 +1,9 @@
-"""The serving-variant catalog (rigup/catalog.yaml): loaded once, inheritance resolved, validated.
+"""The serving-variant catalog (rigup/desired/catalog.yaml plus one file per model family in
+rigup/desired/catalog.d/): loaded once, merged, inheritance resolved, validated.
+
+A family file holds `images`, `models` and `variants` sections like the main file's; a name defined
+twice (in two files) is an error naming both. Variants keep file order: the main file's, then each
+family file's in name order.
 
 Entries under `variants:` whose name starts with "_" are shared bases, not variants. A variant
 (or base) may name another entry in `base:`; the loader merges it over that entry: mappings merge
@@ -18,6 +23,8 @@ from typing import Any
 import yaml
 
 CATALOG_FILE = Path(__file__).with_name("catalog.yaml")
+CATALOG_DIR = Path(__file__).with_name("catalog.d")
+FRAGMENT_SECTIONS = ("images", "models", "variants")
 
 # Keys whose value replaces the base's instead of merging into it.
 REPLACED_KEYS = frozenset({"speculative", "alternative_envelopes"})
@@ -206,17 +213,47 @@ def _validate(cat: Any) -> dict[str, Any]:
     }
 
 
-def load_catalog_file(path: Path) -> dict[str, Any]:
-    """Load and validate a catalog file (tests use it on broken copies)."""
+def _load_yaml(path: Path) -> Any:
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: 10x faster
     with path.open() as fh:
-        raw = yaml.load(fh, Loader=loader)  # noqa: S506 - a safe loader
+        return yaml.load(fh, Loader=loader)  # noqa: S506 - a safe loader
+
+
+def _merge_fragment(cat: dict[str, Any], fragment: Any, path: Path, origin: dict[tuple[str, str], Path]) -> None:
+    if not isinstance(fragment, dict):
+        raise CatalogError(f"{path.name}: top level must be a mapping")
+    for key, entries in fragment.items():
+        if str(key).startswith("x-"):
+            continue  # anchor holders
+        if key not in FRAGMENT_SECTIONS:
+            raise CatalogError(f"{path.name}: unknown top-level key {key!r} (a family file holds {', '.join(FRAGMENT_SECTIONS)})")
+        if not isinstance(entries, dict):
+            raise CatalogError(f"{path.name}: {key} must be a mapping")
+        section = cat.setdefault(key, {})
+        for name, entry in entries.items():
+            if name in section:
+                first = origin.get((key, name), CATALOG_FILE)
+                raise CatalogError(f"{path.name}: {key}.{name} is already defined in {first.name}")
+            section[name] = entry
+            origin[(key, name)] = path
+
+
+def load_catalog_file(path: Path, fragments: Any = ()) -> dict[str, Any]:
+    """Load, merge and validate a catalog file and its family files (tests use it on broken copies)."""
+    raw = _load_yaml(path)
+    if isinstance(raw, dict):
+        origin: dict[tuple[str, str], Path] = {}
+        for section in FRAGMENT_SECTIONS:
+            for name in raw.get(section) or {}:
+                origin[(section, name)] = path
+        for fragment in sorted(fragments):
+            _merge_fragment(raw, _load_yaml(fragment), fragment, origin)
     return _validate(raw)
 
 
 @functools.cache
 def _cached() -> dict[str, Any]:
-    return load_catalog_file(CATALOG_FILE)
+    return load_catalog_file(CATALOG_FILE, CATALOG_DIR.glob("*.yaml"))
 
 
 def load_catalog() -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rigup.desired.catalog import CATALOG_FILE, CatalogError, load_catalog_file, rigup_container_names, variant_names
+from rigup.desired.catalog import CATALOG_DIR, CATALOG_FILE, CatalogError, load_catalog_file, rigup_container_names, variant_names
 from rigup.desired.knobs import load_defaults
 from rigup.desired.recipe import Recipe, resolve
 from rigup_testbed.recipes import tree as upstream_tree
@@ -276,7 +276,57 @@ def broken(tmp_path: Path, edit: Any) -> Path:
 
 
 def test_unmodified_copy_loads(tmp_path: Path) -> None:
-    assert list(load_catalog_file(broken(tmp_path, lambda raw: None))["variants"]) == variant_names()
+    fragments = sorted(CATALOG_DIR.glob("*.yaml"))
+    assert list(load_catalog_file(broken(tmp_path, lambda raw: None), fragments)["variants"]) == variant_names()
+
+
+FAMILY_FILE = """
+models:
+  tiny-standin:
+    family: tiny
+    repo_id: example/tiny
+    dir: tiny
+    approx_size_gb: 1
+    verify_glob: "*.safetensors"
+    gated: false
+    max_context: 8192
+    valid_tensor_parallel_sizes: [1]
+variants:
+  tiny-single:
+    base: _common
+    description: a family file's variant may inherit from the main file's bases
+    upstream: {source: club3090, path: models/tiny/vllm/compose/single/base.yml}
+    image: vllm-v0.27.1
+    model: tiny-standin
+    tensor_parallel_size: 1
+    tensor_parallel_sizes: [1]
+    max_model_len: 4096
+    gpu_memory_utilization: 0.9
+    max_num_seqs: 1
+    max_num_batched_tokens: null
+    vram_per_gpu_gb: null
+"""
+
+
+def test_a_family_file_adds_models_and_variants_after_the_main_files(tmp_path: Path) -> None:
+    (tmp_path / "tiny.yaml").write_text(FAMILY_FILE)
+    cat = load_catalog_file(broken(tmp_path, lambda raw: None), [tmp_path / "tiny.yaml"])
+    assert list(cat["variants"])[-1] == "tiny-single" and cat["variants"]["tiny-single"]["model"] == "tiny-standin"
+    assert cat["variants"]["tiny-single"]["measured_on_gpu_mib"] == cat["variants"]["dual"]["measured_on_gpu_mib"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (FAMILY_FILE.replace("tiny-single:", "dual:"), "tiny.yaml: variants.dual is already defined in catalog.yaml"),
+        ("sources:\n  x: {}\n", "tiny.yaml: unknown top-level key 'sources'"),
+        ("- a list\n", "tiny.yaml: top level must be a mapping"),
+    ],
+)
+def test_a_broken_family_file_is_named(tmp_path: Path, text: str, message: str) -> None:
+    (tmp_path / "tiny.yaml").write_text(text)
+    with pytest.raises(CatalogError, match=message):
+        load_catalog_file(broken(tmp_path, lambda raw: None), [tmp_path / "tiny.yaml"])
 
 
 @pytest.mark.parametrize(
