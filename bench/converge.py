@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
-"""Converged re-run of the full deploy on 1, 2, 4 and 8 test-bed hosts: how the no-op run scales.
+"""Converge time and remote commands per rig on 1, 2, 4 and 8 test-bed rigs.
 
     sudo .venv/bin/python bench/converge.py [--sizes 1,2,4,8] [--repeat 3] [--results bench/results.md]
 
-One bed of max(sizes) hosts (2x RTX 3090 each, rig-01 in group canary) is brought up, converged once
-with `pyinfra -y inventory.py deploy.py`, then for each size N the same command is timed with
-`--limit` to the first N hosts, `--repeat` times (the median counts). Every timed run is checked to be
-converged: pyinfra's --json results must show zero operations that changed anything. The table and
-the 8:1 ratio go into the "Serving: converged re-run" section of bench/results.md, replacing only
-that section (other helpers write their own sections in the same file).
+One bed of max(sizes) rigs (2x RTX 3090 each, rig-01 in group canary) is brought up, locked and
+converged once with `pyinfra -y inventory.py deploy.py` (its time per phase and its remote commands
+recorded). Then for each size N, with `--limit` to the first N rigs, `--repeat` times each (medians
+count):
+  - a converged re-run of the full deploy: wall time, control-machine CPU (user+sys of the pyinfra
+    process) per rig, and the remote commands per rig (the closing summary's REMOTE COMMANDS column:
+    commands plus file transfers, rigup.facts.once's fact batches included);
+  - a one-operation no-op deploy on the same rigs (one files.directory that exists): pyinfra's own floor.
+Every timed re-run is checked converged: pyinfra's --json results must show zero operations that
+changed anything. The tables go into the "Converge: time and remote commands per rig" section of
+bench/results.md, replacing only that section.
 
 Needs what the test bed needs: root, debootstrap, systemd-nspawn (see rigup_testbed).
 """
@@ -21,6 +26,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shlex
 import shutil
 import statistics
@@ -37,14 +43,49 @@ from rigup_testbed.fleet import Testbed, host_names  # noqa: E402
 from rigup_testbed.hosts import HostSpec  # noqa: E402
 from rigup_testbed.image import cache_dir  # noqa: E402
 
-SECTION = "## Serving: converged re-run of the full deploy (1, 2, 4, 8 hosts)"
+SECTION = "## Converge: time and remote commands per rig (1, 2, 4, 8 rigs)"
+OLD_SECTIONS = ("## Serving: converged re-run of the full deploy (1, 2, 4, 8 hosts)",)  # replaced by this one
+NOOP_DEPLOY = 'from pyinfra.operations import files\n\nfiles.directory(name="No-op: /tmp exists", path="/tmp")\n'
+GOAL_COMMANDS = 15  # issue 15: remote commands per rig on a converged re-run
+GOAL_VS_NOOP = 2.0  # 1 rig: re-run <= 2x the no-op deploy
+GOAL_SCALING = 1.3  # 4 rigs: re-run <= 1.3x its own 1-rig time
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 
 
 def run(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[float, subprocess.CompletedProcess[str]]:
+    secs, _, proc = timed(cmd, env, timeout)
+    return secs, proc
+
+
+def timed(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[float, float, subprocess.CompletedProcess[str]]:
+    """Wall seconds, CPU seconds (user+sys of the child and its children) and the finished process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    return time.monotonic() - started, proc
+    wall = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, proc
+
+
+def remote_commands(log: str) -> dict[str, int]:
+    """The closing summary's REMOTE COMMANDS column, per rig."""
+    lines = log.splitlines()
+    start = next((i for i, line in enumerate(lines) if "What this converge did, per host:" in line), None)
+    if start is None or "REMOTE COMMANDS" not in lines[start + 1]:
+        raise SystemExit("the converge printed no REMOTE COMMANDS column (is rigup.facts.once installed?)")
+    counts = {}
+    for line in lines[start + 2:]:
+        m = re.match(r"^\s+(\S+)\s+(?:ok|FAILED)\s+(\d+)(?:\s|$)", line)
+        if not m:
+            break
+        counts[m.group(1)] = int(m.group(2))
+    return counts
+
+
+def phase_times(log: str) -> str:
+    m = re.search(r"Time per phase \(all hosts, wall\): (.*)$", log, flags=re.M)
+    return m.group(1).strip() if m else "(not printed)"
 
 
 def changed_ops(result: dict) -> dict[str, list[str]]:
@@ -97,20 +138,36 @@ def bench(sizes: list[int], repeat: int, instance: str, deploy: str, host_setup:
         first_s, proc = run([PYINFRA, "-y", "inventory.py", deploy], env, 3600)
         if proc.returncode != 0:
             raise SystemExit("first converge failed:\n" + "\n".join((proc.stdout + proc.stderr).splitlines()[-60:]))
+        first = {"phases": phase_times(proc.stdout + proc.stderr),
+                 "commands_per_rig": max(remote_commands(proc.stdout + proc.stderr).values())}
+        noop = Path(scratch) / "noop.py"
+        noop.write_text(NOOP_DEPLOY)
         rows = []
         for n in sizes:
             limit = [arg for name in names[:n] for arg in ("--limit", name)]
-            times = []
+            walls, cpus, cmds, noops = [], [], [], []
             for _ in range(repeat):
-                secs, proc = run([PYINFRA, "-y", "--json", "inventory.py", deploy, *limit], env, 1800)
+                secs, cpu, proc = timed([PYINFRA, "-y", "--json", "inventory.py", deploy, *limit], env, 1800)
                 if proc.returncode != 0:
                     raise SystemExit(f"re-run on {n} hosts failed:\n" + (proc.stdout + proc.stderr)[-4000:])
                 changed = changed_ops(json.loads(proc.stdout))
                 if changed:
                     raise SystemExit(f"re-run on {n} hosts was not converged; changed: {changed}")
-                times.append(secs)
-            rows.append({"hosts": n, "runs_s": [round(t, 2) for t in times], "median_s": round(statistics.median(times), 2)})
-            print(f"{n} host(s): {rows[-1]['runs_s']} -> median {rows[-1]['median_s']} s", flush=True)
+                counts = remote_commands(proc.stderr)
+                walls.append(secs)
+                cpus.append(cpu / n)
+                cmds.append(max(counts.values()))
+                secs, _, proc = timed([PYINFRA, "-y", "inventory.py", str(noop), *limit], env, 600)
+                if proc.returncode != 0:
+                    raise SystemExit(f"no-op deploy on {n} hosts failed:\n" + (proc.stdout + proc.stderr)[-4000:])
+                noops.append(secs)
+            rows.append({
+                "hosts": n, "runs_s": [round(t, 2) for t in walls], "median_s": round(statistics.median(walls), 2),
+                "noop_runs_s": [round(t, 2) for t in noops], "noop_median_s": round(statistics.median(noops), 2),
+                "cpu_per_rig_s": round(statistics.median(cpus), 2), "commands_per_rig": max(cmds),
+            })
+            print(f"{n} host(s): re-run {rows[-1]['runs_s']} (median {rows[-1]['median_s']} s), no-op "
+                  f"{rows[-1]['noop_runs_s']}, {rows[-1]['commands_per_rig']} remote commands per rig", flush=True)
     finally:
         bed.down()
         shutil.rmtree(scratch, ignore_errors=True)
@@ -122,6 +179,7 @@ def bench(sizes: list[int], repeat: int, instance: str, deploy: str, host_setup:
         "bed_up_s": round(up_s, 1),
         "lock_s": round(lock_s, 1),
         "first_converge_s": round(first_s, 1),
+        "first_converge": first,
         "hosts_total": total,
         "repeat": repeat,
         "rows": rows,
@@ -132,17 +190,37 @@ def bench(sizes: list[int], repeat: int, instance: str, deploy: str, host_setup:
     }
 
 
+def goals(result: dict) -> list[str]:
+    """Issue 15's three bars, each with the measured value and met / NOT met."""
+    by_n = {r["hosts"]: r for r in result["rows"]}
+    out = []
+    worst = max(r["commands_per_rig"] for r in result["rows"])
+    out.append(f"remote commands per rig on a converged re-run <= {GOAL_COMMANDS}: {worst} "
+               f"({'met' if worst <= GOAL_COMMANDS else 'NOT met'})")
+    if 1 in by_n:
+        ratio = by_n[1]["median_s"] / by_n[1]["noop_median_s"]
+        out.append(f"1 rig: re-run <= {GOAL_VS_NOOP}x the no-op deploy: {ratio:.2f}x "
+                   f"({'met' if ratio <= GOAL_VS_NOOP else 'NOT met'})")
+    if 1 in by_n and 4 in by_n:
+        ratio = by_n[4]["median_s"] / by_n[1]["median_s"]
+        out.append(f"4 rigs: re-run <= {GOAL_SCALING}x its 1-rig time: {ratio:.2f}x "
+                   f"({'met' if ratio <= GOAL_SCALING else 'NOT met'})")
+    return out
+
+
 def render(result: dict) -> str:
-    lo, hi = min(result["sizes"]), max(result["sizes"])
     lines = [
         SECTION,
         "",
-        f"Measured {result['date']} on {result['machine']} with `python bench/converge.py` "
-        f"(helper \"serving\"). One test bed of {result['hosts_total']} hosts (Debian 12 under systemd-nspawn, "
-        "stand-in NVIDIA/Docker packages, 2x RTX 3090 simulated each), converged once "
-        f"({result['first_converge_s']} s for all {result['hosts_total']}), then `pyinfra -y inventory.py {result['deploy']} "
-        f"--limit <first N hosts>` timed {result['repeat']}x per N. Every timed run was checked converged "
-        "(pyinfra --json: zero operations changed).",
+        f"Measured {result['date']} on {result['machine']} with `python bench/converge.py --sizes "
+        f"{','.join(map(str, result['sizes']))} --repeat {result['repeat']}`. One test bed of {result['hosts_total']} rigs "
+        "(Debian 12 under systemd-nspawn on this same machine, stand-in NVIDIA/Docker packages, 2x RTX 3090 "
+        f"simulated each): bed up in {result['bed_up_s']} s, `rigup lock` {result['lock_s']} s, first converge of all "
+        f"{result['hosts_total']} rigs {result['first_converge_s']} s ({result['first_converge']['commands_per_rig']} "
+        "remote commands on the busiest rig). Every timed re-run was checked converged (pyinfra --json: zero "
+        "operations changed).",
+        "",
+        f"First converge, time per phase (all rigs at once, wall): {result['first_converge']['phases']}.",
         "",
     ]
     if result["deploy"] != "deploy.py" or result["host_setup"]:
@@ -153,17 +231,17 @@ def render(result: dict) -> str:
             "",
         ]
     lines += [
-        "| hosts | runs (s) | median (s) |",
-        "|---:|---|---:|",
+        "| rigs | converged re-run, runs (s) | median (s) | no-op deploy, median (s) | re-run / no-op | "
+        "remote commands per rig | control CPU per rig (s) |",
+        "|---:|---|---:|---:|---:|---:|---:|",
     ]
     for row in result["rows"]:
-        lines.append(f"| {row['hosts']} | {', '.join(f'{t:.2f}' for t in row['runs_s'])} | {row['median_s']:.2f} |")
-    lines += [
-        "",
-        f"Ratio {hi}:{lo} (median): **{result['ratio_max_to_min']}** "
-        f"(1.0 would be perfect parallelism; {hi}.0 would be fully serial).",
-        "",
-    ]
+        lines.append(
+            f"| {row['hosts']} | {', '.join(f'{t:.2f}' for t in row['runs_s'])} | {row['median_s']:.2f} | "
+            f"{row['noop_median_s']:.2f} | {row['median_s'] / row['noop_median_s']:.2f} | "
+            f"{row['commands_per_rig']} | {row['cpu_per_rig_s']:.2f} |"
+        )
+    lines += ["", "Goals (issue 15):", ""] + [f"- {g}" for g in goals(result)] + [""]
     if result.get("note"):
         lines += [f"Note: {result['note']}", ""]
     return "\n".join(lines)
@@ -173,6 +251,12 @@ def write_section(path: Path, section: str) -> None:
     """Replace this benchmark's section in `path` (or append it); leave every other section alone."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     lines = text.splitlines()
+    for old in OLD_SECTIONS:  # a section this benchmark wrote under an earlier title
+        at = next((i for i, line in enumerate(lines) if line.strip() == old), None)
+        if at is not None:
+            end = next((i for i in range(at + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+            lines = lines[:at] + lines[end:]
+    text = "\n".join(lines) + "\n"
     start = next((i for i, line in enumerate(lines) if line.strip() == SECTION), None)
     if start is None:
         new = text.rstrip("\n") + "\n\n" + section

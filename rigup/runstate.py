@@ -22,6 +22,7 @@ Nothing else is shared between task files; everything decided before the run is 
 from __future__ import annotations
 
 import sys
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from rich.table import Table
 
 from rigup.checks.driver_plan import DriverPlan
 from rigup.desired.lock import phase_without_lock
+from rigup.facts.once import remote_commands
 
 
 @dataclass(frozen=True)
@@ -154,14 +156,18 @@ def accounts(state: Any) -> dict[str, list[str]]:
     return {name: list(lines) for name, lines in _run_account(state).items()}
 
 
-def summary_table(done: dict[str, list[str]], host_names: list[str], failed: set[str], width: int = 10_000) -> str:
-    """One row per host: its state after the run and what it did ("no change" when nothing), laid out
-    by rich (plain text: it goes through pyinfra's log)."""
+def summary_table(done: dict[str, list[str]], host_names: list[str], failed: set[str], width: int = 10_000,
+                  round_trips: dict[str, int] | None = None) -> str:
+    """One row per host: its state after the run, what it did ("no change" when nothing) and, where
+    counted (rigup.facts.once), the commands and file transfers this run sent it; laid out by rich
+    (plain text: it goes through pyinfra's log)."""
     table = Table(box=None, pad_edge=False)  # one line per host however long: logs are searched by host
-    for column in ("HOST", "RESULT", "WHAT THIS CONVERGE DID"):
+    columns = ["HOST", "RESULT", *(["REMOTE COMMANDS"] if round_trips is not None else []), "WHAT THIS CONVERGE DID"]
+    for column in columns:
         table.add_column(column, overflow="fold")
     for name in host_names:
-        table.add_row(name, "FAILED" if name in failed else "ok", "; ".join(done.get(name) or ["no change"]))
+        counted = [str(round_trips.get(name, 0))] if round_trips is not None else []
+        table.add_row(name, "FAILED" if name in failed else "ok", *counted, "; ".join(done.get(name) or ["no change"]))
     out = StringIO()
     Console(file=out, width=width, color_system=None, force_terminal=False).print(table)
     return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
@@ -176,6 +182,19 @@ class ConvergeSummary(BaseStateCallback):
         self.printed = False
         self.executed = False
         self.busy: set[str] = set()  # hosts inside an operation (a reboot disconnects them mid-run)
+        self.phase_started: dict[str, float] = {}  # task file -> when its first operation started
+        self.last_end = 0.0
+
+    def operation_start(self, state: Any, op_hash: Any) -> None:
+        names = state.get_op_meta(op_hash).names
+        phase = phase_of(next(iter(names), ""))
+        self.phase_started.setdefault(phase, time.monotonic())
+
+    def operation_end(self, state: Any, op_hash: Any) -> None:
+        self.last_end = time.monotonic()
+        order = state.get_op_order()
+        if order and op_hash == order[-1]:
+            self._print(state)
 
     def operation_host_start(self, state: Any, host: Any, op_hash: Any) -> None:
         self.executed = True
@@ -187,11 +206,6 @@ class ConvergeSummary(BaseStateCallback):
     def operation_host_error(self, state: Any, host: Any, op_hash: Any, retry_count: int = 0, max_retries: int = 0) -> None:
         self.busy.discard(host.name)
 
-    def operation_end(self, state: Any, op_hash: Any) -> None:
-        order = state.get_op_order()
-        if order and op_hash == order[-1]:
-            self._print(state)
-
     def host_disconnect(self, state: Any, host: Any) -> None:
         if self.executed and host.name not in self.busy:
             self._print(state)
@@ -202,9 +216,27 @@ class ConvergeSummary(BaseStateCallback):
         self.printed = True
         names = [h.name for h in state.inventory if h in state.activated_hosts or h in state.failed_hosts]
         failed = {h.name for h in state.failed_hosts}
+        trips = ({h.name: remote_commands(h).round_trips for h in state.inventory}
+                 if getattr(state, "_rigup_facts_once", False) else None)
         logger.info("--> What this converge did, per host:")
-        for line in summary_table(accounts(state), names, failed).splitlines():
+        for line in summary_table(accounts(state), names, failed, round_trips=trips).splitlines():
             logger.info(f"    {line}")
+        if self.phase_started:
+            logger.info(f"--> Time per phase (all hosts, wall): {phase_times(self.phase_started, self.last_end)}")
+
+
+def phase_of(operation_name: str) -> str:
+    """The task an operation belongs to: "tasks/model.py | Fetch ..." -> "model"."""
+    head = operation_name.split(" | ", 1)[0]
+    return head.rsplit("/", 1)[-1].removesuffix(".py") if " | " in operation_name else "other"
+
+
+def phase_times(started: dict[str, float], end: float) -> str:
+    """ "preflight 0.4 s, nvidia_driver 2.1 s, ...": each phase from its first operation's start to the
+    next phase's (pyinfra runs an operation on every host before the next one starts)."""
+    order = sorted(started.items(), key=lambda item: item[1])
+    ends = [t for _, t in order[1:]] + [max(end, order[-1][1])]
+    return ", ".join(f"{name} {stop - begin:.1f} s" for (name, begin), stop in zip(order, ends))
 
 
 def print_summary_at_the_end(state: Any) -> None:

@@ -21,8 +21,15 @@ preflight_disk_margin_gb, preflight_vram_misfit, nvidia_driver_branch, nvidia_dr
 nvidia_driver_source, driver_reboot, gpu_power_cap_watts, gpu_power_cap_by_model, _sudo, install_root, model_dir,
 container_registry, lock_file.
 Changes: nothing. Restarts: nothing.
+From here on every fact is read once per run per host (rigup.facts.once): re-read only after
+something ran on the host, and the facts the last run asked for come back in one round trip.
 """
 
+from pyinfra import state
+
+from rigup.facts.once import read_facts_once
 from rigup.operations.preflight import preflight_checks
+
+read_facts_once(state)
 
 preflight_checks(name="Run preflight checks (a failed check fails this host)")

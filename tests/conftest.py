@@ -1,7 +1,9 @@
 """Unit tests render variants from the test bed's upstream fixture trees (rigup_testbed/recipes.py),
 the same files the test bed's git remotes commit; nothing reaches the network. Subprocesses (rigup,
 pyinfra) get the same trees through $RIGUP_UPSTREAM_TREES. The e2e tests read the test bed's git
-remotes instead (tests/e2e/conftest.py clears it)."""
+remotes instead (tests/e2e/conftest.py clears it). The fact records of rigup.facts.once (what each
+host's facts were, for the next run's one-round-trip read) go to a directory of this session, not
+the checkout's .cache."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import os
 import pytest
 
 from rigup.desired.upstream import TREES_ENV, use_reader
+from rigup.facts.once import RECORDS_ENV
 from rigup_testbed.recipes import SNAPSHOTS, tree, working_trees
 
 
@@ -25,3 +28,14 @@ def _upstream_fixture_trees():
         os.environ.pop(TREES_ENV, None)
     else:
         os.environ[TREES_ENV] = previous_env
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _fact_records_of_this_session(tmp_path_factory: pytest.TempPathFactory):
+    previous = os.environ.get(RECORDS_ENV)
+    os.environ[RECORDS_ENV] = str(tmp_path_factory.mktemp("fact-records"))
+    yield
+    if previous is None:
+        os.environ.pop(RECORDS_ENV, None)
+    else:
+        os.environ[RECORDS_ENV] = previous

@@ -101,3 +101,19 @@ def test_a_run_that_stops_early_prints_at_the_disconnect_but_not_for_a_reboot(mo
     handler.host_disconnect(state, host)
     assert printed == ["--> What this converge did, per host:", "    HOST    RESULT  WHAT THIS CONVERGE DID",
                        "    rig-01  FAILED  no change"]
+
+
+def test_the_table_shows_remote_commands_where_counted() -> None:
+    table = runstate.summary_table({}, ["rig-01", "rig-02"], set(), round_trips={"rig-01": 2, "rig-02": 31})
+    assert table.splitlines() == [
+        "HOST    RESULT  REMOTE COMMANDS  WHAT THIS CONVERGE DID",
+        "rig-01  ok      2                no change",
+        "rig-02  ok      31               no change",
+    ]
+
+
+def test_phase_times_run_from_each_phases_first_operation_to_the_next() -> None:
+    assert runstate.phase_of("tasks/model.py | Fetch locked model files") == "model"
+    assert runstate.phase_of("an operation outside a task file") == "other"
+    started = {"serving": 20.0, "preflight": 10.0, "model": 12.5}
+    assert runstate.phase_times(started, 31.25) == "preflight 2.5 s, model 7.5 s, serving 11.2 s"

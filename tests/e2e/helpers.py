@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -107,3 +108,17 @@ def op(results: dict[str, Any], suffix: str) -> dict[str, Any]:
 def changed(results: dict[str, Any], host: str) -> list[str]:
     """Names of the operations that changed `host`."""
     return [o["name"] for o in results["results"]["operations"] if host in o["success"]]
+
+
+def remote_commands(log: str) -> dict[str, int]:
+    """The closing summary's REMOTE COMMANDS column (commands and file transfers the run sent), per host."""
+    lines = log.splitlines()
+    start = next(i for i, line in enumerate(lines) if "What this converge did, per host:" in line)
+    assert "REMOTE COMMANDS" in lines[start + 1], lines[start + 1]
+    counts = {}
+    for line in lines[start + 2:]:
+        m = re.match(r"^\s+(\S+)\s+(?:ok|FAILED)\s+(\d+)(?:\s|$)", line)
+        if not m:
+            break
+        counts[m.group(1)] = int(m.group(2))
+    return counts

@@ -1,0 +1,453 @@
+"""Facts read once per run, and a host's facts in one round trip.
+
+pyinfra 3 keeps no fact cache: every `host.get_fact` runs its command again, so that a fact read after
+a change sees the change. On a converged rig that is a hundred ssh+sudo round trips for a deploy that
+changes nothing (the same `dpkg -l` eight times). With `read_facts_once(state)`:
+
+- **Once.** What a fact returned is kept per host, keyed by the exact command pyinfra would run and
+  its connector arguments (sudo, user, shell). It is dropped when anything other than a fact read runs
+  on that host: an operation's command, an upload or download, a callback's own command. So a fact
+  read after a change is read again, as pyinfra's own semantics require.
+- **One round trip.** The facts the previous run of this deploy asked of a host (recorded in
+  `<work dir>/.cache/facts/<host>.json`: fact class, arguments, non-secret connector arguments; never
+  a password or an environment) are read at its first fact request in one command per connector
+  setting, every host at once. Each section carries its own stdout, stderr and exit status, and is
+  handed to pyinfra's own fact reader as if its command had run alone. So defaults, the
+  missing-command sentinel, processing errors and failed hosts behave exactly as they would for the
+  single command. A fact the record does not list is read on its own and recorded for the next run;
+  the record keeps exactly what the last run asked.
+
+`RemoteCommands` counts what actually went to each host (commands, uploads, downloads, batches); the
+closing summary and bench/converge.py report it.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+import logging
+import os
+import secrets
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gevent
+from pyinfra.api import facts as pyinfra_facts
+from pyinfra.api.command import StringCommand
+from pyinfra.api.exceptions import FactProcessError
+from pyinfra.api.facts import FactBase, ShortFactBase
+from pyinfra.api.host import Host
+from pyinfra.api.state import BaseStateCallback
+from pyinfra.connectors.util import CommandOutput, OutputLine
+
+from rigup import WORK_DIR
+
+logger = logging.getLogger("rigup.facts")
+
+RECORD_VERSION = 1
+# Connector arguments a record may carry (none secret) and those that change how a command is wrapped.
+PERSISTED_ARGS = ("_sudo", "_sudo_user", "_use_sudo_login", "_preserve_sudo_env", "_su_user", "_use_su_login",
+                  "_preserve_su_env", "_su_shell", "_doas", "_doas_user", "_dzdo", "_dzdo_user",
+                  "_shell_executable", "_chdir")  # fmt: skip
+UNBATCHABLE_ARGS = ("_stdin", "_get_pty", "_env")  # read on their own
+# What the batch command runs with: everything that decides how pyinfra wraps and runs a command.
+RUN_ARGS = (*PERSISTED_ARGS, "_sudo_password", "_su_password")
+
+
+RECORDS_ENV = "RIGUP_FACT_RECORDS"  # where the records go instead (the tests use their own directory)
+BATCH_START = "__rigup_d=$(mktemp -d) || exit 97"  # a batch's first line (is_fact_batch)
+
+
+def record_dir() -> Path:
+    return Path(os.environ.get(RECORDS_ENV) or Path(WORK_DIR) / ".cache" / "facts")
+
+
+def is_fact_batch(command: str) -> bool:
+    """Whether a command (as a connector logs it) is one of this module's fact batches: reads only."""
+    return BATCH_START in command
+
+
+class _Captured(Exception):
+    """Raised from inside pyinfra's fact reader to learn the command it would run."""
+
+    def __init__(self, command: StringCommand | str, kwargs: dict[str, Any]) -> None:
+        super().__init__("captured")
+        self.command = command
+        self.kwargs = kwargs
+
+
+@dataclass
+class _Request:
+    cls: type[FactBase]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    command: str = ""
+    connector: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (f"{self.cls.__module__}:{self.cls.__qualname__}", self.command, _args_key(self.connector))
+
+    def persisted(self) -> dict[str, Any] | None:
+        if any(self.connector.get(k) for k in UNBATCHABLE_ARGS):
+            return None
+        try:
+            entry = {"fact": self.key[0], "args": list(self.args), "kwargs": self.kwargs,
+                     "connector": {k: self.connector[k] for k in PERSISTED_ARGS if k in self.connector}}
+            json.dumps(entry)
+        except (TypeError, ValueError):
+            return None  # arguments that are not plain data are not recorded
+        return entry
+
+
+def _args_key(connector: dict[str, Any]) -> str:
+    """What makes two reads of one command the same read: how it is run and what counts as success
+    (a password by presence only; timeouts and retries do not change the answer)."""
+    shown = {k: connector.get(k) for k in (*PERSISTED_ARGS, *UNBATCHABLE_ARGS, "_success_exit_codes")}
+    shown.update({k: bool(connector.get(k)) for k in ("_sudo_password", "_su_password")})
+    return json.dumps(shown, sort_keys=True, default=repr)
+
+
+@dataclass
+class RemoteCommands:
+    """What went to one host in this run."""
+
+    commands: int = 0  # shell commands, fact batches included
+    uploads: int = 0
+    downloads: int = 0
+    batches: int = 0  # of which: prefetch batches
+    batched_facts: int = 0  # facts those batches answered
+    single_facts: int = 0  # facts read with a command of their own
+    memo_hits: int = 0
+    invalidations: int = 0
+    by_fact: Counter = field(default_factory=Counter)
+
+    @property
+    def round_trips(self) -> int:
+        return self.commands + self.uploads + self.downloads
+
+
+class HostFacts:
+    """One host's fact memo, its record and its counters."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.memo: dict[tuple[str, str, str], Any] = {}
+        self.asked: dict[tuple[str, str, str], dict[str, Any] | None] = {}
+        self.stats = RemoteCommands()
+        self.capture = False
+        self.replay: tuple[bool, CommandOutput] | None = None
+        self.reading = 0
+        self.last_ok = True  # the commands of the current single read all succeeded
+        self.prefetched = False
+
+    # ------------------------------------------------------------------ record
+    @property
+    def record_path(self) -> Path:
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.host.name)
+        return record_dir() / f"{safe}.json"
+
+    def load_record(self) -> list[dict[str, Any]]:
+        try:
+            raw = json.loads(self.record_path.read_text())
+        except (OSError, ValueError):
+            return []
+        if not isinstance(raw, dict) or raw.get("version") != RECORD_VERSION or not isinstance(raw.get("facts"), list):
+            return []
+        return [e for e in raw["facts"] if isinstance(e, dict)]
+
+    def save_record(self) -> None:
+        entries = [e for e in self.asked.values() if e is not None]
+        if not entries:
+            return
+        path = self.record_path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(json.dumps({"version": RECORD_VERSION, "host": self.host.name, "facts": entries}, indent=1))
+            os.replace(tmp, path)
+        except OSError as exc:  # a read-only work dir costs round trips next run, nothing else
+            logger.debug("fact record for %s not saved: %s", self.host.name, exc)
+
+
+def _state_of(host: Host) -> HostFacts:
+    facts = getattr(host, "_rigup_facts", None)
+    if facts is None:
+        facts = HostFacts(host)
+        host._rigup_facts = facts  # type: ignore[attr-defined]
+    return facts
+
+
+def remote_commands(host: Host) -> RemoteCommands:
+    """What this run sent to `host` so far."""
+    return _state_of(host).stats
+
+
+# ---------------------------------------------------------------------- the reader
+_ORIGINAL: dict[str, Any] = {}
+
+
+def _resolve(cls_path: str) -> type[FactBase] | None:
+    module, _, name = cls_path.partition(":")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in name.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        return None
+    return obj if isinstance(obj, type) and issubclass(obj, FactBase) else None
+
+
+def _describe(facts: HostFacts, cls: type[FactBase], args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Request | None:
+    """The command and connector arguments pyinfra would use for this fact (None: it would not run one,
+    e.g. a failed precondition; the caller then asks pyinfra directly)."""
+    request = _Request(cls, tuple(args), {k: v for k, v in kwargs.items() if not k.startswith("_")})
+    facts.capture = True
+    try:
+        pyinfra_facts._get_fact(facts.host.state, facts.host, cls, list(args), dict(kwargs))
+    except _Captured as captured:
+        command = captured.command
+        request.command = command.get_raw_value() if isinstance(command, StringCommand) else str(command)
+        request.connector = {k: v for k, v in captured.kwargs.items() if k not in ("print_output", "print_input")}
+        return request
+    except Exception:  # noqa: BLE001 - whatever pyinfra raises, it raises again on the real read
+        return None
+    finally:
+        facts.capture = False
+    return None
+
+
+def _read_single(facts: HostFacts, request: _Request | None, cls: type, args: tuple, kwargs: dict) -> Any:
+    facts.reading += 1
+    facts.last_ok = True
+    try:
+        value = pyinfra_facts.get_fact(facts.host.state, facts.host, cls, args=list(args), kwargs=dict(kwargs))
+    finally:
+        facts.reading -= 1
+    if request is not None:
+        facts.stats.single_facts += 1
+        facts.stats.by_fact[request.key[0]] += 1
+        if facts.last_ok:  # a failed read is read again when asked again, as pyinfra does
+            facts.memo[request.key] = copy.deepcopy(value)
+    return value
+
+
+def _replay(facts: HostFacts, request: _Request, status: bool, output: CommandOutput) -> Any:
+    facts.replay = (status, output)
+    facts.reading += 1
+    try:
+        return pyinfra_facts.get_fact(facts.host.state, facts.host, request.cls, args=list(request.args),
+                                      kwargs={**request.kwargs, **{k: v for k, v in request.connector.items()
+                                                                   if k in PERSISTED_ARGS}})
+    finally:
+        facts.reading -= 1
+        facts.replay = None
+
+
+BATCH_WAVE = 16  # sections the rig runs at once: they are reads, independent of each other
+
+
+def _batch_script(token: str, commands: list[str]) -> str:
+    """One shell script that runs every command (in waves of BATCH_WAVE, in the background) and then
+    prints each one's stdout, stderr and exit status between markers, in order."""
+    lines = [BATCH_START]
+    for i, command in enumerate(commands):
+        lines.append(f'( ( {command}\n) >"$__rigup_d/{i}.o" 2>"$__rigup_d/{i}.e" </dev/null; '
+                     f'echo $? >"$__rigup_d/{i}.s" ) &')
+        if (i + 1) % BATCH_WAVE == 0:
+            lines.append("wait")
+    lines.append("wait")
+    lines.append(
+        f'__rigup_i=0; while [ "$__rigup_i" -lt {len(commands)} ]; do '
+        f'f="$__rigup_d/$__rigup_i"; '
+        f'echo "@@{token} out $__rigup_i"; cat "$f.o"; [ -s "$f.o" ] && [ -n "$(tail -c1 "$f.o")" ] && echo; '
+        f'echo "@@{token} err $__rigup_i"; cat "$f.e"; [ -s "$f.e" ] && [ -n "$(tail -c1 "$f.e")" ] && echo; '
+        f'echo "@@{token} end $__rigup_i $(cat "$f.s" 2>/dev/null || echo 98)"; '
+        '__rigup_i=$((__rigup_i + 1)); done'
+    )
+    lines.append('rm -rf "$__rigup_d"')
+    return "\n".join(lines)
+
+
+def _split_batch(token: str, lines: Iterable[str], count: int) -> dict[int, tuple[list[str], list[str], int]]:
+    sections: dict[int, tuple[list[str], list[str], int]] = {}
+    out: list[str] = []
+    err: list[str] = []
+    current: list[str] | None = None
+    prefix = f"@@{token} "
+    for line in lines:
+        if line.startswith(prefix):
+            kind, _, rest = line[len(prefix):].partition(" ")
+            if kind == "out":
+                out, err = [], []
+                current = out
+            elif kind == "err":
+                current = err
+            elif kind == "end":
+                index, _, rc = rest.partition(" ")
+                if index.isdigit() and rc.lstrip("-").isdigit() and int(index) < count:
+                    sections[int(index)] = (out, err, int(rc))
+                current = None
+            continue
+        if current is not None:
+            current.append(line)
+    return sections
+
+
+def _prefetch(facts: HostFacts) -> None:
+    """Read every recorded fact of this host in one command per connector setting."""
+    facts.prefetched = True
+    groups: dict[str, list[_Request]] = {}
+    for entry in facts.load_record():
+        cls = _resolve(str(entry.get("fact", "")))
+        if cls is None or issubclass(cls, ShortFactBase):
+            continue
+        kwargs = {**(entry.get("kwargs") or {}), **(entry.get("connector") or {})}
+        request = _describe(facts, cls, tuple(entry.get("args") or ()), kwargs)
+        if request is None or any(request.connector.get(k) for k in UNBATCHABLE_ARGS) or request.key in facts.memo:
+            continue
+        request.kwargs = dict(entry.get("kwargs") or {})
+        groups.setdefault(_args_key(request.connector), []).append(request)
+    for requests in groups.values():
+        unique = list({r.key: r for r in requests}.values())
+        token = secrets.token_hex(8)
+        connector = {k: v for k, v in unique[0].connector.items() if k in RUN_ARGS}
+        facts.reading += 1  # the batch is a fact read: it must not drop what the memo holds
+        try:
+            ok, output = facts.host.run_shell_command(StringCommand(_batch_script(token, [r.command for r in unique])),
+                                                      print_output=False, print_input=False, **connector)
+        finally:
+            facts.reading -= 1
+        facts.stats.batches += 1
+        if not ok and not output.stdout_lines:
+            continue  # nothing came back: each fact is read on its own when asked
+        sections = _split_batch(token, output.stdout_lines, len(unique))
+        for i, request in enumerate(unique):
+            if i not in sections:
+                continue
+            out, err, rc = sections[i]
+            if rc not in set(request.connector.get("_success_exit_codes") or (0,)) or not _processes(facts, request, out):
+                continue  # a failing read is left to the deploy's own request: pyinfra decides what it costs
+            lines = [OutputLine("stdout", line) for line in out] + [OutputLine("stderr", line) for line in err]
+            try:
+                value = _replay(facts, request, True, CommandOutput(lines))
+            except Exception:  # noqa: BLE001 - pyinfra raises it again when the fact is asked for
+                continue
+            facts.memo[request.key] = copy.deepcopy(value)
+            facts.stats.batched_facts += 1
+            facts.stats.by_fact[request.key[0]] += 1
+
+
+def _processes(facts: HostFacts, request: _Request, out: list[str]) -> bool:
+    """Whether pyinfra would process this output without an error (an error fails the host: only the
+    deploy's own request may do that)."""
+    if not out:
+        return True
+    try:
+        fact = request.cls()  # as pyinfra does: command() first (some facts keep their arguments), then process()
+        fact_kwargs, _ = pyinfra_facts._handle_fact_kwargs(facts.host.state, facts.host, request.cls,
+                                                           list(request.args), dict(request.kwargs))
+        pyinfra_facts._make_command(fact.command, fact_kwargs)
+        fact.process(list(out))
+    except FactProcessError:
+        return False
+    except Exception:  # noqa: BLE001 - pyinfra lets these propagate: so does the deploy's own request
+        return False
+    return True
+
+
+def _prefetch_everyone(host: Host) -> None:
+    """At the first fact request of the run: every host with a record reads it now, concurrently."""
+    state = host.state
+    hosts = [h for h in state.inventory if h.connected and not _state_of(h).prefetched]
+    if host not in hosts:
+        hosts.append(host)
+    for h in hosts:
+        _state_of(h).prefetched = True
+    greenlets = [gevent.spawn(_prefetch, _state_of(h)) for h in hosts]
+    gevent.joinall(greenlets)
+    for g in greenlets:
+        if g.exception is not None:
+            logger.debug("fact prefetch failed: %r", g.exception)
+
+
+def _active(host: Host) -> bool:
+    """Only the runs that asked for it (read_facts_once(state)); other pyinfra states in the process
+    keep pyinfra's behaviour."""
+    return bool(getattr(host.state, "_rigup_facts_once", False))
+
+
+def _get_fact(self: Host, name_or_cls: Any, *args: Any, **kwargs: Any) -> Any:
+    if not _active(self):
+        return _ORIGINAL["get_fact"](self, name_or_cls, *args, **kwargs)
+    facts = _state_of(self)
+    if isinstance(name_or_cls, type) and issubclass(name_or_cls, ShortFactBase):
+        return name_or_cls().process_data(_get_fact(self, name_or_cls.fact, *args, **kwargs))
+    if not (isinstance(name_or_cls, type) and issubclass(name_or_cls, FactBase)) or self.state is None:
+        return _ORIGINAL["get_fact"](self, name_or_cls, *args, **kwargs)
+    if not facts.prefetched and self.connected:
+        _prefetch_everyone(self)
+    request = _describe(facts, name_or_cls, args, kwargs)
+    if request is not None:
+        facts.asked.setdefault(request.key, request.persisted())
+        if request.key in facts.memo:
+            facts.stats.memo_hits += 1
+            return copy.deepcopy(facts.memo[request.key])
+    return _read_single(facts, request, name_or_cls, args, kwargs)
+
+
+def _run_shell_command(self: Host, *args: Any, **kwargs: Any) -> Any:
+    if not _active(self):
+        return _ORIGINAL["run_shell_command"](self, *args, **kwargs)
+    facts = _state_of(self)
+    if facts.capture:
+        raise _Captured(args[0], kwargs)
+    if facts.replay is not None:
+        return facts.replay
+    if not facts.reading and facts.memo:
+        facts.memo.clear()
+        facts.stats.invalidations += 1
+    facts.stats.commands += 1
+    ok, output = _ORIGINAL["run_shell_command"](self, *args, **kwargs)
+    facts.last_ok = facts.last_ok and bool(ok)
+    return ok, output
+
+
+def _transfer(kind: str):
+    def transfer(self: Host, *args: Any, **kwargs: Any) -> Any:
+        if not _active(self):
+            return _ORIGINAL[kind](self, *args, **kwargs)
+        facts = _state_of(self)
+        if facts.memo:
+            facts.memo.clear()
+            facts.stats.invalidations += 1
+        setattr(facts.stats, kind, getattr(facts.stats, kind) + 1)
+        return _ORIGINAL[kind](self, *args, **kwargs)
+
+    return transfer
+
+
+class _SaveRecords(BaseStateCallback):
+    """Save each host's record when pyinfra disconnects from it (the end of the run)."""
+
+    @staticmethod
+    def host_disconnect(state: Any, host: Host) -> None:
+        _state_of(host).save_record()
+
+
+def read_facts_once(state: Any) -> None:
+    """Install the memo and the prefetch for this pyinfra run (idempotent; the deploy's first task calls it)."""
+    if not _ORIGINAL:
+        _ORIGINAL.update(get_fact=Host.get_fact, run_shell_command=Host.run_shell_command,
+                         uploads=Host.put_file, downloads=Host.get_file)
+        Host.get_fact = _get_fact  # type: ignore[method-assign]
+        Host.run_shell_command = _run_shell_command  # type: ignore[method-assign]
+        Host.put_file = _transfer("uploads")  # type: ignore[method-assign]
+        Host.get_file = _transfer("downloads")  # type: ignore[method-assign]
+    if not getattr(state, "_rigup_facts_once", False):
+        state._rigup_facts_once = True
+        state.add_callback_handler(_SaveRecords())
