@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import gevent
+import gevent.event
 from pyinfra.api import facts as pyinfra_facts
 from pyinfra.api.command import StringCommand
 from pyinfra.api.exceptions import FactProcessError
@@ -143,7 +144,7 @@ class HostFacts:
         self.replay: tuple[bool, CommandOutput] | None = None
         self.reading = 0
         self.last_ok = True  # the commands of the current single read all succeeded
-        self.prefetched = False
+        self.ready: gevent.event.Event | None = None  # set once the prefetch has answered
 
     # ------------------------------------------------------------------ record
     @property
@@ -300,7 +301,6 @@ def _split_batch(token: str, lines: Iterable[str], count: int) -> dict[int, tupl
 
 def _prefetch(facts: HostFacts) -> None:
     """Read every recorded fact of this host in one command per connector setting."""
-    facts.prefetched = True
     groups: dict[str, list[_Request]] = {}
     for entry in facts.load_record():
         cls = _resolve(str(entry.get("fact", "")))
@@ -360,21 +360,6 @@ def _processes(facts: HostFacts, request: _Request, out: list[str]) -> bool:
     return True
 
 
-def _prefetch_everyone(host: Host) -> None:
-    """At the first fact request of the run: every host with a record reads it now, concurrently."""
-    state = host.state
-    hosts = [h for h in state.inventory if h.connected and not _state_of(h).prefetched]
-    if host not in hosts:
-        hosts.append(host)
-    for h in hosts:
-        _state_of(h).prefetched = True
-    greenlets = [gevent.spawn(_prefetch, _state_of(h)) for h in hosts]
-    gevent.joinall(greenlets)
-    for g in greenlets:
-        if g.exception is not None:
-            logger.debug("fact prefetch failed: %r", g.exception)
-
-
 def _active(host: Host) -> bool:
     """Only the runs that asked for it (read_facts_once(state)); other pyinfra states in the process
     keep pyinfra's behaviour."""
@@ -389,8 +374,18 @@ def _get_fact(self: Host, name_or_cls: Any, *args: Any, **kwargs: Any) -> Any:
         return name_or_cls().process_data(_get_fact(self, name_or_cls.fact, *args, **kwargs))
     if not (isinstance(name_or_cls, type) and issubclass(name_or_cls, FactBase)) or self.state is None:
         return _ORIGINAL["get_fact"](self, name_or_cls, *args, **kwargs)
-    if not facts.prefetched and self.connected:
-        _prefetch_everyone(self)
+    if facts.ready is None and self.connected:
+        # pyinfra loads the task files of every host in its own greenlet: each host's first request
+        # reads its record, all hosts at once
+        facts.ready = gevent.event.Event()
+        try:
+            _prefetch(facts)
+        except Exception as exc:  # noqa: BLE001 - a prefetch that fails leaves every fact to its own read
+            logger.debug("fact prefetch on %s failed: %r", self.name, exc)
+        finally:
+            facts.ready.set()
+    elif facts.ready is not None and not facts.ready.is_set():
+        facts.ready.wait()  # another greenlet (a peer's operation) asked while the batch is in flight
     request = _describe(facts, name_or_cls, args, kwargs)
     if request is not None:
         facts.asked.setdefault(request.key, request.persisted())
