@@ -59,6 +59,10 @@ class GitCache:
         self.root = Path(root) if root is not None else Path(WORK_DIR) / ".cache" / "upstream"
         self._lock = threading.Lock()
         self._have: set[tuple[str, str]] = set()  # (url, commit) known to be in the cache
+        # What a path is and holds at a commit never changes: each is asked of git once per process
+        # (a deploy resolves every host's recipe in several task files).
+        self._kinds: dict[tuple[str, str, str], str | None] = {}
+        self._texts: dict[tuple[str, str, str], str] = {}
 
     def _repo(self, url: str) -> Path:
         name = url.rstrip("/").removesuffix(".git").rsplit("/", 1)[-1] or "repo"
@@ -115,6 +119,9 @@ class GitCache:
         return repo
 
     def read(self, source: str, url: str, commit: str, path: str) -> str:
+        key = (url, commit, path)
+        if key in self._texts:
+            return self._texts[key]
         repo = self.ensure(url, commit)
         if self.kind(source, url, commit, path) != "file":
             raise UpstreamError(f"{source}: {path} does not exist at {commit[:12]} ({url})")
@@ -123,6 +130,7 @@ class GitCache:
             proc = self._git(repo, "show", f"{commit}:{path}", check=False)
         if proc.returncode != 0:
             raise UpstreamError(f"{source}: reading {path} at {commit[:12]} from {url}: {proc.stderr.strip()}")
+        self._texts[key] = proc.stdout
         return proc.stdout
 
     def resolve_ref(self, source: str, url: str, ref: str) -> str:
@@ -142,14 +150,14 @@ class GitCache:
             raise UpstreamError(f"{source}: {url} has no branch or tag {ref!r}")
 
     def kind(self, source: str, url: str, commit: str, path: str) -> str | None:
-        repo = self.ensure(url, commit)
-        # ls-tree reads trees only, which a blob-less clone has: no network, no false "absent".
-        proc = self._git(repo, "ls-tree", commit, "--", path.rstrip("/"))
-        line = proc.stdout.strip().splitlines()
-        if not line:
-            return None
-        kind = line[0].split()[1]
-        return {"blob": "file", "tree": "dir"}.get(kind)
+        key = (url, commit, path.rstrip("/"))
+        if key not in self._kinds:
+            repo = self.ensure(url, commit)
+            # ls-tree reads trees only, which a blob-less clone has: no network, no false "absent".
+            proc = self._git(repo, "ls-tree", commit, "--", path.rstrip("/"))
+            line = proc.stdout.strip().splitlines()
+            self._kinds[key] = {"blob": "file", "tree": "dir"}.get(line[0].split()[1]) if line else None
+        return self._kinds[key]
 
 
 class WorkingTrees:

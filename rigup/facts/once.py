@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import secrets
+import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -47,7 +48,7 @@ from pyinfra.connectors.util import CommandOutput, OutputLine
 
 from rigup import WORK_DIR
 
-logger = logging.getLogger("rigup.facts")
+logger = logging.getLogger("pyinfra.rigup.facts")  # under pyinfra's logger: -v and --debug show it
 
 RECORD_VERSION = 1
 # Connector arguments a record may carry (none secret) and those that change how a command is wrapped.
@@ -145,6 +146,7 @@ class HostFacts:
         self.reading = 0
         self.last_ok = True  # the commands of the current single read all succeeded
         self.ready: gevent.event.Event | None = None  # set once the prefetch has answered
+        self.described: dict[tuple[Any, str, int | None], tuple[_Request | None, Any]] = {}
 
     # ------------------------------------------------------------------ record
     @property
@@ -220,6 +222,20 @@ def _describe(facts: HostFacts, cls: type[FactBase], args: tuple[Any, ...], kwar
     finally:
         facts.capture = False
     return None
+
+
+def _described(facts: HostFacts, cls: type[FactBase], args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Request | None:
+    """_describe, remembered per request and operation context: pyinfra's argument handling costs a few
+    milliseconds a request, and a deploy asks the same facts from several task files."""
+    context = facts.host.current_op_global_arguments
+    try:
+        key = (cls, json.dumps([args, kwargs], sort_keys=True, default=repr), id(context) if context else None)
+    except (TypeError, ValueError):
+        return _describe(facts, cls, args, kwargs)
+    if key not in facts.described:
+        # the context is kept with the entry, so its id is not reused by another operation's arguments
+        facts.described[key] = (_describe(facts, cls, args, kwargs), context)
+    return facts.described[key][0]
 
 
 def _read_single(facts: HostFacts, request: _Request | None, cls: type, args: tuple, kwargs: dict) -> Any:
@@ -317,11 +333,13 @@ def _prefetch(facts: HostFacts) -> None:
         token = secrets.token_hex(8)
         connector = {k: v for k, v in unique[0].connector.items() if k in RUN_ARGS}
         facts.reading += 1  # the batch is a fact read: it must not drop what the memo holds
+        started = time.monotonic()
         try:
             ok, output = facts.host.run_shell_command(StringCommand(_batch_script(token, [r.command for r in unique])),
                                                       print_output=False, print_input=False, **connector)
         finally:
             facts.reading -= 1
+        logger.debug("%s: %d facts in one batch, %.2f s", facts.host.name, len(unique), time.monotonic() - started)
         facts.stats.batches += 1
         if not ok and not output.stdout_lines:
             continue  # nothing came back: each fact is read on its own when asked
@@ -386,7 +404,7 @@ def _get_fact(self: Host, name_or_cls: Any, *args: Any, **kwargs: Any) -> Any:
             facts.ready.set()
     elif facts.ready is not None and not facts.ready.is_set():
         facts.ready.wait()  # another greenlet (a peer's operation) asked while the batch is in flight
-    request = _describe(facts, name_or_cls, args, kwargs)
+    request = _described(facts, name_or_cls, args, kwargs)
     if request is not None:
         facts.asked.setdefault(request.key, request.persisted())
         if request.key in facts.memo:
