@@ -58,6 +58,8 @@ PERSISTED_ARGS = ("_sudo", "_sudo_user", "_use_sudo_login", "_preserve_sudo_env"
 UNBATCHABLE_ARGS = ("_stdin", "_get_pty", "_env")  # read on their own
 # What the batch command runs with: everything that decides how pyinfra wraps and runs a command.
 RUN_ARGS = (*PERSISTED_ARGS, "_sudo_password", "_su_password")
+# A fact asked, in a later run, with the same arguments as one asked now (see save_record).
+COMPANIONS = {"pyinfra.facts.files:File": "pyinfra.facts.files:Sha1File"}
 
 
 RECORDS_ENV = "RIGUP_FACT_RECORDS"  # where the records go instead (the tests use their own directory)
@@ -167,6 +169,13 @@ class HostFacts:
         entries = [e for e in self.asked.values() if e is not None]
         if not entries:
             return
+        # pyinfra's files.put/template ask a file's checksum only once the file exists: after the run
+        # that uploaded it, the next one asks. Recorded now, so that run needs no round trip of its own.
+        have = {(e["fact"], json.dumps(e["kwargs"], sort_keys=True)) for e in entries}
+        for e in list(entries):
+            follow = COMPANIONS.get(e["fact"])
+            if follow and (follow, json.dumps(e["kwargs"], sort_keys=True)) not in have:
+                entries.append({**e, "fact": follow})
         path = self.record_path
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

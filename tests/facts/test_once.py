@@ -137,13 +137,16 @@ def test_the_next_run_reads_what_this_one_asked_in_one_command(workdir: Path) ->
     assert once.remote_commands(host).commands == len(wanted)
     disconnect_all(first)  # pyinfra's end of run: the record is saved
     record = json.loads(_record(workdir).read_text())
-    assert [e["fact"].rsplit(":", 1)[1] for e in record["facts"]] == [c.__name__ for c, _ in wanted]
+    # what was asked, in order, plus the checksum of the missing file (File's companion: pyinfra's
+    # files.put asks it once the file exists, which the run that uploads it makes true)
+    facts = [(e["fact"].rsplit(":", 1)[1], e["kwargs"].get("path")) for e in record["facts"]]
+    assert facts == [(c.__name__, kw.get("path")) for c, kw in wanted] + [("Sha1File", str(workdir / "absent"))]
 
     second = _state()
     host = second.inventory.get_host("@local")
     batched = [host.get_fact(cls, **kw) for cls, kw in wanted]
     stats = once.remote_commands(host)
-    assert (stats.commands, stats.batches, stats.batched_facts, stats.single_facts) == (1, 1, len(wanted), 0), stats
+    assert (stats.commands, stats.batches, stats.batched_facts, stats.single_facts) == (1, 1, len(wanted) + 1, 0), stats
     assert _count() == 2  # Counted's command ran once per run
     # each answer is what the fact's own command gave: output without a final newline, a missing
     # file (None), a missing tool (the fact's default), a directory's mode and a checksum alike
