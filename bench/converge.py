@@ -43,6 +43,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
+from rigup.runstate import remote_commands_in  # noqa: E402
 from rigup_testbed.fleet import Testbed, host_names  # noqa: E402
 from rigup_testbed.hosts import HostSpec  # noqa: E402
 from rigup_testbed.image import cache_dir  # noqa: E402
@@ -78,16 +79,9 @@ def timed(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[float, f
 
 def remote_commands(log: str) -> dict[str, int]:
     """The closing summary's REMOTE COMMANDS column, per rig."""
-    lines = log.splitlines()
-    start = next((i for i, line in enumerate(lines) if "What this converge did, per host:" in line), None)
-    if start is None or "REMOTE COMMANDS" not in lines[start + 1]:
+    counts = remote_commands_in(log)
+    if counts is None:
         raise SystemExit("the converge printed no REMOTE COMMANDS column (is rigup.facts.once installed?)")
-    counts = {}
-    for line in lines[start + 2:]:
-        m = re.match(r"^\s+(\S+)\s+(?:ok|FAILED)\s+(\d+)(?:\s|$)", line)
-        if not m:
-            break
-        counts[m.group(1)] = int(m.group(2))
     return counts
 
 

@@ -21,6 +21,7 @@ Nothing else is shared between task files; everything decided before the run is 
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 import weakref
@@ -173,6 +174,25 @@ def summary_table(done: dict[str, list[str]], host_names: list[str], failed: set
     return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
 
 
+SUMMARY_TITLE = "--> What this converge did, per host:"
+
+
+def remote_commands_in(log: str) -> dict[str, int] | None:
+    """Read back the REMOTE COMMANDS column of the summary in a converge's log (bench/converge.py and
+    the e2e tests); None when the log has no such summary."""
+    lines = log.splitlines()
+    start = next((i for i, line in enumerate(lines) if SUMMARY_TITLE in line), None)
+    if start is None or start + 1 >= len(lines) or "REMOTE COMMANDS" not in lines[start + 1]:
+        return None
+    counts = {}
+    for line in lines[start + 2:]:
+        m = re.match(r"^\s+(\S+)\s+(?:ok|FAILED)\s+(\d+)(?:\s|$)", line)
+        if not m:
+            break
+        counts[m.group(1)] = int(m.group(2))
+    return counts
+
+
 class ConvergeSummary(BaseStateCallback):
     """Prints summary_table once, after the last operation of the run, or, where the run stopped
     early (every host failed) or ran --serial / --no-wait (no end-of-operation callback), when
@@ -218,7 +238,7 @@ class ConvergeSummary(BaseStateCallback):
         failed = {h.name for h in state.failed_hosts}
         trips = ({h.name: remote_commands(h).round_trips for h in state.inventory}
                  if getattr(state, "_rigup_facts_once", False) else None)
-        logger.info("--> What this converge did, per host:")
+        logger.info(SUMMARY_TITLE)
         for line in summary_table(accounts(state), names, failed, round_trips=trips).splitlines():
             logger.info(f"    {line}")
         if self.phase_started:

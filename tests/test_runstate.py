@@ -117,3 +117,13 @@ def test_phase_times_run_from_each_phases_first_operation_to_the_next() -> None:
     assert runstate.phase_of("an operation outside a task file") == "other"
     started = {"serving": 20.0, "preflight": 10.0, "model": 12.5}
     assert runstate.phase_times(started, 31.25) == "preflight 2.5 s, model 7.5 s, serving 11.2 s"
+
+
+def test_the_remote_commands_column_reads_back_from_a_log() -> None:
+    table = runstate.summary_table({"rig-02": ["driver installed"]}, ["rig-01", "rig-02"], {"rig-02"},
+                                   round_trips={"rig-01": 2, "rig-02": 14})
+    log = "--> Results:\n" + runstate.SUMMARY_TITLE + "\n" + "\n".join(f"    {line}" for line in table.splitlines())
+    assert runstate.remote_commands_in(log + "\n--> Disconnecting from hosts...") == {"rig-01": 2, "rig-02": 14}
+    without = runstate.summary_table({}, ["rig-01"], set())
+    assert runstate.remote_commands_in(runstate.SUMMARY_TITLE + "\n" + without) is None
+    assert runstate.remote_commands_in("no summary at all") is None

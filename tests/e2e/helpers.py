@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import pytest
 
 from rigup.desired.knobs import load_defaults
 from rigup.desired.recipe import resolve
+from rigup.runstate import remote_commands_in
 from rigup_testbed.hosts import Host, wait_ready
 from rigup_testbed.image import REPO_ROOT
 
@@ -112,13 +112,6 @@ def changed(results: dict[str, Any], host: str) -> list[str]:
 
 def remote_commands(log: str) -> dict[str, int]:
     """The closing summary's REMOTE COMMANDS column (commands and file transfers the run sent), per host."""
-    lines = log.splitlines()
-    start = next(i for i, line in enumerate(lines) if "What this converge did, per host:" in line)
-    assert "REMOTE COMMANDS" in lines[start + 1], lines[start + 1]
-    counts = {}
-    for line in lines[start + 2:]:
-        m = re.match(r"^\s+(\S+)\s+(?:ok|FAILED)\s+(\d+)(?:\s|$)", line)
-        if not m:
-            break
-        counts[m.group(1)] = int(m.group(2))
+    counts = remote_commands_in(log)
+    assert counts is not None, "the converge printed no summary with a REMOTE COMMANDS column"
     return counts
