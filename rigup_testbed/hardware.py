@@ -155,12 +155,14 @@ PRESETS: Mapping[str, tuple[tuple[GpuModel, ...], str | None]] = {
     "2x3090": ((RTX_3090, RTX_3090), "PIX"),
     "2x3090-nvlink": ((RTX_3090, RTX_3090), "NV4"),
     "4x3090": ((RTX_3090,) * 4, "PIX"),  # four cards behind PCIe switches, no NVLink (club-3090's quad rig)
+    "8x3090": ((RTX_3090,) * 8, "PIX"),  # eight PCIe cards, no NVLink: club-3090's multi8 (TP=8) recipes
     "1x3090": ((RTX_3090,), None),
     "2x3080-20gb": ((RTX_3080_20GB, RTX_3080_20GB), "PIX"),
     "mixed-3090-3080": ((RTX_3090, RTX_3080_20GB), "PHB"),
     "1x2080ti": ((RTX_2080_TI,), None),
     "1xh200": ((H200,), None),  # sm 9.0: the recipes that need Hopper or newer (NVFP4, Gemma fp8 KV)
     "2xh200": ((H200, H200), "PIX"),
+    "4xh200": ((H200,) * 4, "PIX"),  # four H200 NVL PCIe cards, no bridge: the four-card sm 9.0 recipes
     "none": ((), None),
 }
 

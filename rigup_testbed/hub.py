@@ -13,8 +13,9 @@ namespace and the hub's cgroup, recorded in the ledger, and up once it wrote its
     apt       :8080  static HTTP over the signed stand-in repos (rigup_testbed/aptrepo.py, built once
                      per content hash under the cache): docker_apt_url, nvidia_ctk_apt_url,
                      nvidia_cuda_repo_url and their key URLs, plus the stand-in Ubuntu archive
-    registry  :5000  Registry v2 manifests, digests as the stand-in Docker engine pulls them
-                     (rigup_testbed/hubserve.py): container_registry
+    registry  :5000  Registry v2 manifests, digests as the stand-in Docker engine pulls them, holding the
+                     catalog's digest-pinned images at their digests (rigup_testbed/hubserve.py):
+                     container_registry
     hf        :8082  Hugging Face endpoint (rigup_testbed/hfhub.py): hf_endpoint
     git       :9418  git daemon (+ smart HTTP on :8081) with the fork, Genesis and club-3090 remotes
                      (rigup_testbed/gitremotes.py): every *_git_url knob, same <owner>/<name>.git path
@@ -78,6 +79,17 @@ def _git_knobs(base: str, root: Path) -> dict[str, str]:
     return out
 
 
+def catalog_pinned_images() -> dict[str, str]:
+    """{"repo:tag": digest} of every catalog image upstream pins by digest (its tag moves): the hub's
+    registry is told it holds exactly these under those tags, so a recipe's repo:tag@digest pulls from it
+    and `rigup lock --image-digests` finds the digest there, while another digest of the repository is
+    unknown as on the real registry."""
+    from rigup.desired.catalog import load_catalog
+
+    return {f"{spec['repository']}:{spec['tag']}": str(spec["digest"])
+            for spec in load_catalog()["images"].values() if spec.get("digest")}
+
+
 class Hub:
     def __init__(
         self,
@@ -114,8 +126,8 @@ class Hub:
             Service(
                 name="registry",
                 module="rigup_testbed.hubserve",
-                args=["registry", "--config", str(self.registry_config), "--bind", ip,
-                      "--port", str(PORTS["registry"]), "--ready-file", str(w / "registry/ready.json")],
+                args=["registry", "--config", str(self.registry_config), "--images", str(self.registry_images),
+                      "--bind", ip, "--port", str(PORTS["registry"]), "--ready-file", str(w / "registry/ready.json")],
                 ready_file=w / "registry/ready.json",
                 knobs=lambda r: {"container_registry": r["url"]},
             ),
@@ -142,6 +154,17 @@ class Hub:
         """registry.json of the hub's registry (format: hubserve.py); tests may rewrite it at any time."""
         return self.workdir / "registry" / "registry.json"
 
+    @property
+    def registry_images(self) -> Path:
+        """The images the hub's registry holds by digest (hubserve.py --images): catalog_pinned_images()."""
+        return self.workdir / "registry" / "images.json"
+
+    def write_registry_files(self) -> None:
+        """The registry's files as it starts: no test overrides yet, the catalog's pinned images held."""
+        self.registry_config.parent.mkdir(parents=True, exist_ok=True)
+        self.registry_config.write_text("{}\n")
+        self.registry_images.write_text(json.dumps(catalog_pinned_images(), indent=1, sort_keys=True) + "\n")
+
     def start(self) -> None:
         from rigup_testbed.aptrepo import build_repos
 
@@ -149,8 +172,7 @@ class Hub:
         # Built once per content hash into the shared cache; served read-only.
         self.repo_info = build_repos(cache_dir() / "aptrepo")
         self._host_files.update(self._archive_files())
-        self.registry_config.parent.mkdir(exist_ok=True)
-        self.registry_config.write_text("{}\n")
+        self.write_registry_files()
         self.services = self._plan()
         # The services run as `python -m rigup_testbed....`: from the checkout or the installed package.
         env = {**os.environ, "PYTHONPATH": str(PACKAGE_DIR.parent), "PYTHONUNBUFFERED": "1"}

@@ -2,7 +2,7 @@
 manifest side of a container registry (Registry HTTP API v2).
 
     python -m rigup_testbed.hubserve static   --root DIR --bind IP --port N --ready-file F
-    python -m rigup_testbed.hubserve registry --bind IP --port N --ready-file F [--config JSON]
+    python -m rigup_testbed.hubserve registry --bind IP --port N --ready-file F [--config JSON] [--images JSON]
 
 Registry: `HEAD|GET /v2/<repository>/manifests/<tag>` answers 200 with Docker-Content-Digest equal
 to the digest the stand-in Docker engine gives that image when it "pulls" it
@@ -10,6 +10,14 @@ to the digest the stand-in Docker engine gives that image when it "pulls" it
 the rigs end up running. --config names a JSON file read on every request, in the stand-in's
 registry.json format: {"missing": [refs], "digests": {ref: digest}} (refs as "repo:tag", without the
 registry host). There are no blobs: nothing pulls layers from here.
+
+--images names the images the registry holds by digest, {"repo:tag": "sha256:..."} (the hub writes the
+catalog's digest-pinned images there: rigup_testbed/hub.py). Such a tag answers that digest, and for
+its repository the registry is exact like a real one: a manifest by digest answers only the digests it
+holds (these, and the --config digests of that repository), any other one is MANIFEST_UNKNOWN. Those
+digests are what the registry is told to serve, not hashes of content it has: a stand-in holds no image
+content, so no digest of a real image could be the hash of anything it serves. In the other
+repositories a manifest by digest answers whatever digest is asked (a test pins any digest it likes).
 
 Each server writes its ready file ({"url": ..., "pid": ...}) once it serves and stops on SIGTERM
 (rigup_testbed/service.py). Standard library only.
@@ -55,6 +63,7 @@ class RegistryHandler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     host_port = ""  # registry host as clients name it, e.g. 10.213.0.1:5000
     config_file: Path | None = None
+    images_file: Path | None = None  # {"repo:tag": digest}: what the registry holds by digest
     dockerclient: ModuleType | None = None
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -89,13 +98,25 @@ class RegistryHandler(http.server.BaseHTTPRequestHandler):
         config: dict[str, Any] = {}
         if self.config_file is not None and self.config_file.exists():
             config = json.loads(self.config_file.read_text() or "{}")
+        held: dict[str, str] = {}
+        if self.images_file is not None and self.images_file.exists():
+            held = json.loads(self.images_file.read_text() or "{}")
         short = f"{repo}@{ref}" if ref.startswith("sha256:") else f"{repo}:{ref}"
         if short in config.get("missing", []):
             self._error(404, "MANIFEST_UNKNOWN", "manifest unknown")
             return
         assert self.dockerclient is not None
         full = f"{self.host_port}/{short}"
-        digest = ref if ref.startswith("sha256:") else (config.get("digests", {}).get(short) or self.dockerclient.fake_digest(full))
+        pinned = config.get("digests", {})
+        if ref.startswith("sha256:"):
+            # A manifest stays there by digest when its tag moves on (a --config digest for the same tag).
+            known = {d for name, d in [*held.items(), *pinned.items()] if name.rsplit(":", 1)[0] == repo}
+            if any(name.rsplit(":", 1)[0] == repo for name in held) and ref not in known:
+                self._error(404, "MANIFEST_UNKNOWN", f"manifest unknown: {repo}@{ref}")
+                return
+            digest = ref
+        else:
+            digest = pinned.get(short) or held.get(short) or self.dockerclient.fake_digest(full)
         manifest = json.dumps(
             {"schemaVersion": 2, "mediaType": MANIFEST_TYPE, "config": {}, "layers": [], "rigup_testbed": full},
             sort_keys=True,
@@ -118,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     static.add_argument("--root", required=True, type=Path)
     registry = sub.add_parser("registry")
     registry.add_argument("--config", type=Path, help="registry.json: missing refs and pinned digests")
+    registry.add_argument("--images", type=Path, help="JSON {repo:tag: digest}: images held by digest (exact repositories)")
     for p in (static, registry):
         p.add_argument("--bind", default="127.0.0.1")
         p.add_argument("--port", type=int, default=0)
@@ -126,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "static":
         server = BackgroundServer(args.bind, args.port, partial(StaticHandler, directory=str(args.root)), "static")
         return serve(server, args.ready_file, f"http://{args.bind}:{server.port}")
-    handler = type("Handler", (RegistryHandler,), {"config_file": args.config, "dockerclient": _dockerclient()})
+    handler = type("Handler", (RegistryHandler,), {"config_file": args.config, "images_file": args.images,
+                                                  "dockerclient": _dockerclient()})
     server = BackgroundServer(args.bind, args.port, handler, "registry")
     handler.host_port = f"{args.bind}:{server.port}"
     return serve(server, args.ready_file, handler.host_port)

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rigup.checks.driver_plan import BRANCH_CUDA
-from rigup.desired.catalog import load_catalog
+from rigup.desired.catalog import GPU_MEMORY_UTILIZATION_RANGE, load_catalog
 from rigup.desired.interconnect import pcie_summary
 from rigup.desired.knobs import VRAM_MISFIT_POLICIES
 from rigup.desired.recipe import Recipe, nearest_layout
@@ -65,7 +65,7 @@ NEWER_DRIVER_EXTRA_RESERVE_MIB = round((2.87 - 1.5) * 1024)
 
 
 # Utilisations rigup suggests stay inside what variant_overrides accepts.
-UTIL_MIN, UTIL_MAX = 0.5, 0.99
+UTIL_MIN, UTIL_MAX = GPU_MEMORY_UTILIZATION_RANGE
 
 
 @dataclass(frozen=True)
@@ -299,8 +299,27 @@ def _gpu_label(g: GpuState) -> str:
     return f"GPU {g.index} ({g.name})"
 
 
+def _stage_layout(recipe: Recipe, n: int) -> Finding:
+    """The layout of a variant whose GPUs are its deploy config's stages (vLLM-Omni): recipe.gpu_count
+    cards, one engine per stage, each tensor parallel at most recipe.tensor_parallel_size. Nothing to
+    resize here: the stage devices live in upstream's deploy config, which rigup mounts unchanged."""
+    need, tp = recipe.gpu_count, recipe.tensor_parallel_size
+    per_stage = f"per-stage engines on {need} GPUs (the deploy config's stage devices; tensor parallel {tp} per stage)"
+    if n < need:
+        return Finding(
+            "gpu-layout", False, "fail",
+            f"variant {recipe.variant!r} runs {per_stage}; this host has {n} GPU(s)", "add GPUs", "variant",
+        )
+    idle = f", {n - need} idle" if n > need else ""
+    return Finding("gpu-layout", True, "info", f"{n} GPU(s): {per_stage}{idle}", None, "variant")
+
+
 def _layout(recipe: Recipe, gpus: Sequence[GpuState], catalog: Mapping[str, Any]) -> Finding:
     n, tp = len(gpus), recipe.tensor_parallel_size
+    if recipe.gpu_count != tp:
+        # The recipe's GPU count is its tensor-parallel size unless a deploy config's stages place the
+        # engines (Recipe.gpu_count): then TP says nothing about how many cards are used.
+        return _stage_layout(recipe, n)
     model = catalog["models"][recipe.model.name]
     model_sizes = tuple(model["valid_tensor_parallel_sizes"])
     same_family = [

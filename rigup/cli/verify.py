@@ -22,7 +22,7 @@ import json
 import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -175,9 +175,12 @@ class Context:
     expects_patches: bool | None = None  # recipe.genesis; None: unknown (bare URL)
     speculative: str | None | bool = True  # recipe.speculative_method; True: unknown (bare URL)
     say: Callable[[str], None] = lambda line: None
+    # recipe.chat_request: fields every chat request to this server must carry (vLLM-Omni's modalities);
+    # empty for a bare URL
+    chat_request: Mapping[str, Any] = field(default_factory=dict)
 
     def payload(self, messages: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
-        return {"model": self.model, "messages": messages, **fields}
+        return {**self.chat_request, "model": self.model, "messages": messages, **fields}
 
 
 # --------------------------------------------------------------------------------------------
@@ -709,6 +712,7 @@ def verify_target(
             expects_patches=target.recipe.genesis if target.recipe is not None else None,
             speculative=target.recipe.speculative_method if target.recipe is not None else True,
             say=say,
+            chat_request=dict(target.recipe.chat_request) if target.recipe is not None else {},
         )
 
         def on_result(result: CheckResult) -> None:

@@ -22,15 +22,24 @@ from typing import Any
 
 import yaml
 
+from rigup.rig.servingctl import GATE_REQUEST_KEYS
+
 CATALOG_FILE = Path(__file__).with_name("catalog.yaml")
 CATALOG_DIR = Path(__file__).with_name("catalog.d")
 FRAGMENT_SECTIONS = ("images", "models", "variants")
+
+# vLLM's --gpu-memory-utilization: what the catalog, variant_overrides and fit's suggestions accept.
+# vLLM takes (0, 1]; 0.99 leaves the driver its share, and club-3090's small models run far below the
+# 27B recipes (VibeThinker-3B: 0.40 of a 24 GB card).
+GPU_MEMORY_UTILIZATION_RANGE = (0.1, 0.99)
 
 # Keys whose value replaces the base's instead of merging into it.
 REPLACED_KEYS = frozenset({"speculative", "alternative_envelopes"})
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _SHA = re.compile(r"^[0-9a-f]{40}$")
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_CONTAINER_DIR = re.compile(r"^/(?!.*(^|/)\.\.?(/|$))[A-Za-z0-9._/-]*[A-Za-z0-9._-]$")
 
 # Variant keys: name -> (required, accepted types). None in the types tuple means null is allowed.
 # Everything about how the engine runs comes from upstream's compose file; these say what it does not.
@@ -43,6 +52,8 @@ _VARIANT_SCHEMA: dict[str, tuple[bool, tuple[type | None, ...]]] = {
     "port": (False, (int,)),  # rigup's host port when upstream's would collide; default: upstream's
     "source_paths": (False, (dict,)),  # repository path prefix or host path -> catalog source
     "mount_fixes": (False, (dict,)),  # container target -> {source, path, why}
+    "model_root": (False, (str,)),  # where upstream mounts the model cache; default /root/.cache/huggingface
+    "data_dirs": (False, (dict,)),  # container target of a writable in-checkout directory -> why
     "speculative": (False, (dict, None)),  # what upstream's entrypoint builds (not in its command)
     "tensor_parallel_size": (True, (int,)),
     "tensor_parallel_sizes": (True, (list,)),
@@ -57,6 +68,9 @@ _VARIANT_SCHEMA: dict[str, tuple[bool, tuple[type | None, ...]]] = {
     "max_num_batched_tokens": (True, (int, None)),
     "language_model_only": (True, (bool,)),
     "notes": (False, (str,)),
+    # Fields every chat request to the variant's server must carry (upstream's request format), added by
+    # the health gate and `rigup verify`: e.g. vLLM-Omni's {"modalities": ["text"]}.
+    "chat_request": (False, (dict,)),
     "base": (False, (str,)),
 }
 
@@ -98,6 +112,19 @@ def _type_ok(value: Any, types: tuple[type | None, ...]) -> bool:
     return any(t is not None and isinstance(value, t) for t in types)
 
 
+def _json_value(value: Any) -> bool:
+    """What json.dumps writes as it is (YAML can also hold dates, sets and non-string keys)."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return True
+    if isinstance(value, float):
+        return value == value and value not in (float("inf"), float("-inf"))
+    if isinstance(value, list):
+        return all(_json_value(item) for item in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _json_value(item) for k, item in value.items())
+    return False
+
+
 def _validate_variant(name: str, v: dict[str, Any], cat: Mapping[str, Any]) -> None:
     where = f"variants.{name}"
     for key in v:
@@ -129,7 +156,8 @@ def _validate_variant(name: str, v: dict[str, Any], cat: Mapping[str, Any]) -> N
         raise CatalogError(f"{where}.tensor_parallel_sizes: {bad} invalid for model {v['model']!r}")
     if "port" in v and not 1 <= v["port"] <= 65535:
         raise CatalogError(f"{where}.port: out of range")
-    if not 0.5 <= v["gpu_memory_utilization"] <= 0.99:
+    low, high = GPU_MEMORY_UTILIZATION_RANGE
+    if not low <= v["gpu_memory_utilization"] <= high:
         raise CatalogError(f"{where}.gpu_memory_utilization: out of range")
     if not 1024 <= v["max_model_len"] <= model["max_context"]:
         raise CatalogError(f"{where}.max_model_len: above the model's {model['max_context']}")
@@ -153,11 +181,27 @@ def _validate_variant(name: str, v: dict[str, Any], cat: Mapping[str, Any]) -> N
     for target, fix in (v.get("mount_fixes") or {}).items():
         if not isinstance(fix, dict) or set(fix) != {"source", "path", "why"} or fix["source"] not in cat["sources"]:
             raise CatalogError(f"{where}.mount_fixes.{target}: needs source (a catalog source), path and why")
+    root = v.get("model_root")
+    if root is not None and not _CONTAINER_DIR.match(root):
+        raise CatalogError(f"{where}.model_root: an absolute container directory")
+    for target, why in (v.get("data_dirs") or {}).items():
+        if not isinstance(target, str) or not _CONTAINER_DIR.match(target) or not isinstance(why, str) or not why:
+            raise CatalogError(f"{where}.data_dirs.{target}: an absolute container directory -> why it is writable")
     spec = v.get("speculative")
     if spec is not None:
         extra = set(spec) - {"kind", "num_speculative_tokens"}
         if extra or not isinstance(spec.get("num_speculative_tokens"), int) or spec.get("kind") not in ("mtp", "dflash"):
             raise CatalogError(f"{where}.speculative: needs kind (mtp|dflash) and num_speculative_tokens; unknown keys {sorted(extra)}")
+    request = v.get("chat_request")
+    if request is not None:
+        clash = sorted(set(request) & GATE_REQUEST_KEYS)
+        if not request or clash or not all(isinstance(k, str) and k for k in request):
+            raise CatalogError(f"{where}.chat_request: request fields by name, none of the health gate's own "
+                               f"({', '.join(sorted(GATE_REQUEST_KEYS))}); got {sorted(map(str, request))}")
+        for key, value in request.items():
+            if not _json_value(value):
+                raise CatalogError(f"{where}.chat_request.{key}: a JSON value (string, number, boolean, null, list, "
+                                   f"mapping with string keys)")
     for i, env in enumerate(v.get("alternative_envelopes") or []):
         if not isinstance(env, dict) or not {"max_model_len", "gpu_memory_utilization"} <= set(env):
             raise CatalogError(f"{where}.alternative_envelopes[{i}]: needs max_model_len and gpu_memory_utilization")
@@ -179,6 +223,9 @@ def _validate(cat: Any) -> dict[str, Any]:
                 raise CatalogError(f"images.{key}: missing {field!r}")
         if not isinstance(image["cuda_runtime"], str) or not re.fullmatch(r"\d+\.\d+", image["cuda_runtime"]):
             raise CatalogError(f"images.{key}.cuda_runtime: a quoted MAJOR.MINOR string")
+        # digest: upstream pins the image by digest (its tag is mutable); rigup pulls that digest.
+        if "digest" in image and not (isinstance(image["digest"], str) and _DIGEST.match(image["digest"])):
+            raise CatalogError(f"images.{key}.digest: sha256:<64 lowercase hex>")
     for key, source in cat["sources"].items():
         if not _NAME.match(key):
             raise CatalogError(f"sources.{key}: names are lower-case words joined by '-'")

@@ -9,6 +9,8 @@ each difference to the last recorded change of that key: a difference nobody rec
 
 Keys are flat and readable: `image`, `environment NCCL_P2P_DISABLE`, `command --max-model-len`,
 `volumes /root/.cache/huggingface`, `ports[0]`, `deploy.resources.reservations.devices[0].count`.
+A one-string `command` is compared as the words Compose splits it into (command_tokens), plus the key
+`command (one string)` that the command-list transform's list form drops.
 """
 
 from __future__ import annotations
@@ -25,18 +27,23 @@ import yaml
 # Service keys rigup understands. Anything else in an upstream service fails the render: a key rigup
 # does not know could change what runs, and nothing may be dropped silently. (network_mode, devices,
 # runtime and pid are left out on purpose: they would bypass the published port or the GPU count.)
+# mem_limit and memswap_limit only cap the container's host memory: they are kept as upstream wrote them.
 SERVICE_KEYS = frozenset({
     "image", "container_name", "restart", "ports", "volumes", "environment", "shm_size", "ipc", "deploy",
     "entrypoint", "command", "labels", "logging", "ulimits", "healthcheck", "stop_grace_period",
     "security_opt", "cap_add", "working_dir", "init", "tty", "stdin_open", "extra_hosts", "user",
+    "mem_limit", "memswap_limit",
 })
 TOP_KEYS = frozenset({"services", "name"})
 # vLLM flags rigup reads or sets: each must appear once, as `--flag VALUE`.
 READ_FLAGS = frozenset({
     "--model", "--served-model-name", "--tensor-parallel-size", "--max-model-len", "--gpu-memory-utilization",
     "--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-dtype", "--dtype", "--speculative-config",
-    "--port", "--host",
+    "--port", "--host", "--deploy-config",
 })
+# The flat key that marks a one-string `command` (see command_tokens); the command-list transform
+# writes it as a list, which removes the key.
+STRING_COMMAND_KEY = "command (one string)"
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _UNBRACED = re.compile(_NAME)
@@ -302,6 +309,38 @@ def command_items(tokens: list[str]) -> list[tuple[str, list[str]]]:
     return items
 
 
+# Characters whose meaning in a one-string command depends on Compose's shell-word splitter (quotes,
+# escapes) or that it stops at (operators, comments): rigup does not reproduce those rules.
+_NOT_PLAIN_WORD = re.compile(r"""['"\\`;&|<>()#]""")
+
+
+def command_tokens(value: Any, where: str) -> list[str]:
+    """The words of a service's `command`: a list as written, or a one-string command split the way
+    Compose splits it (shell words, no shell).
+
+    rigup reads a one-string command only when it is plain words: no quotes, backslashes, backticks,
+    operators or `#`, and no whitespace inside a `${...}` (Compose interpolates before it splits, so
+    a default with a space in it would split differently). Anything else fails, naming the file."""
+    if value is None:
+        return []
+    if isinstance(value, list):
+        return [str(t) for t in value]
+    if not isinstance(value, str):
+        raise ComposeError(f"{where}: command must be a list or a string")
+    bad = _NOT_PLAIN_WORD.search(value)
+    if bad:
+        raise ComposeError(f"{where}: a one-string command with {bad.group(0)!r} in it is split by Compose's "
+                           f"shell-word rules, which rigup does not reproduce; upstream would have to write it as a list")
+    i = value.find("${")
+    while i != -1:
+        end = _closing_brace(value, i + 2, where)
+        if any(c.isspace() for c in value[i:end + 1]):
+            raise ComposeError(f"{where}: {value[i:end + 1]!r} in a one-string command holds whitespace: Compose "
+                               f"interpolates before it splits words, so rigup cannot tell the words apart")
+        i = value.find("${", end + 1)
+    return value.split()
+
+
 def flatten(doc: Mapping[str, Any], where: str = "compose file") -> dict[str, str]:
     """Every leaf of the (single-service) document under a readable key, values as JSON text."""
     out: dict[str, str] = {}
@@ -322,8 +361,10 @@ def flatten(doc: Mapping[str, Any], where: str = "compose file") -> dict[str, st
                 vol = parse_volume(spec, where)
                 out[f"volumes {vol['target']}"] = json.dumps(vol, sort_keys=True)
         elif key == "command":
+            if isinstance(value, str):
+                out[STRING_COMMAND_KEY] = json.dumps(True)
             seen: dict[str, int] = {}
-            for flag, args in command_items([str(t) for t in value or []]):
+            for flag, args in command_items(command_tokens(value, where)):
                 seen[flag] = seen.get(flag, 0) + 1
                 suffix = f" #{seen[flag]}" if seen[flag] > 1 else ""
                 out[f"command {flag}{suffix}"] = json.dumps(args)
@@ -387,7 +428,7 @@ class ComposeEdit:
                     raise ComposeError(f"{self.where(f'{key}[{i}]')}: unquoted {token!r} is read differently by "
                                        f"YAML 1.1 and Compose; quote it upstream")
         seen: set[str] = set()
-        for flag, _ in command_items([str(t) for t in svc.get("command") or []]):
+        for flag, _ in command_items(command_tokens(svc.get("command"), self.where("command"))):
             name = flag.split("=", 1)[0]
             if name in READ_FLAGS and ("=" in flag or name in seen):
                 why = "--flag=value form" if "=" in flag else "given twice"
@@ -459,12 +500,16 @@ class ComposeEdit:
             self.svc["environment"] = items
         self._mutate(transform, why, fn)
 
-    # -- command (vLLM arguments)
+    # -- command (vLLM arguments, or a whole `vllm serve MODEL ...` for an image without an entrypoint)
     def command(self) -> list[str]:
-        cmd = self.svc.get("command") or []
-        if not isinstance(cmd, list):
-            raise ComposeError(f"{self.where('command')}: a string command is not understood; write a list")
-        return [str(t) for t in cmd]
+        """The command's words (a one-string command split as Compose splits it: command_tokens)."""
+        return command_tokens(self.svc.get("command"), self.where("command"))
+
+    def command_as_list(self, transform: str, why: str) -> None:
+        """Write a one-string command as the list of its words (nothing to do for a list)."""
+        if isinstance(self.svc.get("command"), str):
+            words = self.command()
+            self._mutate(transform, why, lambda: self.svc.__setitem__("command", words))
 
     def flag_values(self, flag: str) -> list[str] | None:
         """The arguments after `flag` (first occurrence), None when the flag is absent."""

@@ -191,12 +191,37 @@ class Resolver:
 
     # -- images ----------------------------------------------------------------------------
     def image(self, need: ImageNeed, previous: ImagePin | None) -> ImagePin:
+        """The image's pin. An image the catalog pins by digest (upstream's pin: its tag moves) is locked at
+        that digest, never at what the tag points to now; with image_digests the registry must have it.
+        Otherwise: the tag's digest from the registry with image_digests, else the previous pin's digest
+        (tag only when there is none)."""
+        pinned = catalog_image_digest(need.repository, need.tag)
+        if pinned is not None:
+            if self.image_digests:
+                registry_has_digest(need.registry, need.repository, pinned)
+                self.log(f"{need.name}: {pinned} (the catalog's pin; {need.registry} has it)")
+            return ImagePin(need.name, need.repository, need.tag, pinned)
         if not self.image_digests:
             digest = previous.digest if previous is not None else None
             return ImagePin(need.name, need.repository, need.tag, digest)
         digest = registry_digest(need.registry, need.repository, need.tag)
         self.log(f"{need.name}: {digest}")
         return ImagePin(need.name, need.repository, need.tag, digest)
+
+
+def catalog_image_digest(repository: str, tag: str) -> str | None:
+    """The digest the catalog pins repository:tag at (an `images` entry with `digest`), or None."""
+    from rigup.desired.catalog import load_catalog
+
+    pinned = {
+        str(spec["digest"])
+        for spec in load_catalog()["images"].values()
+        if spec.get("digest") and spec["repository"] == repository and str(spec["tag"]) == tag
+    }
+    if len(pinned) > 1:
+        raise LockError(f"image {repository}:{tag}: the catalog pins it at {', '.join(sorted(pinned))}; "
+                        f"the lock holds one digest per image name")
+    return pinned.pop() if pinned else None
 
 
 def _git_stderr(exc: Any) -> str:
@@ -214,16 +239,17 @@ MANIFEST_TYPES = ", ".join(
 )
 
 
-def registry_digest(registry: str, repository: str, tag: str) -> str:
-    """The digest a registry serves for repository:tag (Registry HTTP API v2, anonymous token)."""
+def _manifest_head(registry: str, repository: str, reference: str) -> tuple[str, Any]:
+    """(registry host, response) of HEAD /v2/<repository>/manifests/<tag or digest> (anonymous token)."""
     import requests
 
     host = "registry-1.docker.io" if registry in ("docker.io", "index.docker.io") else registry
     if registry in ("docker.io", "index.docker.io") and "/" not in repository:
         repository = f"library/{repository}"
     local = host.split(":")[0] in ("localhost", "127.0.0.1", "[::1]")
-    url = f"{'http' if local else 'https'}://{host}/v2/{repository}/manifests/{tag}"
+    url = f"{'http' if local else 'https'}://{host}/v2/{repository}/manifests/{reference}"
     headers = {"Accept": MANIFEST_TYPES}
+    what = f"{repository}@{reference}" if reference.startswith("sha256:") else f"{repository}:{reference}"
     try:
         response = requests.head(url, headers=headers, timeout=30)
         if response.status_code == 401:
@@ -232,7 +258,13 @@ def registry_digest(registry: str, repository: str, tag: str) -> str:
                 headers["Authorization"] = f"Bearer {token}"
                 response = requests.head(url, headers=headers, timeout=30)
     except requests.RequestException as exc:
-        raise LockError(f"image {repository}:{tag}: cannot reach {host}: {exc}") from None
+        raise LockError(f"image {what}: cannot reach {host}: {exc}") from None
+    return host, response
+
+
+def registry_digest(registry: str, repository: str, tag: str) -> str:
+    """The digest a registry serves for repository:tag (Registry HTTP API v2, anonymous token)."""
+    host, response = _manifest_head(registry, repository, tag)
     if response.status_code == 404:
         raise LockError(f"image {repository}:{tag}: not found on {host} (tag purged or renamed?)")
     if response.status_code != 200:
@@ -241,6 +273,19 @@ def registry_digest(registry: str, repository: str, tag: str) -> str:
     if not DIGEST.match(digest):
         raise LockError(f"image {repository}:{tag}: {host} gave no usable digest ({digest!r})")
     return digest
+
+
+def registry_has_digest(registry: str, repository: str, digest: str) -> None:
+    """Raise LockError unless the registry serves repository@digest (a manifest by its digest)."""
+    host, response = _manifest_head(registry, repository, digest)
+    if response.status_code == 404:
+        raise LockError(f"image {repository}@{digest}: {host} does not have this digest (the catalog pins the "
+                        f"image by it: was it deleted upstream, or does this registry mirror another image?)")
+    if response.status_code != 200:
+        raise LockError(f"image {repository}@{digest}: {host} answered HTTP {response.status_code}")
+    served = response.headers.get("Docker-Content-Digest")
+    if served and served != digest:
+        raise LockError(f"image {repository}@{digest}: {host} answered with another manifest ({served})")
 
 
 def _registry_token(challenge: str) -> str | None:
@@ -338,7 +383,7 @@ def update_lock(
     for name in sorted(needs):
         need = needs[name]
         current = old.entry(name)
-        problem = need_problem(need, old)
+        problem = need_problem(need, old) or _pinned_digest_problem(need, current)
         wanted = upgrade is not None and (not upgrade or _matches(name, upgrade))
         if current is not None and problem is None and not wanted:
             _store(new, current)
@@ -367,6 +412,16 @@ def update_lock(
             _store(new, old.entry(name))  # type: ignore[arg-type]
             changes.append(Change(name, "unused", ["no host's variant needs it; kept (--prune removes it)"]))
     return new, changes
+
+
+def _pinned_digest_problem(need: Need, current: Any) -> str | None:
+    """A locked image digest that is not the catalog's pin for that image (the recipe refuses it)."""
+    if not isinstance(need, ImageNeed) or not isinstance(current, ImagePin):
+        return None
+    pinned = catalog_image_digest(need.repository, need.tag)
+    if pinned is None or current.digest == pinned:
+        return None
+    return f"{need.name}: locked digest {current.digest or 'none (tag only)'}, but the catalog pins {pinned}"
 
 
 def _store(lock: LockFile, pin: GitPin | ModelPin | ImagePin) -> None:

@@ -8,6 +8,7 @@ Tasks, `rigup render`, `rigup doctor` and `rigup status` read this object; nothi
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import json
 import math
@@ -18,11 +19,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from rigup.desired.catalog import CatalogError, load_catalog
+from rigup.desired.catalog import GPU_MEMORY_UTILIZATION_RANGE, CatalogError, load_catalog
 from rigup.desired.compose_doc import Change, ComposeEdit, ComposeError, UpstreamFile, dump
 from rigup.desired.interconnect import Interconnect, effective, nccl_settings
 from rigup.desired.knobs import REGISTRY, RIG_PATH, _is_int, knob
-from rigup.desired.transforms import CACHE_TARGETS, MODEL_ROOT, OVERRIDE_FLAGS, Context, SourceCheckout, apply_all
+from rigup.desired.transforms import (
+    CACHE_TARGETS,
+    MODEL_ROOT,
+    OVERRIDE_FLAGS,
+    Context,
+    SourceCheckout,
+    apply_all,
+    entry_stage,
+)
 from rigup.desired.upstream import UpstreamError, UpstreamReader, WorkingTrees, default_reader
 
 # The port vLLM listens on inside the container; the host port is per variant.
@@ -79,7 +88,7 @@ class ImageSpec:
     registry: str  # "docker.io" or a mirror
     repository: str  # "vllm/vllm-openai"
     tag: str
-    digest: str | None  # from the lock; None: pinned by tag only
+    digest: str | None  # the catalog's (an image upstream pins by digest), else the lock's; None: tag only
     ref: str  # what compose pulls: registry/repository:tag[@digest]
     cuda_runtime: str  # CUDA runtime inside the image, "13.0"; the driver must support at least this
     approx_size_gb: float  # on-disk size after pull (for the disk check)
@@ -126,7 +135,7 @@ class Mount:
     source: str  # absolute rig path
     target: str  # absolute container path
     read_only: bool
-    kind: Literal["model", "source", "cache"]
+    kind: Literal["model", "source", "cache"]  # "cache": a cache or data_dirs directory under the install root
     origin: str  # "model:<key>", "git:<source>" or "cache"
 
 
@@ -187,7 +196,7 @@ class Recipe:
     served_model_name: str
     # GPUs
     tensor_parallel_size: int
-    gpu_count: int  # GPUs the container uses (= tensor_parallel_size; no pipeline parallelism)
+    gpu_count: int  # GPUs the container uses: the tensor-parallel size, or a deploy config's stage devices
     valid_tensor_parallel_sizes: tuple[int, ...]  # what variant_overrides may choose
     min_compute_capability: tuple[int, int]  # (8, 6): Ampere RTX 3090
     min_gpu_memory_gb: float  # smallest card the envelope was measured on (GB = 1000 MiB)
@@ -220,7 +229,7 @@ class Recipe:
     models: tuple[ModelSpec, ...]
     disk_needed_gb: float  # image + models + sources (approximate, from the catalog)
     paths: RigPaths
-    host_dirs: tuple[str, ...]  # directories the serving task creates before start (cache mounts)
+    host_dirs: tuple[str, ...]  # directories the serving task creates before start (cache and data_dirs mounts)
     overrides: Mapping[str, Any] = field(default_factory=dict)  # variant_overrides as applied
     # GPU interconnect the NCCL settings were planned for (TP >= 2 only; None: the catalog's PCIe-safe
     # settings, i.e. nothing detected and nothing forced)
@@ -231,6 +240,9 @@ class Recipe:
     upstream_status: str = "current"  # "current" in upstream's newest lineup, else "archived"
     compose_text: str = ""  # the compose file the rig runs (upstream + transforms)
     changes: tuple[Change, ...] = ()  # every transform's recorded edit, in order
+    # Fields every chat request to this server must carry (catalog `chat_request`, upstream's request
+    # format): the health gate (through the release) and `rigup verify` add them to theirs.
+    chat_request: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def model(self) -> ModelSpec:
@@ -322,8 +334,9 @@ def _check_override(key: str, value: Any, variant: Mapping[str, Any], model: Map
             raise RecipeError(f"{where} must be an integer from 1024 to {limit} (model limit), got {value!r}")
         return value
     if key == "gpu_memory_utilization":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.5 <= float(value) <= 0.99:
-            raise RecipeError(f"{where} must be a number from 0.5 to 0.99, got {value!r}")
+        low, high = GPU_MEMORY_UTILIZATION_RANGE
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= float(value) <= high:
+            raise RecipeError(f"{where} must be a number from {low} to {high}, got {value!r}")
         return float(value)
     if key == "port":
         if not _is_int(value) or not 1 <= value <= 65535:
@@ -385,6 +398,13 @@ def _image(cat: Mapping[str, Any], key: str, registry: str, lock: Lock | None) -
     spec = cat["images"][key]
     lock_name = f"image:{spec['repository']}:{spec['tag']}"
     digest = lock.image_digest(lock_name) if lock is not None else None
+    pinned = spec.get("digest")
+    if pinned is not None:
+        # Upstream pins this image by digest because its tag moves: the tag's digest now is not the image.
+        if digest is not None and digest != pinned:
+            raise RecipeError(f"{lock_name}: the lock has digest {digest}, but the catalog pins {pinned} (upstream "
+                              f"pins the image by digest; its tag is mutable): lock that digest")
+        digest = pinned
     ref = f"{registry}/{spec['repository']}:{spec['tag']}"
     if digest is not None:
         ref += f"@{digest}"
@@ -435,7 +455,8 @@ def _source(
 
 
 def _model(
-    cat: Mapping[str, Any], key: str, role: Literal["main", "draft"], model_dir: str, lock: Lock | None
+    cat: Mapping[str, Any], key: str, role: Literal["main", "draft"], model_dir: str, lock: Lock | None,
+    model_root: str = MODEL_ROOT,
 ) -> ModelSpec:
     spec = cat["models"][key]
     lock_name = f"model:{spec['repo_id']}"
@@ -446,7 +467,7 @@ def _model(
         revision=lock.model_revision(lock_name) if lock is not None else None,
         dir_name=spec["dir"],
         path=posixpath.join(model_dir, spec["dir"]),
-        container_path=posixpath.join(MODEL_ROOT, spec["dir"]),
+        container_path=posixpath.join(model_root, spec["dir"]),
         role=role,
         approx_size_gb=float(spec["approx_size_gb"]),
         verify_glob=spec["verify_glob"],
@@ -485,6 +506,36 @@ def _float_flag(edit: ComposeEdit, flag: str) -> float:
         return float(values[0]) if values and len(values) == 1 else float("nan")
     except ValueError:
         raise ComposeError(f"{edit.where('command ' + flag)}: {values!r} is not a number after defaults") from None
+
+
+def _model_argument(edit: ComposeEdit) -> list[str]:
+    """What vLLM loads: `--model X`, or the positional X of a command that is a whole `vllm serve X ...`
+    (an image without an entrypoint, such as vLLM-Omni's: the compose has no entrypoint either)."""
+    values = edit.flag_values("--model")
+    if values is not None:
+        return values
+    cmd = edit.command()
+    if not edit.get("entrypoint") and cmd[:2] == ["vllm", "serve"] and len(cmd) > 2 and not cmd[2].startswith("-"):
+        return [cmd[2]]
+    return []
+
+
+def _engine_values(edit: ComposeEdit, stages: list[dict[str, Any]] | None) -> tuple[Any, ...]:
+    """(TP, max-model-len, max-num-seqs, max-num-batched-tokens, gpu-memory-utilization): the command's
+    flags, or with a deploy config its entry stage's values (which the command must not also set)."""
+    if stages is None:
+        return (_int_flag(edit, "--tensor-parallel-size", 1) or 1, _int_flag(edit, "--max-model-len", None),
+                _int_flag(edit, "--max-num-seqs", None), _int_flag(edit, "--max-num-batched-tokens", None),
+                _float_flag(edit, "--gpu-memory-utilization"))
+    for flag in ("--tensor-parallel-size", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
+                 "--gpu-memory-utilization"):
+        if edit.flag_values(flag) is not None:
+            raise ComposeError(f"{edit.where('command ' + flag)}: set on the command line and per stage by the deploy "
+                               f"config: rigup cannot tell which one vLLM-Omni uses")
+    stage = entry_stage(stages)
+    util = stage.get("gpu_memory_utilization")
+    return (int(stage.get("tensor_parallel_size", 1)), stage.get("max_model_len"), stage.get("max_num_seqs"),
+            stage.get("max_num_batched_tokens"), float("nan") if util is None else float(util))
 
 
 def _speculative(edit: ComposeEdit, v: Mapping[str, Any]) -> tuple[str | None, str | None]:
@@ -571,9 +622,10 @@ def resolve(
         unit_file=posixpath.join(SYSTEMD_UNIT_DIR, unit_name),
     )
 
-    models = [_model(catalog, v["model"], "main", model_dir, lock)]
+    model_root = v.get("model_root", MODEL_ROOT)
+    models = [_model(catalog, v["model"], "main", model_dir, lock, model_root)]
     if v.get("draft") is not None:
-        models.append(_model(catalog, v["draft"], "draft", model_dir, lock))
+        models.append(_model(catalog, v["draft"], "draft", model_dir, lock, model_root))
 
     # The base: upstream's compose file at the locked commit.
     up = v["upstream"]
@@ -597,7 +649,8 @@ def resolve(
         variant=name,
         image_ref=image.ref,
         image_why=f"catalog image {image.key} ({image.repository}:{image.tag})"
-        + (", digest from the lock" if image.digest else ", tag only (no digest locked)"),
+        + (", digest from the catalog (upstream pins it by digest)" if catalog["images"][v["image"]].get("digest")
+           else ", digest from the lock" if image.digest else ", tag only (no digest locked)"),
         bind_address=bind_address,
         host_port=overrides.get("port", v.get("port")) if isinstance(overrides, Mapping) else v.get("port"),
         container_port_default=CONTAINER_PORT,
@@ -612,28 +665,29 @@ def resolve(
         nccl=lambda tp: nccl_settings(planned, tp),
         nvlink=None if planned is None else planned.nvlink,
         labels={"rigup.variant": name, "rigup.image": image.ref},
+        model_root=model_root,
+        data_dirs=v.get("data_dirs") or {},
+        read=lambda path: reader.read(up_source.name, up_source.git_url, commit, path),
     )
     try:
         edit = ComposeEdit(base, up.get("service"))
         apply_all(edit, ctx)
-        served = edit.flag_values("--served-model-name") or []
-        model_arg = edit.flag_values("--model") or []
-        tp = _int_flag(edit, "--tensor-parallel-size", 1) or 1
-        max_model_len = _int_flag(edit, "--max-model-len", None)
-        max_num_seqs = _int_flag(edit, "--max-num-seqs", None)
-        batched = _int_flag(edit, "--max-num-batched-tokens", None)
-        util = _float_flag(edit, "--gpu-memory-utilization")
+        model_arg = _model_argument(edit)
+        # vLLM serves a model under its model argument when no --served-model-name is given.
+        served = edit.flag_values("--served-model-name") or model_arg
+        tp, max_model_len, max_num_seqs, batched, util = _engine_values(edit, ctx.stages)
         spec_json, spec_method = _speculative(edit, v)
     except (ComposeError, UpstreamError) as exc:
         raise RecipeError(f"variant {name!r}: {exc}") from None
     if model_arg != [models[0].container_path]:
-        raise RecipeError(f"variant {name!r}: {base.where}: --model is {model_arg!r}; the catalog's model "
+        raise RecipeError(f"variant {name!r}: {base.where}: the model argument is {model_arg!r}; the catalog's model "
                           f"{models[0].name} is mounted at {models[0].container_path}")
     if not served:
         raise RecipeError(f"variant {name!r}: {base.where}: no --served-model-name")
     if max_model_len is None or max_num_seqs is None or util != util:
         raise RecipeError(f"variant {name!r}: {base.where}: --max-model-len, --max-num-seqs and "
-                          f"--gpu-memory-utilization must be set")
+                          f"--gpu-memory-utilization must be set (with a deploy config: in its stage 0)")
+    gpu_count = int(edit.get("deploy")["resources"]["reservations"]["devices"][0]["count"])
     entrypoint = tuple(str(t) for t in (edit.get("entrypoint") or ()))
     script = "\n".join(entrypoint)
     env_map = edit.env()
@@ -648,7 +702,7 @@ def resolve(
     for vol in edit.volumes():
         if vol["target"] in model_paths:
             kind, origin = "model", f"model:{model_paths[vol['target']].name}"
-        elif vol["target"] in CACHE_TARGETS:
+        elif vol["target"] in CACHE_TARGETS or vol["target"] in ctx.data_dirs:
             kind, origin = "cache", "cache"
         else:
             owner = next((s for s in sources if vol["source"] == s.path or vol["source"].startswith(s.path + "/")), None)
@@ -689,7 +743,7 @@ def resolve(
         container_name=str(edit.get("container_name")),
         served_model_name=served[0],
         tensor_parallel_size=tp,
-        gpu_count=tp,
+        gpu_count=gpu_count,
         valid_tensor_parallel_sizes=tuple(v["tensor_parallel_sizes"]),
         min_compute_capability=_capability(v["min_compute_capability"]),
         min_gpu_memory_gb=float(v["min_gpu_memory_gb"]),
@@ -736,6 +790,7 @@ def resolve(
         upstream_status="archived" if (up_source.name != "club3090" or "/_archive/" in up["path"]) else "current",
         compose_text=rendered_text,
         changes=tuple(edit.changes),
+        chat_request=copy.deepcopy(dict(v.get("chat_request") or {})),  # the catalog is shared: a copy
     )
 
 

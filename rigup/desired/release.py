@@ -4,8 +4,9 @@ Two JSON documents, both free of secrets:
 
 * release.json ({install_root}/variants/<variant>/release.json) — built here on the control machine
   from the resolved recipe and the rendered files: variant, unit, health URL, served model, image
-  (tag and digest), every source commit, every model revision, engine settings and the SHA-256 of
-  each rendered file. tasks/serving.py uploads it next to the compose file, so a new pin (a source
+  (tag and digest), every source commit, every model revision, engine settings, the fields every chat
+  request must carry (chat_request, only when the variant has some; the gate adds them) and the SHA-256
+  of each rendered file. tasks/serving.py uploads it next to the compose file, so a new pin (a source
   commit, a model revision, an image digest) changes this file, which restarts the service exactly
   like a changed compose file would.
 * provenance.json ({install_root}/state/provenance.json) — written on the rig by rigup-servingctl
@@ -86,7 +87,7 @@ def build_release(
         files[rel] = sha256_text(content)
     if unit_sha is None:
         raise ValueError(f"rendered files do not include the unit {paths.unit_file}")
-    return {
+    release: dict[str, Any] = {
         "schema": SCHEMA,
         "variant": recipe.variant,
         "description": recipe.description,
@@ -134,6 +135,10 @@ def build_release(
             "genesis": recipe.genesis,
         },
     }
+    if recipe.chat_request:
+        # Only when the variant has some: a release without them stays byte-identical (no restart).
+        release["chat_request"] = json.loads(json.dumps(dict(recipe.chat_request)))
+    return release
 
 
 def release_json(release: Mapping[str, Any]) -> str:

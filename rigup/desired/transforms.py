@@ -11,38 +11,59 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rigup.desired.compose_doc import ComposeEdit, ComposeError, interpolate
+import yaml
+
+from rigup.desired.compose_doc import ComposeEdit, ComposeError, interpolate, walk_strings
 from rigup.desired.interconnect import NcclSettings
 
 # name -> what it does (the README's transform table and `--explain` use these words)
 TRANSFORMS: dict[str, str] = {
-    "image-pin": "the image is the catalog's, from the configured registry, pinned by the lock's digest",
+    "image-pin": "the image is the catalog's, from the configured registry, pinned by the lock's digest "
+                 "(or by the catalog's, for an image upstream pins by digest)",
+    "command-list": "a one-string command is written as the list of words Compose splits it into",
     "defaults": "upstream's ${VAR:-default} take their default (rig-time secrets stay references to the .env)",
     "project": "the compose project is rigup-<variant>",
     "container-name": "the container is rigup-<variant>: unique per variant, so a switch never meets a leftover",
     "restart": "systemd restarts the service; the container never restarts behind its back",
     "publish": "the port is published on the serving bind address and the variant's host port",
+    "container-port": "a server upstream runs on another container port listens on rigup's 8000 (its --port "
+                      "and the published container port move together)",
     "models-read-only": "only the verified model directories are mounted, read-only, where upstream's command expects them",
     "caches": "torch.compile and Triton caches live under the install root, per variant",
+    "data-dirs": "a writable directory upstream keeps in its checkout (catalog data_dirs) is an empty one under "
+                 "the install root, per variant: the checkouts stay read-only",
     "host-paths": "upstream's relative and host paths point at rigup's checkouts at the locked commits",
     "catalog-fix": "a mount the catalog redirects, with its reason",
     "strict-binds": "a missing mount source fails the start instead of becoming an empty directory",
     "secrets": "the API key (like the HF token) comes from the 0600 .env, never the command line",
     "offline": "rigup verified every model file: the container must not fetch from the hub",
     "overrides": "the host's variant_overrides",
-    "gpus": "the container gets exactly its tensor-parallel count of GPUs",
+    "gpus": "the container gets exactly its tensor-parallel count of GPUs (with a vLLM-Omni deploy config: its "
+            "stages' devices)",
     "interconnect": "NCCL and custom all-reduce follow the GPU interconnect rigup detected",
     "labels": "labels name the variant and image, for status and cleanup",
     "logging": "Docker's copy of the log is bounded (the journal has the full stream)",
 }
 
-MODEL_ROOT = "/root/.cache/huggingface"  # where upstream's composes mount models (and --model points)
+# Where upstream's composes mount the model cache (and the model argument points); a variant whose
+# compose mounts it elsewhere says so in the catalog (`model_root`).
+MODEL_ROOT = "/root/.cache/huggingface"
 CACHE_TARGETS = {"/root/.cache/vllm/torch_compile_cache": "torch_compile", "/root/.triton/cache": "triton"}
 SECRET_VARIABLES = frozenset({"HF_TOKEN", "VLLM_API_KEY"})
+VLLM_DEFAULT_PORT = 8000  # what `vllm serve` listens on without --port
+
+# vLLM-Omni deploy configs (`--deploy-config FILE`): one engine per stage. rigup reads the file from
+# upstream's repository (it is bind-mounted unchanged) and takes the engine values from its entry stage
+# (stage_id 0, the one that receives requests) and the GPU count from every stage's `devices`.
+DEPLOY_CONFIG_FLAG = "--deploy-config"
+STAGE_INT_KEYS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size")
+STAGE_OVERRIDE_KEYS = ("max_model_len", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
+                       "tensor_parallel_size")
 
 # variant_overrides key -> vLLM flag
 OVERRIDE_FLAGS = {
@@ -83,9 +104,15 @@ class Context:
     nccl: Callable[[int], NcclSettings | None]
     labels: Mapping[str, str]
     nvlink: bool | None = None  # what rigup decided for the host (detected or forced); None: not known
+    model_root: str = MODEL_ROOT  # the container directory upstream mounts the model cache at
+    data_dirs: Mapping[str, str] = field(default_factory=dict)  # container target -> why (catalog data_dirs)
+    read: Callable[[str], str] | None = None  # repository path -> its text at the upstream commit
+    # filled in by the transforms
     used_sources: dict[str, set[str]] = field(default_factory=dict)  # source -> paths the mounts use
     host_dirs: list[str] = field(default_factory=list)
     interconnect_note: str | None = None
+    repo_mounts: dict[str, tuple[str, str]] = field(default_factory=dict)  # target -> (source, path in it)
+    stages: list[dict[str, Any]] | None = None  # the deploy config's stages (read_deploy_config)
 
 
 def _fmt(value: Any) -> str:
@@ -97,12 +124,14 @@ def _fmt(value: Any) -> str:
 
 def apply_all(edit: ComposeEdit, ctx: Context) -> None:
     image_pin(edit, ctx)
+    edit.command_as_list("command-list", TRANSFORMS["command-list"])
     defaults(edit)
     edit.set_top("name", f"rigup-{ctx.variant}", "project", "one compose project per variant")
     edit.set("container_name", f"rigup-{ctx.variant}", "container-name", TRANSFORMS["container-name"])
     edit.set("restart", "no", "restart", TRANSFORMS["restart"])
     publish(edit, ctx)
     mounts(edit, ctx)
+    read_deploy_config(edit, ctx)
     secrets(edit)
     offline(edit)
     overrides(edit, ctx)
@@ -146,13 +175,38 @@ def publish(edit: ComposeEdit, ctx: Context) -> None:
     published = parts[-2] if len(parts) >= 2 else container
     if not container.isdigit() or not published.isdigit():
         raise ComposeError(f"{edit.where('ports')}: {ports[0]!r} is not HOST:CONTAINER after defaults")
-    if int(container) != ctx.container_port_default:
-        raise ComposeError(f"{edit.where('ports')}: container port {container}; the command listens on "
-                           f"{ctx.container_port_default}")
+    listen = edit.flag_values("--port")
+    if listen is not None and (len(listen) != 1 or not listen[0].isdigit()):
+        raise ComposeError(f"{edit.where('command --port')}: {listen!r} is not a port number after defaults")
+    listens = int(listen[0]) if listen else VLLM_DEFAULT_PORT
+    if int(container) != listens:
+        raise ComposeError(f"{edit.where('ports')}: container port {container}; the command listens on {listens}")
+    moved = ""
+    if listens != ctx.container_port_default:
+        container_port(edit, ctx, listens)
+        moved = f"; container port {listens} -> {ctx.container_port_default} (container-port)"
+        container = str(ctx.container_port_default)
     port = ctx.host_port if ctx.host_port is not None else int(published)
     host = f"[{ctx.bind_address}]" if ":" in ctx.bind_address else ctx.bind_address
     edit.set("ports", [f"{host}:{port}:{container}"], "publish",
-             f"serving_bind_address {ctx.bind_address}, port {port}")
+             f"serving_bind_address {ctx.bind_address}, port {port}{moved}")
+
+
+def container_port(edit: ComposeEdit, ctx: Context, listens: int) -> None:
+    """Move a server upstream runs on another container port to rigup's (the container has its own
+    network namespace: only the published mapping sees the number). Only the command's `--port` may
+    name it: a number anywhere else in the service (a healthcheck, the entrypoint) could not move with it."""
+    number = re.compile(rf"(?<![0-9]){listens}(?![0-9])")
+    for key in sorted(edit.svc):
+        if key in ("command", "ports"):
+            continue
+        for path, text in walk_strings(edit.svc[key], key):
+            if number.search(text):
+                raise ComposeError(f"{edit.where(path)}: names the container port {listens}, which rigup moves to "
+                                   f"{ctx.container_port_default}; it cannot move it there too")
+    edit.set_flag("--port", [str(ctx.container_port_default)], "container-port",
+                  f"upstream's server listened on {listens} inside the container; rigup's listen on "
+                  f"{ctx.container_port_default}, published the same way")
 
 
 def _repo_path(compose_path: str, source: str, where: str) -> str:
@@ -167,10 +221,18 @@ def mounts(edit: ComposeEdit, ctx: Context) -> None:
     # (upstream entry, what it becomes, transform) in upstream's order
     entries: list[tuple[dict[str, Any], list[dict[str, Any]], str]] = []
     reasons: dict[str, str] = {}
+    targets = [vol["target"] for vol in edit.volumes()]
+    if ctx.model_root not in targets:
+        raise ComposeError(f"{edit.where('volumes')}: upstream mounts no model cache at {ctx.model_root} "
+                           f"(the catalog's model_root says where it does)")
+    for target in ctx.data_dirs:
+        if target not in targets:
+            raise ComposeError(f"{edit.where('volumes')}: the catalog's data_dirs names {target}, which upstream "
+                               f"does not mount")
     for vol in edit.volumes():
         target = vol["target"]
         where = edit.where(f"volumes {target}")
-        if target == MODEL_ROOT:
+        if target == ctx.model_root:
             models = [{**vol, "source": rig, "target": cpath, "read_only": True} for rig, cpath in ctx.model_mounts]
             for rig, cpath in ctx.model_mounts:
                 reasons[cpath] = f"verified model directory {rig}, read-only"
@@ -182,6 +244,12 @@ def mounts(edit: ComposeEdit, ctx: Context) -> None:
             ctx.host_dirs.append(host)
             reasons[target] = f"cache {host}"
             entries.append((vol, [{**vol, "source": host}], "caches"))
+            continue
+        if target in ctx.data_dirs:
+            host = data_dir(ctx.cache_dir, target)
+            ctx.host_dirs.append(host)
+            reasons[target] = f"{ctx.data_dirs[target]}: {host} (upstream: {vol['source']!r})"
+            entries.append((vol, [{**vol, "source": host}], "data-dirs"))
             continue
         fix = ctx.mount_fixes.get(target)
         if fix is not None:
@@ -213,12 +281,13 @@ def mounts(edit: ComposeEdit, ctx: Context) -> None:
                         f"upstream at a commit that has it, or redirect it with mount_fixes"
                     )
         ctx.used_sources.setdefault(checkout.name, set()).add(rel or ".")
+        ctx.repo_mounts[target] = (checkout.name, rel)
         reasons[target] = f"{src} -> the {checkout.name} checkout"
         rig = posixpath.join(checkout.rig_path, rel) if rel else checkout.rig_path
         entries.append((vol, [{**vol, "source": rig}], "host-paths"))
     applied: set[str] = set()
     # One recorded step per transform, so --explain names each.
-    for name in ("models-read-only", "caches", "catalog-fix", "host-paths"):
+    for name in ("models-read-only", "caches", "data-dirs", "catalog-fix", "host-paths"):
         if not any(t == name for _, _, t in entries):
             continue
         applied.add(name)
@@ -226,6 +295,71 @@ def mounts(edit: ComposeEdit, ctx: Context) -> None:
         edit.set_volumes(current, name, lambda target, n=name: reasons.get(target, TRANSFORMS[n]))
     strict = [{**v, "create_host_path": False} for v in edit.volumes()]
     edit.set_volumes(strict, "strict-binds", lambda target: TRANSFORMS["strict-binds"])
+
+
+def data_dir(cache_dir: str, target: str) -> str:
+    """The rig directory a data_dirs target gets: {cache_dir}/data/<target, '/' as '-'>."""
+    return posixpath.join(cache_dir, "data", target.strip("/").replace("/", "-"))
+
+
+def read_deploy_config(edit: ComposeEdit, ctx: Context) -> None:
+    """Read (never edit) the vLLM-Omni deploy config the command names, into ctx.stages.
+
+    The file must be one rigup mounts from upstream's own repository (read at the upstream commit);
+    a config baked into the image cannot be read, and rigup does not guess its values."""
+    values = edit.flag_values(DEPLOY_CONFIG_FLAG)
+    if values is None:
+        return
+    where = edit.where(f"command {DEPLOY_CONFIG_FLAG}")
+    if len(values) != 1:
+        raise ComposeError(f"{where}: {values!r} is not one path after defaults")
+    path = values[0]
+    found = next(((t, src, rel) for t, (src, rel) in ctx.repo_mounts.items()
+                  if path == t or path.startswith(t.rstrip("/") + "/")), None)
+    if found is None or found[1] != ctx.upstream_source.name or ctx.read is None:
+        raise ComposeError(f"{where}: {path} is not a file rigup mounts from upstream's repository; rigup takes the "
+                           f"stages' engine values and GPUs from it, so it must be able to read it")
+    target, _, rel = found
+    repo_path = posixpath.join(rel, path[len(target):].lstrip("/")) if path != target else rel
+    ctx.stages = parse_stages(ctx.read(repo_path), f"{repo_path} (the {DEPLOY_CONFIG_FLAG} of {edit.where('command')})")
+
+
+def parse_stages(text: str, where: str) -> list[dict[str, Any]]:
+    """The `stages` of a vLLM-Omni deploy config, checked: a stage_id each (one of them 0) and
+    `devices` ("0", "1", "0,1": the container's GPU indices). The other keys are vLLM-Omni's."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ComposeError(f"{where}: not valid YAML: {exc}") from None
+    stages = doc.get("stages") if isinstance(doc, dict) else None
+    if not isinstance(stages, list) or not stages or not all(isinstance(st, dict) for st in stages):
+        raise ComposeError(f"{where}: rigup reads deploy configs with a `stages` list of mappings")
+    ids = [st.get("stage_id") for st in stages]
+    integers = all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+    if not integers or len(set(ids)) != len(ids) or 0 not in ids:
+        raise ComposeError(f"{where}: stages need distinct integer stage_id values, one of them 0 (got {ids})")
+    for st in stages:
+        at = f"{where}: stage {st['stage_id']}"
+        devices = str(st.get("devices", ""))
+        if not re.fullmatch(r"\d+(,\d+)*", devices.replace(" ", "")):
+            raise ComposeError(f"{at}: devices {st.get('devices')!r} is not a list of GPU indices like '0' or '0,1'")
+        for key in STAGE_INT_KEYS:
+            if key in st and (isinstance(st[key], bool) or not isinstance(st[key], int)):
+                raise ComposeError(f"{at}: {key} {st[key]!r} is not an integer")
+        util = st.get("gpu_memory_utilization")
+        if util is not None and (isinstance(util, bool) or not isinstance(util, (int, float))):
+            raise ComposeError(f"{at}: gpu_memory_utilization {util!r} is not a number")
+    return stages
+
+
+def entry_stage(stages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The stage that receives requests (stage_id 0): the engine values rigup reports and checks."""
+    return next(st for st in stages if st["stage_id"] == 0)
+
+
+def stage_gpu_count(stages: list[dict[str, Any]]) -> int:
+    """GPUs the stages use: the highest device index + 1 (a stage on device 1 needs GPU 0 visible too)."""
+    return 1 + max(int(d) for st in stages for d in str(st["devices"]).replace(" ", "").split(","))
 
 
 def secrets(edit: ComposeEdit) -> None:
@@ -242,6 +376,9 @@ def offline(edit: ComposeEdit) -> None:
 
 def overrides(edit: ComposeEdit, ctx: Context) -> None:
     for key, flag in OVERRIDE_FLAGS.items():
+        if key in ctx.overrides and ctx.stages is not None and key in STAGE_OVERRIDE_KEYS:
+            raise ComposeError(f"{edit.where('command ' + DEPLOY_CONFIG_FLAG)}: variant_overrides[{key!r}]: upstream "
+                               f"sets it per stage in its deploy config, which rigup mounts unchanged")
         if key in ctx.overrides:
             if key == "tensor_parallel_size" and edit.flag_values(flag) is None and ctx.overrides[key] == 1:
                 continue
@@ -249,7 +386,7 @@ def overrides(edit: ComposeEdit, ctx: Context) -> None:
 
 
 def gpus(edit: ComposeEdit, ctx: Context) -> None:
-    count = ctx.gpu_count(edit)
+    count = stage_gpu_count(ctx.stages) if ctx.stages is not None else ctx.gpu_count(edit)
     deploy = json.loads(json.dumps(edit.get("deploy") or {}))
     devices = (((deploy.get("resources") or {}).get("reservations") or {}).get("devices")) or []
     if len(devices) != 1 or devices[0].get("driver") != "nvidia":
@@ -257,7 +394,8 @@ def gpus(edit: ComposeEdit, ctx: Context) -> None:
     if "device_ids" in devices[0]:
         raise ComposeError(f"{edit.where('deploy')}: device_ids is not understood; rigup assigns GPUs by count")
     devices[0]["count"] = count
-    edit.set("deploy", deploy, "gpus", f"{count} GPU(s): the tensor-parallel size")
+    edit.set("deploy", deploy, "gpus", f"{count} GPU(s): " + (
+        "the deploy config's stage devices" if ctx.stages is not None else "the tensor-parallel size"))
     env = edit.env()
     visible = env.get("NVIDIA_VISIBLE_DEVICES")
     if visible is not None:
@@ -269,6 +407,8 @@ def gpus(edit: ComposeEdit, ctx: Context) -> None:
 def interconnect(edit: ComposeEdit, ctx: Context) -> None:
     tp_values = edit.flag_values("--tensor-parallel-size")
     tp = int(tp_values[0]) if tp_values else 1
+    if ctx.stages is not None:  # a deploy config's stages are engines of their own: the widest one's TP
+        tp = max(int(st.get("tensor_parallel_size", 1)) for st in ctx.stages)
     settings = ctx.nccl(tp)
     env = edit.env()
     script = "\n".join(str(t) for t in edit.get("entrypoint") or ())

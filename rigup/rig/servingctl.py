@@ -9,7 +9,8 @@ rig has nothing else we can count on. Commands:
            started, whether /v1/models lists the served model, and the release the provenance file
            records. Prints one JSON object (the ServingStatus fact).
   gate     the health gate: wait until /v1/models lists the served model, then one short
-           deterministic chat completion. On success: record the generation (a copy of the files
+           deterministic chat completion (plus the release's chat_request fields, which some servers
+           need in every request). On success: record the generation (a copy of the files
            that passed) and write the provenance file. On failure: print the unit's last log lines
            and, when the last good generation differs, roll back to it, restart it and gate it again.
 
@@ -60,6 +61,10 @@ JOURNAL_LINES = 40
 # The completion the gate asks for: greedy decoding with a fixed seed, a few tokens, no thinking.
 GATE_PROMPT = "Reply with the single word OK."
 GATE_MAX_TOKENS = 8
+# Request fields the gate sets itself; a release's chat_request (fields a variant's server needs in every
+# chat request, from the catalog) may add others but never these (rigup.desired.catalog checks it).
+GATE_REQUEST_KEYS = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "seed",
+                               "chat_template_kwargs", "stream", "n"})
 
 
 class GateFailure(Exception):
@@ -174,8 +179,16 @@ class Release:
             self.api_key_env = data.get("api_key_env")  # None: the API is open
             self.secret_env_keys = [str(k) for k in data.get("secret_env_keys", [])]
             self.files = dict(data["files"])  # relpath under variant_dir -> sha256
+            # Fields every chat request to this server must carry (absent: none); the gate adds them.
+            chat_request = data.get("chat_request") or {}
+            if not isinstance(chat_request, dict):
+                raise TypeError("chat_request is not a JSON object")
+            self.chat_request: Dict[str, Any] = dict(chat_request)
         except (KeyError, TypeError, ValueError) as exc:
             raise SystemExit(f"rigup: {path} is not a rigup release file ({exc})") from None
+        clash = sorted(set(self.chat_request) & GATE_REQUEST_KEYS)
+        if clash:
+            raise SystemExit(f"rigup: {path}: chat_request sets {clash}, which the health gate sets itself")
 
     @classmethod
     def load(cls, path: str) -> "Release":
@@ -312,10 +325,17 @@ def list_models(models_url: str, api_key: Optional[str], timeout: float = HTTP_T
     return [str(item.get("id")) for item in data if isinstance(item, dict) and "id" in item]
 
 
-def chat_completion(base_url: str, model: str, api_key: Optional[str], timeout: float) -> Dict[str, Any]:
-    """One greedy, seeded, short chat completion. Returns a summary; raises GateFailure."""
+def chat_completion(
+    base_url: str, model: str, api_key: Optional[str], timeout: float, extra: Optional[Dict[str, Any]] = None
+) -> Dict[str, Any]:
+    """One greedy, seeded, short chat completion. Returns a summary; raises GateFailure.
+
+    + extra: fields the variant's server needs in every chat request (the release's chat_request, e.g.
+      vLLM-Omni's "modalities": ["text"]); the gate's own fields (GATE_REQUEST_KEYS) are not among them
+    """
     url = f"{base_url}/v1/chat/completions"
     body = {
+        **(extra or {}),
         "model": model,
         "messages": [{"role": "user", "content": GATE_PROMPT}],
         "max_tokens": GATE_MAX_TOKENS,
@@ -423,7 +443,8 @@ def wait_until_serving(
         attempts += 1
         try:
             completion = chat_completion(
-                release.base_url, release.served_model_name, api_key, min(COMPLETION_TIMEOUT_S, remaining)
+                release.base_url, release.served_model_name, api_key, min(COMPLETION_TIMEOUT_S, remaining),
+                release.chat_request,
             )
             break
         except GateFailure as exc:

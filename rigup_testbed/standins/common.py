@@ -186,3 +186,223 @@ def driver_cuda(version: str, default: str | None = None) -> str:
     if override:
         return str(override)
     return default or CUDA_BY_BRANCH.get(branch, "13.0")
+
+
+# --- a YAML subset (the hosts have no PyYAML) ----------------------------------------------------
+#
+# Block mappings and sequences, plain / single- / double-quoted scalars, flow sequences and mappings on
+# one line, comments and a leading "---": what deploy configs and similar small files are written in.
+# Anything else (anchors, aliases, tags, block scalars, multi-line flows, tabs, several documents) is
+# refused with YamlError naming the line, never guessed at. Scalars resolve as PyYAML's safe loader does:
+# null/~, the YAML 1.1 booleans (yes/no/on/off too), ints (0x, 0o-style 0NN, 0b), floats, else strings
+# (timestamps are refused).
+
+
+class YamlError(ValueError):
+    """The text is not YAML in the subset load_yaml reads; the message names the line."""
+
+
+_YAML_BOOLS = {word: value for words, value in (("yes true on", True), ("no false off", False))
+               for lower in words.split() for word in (lower, lower.capitalize(), lower.upper())}
+
+
+def _yaml_scalar(text: str, line: int) -> Any:
+    import re
+
+    t = text.strip()
+    if not t:
+        return None
+    if t[0] in "&*!|>%@`":
+        raise YamlError(f"line {line}: {t[0]!r} (anchors, aliases, tags, block scalars) is not simulated")
+    if t[0] == "'":
+        if len(t) < 2 or not t.endswith("'"):
+            raise YamlError(f"line {line}: unterminated single-quoted string")
+        return t[1:-1].replace("''", "'")
+    if t[0] == '"':
+        try:
+            value = json.loads(t)
+        except ValueError:
+            raise YamlError(f"line {line}: a double-quoted string this reader cannot decode: {t}") from None
+        if not isinstance(value, str):
+            raise YamlError(f"line {line}: unterminated double-quoted string")
+        return value
+    if t in ("~", "null", "Null", "NULL"):
+        return None
+    if t in _YAML_BOOLS:
+        return _YAML_BOOLS[t]
+    # PyYAML's (YAML 1.1) int and float forms, sexagesimal numbers aside
+    if re.fullmatch(r"[-+]?(0|[1-9][0-9_]*)", t):
+        return int(t.replace("_", ""))
+    if re.fullmatch(r"[-+]?0x[0-9a-fA-F_]+|[-+]?0[0-7_]+|[-+]?0b[01_]+", t):
+        sign, body = (-1 if t[0] == "-" else 1), t.lstrip("+-").replace("_", "")
+        base = 16 if body[:2] == "0x" else 2 if body[:2] == "0b" else 8
+        return sign * int(body[2:] if base != 8 else body, base)
+    if re.fullmatch(r"[-+]?[0-9][0-9_]*\.[0-9_]*([eE][-+][0-9]+)?|\.[0-9][0-9_]*([eE][-+][0-9]+)?", t):
+        return float(t.replace("_", ""))
+    if re.match(r"[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}([Tt ]|$)", t):
+        raise YamlError(f"line {line}: a timestamp ({t}) is not simulated")
+    if re.fullmatch(r"[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)", t):
+        return float(t.replace(".", "").lower())
+    return t
+
+
+def _yaml_flow(text: str, line: int) -> Any:
+    """A flow sequence or mapping that opens and closes on this line."""
+    pos = 0
+
+    def skip() -> None:
+        nonlocal pos
+        while pos < len(text) and text[pos] == " ":
+            pos += 1
+
+    def item(stop: str) -> Any:
+        nonlocal pos
+        skip()
+        if pos < len(text) and text[pos] in "[{":
+            return collection()
+        start = pos
+        if pos < len(text) and text[pos] in "'\"":
+            quote = text[pos]
+            pos += 1
+            while pos < len(text) and not (text[pos] == quote and not (quote == '"' and text[pos - 1] == "\\")):
+                pos += 1
+            pos += 1
+        else:
+            while pos < len(text) and text[pos] not in stop and not (text[pos] == ":" and text[pos + 1:pos + 2] in (" ", "")):
+                pos += 1
+        return _yaml_scalar(text[start:pos], line)
+
+    def collection() -> Any:
+        nonlocal pos
+        opening = text[pos]
+        closing = "]" if opening == "[" else "}"
+        pos += 1
+        out: Any = [] if opening == "[" else {}
+        while True:
+            skip()
+            if pos < len(text) and text[pos] == closing:
+                pos += 1
+                return out
+            value = item(",]}" if opening == "[" else ",}:")
+            skip()
+            if opening == "{":
+                if pos >= len(text) or text[pos] != ":":
+                    raise YamlError(f"line {line}: a flow mapping entry needs 'key: value'")
+                pos += 1
+                out[value] = item(",}")
+                skip()
+            else:
+                out.append(value)
+            if pos < len(text) and text[pos] == ",":
+                pos += 1
+            elif pos >= len(text) or text[pos] != closing:
+                raise YamlError(f"line {line}: a flow collection must close on its line (multi-line flows are not "
+                                "simulated)")
+
+    value = collection()
+    skip()
+    if pos != len(text):
+        raise YamlError(f"line {line}: text after a flow collection: {text[pos:]!r}")
+    return value
+
+
+def _yaml_lines(text: str) -> list[tuple[int, int, str]]:
+    """(line number, indent, content without comment) of each line that holds something."""
+    out = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        if "\t" in raw[: len(raw) - len(raw.lstrip(" \t"))]:
+            raise YamlError(f"line {number}: a tab in the indentation")
+        quote, cut = None, len(raw)
+        for i, c in enumerate(raw):
+            if quote:
+                if c == quote:
+                    quote = None
+            elif c in "'\"" and (i == 0 or raw[i - 1] in " [{,:-"):
+                quote = c
+            elif c == "#" and (i == 0 or raw[i - 1] in " \t"):
+                cut = i
+                break
+        content = raw[:cut].rstrip()
+        if not content.strip():
+            continue
+        if content.strip() in ("---", "...") and not out:
+            continue
+        if content.startswith(("---", "...")):
+            raise YamlError(f"line {number}: several documents in one file are not simulated")
+        out.append((number, len(content) - len(content.lstrip(" ")), content.strip()))
+    return out
+
+
+def _yaml_key(content: str) -> tuple[str, str] | None:
+    """(key, rest) when the line is a mapping entry `key: rest` (or `key:`), else None."""
+    quote = None
+    for i, c in enumerate(content):
+        if quote:
+            if c == quote:
+                quote = None
+        elif c in "'\"" and i == 0:
+            quote = c
+        elif c == ":" and (i + 1 == len(content) or content[i + 1] == " "):
+            return content[:i], content[i + 1:].strip()
+        elif c in "[{" and i == 0:
+            return None
+    return None
+
+
+def _yaml_value(rest: str, number: int) -> Any:
+    return _yaml_flow(rest, number) if rest[:1] in ("[", "{") else _yaml_scalar(rest, number)
+
+
+def _yaml_block(lines: list[tuple[int, int, str]], i: int, indent: int) -> tuple[Any, int]:
+    number, ind, content = lines[i]
+    if content == "-" or content.startswith("- "):
+        out: list[Any] = []
+        while i < len(lines) and lines[i][1] == indent and (lines[i][2] == "-" or lines[i][2].startswith("- ")):
+            number, _, content = lines[i]
+            rest = content[1:].strip()
+            if not rest:
+                if i + 1 < len(lines) and lines[i + 1][1] > indent:
+                    value, i = _yaml_block(lines, i + 1, lines[i + 1][1])
+                else:
+                    value, i = None, i + 1
+            elif _yaml_key(rest) is not None and rest[:1] not in "[{":
+                # "- key: value" opens a mapping whose keys line up with `key`
+                col = indent + len(content) - len(rest)
+                lines[i] = (number, col, rest)
+                value, i = _yaml_block(lines, i, col)
+            else:
+                value, i = _yaml_value(rest, number), i + 1
+            out.append(value)
+        return out, i
+    mapping: dict[Any, Any] = {}
+    while i < len(lines) and lines[i][1] == indent:
+        number, _, content = lines[i]
+        entry = None if content == "-" or content.startswith("- ") else _yaml_key(content)
+        if entry is None:
+            raise YamlError(f"line {number}: expected 'key: value' here: {content!r}")
+        key = _yaml_scalar(entry[0], number)
+        if key in mapping:
+            raise YamlError(f"line {number}: duplicate key {key!r}")
+        rest = entry[1]
+        i += 1
+        if rest:
+            mapping[key] = _yaml_value(rest, number)
+        elif i < len(lines) and (lines[i][1] > indent or (lines[i][1] == indent and lines[i][2][:2] in ("- ", "-"))):
+            mapping[key], i = _yaml_block(lines, i, lines[i][1])
+        else:
+            mapping[key] = None
+    return mapping, i
+
+
+def load_yaml(text: str) -> Any:
+    """The one document of `text` (see the subset above); raises YamlError."""
+    lines = _yaml_lines(text)
+    if not lines:
+        return None
+    if len(lines) == 1 and _yaml_key(lines[0][2]) is None and not lines[0][2].startswith("-"):
+        return _yaml_value(lines[0][2], lines[0][0])
+    value, i = _yaml_block(lines, 0, lines[0][1])
+    if i != len(lines):
+        number, _, content = lines[i]
+        raise YamlError(f"line {number}: unexpected indentation: {content!r}")
+    return value

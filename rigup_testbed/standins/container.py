@@ -9,8 +9,9 @@ dockerd starts `container.py --init SPEC.json` for a container whose entrypoint 
     container's state dir (gone with the namespace, so nothing written there reaches the host):
     /usr/lib and /lib* of the host read-only (shared libraries and the host Python's stdlib), a
     /usr/bin holding only an allowlist of plain utilities (ALLOWED) plus bash, the shims below, a
-    minimal /etc, /dev, /proc, /tmp, the image's own layer (IMAGE_FILES: vLLM's package under
-    /usr/local/lib/python3.12/dist-packages/vllm, /vllm-workspace/examples/*.jinja) and every bind
+    minimal /etc, /dev, /proc, /tmp, the image's own layer (image_files: vLLM's package under
+    /usr/local/lib/python3.12/dist-packages/vllm, or /opt/venv's site-packages in LMCache's image,
+    /vllm-workspace/examples/*.jinja in vllm/vllm-openai and the images built from it) and every bind
     mount of the container at its target (read-only ones remounted read-only: writes fail with EROFS);
   * chroots into it, resolves argv[0] on the container's PATH and execs it; a failure before the exec
     is written to dockerd's ready pipe, which fails `docker start` with the runtime's wording.
@@ -31,6 +32,18 @@ simulated" and return 127. Shims (this file again, `shim()`), standing in for wh
                                        exactly its own arguments, keeping the published sockets' fds
   nvidia-smi                           the host's stand-in nvidia-smi, seeing only the container's GPUs
   llama-server (llama.cpp images)      responder.py as llama.cpp
+  lmcache server (lmcache/vllm-openai)  LMCache's multiprocess KV-cache server: checks its arguments like
+                                       the real CLI (an unknown or malformed one exits 2), the L2 `fs`
+                                       adapter's directory (a writable mount), warns when the L1 size is
+                                       above /dev/shm, then stays up until signalled (it caches nothing;
+                                       vLLM's connector to it is not simulated). Only LMCache's image has
+                                       it (in /opt/venv/bin, with its vllm and python3: IMAGE_SHIMS); in
+                                       other images `lmcache` is a command not found. Other eviction
+                                       policies, L2 adapters and `lmcache` commands fail as not simulated
+
+The image's kind (dockerd.image_kind: vllm, vllm-omni, lmcache, llama, cuda, plain) decides the layer and
+the shims, as the real images differ. A `--deploy-config FILE` (vLLM-Omni) is read in the container's root
+and handed to responder.py, which checks it.
 
 python3 -c / python3 - (stdin) fail loudly as not simulated. Stdlib only, Python >= 3.10.
 """
@@ -44,6 +57,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -78,7 +92,7 @@ def vllm_args(tokens: list[str]) -> dict[str, Any]:
         "--tensor-parallel-size": "tp", "-tp": "tp", "--gpu-memory-utilization": "gpu_util",
         "--max-model-len": "max_model_len", "--speculative-config": "speculative_config",
         "--alias": "alias", "-a": "alias", "-m": "model", "--ctx-size": "max_model_len", "-c": "max_model_len",
-        "--chat-template": "chat_template",
+        "--chat-template": "chat_template", "--deploy-config": "deploy_config",
     }
     i = 0
     while i < len(tokens):
@@ -95,6 +109,8 @@ def vllm_args(tokens: list[str]) -> dict[str, Any]:
                 i += 1
                 value = tokens[i]
             out[flags_with_value[name]] = value
+        elif t == "--omni":  # vLLM-Omni's switch (no value)
+            out["omni"] = True
         elif t == "serve" and i + 1 < len(tokens) and not tokens[i + 1].startswith("-"):
             out.setdefault("model", tokens[i + 1])
             i += 1
@@ -186,21 +202,36 @@ def host_tool(name: str) -> str | None:
     return None
 
 
+# Image kinds (dockerd.image_kind) that are vLLM images: the same vLLM layer, their own shims (IMAGE_SHIMS).
+VLLM_IMAGES = ("vllm", "vllm-omni", "lmcache")
+VLLM_SITES = {"vllm": VLLM_SITE, "vllm-omni": VLLM_SITE, "lmcache": "/opt/venv/lib/python3.12/site-packages/vllm"}
+IMAGE_SHIMS: dict[str, dict[str, str]] = {
+    "vllm": {"/usr/local/bin/vllm": "vllm"},
+    "vllm-omni": {"/usr/local/bin/vllm": "vllm"},
+    # LMCache's image: vLLM and LMCache's CLI in /opt/venv (dockerd.image_config); only it has `lmcache`
+    "lmcache": {"/opt/venv/bin/vllm": "vllm", "/opt/venv/bin/lmcache": "lmcache", "/opt/venv/bin/python3": "python",
+                "/opt/venv/bin/python": "python"},
+    "llama": {"/app/llama-server": "llama-server"},
+}
+
+
 def image_files(image: str) -> dict[str, str]:
     """The image's own layer: container path -> text (shims are added separately)."""
-    if image == "vllm":
+    if image in VLLM_IMAGES:
+        site = VLLM_SITES[image]
         files = {
-            f"{VLLM_SITE}/__init__.py": f'__version__ = "{VLLM_VERSION}"\n',
-            f"{VLLM_SITE}/version.py": f'__version__ = "{VLLM_VERSION}"\n__version_tuple__ = (0, 11, 0)\n',
-            f"{VLLM_SITE}/entrypoints/__init__.py": "",
-            f"{VLLM_SITE}/entrypoints/utils.py": "# rigup stand-in: the image's module club-3090's PR 41800 overlay patches\n",
-            f"{VLLM_SITE}/entrypoints/openai/__init__.py": "",
-            f"{VLLM_SITE}/entrypoints/openai/api_server.py": "# rigup stand-in: the OpenAI server is responder.py\n",
-            f"{VLLM_SITE}/entrypoints/cli/__init__.py": "",
-            f"{VLLM_SITE}/entrypoints/cli/main.py": "# rigup stand-in: the vllm command is a shim\n",
+            f"{site}/__init__.py": f'__version__ = "{VLLM_VERSION}"\n',
+            f"{site}/version.py": f'__version__ = "{VLLM_VERSION}"\n__version_tuple__ = (0, 11, 0)\n',
+            f"{site}/entrypoints/__init__.py": "",
+            f"{site}/entrypoints/utils.py": "# rigup stand-in: the image's module club-3090's PR 41800 overlay patches\n",
+            f"{site}/entrypoints/openai/__init__.py": "",
+            f"{site}/entrypoints/openai/api_server.py": "# rigup stand-in: the OpenAI server is responder.py\n",
+            f"{site}/entrypoints/cli/__init__.py": "",
+            f"{site}/entrypoints/cli/main.py": "# rigup stand-in: the vllm command is a shim\n",
         }
-        for t in TEMPLATES:
-            files[f"/vllm-workspace/examples/tool_chat_template_{t}.jinja"] = TEMPLATE_TEXT
+        if image != "lmcache":  # vllm/vllm-openai's examples (vLLM-Omni's image is built FROM it; LMCache's is not)
+            for t in TEMPLATES:
+                files[f"/vllm-workspace/examples/tool_chat_template_{t}.jinja"] = TEMPLATE_TEXT
         return files
     if image == "cuda":
         return {"/opt/nvidia/nvidia_entrypoint.sh": '#!/bin/bash\nexec "$@"\n'}
@@ -303,10 +334,7 @@ def build_root(rootfs: str, spec: dict[str, Any], network: bool) -> dict[str, An
         write(path, text, 0o755 if text.startswith("#!") else 0o644)
     shims = {"/usr/bin/python3": "python", "/usr/bin/python": "python", "/usr/bin/python3.12": "python",
              "/usr/bin/pip": "pip", "/usr/bin/pip3": "pip"}
-    if spec["image"] == "vllm":
-        shims["/usr/local/bin/vllm"] = "vllm"
-    if spec["image"] == "llama":
-        shims["/app/llama-server"] = "llama-server"
+    shims.update(IMAGE_SHIMS.get(spec["image"], {}))
     if spec.get("gpus") and spec.get("nvidia_smi"):  # the nvidia runtime hands nvidia-smi in with the GPUs
         shims["/usr/bin/nvidia-smi"] = "nvidia-smi"
     for path, name in shims.items():
@@ -333,7 +361,7 @@ def build_root(rootfs: str, spec: dict[str, Any], network: bool) -> dict[str, An
                              126) from None
         mounts.append({"target": target, "ro": bool(m.get("ro"))})
     return {"mounts": mounts, "image": spec["image"], "image_files": sorted(layer),
-            "vllm_site": VLLM_SITE if spec["image"] == "vllm" else None, "network": network,
+            "vllm_site": VLLM_SITES.get(spec["image"]), "network": network,
             "gpus": spec.get("gpus") or [], "host": spec["host"]}
 
 
@@ -694,6 +722,14 @@ def serve(tokens: list[str], ctr: dict[str, Any], kind: str) -> int:
         if template and "{" not in template and not os.path.isfile(template):
             return vllm_error(f"ValueError: The supplied chat template string ({template}) appears path-like, but "
                               "doesn't exist!")
+        deploy = a.get("deploy_config")
+        if deploy:  # read here, in the container's root; responder.py parses and checks it
+            try:
+                with open(deploy) as fh:
+                    deploy_text = fh.read()
+            except OSError as exc:
+                return vllm_error(f"{type(exc).__name__}: [Errno {exc.errno}] {exc.strerror}: {deploy!r} "
+                                  "(--deploy-config)")
     elif model and not os.path.isfile(model):
         err(f"gguf_init_from_file: failed to open GGUF file '{model}' (No such file or directory)")
         return 1
@@ -701,6 +737,8 @@ def serve(tokens: list[str], ctr: dict[str, Any], kind: str) -> int:
     spec = json.loads(Path(host["spec"]).read_text())
     spec.update({"kind": kind, "args": a, "argv": tokens,
                  "serve_port": int(a.get("port") or (8080 if kind == "llama" else 8000))})
+    if kind == "vllm" and a.get("deploy_config"):
+        spec["deploy_config_text"] = deploy_text
     exec_spec = os.path.join(os.path.dirname(host["spec"]), "exec-spec.json")
     tmp = exec_spec + ".tmp"
     with open(tmp, "w") as fh:
@@ -723,6 +761,86 @@ def vllm(args: list[str], ctr: dict[str, Any]) -> int:
     return not_simulated(f"vllm {args[0]}")
 
 
+# `lmcache server` options: name -> (type, default). Types: int, float (positive), str, "json" (an object).
+LMCACHE_SERVER_OPTIONS: dict[str, tuple[Any, Any]] = {
+    "--host": (str, "localhost"), "--port": (int, 5555), "--chunk-size": (int, 256), "--l1-size-gb": (float, None),
+    "--eviction-policy": (str, "LRU"), "--l2-adapter": ("json", None),
+}
+LMCACHE_USAGE = ("usage: lmcache server [-h] [--host HOST] [--port PORT] [--chunk-size CHUNK_SIZE] "
+                 "[--l1-size-gb L1_SIZE_GB] [--eviction-policy EVICTION_POLICY] [--l2-adapter L2_ADAPTER]")
+
+
+def lmcache(args: list[str], ctr: dict[str, Any]) -> int:
+    if not args or args[0] in ("-h", "--help"):
+        print("usage: lmcache [-h] {server} ...")
+        return 0 if args else 2
+    if args[0] != "server":
+        return not_simulated(f"lmcache {args[0]}")
+
+    def usage_error(msg: str) -> int:
+        err(f"{LMCACHE_USAGE}\nlmcache server: error: {msg}")
+        return 2
+
+    opts: dict[str, Any] = {name: default for name, (_, default) in LMCACHE_SERVER_OPTIONS.items()}
+    rest, i = args[1:], 0
+    while i < len(rest):
+        name, eq, value = rest[i].partition("=")
+        if name in ("-h", "--help"):
+            print(LMCACHE_USAGE)
+            return 0
+        if name not in LMCACHE_SERVER_OPTIONS:
+            return usage_error(f"unrecognized arguments: {' '.join(rest[i:])}")
+        if not eq:
+            if i + 1 >= len(rest) or rest[i + 1].startswith("--"):
+                return usage_error(f"argument {name}: expected one argument")
+            i += 1
+            value = rest[i]
+        kind = LMCACHE_SERVER_OPTIONS[name][0]
+        try:
+            if kind == "json":
+                opts[name] = json.loads(value)
+                if not isinstance(opts[name], dict):
+                    raise ValueError
+            else:
+                opts[name] = kind(value)
+                if kind in (int, float) and opts[name] <= 0:
+                    raise ValueError
+        except ValueError:
+            what = {int: "positive int", float: "positive float", "json": "JSON object"}.get(kind, "")
+            return usage_error(f"argument {name}: invalid {what} value: {value!r}")
+        i += 1
+    if opts["--l1-size-gb"] is None:
+        return not_simulated("lmcache server without --l1-size-gb (the stand-in does not know LMCache's default)")
+    if opts["--eviction-policy"] != "LRU":
+        return not_simulated(f"lmcache server --eviction-policy {opts['--eviction-policy']}")
+    l2 = opts["--l2-adapter"]
+    l2_text = "none"
+    if l2 is not None:
+        if l2.get("type") != "fs":
+            return not_simulated(f"lmcache server --l2-adapter type {l2.get('type')!r}")
+        base = l2.get("base_path")
+        if not isinstance(base, str) or not base:
+            err("ValueError: the fs L2 adapter needs a base_path")
+            return 1
+        if not os.path.isdir(base) or not provided(base, ctr):
+            err(f"FileNotFoundError: [Errno 2] No such file or directory: {base!r} (the fs L2 adapter's base_path; "
+                f"rigup stand-in: it must be a directory from a bind mount)")
+            return 1
+        if not os.access(base, os.W_OK):
+            err(f"PermissionError: [Errno 13] Permission denied: {base!r} (the fs L2 adapter writes there)")
+            return 1
+        l2_text = f"fs {base}"
+    shm = os.statvfs("/dev/shm")
+    shm_gb = shm.f_frsize * shm.f_blocks / 1e9
+    if opts["--l1-size-gb"] > shm_gb:
+        err(f"LMCache WARNING: --l1-size-gb {opts['--l1-size-gb']:g} is above /dev/shm ({shm_gb:.2f} GB): the cache "
+            f"falls back to pickling through the socket (slow)")
+    print(f"rigup stand-in: lmcache server listening on {opts['--host']}:{opts['--port']} (simulated): L1 "
+          f"{opts['--l1-size-gb']:g} GB, chunk {opts['--chunk-size']} tokens, eviction LRU, L2 {l2_text}", flush=True)
+    while True:  # a server: up until it is signalled (SIGTERM/SIGKILL end it as they end the real one)
+        signal.pause()
+
+
 def nvidia_smi(args: list[str], ctr: dict[str, Any]) -> int:
     host = leave_root(ctr)
     tool = host["nvidia_smi"]
@@ -742,6 +860,8 @@ def shim(name: str, argv0: str, args: list[str]) -> int:
         return nvidia_smi(args, ctr)
     if name == "llama-server":
         return serve(["llama-server", *args], ctr, "llama")
+    if name == "lmcache":
+        return lmcache(args, ctr)
     return not_simulated(name)
 
 

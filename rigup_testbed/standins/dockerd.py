@@ -11,7 +11,9 @@ What it shares with the real daemon, because rigup's checks depend on it:
     start, and (stricter than real, on purpose) only with the nvidia runtime configured;
   * images: pulls are recorded in /var/lib/docker-standin/images.json with a digest derived from the
     name (or the pinned digest); /etc/rigup-testbed/registry.json {"missing": [refs], "digests":
-    {ref: digest}} makes refs unknown or pins what a tag resolves to;
+    {ref: digest}} makes refs unknown or pins what a tag resolves to. An image's config (entrypoint,
+    workdir, env) and the layer container.py assembles are its kind's (image_kind: vllm/vllm-openai,
+    vllm/vllm-omni, lmcache/vllm-openai, llama.cpp, CUDA, plain), as the real images are built;
   * containers run under the daemon's cgroup, survive the CLI, die with the daemon and come back at
     daemon start per restart policy. A vLLM (or llama.cpp server) container runs responder.py, an
     OpenAI-compatible HTTP server; `nvidia-smi` runs the host's nvidia-smi with the container's GPUs;
@@ -164,9 +166,11 @@ def classify(c: dict[str, Any]) -> tuple[str, list[str]]:
                                                                                           "sleep", "true", "echo", "false")):
         return "shell", argv
     tokens = [expand_env(t, env) for t in entry + cmd]
-    if "vllm" in image_name and not entry and not (cmd[:1] and not cmd[0].startswith("-")):
-        tokens = ["vllm", "serve"] + tokens  # the vllm/vllm-openai image's own entrypoint
-    if ("vllm" in tokens and "serve" in tokens) or "vllm.entrypoints.openai.api_server" in tokens:
+    default_entry = image_config(image_name).get("Entrypoint") or []
+    if default_entry and not entry and not (cmd[:1] and not cmd[0].startswith("-")):
+        tokens = default_entry + tokens  # the image's own entrypoint (vllm/vllm-openai's `vllm serve`)
+    if (any(Path(t).name == "vllm" for t in tokens) and "serve" in tokens) \
+            or "vllm.entrypoints.openai.api_server" in tokens:
         return "vllm", tokens
     if "llama.cpp" in image_name or any(Path(t).name == "llama-server" for t in tokens):
         return "llama", tokens
@@ -178,9 +182,18 @@ def classify(c: dict[str, Any]) -> tuple[str, list[str]]:
     return "unknown", words
 
 
+# Images that are not plain vLLM images although their name says vllm, by repository (on any registry or
+# mirror path): each kind's layer (container.py) and config (image_config) are the real image's.
+IMAGE_REPOSITORIES = {"vllm/vllm-omni": "vllm-omni", "lmcache/vllm-openai": "lmcache"}
+
+
 def image_kind(image: str) -> str:
-    """Which image layer an assembled container root gets."""
+    """Which image an assembled container root gets: vllm (vllm/vllm-openai and other vLLM builds),
+    vllm-omni, lmcache (LMCache's vLLM image), llama, cuda or plain."""
     name = ref.parse_ref(image)["path"]
+    for repository, kind in IMAGE_REPOSITORIES.items():
+        if name == repository or name.endswith("/" + repository):
+            return kind
     if "vllm" in name:
         return "vllm"
     if "llama.cpp" in name:
@@ -393,7 +406,8 @@ class Engine:
                     "Cmd": spec["cmd"] if spec.get("cmd") is not None else image_cfg.get("Cmd"),
                     "Entrypoint": spec["entrypoint"] if spec.get("entrypoint") is not None else image_cfg.get("Entrypoint"),
                     "Env": [f"{k}={v}" for k, v in env.items()], "Labels": spec.get("labels") or {},
-                    "Healthcheck": spec.get("healthcheck"), "WorkingDir": spec.get("working_dir") or "",
+                    "Healthcheck": spec.get("healthcheck"),
+                    "WorkingDir": spec.get("working_dir") or image_cfg.get("WorkingDir") or "",
                 },
                 "HostConfig": {
                     "Runtime": runtime, "RestartPolicy": restart_policy(spec.get("restart")),
@@ -550,7 +564,8 @@ class Engine:
         fds: list[int] = []
         ready: int | None = None
         responder_spec = {
-            "id": c["Id"], "name": c["Name"][1:], "kind": kind, "args": vllm_args(tokens),
+            "id": c["Id"], "name": c["Name"][1:], "kind": kind, "image": image_kind(c["Config"]["Image"]),
+            "args": vllm_args(tokens),
             "gpus": [g["uuid"] for g in gpus], "network_mode": c["HostConfig"]["NetworkMode"],
             "listen": [{"fd": s.fileno(), "container_port": int(p["container_port"])}
                        for s, p in zip(sockets, c["standin"]["ports"])],
@@ -606,7 +621,8 @@ class Engine:
         common.write_json_atomic(cdir / "spec.json", responder_spec, 0o600)
         ready, ready_w = os.pipe()
         ctr_env = {k: v for k, v in env.items() if k != common.ROOT_ENV}
-        workdir = c["Config"].get("WorkingDir") or ("/vllm-workspace" if image_kind(c["Config"]["Image"]) == "vllm" else "/")
+        # An image pulled before the stand-in recorded WorkingDir gets its kind's.
+        workdir = c["Config"].get("WorkingDir") or image_config(c["Config"]["Image"]).get("WorkingDir") or "/"
         spec = {
             "argv": argv, "env": ctr_env, "hostname": c["Config"]["Hostname"], "workdir": workdir,
             "image": image_kind(c["Config"]["Image"]), "gpus": [g["index"] for g in gpus],
@@ -998,18 +1014,35 @@ def human_age(seconds: float) -> str:
     return f"{int(seconds // 3600)} hours" if int(seconds // 3600) != 1 else "About an hour"
 
 
+CUDA_PATH = "/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+VLLM_ENV = [f"PATH={CUDA_PATH}", "NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+            "VLLM_USAGE_SOURCE=production-docker-image"]
+
+
 def image_config(name: str) -> dict[str, Any]:
-    """Image config (entrypoint/cmd/env) of well-known images; others get a plain shell."""
-    if "vllm" in name:
-        return {"Entrypoint": ["vllm", "serve"], "Cmd": None,
-                "Env": ["PATH=/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                        "NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
-                        "VLLM_USAGE_SOURCE=production-docker-image"], "Labels": {}}
-    if "cuda" in name:
+    """Image config (entrypoint/cmd/workdir/env) of well-known images, per image kind as the real images are
+    built; others get a plain shell."""
+    kind = image_kind(name)
+    if kind == "vllm":  # vllm/vllm-openai: ENTRYPOINT ["vllm", "serve"], WORKDIR /vllm-workspace
+        return {"Entrypoint": ["vllm", "serve"], "Cmd": None, "WorkingDir": "/vllm-workspace", "Env": list(VLLM_ENV),
+                "Labels": {}}
+    if kind == "vllm-omni":
+        # vLLM-Omni's image has no entrypoint: a compose's command is the whole `vllm serve MODEL --omni ...`
+        # (club-3090 models/qwen3-omni-30b-a3b/vllm-omni/compose/dual/autoround-int4/omni.yml@4a29ab57;
+        # vllm-project/vllm-omni docker/Dockerfile.cuda@11a683cf: FROM vllm/vllm-openai, WORKDIR /app,
+        # ENTRYPOINT [] which clears the base image's CMD as well).
+        return {"Entrypoint": None, "Cmd": None, "WorkingDir": "/app", "Env": list(VLLM_ENV), "Labels": {}}
+    if kind == "lmcache":
+        # LMCache's vLLM image (LMCache/LMCache docker/Dockerfile@ab6cf272): vLLM and LMCache in /opt/venv,
+        # WORKDIR /workspace, ENTRYPOINT ["/opt/venv/bin/vllm", "serve"]; the venv's bin is on PATH (upstream
+        # entrypoints run `lmcache server` and `vllm serve` by name).
+        return {"Entrypoint": ["/opt/venv/bin/vllm", "serve"], "Cmd": None, "WorkingDir": "/workspace",
+                "Env": [f"PATH=/opt/venv/bin:{CUDA_PATH}", *VLLM_ENV[1:]], "Labels": {}}
+    if kind == "cuda":
         return {"Entrypoint": ["/opt/nvidia/nvidia_entrypoint.sh"], "Cmd": ["/bin/bash"],
                 "Env": ["PATH=/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                         "NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"], "Labels": {}}
-    if "llama.cpp" in name:
+    if kind == "llama":
         return {"Entrypoint": ["/app/llama-server"], "Cmd": None, "Env": ["LLAMA_ARG_HOST=0.0.0.0"], "Labels": {}}
     return {"Entrypoint": None, "Cmd": ["/bin/sh"], "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
             "Labels": {}}

@@ -8,6 +8,14 @@ An OpenAI-compatible HTTP server (stdlib http.server) that starts like vLLM does
     (a bind-mounted path) must exist with config.json; --tensor-parallel-size must not exceed the GPUs
     handed to the container; --gpu-memory-utilization x total must fit in each GPU's free memory.
     While it runs, its memory shows in nvidia-smi (memory.used, process list);
+  * vLLM-Omni (`vllm serve MODEL --omni --deploy-config FILE`, only in the vllm/vllm-omni image: stock
+    vLLM refuses both flags): FILE must be in the container and be a deploy config vLLM-Omni loads (YAML,
+    a `stages` list with stage ids; the removed `stage_args` schema is refused), with a stage 0 and every
+    stage's devices (what vLLM-Omni would take from the model's bundled configs is not simulated). Each
+    stage is an engine on its devices, checked and shown in nvidia-smi like one vLLM engine; /v1/models
+    reports stage 0's max_model_len. A chat request is answered by stage 0 (text) only: one whose
+    output reaches a later stage (no "modalities", or anything but "text", with several stages) is not
+    simulated and, as upstream reports of the talker stage, kills the engine (HTTP 500, then exit 1);
   * the port is published by the daemon from the start (docker-proxy accepts and closes while the
     engine loads), the API answers after `startup_delay_s`;
   * the API itself is rigup_testbed/openai_responder.py (shipped next to this file: /v1/models,
@@ -73,6 +81,65 @@ def die(msg: str) -> None:
     raise SystemExit(1)
 
 
+def usage_error(msg: str) -> None:
+    """vLLM's argument parser refusing the command line (exit 2, before any engine starts)."""
+    sys.stdout.write(f"usage: vllm serve [model_tag] [options]\nvllm serve: error: {msg}\n")
+    sys.stdout.flush()
+    raise SystemExit(2)
+
+
+def not_simulated(what: str) -> None:
+    die(f"rigup stand-in: {what} is not simulated")
+
+
+def stage_devices(stage: dict[str, Any]) -> list[int]:
+    """A deploy-config stage's `devices` ("0", "0,1", 1) as device indices of the container."""
+    text = str(stage["devices"]).replace(" ", "")
+    try:
+        devices = [int(d) for d in text.split(",")]
+    except ValueError:
+        die(f"ValueError: stage {stage['stage_id']}: devices {stage['devices']!r} is not a comma-separated list of "
+            "device indices")
+    if not devices or any(d < 0 for d in devices) or len(set(devices)) != len(devices):
+        die(f"ValueError: stage {stage['stage_id']}: devices {stage['devices']!r} must name distinct device indices")
+    return devices
+
+
+def deploy_stages(text: str, where: str) -> list[dict[str, Any]]:
+    """The stages of a vLLM-Omni deploy config (`--deploy-config`), checked as vLLM-Omni loads it
+    (vllm-project/vllm-omni vllm_omni/config/stage_config.py load_deploy_config: a `stages` list, each
+    with a stage_id; the older `stage_args` schema is refused), plus what the stand-in needs to simulate
+    the engines: a stage 0 (the one that takes requests) and every stage's devices."""
+    try:
+        doc = common.load_yaml(text)
+    except common.YamlError as exc:
+        die(f"rigup stand-in: cannot read the deploy config {where} as YAML: {exc}")
+    if not isinstance(doc, dict):
+        die(f"ValueError: Deploy config {where} must be a YAML mapping, got {type(doc).__name__}")
+    if "stage_args" in doc:
+        die(f"ValueError: Deploy config {where} uses the removed `stage_args` schema; define topology in "
+            "PipelineConfig and deployment overrides under `stages`.")
+    if "base_config" in doc:
+        not_simulated(f"a deploy config with base_config ({where})")
+    stages = doc.get("stages")
+    if not isinstance(stages, list) or not stages or not all(isinstance(st, dict) for st in stages):
+        not_simulated(f"a deploy config without a `stages` list of mappings ({where}: vLLM-Omni would take the "
+                      "model's bundled stages)")
+    for st in stages:
+        if "stage_id" not in st:
+            die(f"KeyError: 'stage_id' (a stage of the deploy config {where})")
+    ids = [st["stage_id"] for st in stages]
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids) or len(set(ids)) != len(ids):
+        die(f"ValueError: Deploy config {where}: stage ids must be distinct integers, got {ids}")
+    if 0 not in ids:
+        not_simulated(f"a deploy config without stage 0 ({where}: the stand-in serves the entry stage)")
+    for st in stages:
+        if "devices" not in st:
+            not_simulated(f"stage {st['stage_id']} without devices ({where}: the placement would come from the "
+                          "model's bundled deploy config)")
+    return sorted(stages, key=lambda st: st["stage_id"])
+
+
 class App:
     def __init__(self, spec: dict[str, Any]):
         self.spec = spec
@@ -90,6 +157,13 @@ class App:
         self.tp = int(a.get("tp") or 1)
         self.gpu_util = float(a.get("gpu_util") or 0.9)
         self.spec_decode = bool(a.get("speculative_config"))
+        self.image = str(spec.get("image") or "vllm")  # dockerd.image_kind
+        self.omni = bool(a.get("omni"))
+        self.deploy_config = a.get("deploy_config")
+        self.stages: list[dict[str, Any]] | None = None  # vLLM-Omni's, from --deploy-config
+        self.procs_files: list[Path] = []
+        self.stop: threading.Event | None = None  # main's; set to end the server (a dead engine too)
+        self.exit_code = 0
         self.ready = threading.Event()
         self.created = int(time.time())
         self.counters = {"prompt": 0, "generation": 0, "requests": 0}
@@ -107,7 +181,60 @@ class App:
             return None
         return Path(best[1] + container_path[len(best[0]):])
 
+    def omni_checks(self) -> None:
+        """vLLM-Omni's command line: --omni only in its image, an explicit model, a deploy config to read."""
+        if self.image != "vllm-omni":
+            extra = [t for t in ("--omni",) if self.omni] + ([f"--deploy-config {self.deploy_config}"]
+                                                             if self.deploy_config else [])
+            usage_error(f"unrecognized arguments: {' '.join(extra)}")  # stock vLLM has neither
+        if not self.omni:
+            not_simulated("--deploy-config without --omni")
+        if not self.model:
+            die("ValueError: `vllm serve --omni` requires an explicit model. Pass it positionally (`vllm serve "
+                "<model> --omni`) or via `--model`.")
+        if not self.deploy_config:
+            not_simulated("vllm serve --omni without --deploy-config (vLLM-Omni's bundled deploy configs)")
+        where = str(self.deploy_config)
+        text = self.spec.get("deploy_config_text")  # container.py read it in the container's root
+        if text is None:
+            hp = self.host_path(where)
+            if hp is None or not hp.is_file():
+                die(f"FileNotFoundError: [Errno 2] No such file or directory: {where!r} (--deploy-config; nothing "
+                    "mounted there)")
+            text = hp.read_text()
+        self.stages = deploy_stages(text, where)
+        entry = self.stages[0]
+        if entry.get("max_model_len") is not None:
+            self.max_model_len = int(entry["max_model_len"])
+        log(f"vLLM-Omni: {len(self.stages)} stage(s) from {where}: " + ", ".join(
+            f"stage {st['stage_id']} on device(s) {st['devices']}" for st in self.stages))
+
+    def placements(self, gpus: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]], float]]:
+        """(engine, its GPUs, gpu_memory_utilization) of every engine this server starts, in start order:
+        one tensor-parallel engine, or with a deploy config one per stage on the stage's devices."""
+        if self.stages is None:
+            if self.tp > len(gpus):
+                die(f"ValueError: The number of required GPUs exceeds the total number of available GPUs in the "
+                    f"placement group. (tensor_parallel_size={self.tp}, available={len(gpus)})")
+            return [("VLLM::EngineCore" if self.kind == "vllm" else "llama-server", gpus[: self.tp], self.gpu_util)]
+        out = []
+        for st in self.stages:
+            devices = stage_devices(st)
+            if max(devices) >= len(gpus):
+                die(f"RuntimeError: CUDA error: invalid device ordinal (stage {st['stage_id']} devices "
+                    f"{st['devices']!r}; the container has {len(gpus)} GPU(s))")
+            tp = int(st.get("tensor_parallel_size") or 1)
+            if tp > len(devices):
+                die(f"ValueError: stage {st['stage_id']}: tensor_parallel_size={tp} exceeds its devices "
+                    f"{st['devices']!r}")
+            # vLLM's default utilisation when a stage sets none
+            out.append((f"VLLM::Stage{st['stage_id']}", [gpus[d] for d in devices],
+                        float(st.get("gpu_memory_utilization") or 0.9)))
+        return out
+
     def startup_checks(self, f: dict[str, Any]) -> None:
+        if self.kind == "vllm" and (self.omni or self.deploy_config):
+            self.omni_checks()
         if self.kind == "vllm" and not self.model:
             die("vllm serve: error: the following arguments are required: model_tag")
         if self.model.startswith("/") and f.get("check_model", True):
@@ -115,12 +242,12 @@ class App:
             if hp is None or not (hp / "config.json").is_file():
                 die(f"OSError: Incorrect path_or_model_id: '{self.model}'. Please provide either the path to a local "
                     "folder or the repo_id of a model on the Hub.")
-        gpus = [g for g in common.hardware().get("gpus", []) if g["uuid"] in self.spec.get("gpus", [])]
+        # The container's GPUs in its own order (device 0 is the first one it was given).
+        by_uuid = {g["uuid"]: g for g in common.hardware().get("gpus", [])}
+        gpus = [by_uuid[u] for u in self.spec.get("gpus", []) if u in by_uuid]
         if not gpus:
             die("RuntimeError: Failed to infer device type")
-        if self.tp > len(gpus):
-            die(f"ValueError: The number of required GPUs exceeds the total number of available GPUs in the "
-                f"placement group. (tensor_parallel_size={self.tp}, available={len(gpus)})")
+        engines = self.placements(gpus)
         used_by_others: dict[str, int] = {}
         d = common.path(PROCS_DIR)
         for pf in d.glob("*.json") if d.is_dir() else []:
@@ -128,22 +255,73 @@ class App:
             if e.get("pid") and common.pid_alive(int(e["pid"])) and int(e["pid"]) != os.getpid():
                 for u in e.get("gpus", []):
                     used_by_others[u] = used_by_others.get(u, 0) + int(e.get("used_mib", 0))
-        mine = gpus[: self.tp]
-        for g in mine:
-            total = int(g["memory_total_mib"])
-            free = total - int(g.get("memory_used_mib", 0)) - used_by_others.get(g["uuid"], 0)
-            want = int(self.gpu_util * total)
-            if want > free:
-                die(f"ValueError: Free memory on device cuda:{g['index']} ({free / 1024:.2f}/{total / 1024:.2f} GiB) "
-                    f"on startup is less than desired GPU memory utilization ({self.gpu_util}, {want / 1024:.2f} GiB). "
-                    "Decrease GPU memory utilization or reduce GPU memory used by other processes.")
-        self.procs_file = d / f"{os.getpid()}.json"
-        common.write_json_atomic(self.procs_file, {"pid": os.getpid(), "name": "VLLM::EngineCore" if self.kind == "vllm"
-                                                   else "llama-server", "gpus": [g["uuid"] for g in mine],
-                                                   "used_mib": int(self.gpu_util * int(mine[0]["memory_total_mib"]))})
+        # Engines start in order, each checking its budget against what is free then (earlier stages included).
+        taken: dict[str, int] = {}
+        for _, mine, util in engines:
+            for g in mine:
+                total = int(g["memory_total_mib"])
+                free = total - int(g.get("memory_used_mib", 0)) - used_by_others.get(g["uuid"], 0) - taken.get(g["uuid"], 0)
+                want = int(util * total)
+                if want > free:
+                    die(f"ValueError: Free memory on device cuda:{g['index']} ({free / 1024:.2f}/{total / 1024:.2f} GiB) "
+                        f"on startup is less than desired GPU memory utilization ({util}, {want / 1024:.2f} GiB). "
+                        "Decrease GPU memory utilization or reduce GPU memory used by other processes.")
+                taken[g["uuid"]] = taken.get(g["uuid"], 0) + want
+        for n, (name, mine, util) in enumerate(engines):
+            pf = d / (f"{os.getpid()}.json" if n == 0 else f"{os.getpid()}-{n}.json")
+            common.write_json_atomic(pf, {"pid": os.getpid(), "name": name, "gpus": [g["uuid"] for g in mine],
+                                          "used_mib": int(util * int(mine[0]["memory_total_mib"]))})
+            self.procs_files.append(pf)
+
+    def output_refusal(self, req: dict[str, Any]) -> str | None:
+        """Why the stand-in cannot answer this chat request (None: it can). vLLM-Omni sends a request through
+        the stages that produce its output modalities (the request's `modalities`, else every stage's
+        final output): the stand-in simulates stage 0's text only, so a request that reaches a later stage
+        (audio: the talker and vocoder) is not simulated."""
+        if self.stages is None:
+            return None
+        wanted = req.get("modalities")
+        if wanted is not None and (not isinstance(wanted, list) or not all(isinstance(m, str) for m in wanted)):
+            return "invalid"
+        if len(self.stages) == 1 or (wanted and set(wanted) <= {"text"}):
+            return None
+        later = ", ".join(str(st["stage_id"]) for st in self.stages[1:])
+        asked = f"modalities {wanted}" if wanted is not None else "no modalities (every stage's output)"
+        return (f"a chat request with {asked} goes through stage(s) {later} of the deploy config, whose output "
+                f"(beyond stage 0's text) is not simulated; the stand-in serves stage 0's text (send "
+                f"\"modalities\": [\"text\"])")
+
+    def engine_dead(self, reason: str) -> None:
+        """The engine died under a request (as vLLM-Omni's does when a request reaches a stage that crashes):
+        the server exits 1 once the error answer is sent."""
+        sys.stdout.write(f"ERROR {time.strftime('%m-%d %H:%M:%S')} [core.py] EngineCore encountered a fatal error.\n"
+                         f"rigup stand-in: {reason}\n")
+        sys.stdout.flush()
+        self.exit_code = 1
+        if self.stop is not None:
+            self.stop.set()
 
     def status(self, state: str) -> None:
         common.write_json_atomic(Path(self.spec["status_file"]), {"state": state, "pid": os.getpid(), "ts": time.time()})
+
+
+def refuse_output(handler: Any, app: App, req: dict[str, Any]) -> bool:
+    """Answer a chat request the stand-in cannot serve (App.output_refusal) the way the engine would; True
+    when it did. One that reaches an unsimulated stage kills the engine, as upstream reports of vLLM-Omni's
+    talker stage (club-3090 models/qwen3-omni-30b-a3b/vllm-omni/README.md@4a29ab57, Troubleshooting)."""
+    why = app.output_refusal(req)
+    if why is None:
+        return False
+    if why == "invalid":
+        handler.send_json(400, {"object": "error", "message": "modalities: Input should be a valid list of strings",
+                                "type": "BadRequestError", "param": "modalities", "code": 400})
+        return True
+    handler.send_json(500, {"object": "error", "message": f"EngineCore encountered an issue. rigup stand-in: {why}",
+                            "type": "InternalServerError", "param": None, "code": 500})
+    handler.wfile.flush()
+    handler.close_connection = True
+    app.engine_dead(why)
+    return True
 
 
 def tokens_of(text: str) -> int:
@@ -252,6 +430,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if not isinstance(messages, list) or not messages:
                 self.send_json(400, {"object": "error", "message": "messages: Field required", "type": "BadRequestError",
                                      "param": None, "code": 400})
+                return
+            if refuse_output(self, self.app, req):
                 return
             prompt = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
             prompt_tokens = tokens_of(prompt) + 4 * len(messages)
@@ -385,16 +565,23 @@ if rich is not None:
                                      "code": 500})
                 return
             names = getattr(self.server, "names", [])
-            if len(names) > 1:  # any served name reaches the one model openai_responder serves
+            app = getattr(self.server, "app", None)
+            # vLLM-Omni: what the request asks for decides which stages it reaches (App.output_refusal)
+            staged = app is not None and app.stages is not None and self.path.split("?")[0] == "/v1/chat/completions"
+            if len(names) > 1 or staged:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)
                 try:
                     req = json.loads(raw)
-                    if isinstance(req, dict) and req.get("model") in names[1:]:
+                except ValueError:
+                    req = None
+                if isinstance(req, dict):
+                    if staged and self.authorised() and req.get("model", names[0]) in names \
+                            and refuse_output(self, app, req):
+                        return
+                    if req.get("model") in names[1:]:  # any served name reaches the one model openai_responder serves
                         req["model"] = names[0]
                         raw = json.dumps(req).encode()
-                except ValueError:
-                    pass
                 self.headers.replace_header("Content-Length", str(len(raw)))
                 self.rfile = io.BytesIO(raw)
                 self.close_connection = True
@@ -446,6 +633,7 @@ def main(argv: list[str]) -> int:
     app = App(spec)
     f = faults()
     stop = threading.Event()
+    app.stop = stop
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     app.status("starting")
@@ -507,13 +695,14 @@ def main(argv: list[str]) -> int:
     app.status("serving")
     log("Application startup complete.")
     stop.wait()
-    log("Shutting down")
-    try:
-        app.procs_file.unlink()
-    except OSError:
-        pass
+    log("Shutting down" if not app.exit_code else "EngineDeadError: the engine died; the API server exits")
+    for pf in app.procs_files:
+        try:
+            pf.unlink()
+        except OSError:
+            pass
     app.status("stopped")
-    return 0
+    return app.exit_code
 
 
 if __name__ == "__main__":

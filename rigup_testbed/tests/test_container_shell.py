@@ -40,6 +40,11 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="assembles container r
 
 VLLM_SITE = "/usr/local/lib/python3.12/dist-packages/vllm"
 IMAGE = "vllm/vllm-openai:v0.11.0"
+LMCACHE_IMAGE = "lmcache/vllm-openai:v0.4.7-cu129"
+OMNI_IMAGE = "vllm/vllm-omni:v0.20.0"
+# club-3090's deploy config of its vllm-omni compose (4a29ab57), as the test bed's upstream fixture carries it
+OMNI_DEPLOY = (Path(__file__).resolve().parents[1] / "upstream/club-3090/aug/models/qwen3-omni-30b-a3b/vllm-omni/"
+               "compose/dual/autoround-int4/qwen3_omni_3090.yaml")
 
 
 @pytest.fixture
@@ -358,6 +363,201 @@ def test_unknown_commands_exit_127_naming_themselves(docker_root: tuple[Root, Da
     shutil.rmtree(src.parent)
 
 
+LMCACHE_START = """\
+lm_args=(--chunk-size "${LMCACHE_CHUNK_SIZE:-1584}" --l1-size-gb "${LMCACHE_L1_GB:-30}" --eviction-policy LRU)
+if [ "${LMCACHE_L2:-0}" = "1" ]; then lm_args+=(--l2-adapter '{"type":"fs","base_path":"/lmcache-kv"}'); fi
+lmcache server "${lm_args[@]}" &
+pid=$!
+sleep 1
+kill -0 "$pid" && echo "server up"
+kill "$pid"; wait "$pid"; echo "server rc=$?"
+"""
+
+
+def test_lmcache_server_checks_its_arguments_and_stays_up(docker_root: tuple[Root, Daemon], tmp_path: Path) -> None:
+    """club-3090's vllm-lmcache entrypoint starts `lmcache server` in the background, then vLLM (LMCache's image)."""
+    root, _ = docker_root
+
+    def bash(root: Root, script: str, *volumes: str) -> subprocess.CompletedProcess[str]:
+        return globals()["bash"](root, script, *volumes, image=LMCACHE_IMAGE)
+
+    up = bash(root, LMCACHE_START)
+    assert up.returncode == 0, up
+    assert ("rigup stand-in: lmcache server listening on localhost:5555 (simulated): L1 30 GB, chunk 1584 tokens, "
+            "eviction LRU, L2 none") in up.stdout
+    assert "server up" in up.stdout and "server rc=143" in up.stdout  # a server: up until SIGTERM ends it
+    assert "--l1-size-gb 30 is above /dev/shm (0.07 GB)" in up.stdout  # docker's default 64 MiB shm
+    kv = tmp_path / "lmcache-kv"
+    kv.mkdir()
+    l2 = bash(root, "LMCACHE_L2=1\n" + LMCACHE_START, f"{kv}:/lmcache-kv")
+    assert "L2 fs /lmcache-kv" in l2.stdout and "server up" in l2.stdout, l2
+    no_dir = bash(root, "LMCACHE_L2=1\n" + LMCACHE_START)
+    assert "No such file or directory: '/lmcache-kv'" in no_dir.stdout and "server up" not in no_dir.stdout
+    read_only = bash(root, "LMCACHE_L2=1\n" + LMCACHE_START, f"{kv}:/lmcache-kv:ro")
+    assert "Permission denied: '/lmcache-kv'" in read_only.stdout and "server up" not in read_only.stdout
+    for args, code, message in [
+        ("server --l1-size-gb 30 --chunk-szie 1584", 2, "unrecognized arguments: --chunk-szie 1584"),
+        ("server --l1-size-gb 30 --chunk-size", 2, "argument --chunk-size: expected one argument"),
+        ("server --l1-size-gb x", 2, "argument --l1-size-gb: invalid positive float value: 'x'"),
+        ("server --l1-size-gb 30 --l2-adapter '{\"type\":\"nixl_store\"}'", 1,
+         "lmcache server --l2-adapter type 'nixl_store' in a container is not simulated"),
+        ("server --l1-size-gb 30 --eviction-policy FIFO", 1, "--eviction-policy FIFO in a container is not simulated"),
+        ("server --chunk-size 1584", 1, "without --l1-size-gb"),
+        ("controller", 1, "lmcache controller in a container is not simulated"),
+    ]:
+        out = bash(root, f"lmcache {args}; echo rc=$?")
+        assert f"rc={code}" in out.stdout and message in out.stdout, (args, out)
+
+
+def test_only_lmcaches_image_has_lmcache_and_its_own_layout(docker_root: tuple[Root, Daemon], tmp_path: Path) -> None:
+    """dockerd hands container.py the image's kind: `lmcache` is LMCache's image's, in its /opt/venv, next to its
+    vllm (the image's entrypoint); vllm/vllm-openai and vLLM-Omni's image have vllm but no lmcache."""
+    root, _ = docker_root
+    for image in (IMAGE, OMNI_IMAGE):
+        out = bash(root, "command -v vllm; lmcache server --l1-size-gb 1; echo rc=$?", image=image)
+        assert "/usr/local/bin/vllm\n" in out.stdout and "rc=127" in out.stdout, (image, out)
+        assert "rigup stand-in: lmcache in a container is not simulated" in out.stdout
+    out = bash(root, "command -v vllm lmcache python3; pwd; ls /vllm-workspace 2>&1 | head -1; vllm --version",
+               image=LMCACHE_IMAGE)
+    assert out.stdout.splitlines()[:4] == ["/opt/venv/bin/vllm", "/opt/venv/bin/lmcache", "/opt/venv/bin/python3",
+                                           "/workspace"], out
+    assert "No such file or directory" in out.stdout and out.stdout.splitlines()[-1] == "0.11.0"
+    # The image's own entrypoint (/opt/venv/bin/vllm serve) serves a model given as the command.
+    model_dir(tmp_path / "models/m")
+    name = "lmcache-default-entrypoint"
+    started = root.run("docker", "run", "-d", "--name", name, "-v", f"{tmp_path}/models:/models:ro", LMCACHE_IMAGE,
+                       "/models/m", "--gpu-memory-utilization", "0.5")
+    assert started.returncode == 0, started
+    wait_for(lambda: "Application startup complete." in logs(root, name) or state(root, name)[0] != "running")
+    inspect = json.loads(root.run("docker", "inspect", name, check=True).stdout)[0]
+    assert inspect["Config"]["Entrypoint"] == ["/opt/venv/bin/vllm", "serve"]
+    assert inspect["Config"]["WorkingDir"] == "/workspace"
+    text = logs(root, name)
+    assert "RuntimeError: Failed to infer device type" in text or "Application startup complete." in text, text
+    root.run("docker", "rm", "-f", name, check=True)
+
+
+def omni_project(tmp_path: Path, port: int, deploy: str, *, image: str = OMNI_IMAGE, extra: str = "") -> Path:
+    """A compose file like club-3090's vllm-omni one: no entrypoint, the command is the whole `vllm serve`
+    (in an image whose entrypoint is `vllm serve`, just its arguments)."""
+    serve = "vllm serve " if image == OMNI_IMAGE else ""
+    if not (tmp_path / "models/qwen3-omni").exists():
+        model_dir(tmp_path / "models/qwen3-omni")
+    project = tmp_path / "omni"
+    project.mkdir(exist_ok=True)
+    (project / "deploy.yaml").write_text(deploy)
+    (project / "compose.yaml").write_text(f"""\
+services:
+  omni:
+    image: {image}
+    container_name: omni
+    ports: ["127.0.0.1:{port}:8000"]
+    volumes:
+      - {tmp_path}/models:/models:ro
+      - ./deploy.yaml:/cfg/deploy.yaml:ro
+    command: >-
+      {serve}/models/qwen3-omni --omni --deploy-config /cfg/deploy.yaml --port 8000 --trust-remote-code{extra}
+    deploy:
+      resources:
+        reservations:
+          devices: [{{driver: nvidia, count: all, capabilities: [gpu]}}]
+""")
+    return project
+
+
+def chat(base: str, **fields: Any) -> tuple[int, Any]:
+    status, body = http(f"{base}/v1/chat/completions", None,
+                        {"model": "/models/qwen3-omni", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+                         **fields})
+    return status, json.loads(body)
+
+
+def test_vllm_omni_serves_its_deploy_configs_stages(gpu_root: tuple[Root, Daemon], tmp_path: Path) -> None:
+    """vLLM-Omni's image has no entrypoint: `vllm serve MODEL --omni --deploy-config FILE` runs as written (not
+    `vllm serve vllm serve ...`), each stage an engine on its devices; text requests are stage 0's, and one that
+    reaches the talker stage (no "modalities": ["text"]) kills the engine, as upstream reports."""
+    root, _ = gpu_root
+    port = free_port()
+    project = omni_project(tmp_path, port, OMNI_DEPLOY.read_text())
+    compose(root, project, "up", "-d", check=True)
+    base = f"http://127.0.0.1:{port}"
+    wait_for(lambda: http_status(f"{base}/health") == 200 or state(root, "omni")[0] != "running")
+    text = logs(root, "omni")
+    assert state(root, "omni") == ("running", 0), text
+    inspect = json.loads(root.run("docker", "inspect", "omni", check=True).stdout)[0]
+    assert inspect["Config"]["Entrypoint"] is None and inspect["Path"] == "vllm"
+    assert inspect["Args"][:2] == ["serve", "/models/qwen3-omni"] and inspect["Config"]["WorkingDir"] == "/app"
+    assert "vLLM-Omni: 3 stage(s) from /cfg/deploy.yaml: stage 0 on device(s) 0, stage 1 on device(s) 1, " \
+           "stage 2 on device(s) 1" in text
+    status, body = http(f"{base}/v1/models")
+    assert status == 200 and [(m["id"], m["max_model_len"]) for m in json.loads(body)["data"]] == [
+        ("/models/qwen3-omni", 65536)]  # stage 0's
+    # Each stage holds its share of its device: the thinker GPU 0, talker + vocoder GPU 1.
+    used = root.run("nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits").stdout.split()
+    assert used == [str(1 + int(0.92 * 24576)), str(1 + int(0.55 * 24576) + int(0.18 * 24576))]
+    status, body = chat(base, modalities=["text"])
+    assert status == 200 and body["usage"]["completion_tokens"] > 0, body
+    assert chat(base, modalities="text")[0] == 400
+    status, body = chat(base)  # no modalities: through the talker and the vocoder
+    assert status == 500 and "goes through stage(s) 1, 2" in body["message"] and "not simulated" in body["message"]
+    wait_for(lambda: state(root, "omni")[0] == "exited")
+    assert state(root, "omni") == ("exited", 1)
+    assert "EngineCore encountered a fatal error." in logs(root, "omni")
+    compose(root, project, "down", check=True)
+    # A deploy config of one stage (the thinker alone) answers any request: nothing else is reached.
+    one = "stages:\n  - stage_id: 0\n    max_model_len: 32768\n    gpu_memory_utilization: 0.9\n    devices: \"0\"\n"
+    project = omni_project(tmp_path, port, one)
+    compose(root, project, "up", "-d", check=True)
+    wait_for(lambda: http_status(f"{base}/health") == 200 or state(root, "omni")[0] != "running")
+    assert chat(base)[0] == 200 and state(root, "omni")[0] == "running"
+    compose(root, project, "down", check=True)
+
+
+@pytest.mark.parametrize(
+    ("deploy", "extra", "image", "code", "message"),
+    [
+        (None, "", IMAGE, 2, "vllm serve: error: unrecognized arguments: --omni --deploy-config /cfg/deploy.yaml"),
+        ("stage_args:\n  - stage_id: 0\n", "", OMNI_IMAGE, 1, "uses the removed `stage_args` schema"),
+        ("stages: &s\n  - stage_id: 0\n", "", OMNI_IMAGE, 1, "cannot read the deploy config /cfg/deploy.yaml as YAML: "
+         "line 1: '&' (anchors, aliases, tags, block scalars) is not simulated"),
+        ("- just\n- a list\n", "", OMNI_IMAGE, 1, "Deploy config /cfg/deploy.yaml must be a YAML mapping"),
+        ("stages:\n  - devices: '0'\n", "", OMNI_IMAGE, 1, "KeyError: 'stage_id'"),
+        ("stages:\n  - {stage_id: 1, devices: '0'}\n", "", OMNI_IMAGE, 1, "a deploy config without stage 0"),
+        ("stages:\n  - {stage_id: 0}\n", "", OMNI_IMAGE, 1, "stage 0 without devices"),
+        ("stages:\n  - {stage_id: 0, devices: '2'}\n", "", OMNI_IMAGE, 1, "invalid device ordinal (stage 0 devices '2'; "
+         "the container has 2 GPU(s))"),
+        ("stages:\n  - {stage_id: 0, devices: '1', gpu_memory_utilization: 0.6}\n"
+         "  - {stage_id: 1, devices: '1', gpu_memory_utilization: 0.5}\n", "", OMNI_IMAGE, 1,
+         "Free memory on device cuda:1 (9.60/24.00 GiB) on startup is less than desired GPU memory utilization (0.5"),
+        (None, " --deploy-config /cfg/missing.yaml", OMNI_IMAGE, 1,
+         "No such file or directory: '/cfg/missing.yaml' (--deploy-config; nothing mounted there)"),
+    ],
+)
+def test_vllm_omni_refuses_what_it_cannot_load(gpu_root: tuple[Root, Daemon], tmp_path: Path, deploy: str | None,
+                                               extra: str, image: str, code: int, message: str) -> None:
+    root, _ = gpu_root
+    project = omni_project(tmp_path, free_port(), deploy or OMNI_DEPLOY.read_text(), image=image, extra=extra)
+    compose(root, project, "up", "-d", check=True)
+    wait_for(lambda: state(root, "omni")[0] == "exited")
+    text = logs(root, "omni")
+    assert state(root, "omni") == ("exited", code) and message in text, text
+    compose(root, project, "down", check=True)
+
+
+def test_a_script_hands_vllm_omni_a_deploy_config_of_its_own_root(gpu_root: tuple[Root, Daemon], tmp_path: Path) -> None:
+    """Through a script (container.py's vllm shim) the deploy config is read in the container's root: a file the
+    script wrote there counts, one that is nowhere fails like vLLM-Omni's loader."""
+    root, _ = gpu_root
+    model_dir(tmp_path / "models/m")
+    vol = f"{tmp_path}/models:/models:ro"
+    serve = "exec vllm serve /models/m --omni --deploy-config /tmp/d.yaml"
+    out = run(root, "--gpus", "all", "-v", vol, "--entrypoint", "/bin/bash", OMNI_IMAGE, "-c",
+              f"printf 'stage_args:\\n  - stage_id: 0\\n' > /tmp/d.yaml; {serve}")
+    assert out.returncode == 1 and "Deploy config /tmp/d.yaml uses the removed `stage_args` schema" in out.stdout, out
+    out = run(root, "--gpus", "all", "-v", vol, "--entrypoint", "/bin/bash", OMNI_IMAGE, "-c", serve)
+    assert out.returncode == 1 and "No such file or directory: '/tmp/d.yaml' (--deploy-config)" in out.stdout, out
+
+
 def test_read_only_mounts_refuse_writes_and_nothing_leaks(docker_root: tuple[Root, Daemon], tmp_path: Path) -> None:
     root, _ = docker_root
     ro, rw = tmp_path / "ro", tmp_path / "rw"
@@ -438,6 +638,16 @@ def test_fast_paths_are_unchanged(docker_root: tuple[Root, Daemon]) -> None:
     assert kind(["/app/llama-server"], ["-m", "/m.gguf"], "ghcr.io/ggml-org/llama.cpp:server") == "llama"
     assert kind(["/bin/bash", "-c", "exec vllm serve \"$@\"", "--"], ["--model", "/m"]) == "shell"
     assert kind(None, ["python3", "/patches/x.py"], "x/y") == "shell"
+    # Image configs per kind, as the real images are: vLLM-Omni's has no entrypoint, LMCache's runs its venv's vllm.
+    assert dockerd.image_config("vllm/vllm-openai")["Entrypoint"] == ["vllm", "serve"]
+    assert dockerd.image_config("vllm/vllm-omni")["Entrypoint"] is None
+    assert dockerd.image_config("10.213.0.1:5000/lmcache/vllm-openai")["Entrypoint"] == ["/opt/venv/bin/vllm", "serve"]
+    assert [dockerd.image_kind(i) for i in (IMAGE, OMNI_IMAGE, LMCACHE_IMAGE, "mirror.lan:5000/hub/vllm/vllm-omni:v1",
+                                            f"lmcache/vllm-openai@sha256:{'6' * 64}")] == \
+        ["vllm", "vllm-omni", "lmcache", "vllm-omni", "lmcache"]
+    assert kind(None, ["--model", "/m"], LMCACHE_IMAGE) == "vllm"  # the image's entrypoint + flags
+    assert kind(["/opt/venv/bin/vllm", "serve"], ["/m"], LMCACHE_IMAGE) == "shell"  # a program file: container.py
+    assert kind(None, ["vllm", "serve", "/m", "--omni"], OMNI_IMAGE) == "vllm"  # no entrypoint to prepend
 
 
 def test_4x3090_preset_is_four_pcie_cards(root: Root) -> None:

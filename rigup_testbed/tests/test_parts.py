@@ -6,6 +6,7 @@ import ipaddress
 import json
 import subprocess
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -205,6 +206,57 @@ def test_hub_registry_serves_the_digests_the_standin_engine_pulls(tmp_path: Path
         assert status == 200 and digest == dc.fake_digest(f"{handler.host_port}/vllm/vllm-openai:v0.11.0")
         assert head("/v2/pinned/image/manifests/2") == (200, "sha256:" + "ab" * 32)
         assert head("/v2/gone/image/manifests/1")[0] == 404
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_hub_registry_holds_the_catalogs_digest_pinned_images(tmp_path: Path) -> None:
+    """The hub writes the catalog's digest-pinned images (lmcache/vllm-openai, pinned by upstream because its
+    tag moves) as what its registry holds: a pull of repo:tag@digest finds that exact digest, and that
+    repository answers no other digest, as a real registry would not."""
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from rigup_testbed import hubserve
+    from rigup_testbed.hub import Hub, catalog_pinned_images
+    from rigup_testbed.service import ThreadingServer
+
+    pinned = "sha256:663f9b2f7528e34105c9b0428880b811616f9bc85133b6e2a577b2e7282be8de"  # club-3090 lmcache.yml@4a29ab57
+    assert catalog_pinned_images() == {"lmcache/vllm-openai:v0.4.7-cu129": pinned}
+    hub = Hub(tmp_path, "127.0.0.1")
+    hub.repo_info = types.SimpleNamespace(root=tmp_path / "apt", urls=lambda url: {})
+    hub.write_registry_files()
+    registry = next(svc for svc in hub._plan() if svc.name == "registry")
+    assert registry.args[:5] == ["registry", "--config", str(hub.registry_config), "--images", str(hub.registry_images)]
+    config, images = hub.registry_config, hub.registry_images
+    assert json.loads(images.read_text()) == catalog_pinned_images() and json.loads(config.read_text()) == {}
+    handler = type("H", (hubserve.RegistryHandler,), {"config_file": config, "images_file": images,
+                                                       "dockerclient": hubserve._dockerclient()})
+    server = ThreadingServer(("127.0.0.1", 0), handler)
+    handler.host_port = f"127.0.0.1:{server.server_address[1]}"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+
+        def head(path: str) -> tuple[int, str | None]:
+            req = urllib.request.Request(f"http://{handler.host_port}{path}", method="HEAD")
+            try:
+                with urllib.request.urlopen(req, timeout=5) as resp:
+                    return resp.status, resp.headers.get("Docker-Content-Digest")
+            except urllib.error.HTTPError as err:
+                return err.code, None
+
+        assert head("/v2/lmcache/vllm-openai/manifests/v0.4.7-cu129") == (200, pinned)
+        assert head(f"/v2/lmcache/vllm-openai/manifests/{pinned}") == (200, pinned)
+        assert head("/v2/lmcache/vllm-openai/manifests/sha256:" + "e" * 64)[0] == 404  # not an image it holds
+        # The tag moves on (a test's registry.json): the pinned manifest is still there by digest.
+        config.write_text(json.dumps({"digests": {"lmcache/vllm-openai:v0.4.7-cu129": "sha256:" + "e" * 64}}))
+        assert head("/v2/lmcache/vllm-openai/manifests/v0.4.7-cu129") == (200, "sha256:" + "e" * 64)
+        assert head(f"/v2/lmcache/vllm-openai/manifests/{pinned}") == (200, pinned)
+        assert head("/v2/lmcache/vllm-openai/manifests/sha256:" + "e" * 64)[0] == 200
+        # Repositories it was not told about keep answering any digest (tests pin digests of their own).
+        assert head("/v2/vllm/vllm-openai/manifests/sha256:" + "5" * 64) == (200, "sha256:" + "5" * 64)
     finally:
         server.shutdown()
         server.server_close()

@@ -663,3 +663,33 @@ def test_pulls_from_a_private_registry_ask_it(docker_root: tuple[Root, Daemon], 
     assert "Image is up to date" not in down.stdout and "connect:" in down.stderr  # the registry is asked every time
     https_only = root.run("docker", "pull", "10.77.0.1:5000/vllm/vllm-openai:v0.11.0")
     assert "http: server gave HTTP response to HTTPS client" in https_only.stderr
+
+
+def test_the_hub_registry_serves_the_catalogs_digest_pinned_image(docker_root: tuple[Root, Daemon], tmp_path: Path) -> None:
+    """A recipe pulls lmcache/vllm-openai by the digest upstream pins (the catalog's); the hub's registry holds
+    exactly that image (rigup_testbed.hub.catalog_pinned_images), so the pull finds it and gets LMCache's image
+    config, while another digest of that repository is unknown there as on Docker Hub."""
+    from rigup_testbed.hub import catalog_pinned_images
+
+    root, _ = docker_root
+    port = free_port()
+    ready, config, images = tmp_path / "ready.json", tmp_path / "registry.json", tmp_path / "images.json"
+    config.write_text("{}")
+    images.write_text(json.dumps(catalog_pinned_images()))
+    (name, digest), = catalog_pinned_images().items()
+    hub = subprocess.Popen([sys.executable, "-m", "rigup_testbed.hubserve", "registry", "--bind", "127.0.0.1", "--port",
+                            str(port), "--ready-file", str(ready), "--config", str(config), "--images", str(images)],
+                           cwd=Path(__file__).resolve().parents[2], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(ready.exists)
+        image = f"127.0.0.1:{port}/{name}@{digest}"  # what the recipe's compose names (registry/repo:tag@digest)
+        out = root.run("docker", "pull", image)
+        assert out.returncode == 0, out
+        assert f"Digest: {digest}" in out.stdout.splitlines()
+        inspect = json.loads(root.run("docker", "image", "inspect", image, check=True).stdout)[0]
+        assert inspect["Config"]["Entrypoint"] == ["/opt/venv/bin/vllm", "serve"]
+        other = root.run("docker", "pull", f"127.0.0.1:{port}/{name.split(':')[0]}@sha256:{'e' * 64}")
+        assert other.returncode == 1 and "manifest unknown" in other.stderr, other
+    finally:
+        hub.terminate()
+        hub.wait(timeout=10)

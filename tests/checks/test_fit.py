@@ -486,3 +486,28 @@ def test_second_converge_does_not_count_its_own_container() -> None:
     freed = exclude_own(raw, parse_compute_apps(text("reconverge-3090/apps.csv")), own)
     f = vram(recipe(), list(freed))
     assert f.ok and "GPU 1 (NVIDIA GeForce RTX 3090): 24576 MiB, 420 MiB in use" in f.message
+
+
+@pytest.mark.parametrize(
+    ("n", "ok", "severity", "message"),
+    [
+        (1, False, "fail", "variant 'qwen-omni-dual-autoround-int4-omni' runs per-stage engines on 2 GPUs (the deploy "
+         "config's stage devices; tensor parallel 1 per stage); this host has 1 GPU(s)"),
+        (2, True, "info", "2 GPU(s): per-stage engines on 2 GPUs (the deploy config's stage devices; tensor parallel 1 "
+         "per stage)"),
+        (3, True, "info", "3 GPU(s): per-stage engines on 2 GPUs (the deploy config's stage devices; tensor parallel 1 "
+         "per stage), 1 idle"),
+    ],
+)
+def test_a_stage_parallel_variant_is_laid_out_by_its_stage_devices(n: int, ok: bool, severity: str, message: str) -> None:
+    """vLLM-Omni's stages sit on the deploy config's devices (thinker GPU 0, talker + vocoder GPU 1): TP 1 does not
+    mean one card, and two cards are not "1 idle"."""
+    r = recipe("qwen-omni-dual-autoround-int4-omni")
+    assert (r.tensor_parallel_size, r.gpu_count) == (1, 2)
+    found = by_name(assess(r, [rtx3090(index=i) for i in range(n)], "13.0"))
+    f = found["gpu-layout"]
+    assert (f.ok, f.severity, f.message) == (ok, severity, message)
+    assert f.fix == (None if ok else "add GPUs")
+    assert "idle" not in f.message or n > 2
+    # Both used cards are fitted (and not a third one); one card is too few to fit at all.
+    assert ("vram-fit" in found) == (n >= 2)

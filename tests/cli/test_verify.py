@@ -331,3 +331,55 @@ def test_a_crash_on_long_prompts_fails_the_needle_as_no_response(tmp_path: Path)
         assert V.check_needle(ctx, "30k").outcome == "pass"
         result = V.check_needle(ctx, "60k")
     assert result.outcome == "fail" and result.detail.startswith("no response: timeout or server crash")
+
+
+def test_requests_carry_the_recipes_chat_request_fields(tmp_path: Path) -> None:
+    """Every request to a vLLM-Omni rig carries "modalities": ["text"] (the catalog's chat_request, as the
+    health gate's does); a variant without chat_request sends none, and a bare URL knows of none."""
+    import http.server
+    import threading
+
+    from rigup.cli.runner import Target
+    from rigup.desired.knobs import load_defaults
+    from rigup.desired.recipe import resolve
+
+    bodies: list[dict[str, object]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def reply(self, body: dict[str, object]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802
+            self.reply({"object": "list", "data": [{"id": served, "object": "model", "max_model_len": 65536}]})
+
+        def do_POST(self) -> None:  # noqa: N802
+            bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.reply({"choices": [{"index": 0, "message": {"role": "assistant", "content": "Paris is sunny today."},
+                                     "finish_reason": "stop"}],
+                        "usage": {"prompt_tokens": 9, "completion_tokens": 5, "total_tokens": 14}})
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        for variant, expected in (("qwen-omni-dual-autoround-int4-omni", ["text"]), ("dual", None)):
+            recipe = resolve({**load_defaults(), "variant": variant})
+            served = recipe.served_model_name
+            bodies.clear()
+            V.verify_target(Target("rig-01", url, recipe=recipe), V.VerifyOptions(), quiet=True)
+            assert len(bodies) >= 2  # completion and tool call
+            assert all(b.get("modalities") == expected and b["model"] == served for b in bodies), bodies
+        bodies.clear()
+        V.verify_target(Target(url, url), V.VerifyOptions(), quiet=True)
+        assert bodies and all("modalities" not in b for b in bodies)
+    finally:
+        server.shutdown()
+        server.server_close()

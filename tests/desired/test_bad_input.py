@@ -79,7 +79,7 @@ CASES = [
         host={"variant_overrides": {"tensor_parallel_size": 3}},
     ),
     Case(
-        "override-gpu-memory-utilization", "variant_overrides['gpu_memory_utilization']", "1.5", ("0.5 to 0.99",),
+        "override-gpu-memory-utilization", "variant_overrides['gpu_memory_utilization']", "1.5", ("0.1 to 0.99",),
         host={"variant_overrides": {"gpu_memory_utilization": 1.5}}, where=ON_DUAL,
     ),
     Case(

@@ -10,10 +10,17 @@ from typing import Any
 import pytest
 import yaml
 
-from rigup.desired.catalog import CATALOG_DIR, CATALOG_FILE, CatalogError, load_catalog_file, rigup_container_names, variant_names
+from rigup.desired.catalog import (
+    CATALOG_DIR,
+    CATALOG_FILE,
+    CatalogError,
+    load_catalog_file,
+    rigup_container_names,
+    variant_names,
+)
 from rigup.desired.knobs import load_defaults
-from rigup.desired.recipe import Recipe, resolve
 from rigup_testbed.recipes import tree as upstream_tree
+from tests.support.recipes import arg, recipe_for
 
 NIGHTLY_7A1E = "nightly-7a1eb8ac2ec4ea69338c51dc7afd4b15010abfa8"
 NIGHTLY_BF61 = "nightly-bf610c2f56764e1b30bc6065f4ceace3d6e59036"
@@ -67,18 +74,6 @@ QWEN_BASE_ENV = {
 QWEN_BASE_ARGS = ["--quantization", "auto_round", "--trust-remote-code", "--reasoning-parser", "qwen3",
                   "--enable-auto-tool-choice", "--enable-prefix-caching", "--enable-chunked-prefill"]
 MARLIN_TARGET = "/usr/local/lib/python3.12/dist-packages/vllm/model_executor/kernels/linear/mixed_precision/"
-
-
-def recipe_for(variant: str, **data: Any) -> Recipe:
-    host = load_defaults()
-    host.update(data, variant=variant)
-    return resolve(host)
-
-
-def arg(recipe: Recipe, flag: str) -> str | None:
-    """The value after `flag` in the vLLM argument list (None when the flag is absent)."""
-    args = list(recipe.vllm_args)
-    return args[args.index(flag) + 1] if flag in args else None
 
 
 def test_catalog_has_the_seed_variants_in_order() -> None:
@@ -386,7 +381,6 @@ def test_carnice_mounts_its_chat_template_over_the_models_own() -> None:
     assert inside[0].source == ("/opt/rigup/sources/club3090-may/models/qwen3.6-27b/vllm/patches/"
                                 "carnice-chat-template.jinja") and inside[0].read_only
     assert arg(r, "--tool-call-parser") == "qwen3_xml"
-
 
 
 def test_a_file_bound_into_the_read_only_model_must_ship_with_the_model() -> None:

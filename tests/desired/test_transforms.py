@@ -429,3 +429,182 @@ def test_a_secret_outside_the_environment_fails(repo: Path) -> None:
     image_pin(edit, ctx)
     with pytest.raises(ComposeError, match=r"\$\{VLLM_API_KEY\} outside environment would put a secret on a command line"):
         defaults(edit)
+
+
+# --- constructs of the vLLM-Omni, LMCache and Nemotron composes ----------------------------------
+
+OMNI = """\
+services:
+  omni:
+    image: ${OMNI_IMAGE:-vllm/vllm-omni:v0.20.0}
+    container_name: omni
+    restart: unless-stopped
+    ports:
+      - "${PORT:-8042}:8091"
+    ipc: host
+    environment:
+      NCCL_P2P_DISABLE: "1"
+    volumes:
+      - "${MODEL_DIR:-../../models-cache}:/models:ro"
+      - "./stages.yaml:/cfg/stages.yaml:ro"
+    command: >-
+      vllm serve /models/${SUBDIR:-omni-model}
+      --omni
+      --deploy-config /cfg/stages.yaml
+      --port 8091
+      --kv-cache-dtype ${KV:-fp8}
+    deploy:
+      resources:
+        reservations:
+          devices:
+            - driver: nvidia
+              count: all
+              capabilities: [gpu]
+"""
+
+STAGES = """\
+stages:
+  - stage_id: 0
+    max_model_len: 65536
+    max_num_seqs: 8
+    gpu_memory_utilization: 0.92
+    devices: "0"
+  - stage_id: 1
+    devices: "1"
+"""
+
+
+def omni_repo(repo: Path, stages: str = STAGES) -> Path:
+    (repo / "models/m/compose/stages.yaml").write_text(stages)
+    return repo
+
+
+def omni_context(repo: Path, **changes: Any) -> Context:
+    reader = WorkingTrees({"club3090": repo})
+    values: dict[str, Any] = dict(
+        model_root="/models",
+        model_mounts=[("/opt/rigup/models/omni-model", "/models/omni-model")],
+        read=lambda path: reader.read("club3090", "", COMMIT, path),
+    )
+    values.update(changes)
+    return context(repo, **values)
+
+
+def test_a_one_string_command_is_split_like_compose_and_written_as_a_list(repo: Path) -> None:
+    from rigup.desired.compose_doc import command_tokens
+
+    assert command_tokens("vllm serve /m/${X:-a}\n  --omni   --port 8091", "w") == [
+        "vllm", "serve", "/m/${X:-a}", "--omni", "--port", "8091"]
+    assert command_tokens(["--a", 1], "w") == ["--a", "1"]
+    for text, bad in [("vllm serve 'a b'", "'"), ('x "y"', '"'), ("a \\\\ b", "\\\\"), ("a; b", ";"), ("a && b", "&"),
+                      ("a | b", "|"), ("a > f", ">"), ("a # c", "#"), ("a $(b)", "(")]:
+        with pytest.raises(ComposeError, match="shell-word rules"):
+            command_tokens(text, "w")
+    with pytest.raises(ComposeError, match="holds whitespace"):
+        command_tokens("--flag ${X:-a b}", "w")
+    ctx = omni_context(omni_repo(repo))
+    edit = edit_of(OMNI)
+    assert edit.command()[:3] == ["vllm", "serve", "/models/${SUBDIR:-omni-model}"]
+    apply_all(edit, ctx)
+    assert isinstance(edit.get("command"), list) and edit.command()[:3] == ["vllm", "serve", "/models/omni-model"]
+    assert transforms_of(edit, "command (one string)") == ["command-list"]
+    text = dump(edit.doc, "header")
+    lines, unexplained = explain(edit.origin, text, edit.changes)
+    assert unexplained == 0, "\n".join(lines)
+    assert any(line.startswith("  command (one string): true -> (absent)  [command-list]") for line in lines)
+
+
+def test_container_port_moves_to_rigups_with_the_command_port(repo: Path) -> None:
+    ctx = omni_context(omni_repo(repo))
+    edit = pinned(ctx, OMNI)
+    edit.command_as_list("command-list", "test")
+    publish(edit, ctx)
+    assert edit.get("ports") == ["0.0.0.0:8042:8000"]
+    assert edit.flag_values("--port") == ["8000"]
+    assert transforms_of(edit, "command --port") == ["container-port"]
+    (change,) = [c for c in edit.changes if c.key == "ports[0]" and c.transform == "publish"]
+    assert "container port 8091 -> 8000" in change.why
+    # The number anywhere else in the service could not move with it.
+    checked = OMNI.replace("    ipc: host\n", "    ipc: host\n    healthcheck:\n      test: [CMD, curl, localhost:8091/health]\n")
+    edit = pinned(ctx, checked)
+    with pytest.raises(ComposeError, match=r"healthcheck.test\[2\]: names the container port 8091"):
+        publish(edit, ctx)
+    # A published container port the command does not listen on is upstream's mistake: it fails.
+    edit = pinned(ctx, OMNI.replace(":8091\"", ":8092\""))
+    with pytest.raises(ComposeError, match="container port 8092; the command listens on 8091"):
+        publish(edit, ctx)
+
+
+def test_model_root_and_a_missing_model_cache(repo: Path) -> None:
+    ctx = omni_context(omni_repo(repo))
+    edit = pinned(ctx, OMNI)
+    mounts(edit, ctx)
+    vols = {v["target"]: v for v in edit.volumes()}
+    assert "/models" not in vols
+    assert (vols["/models/omni-model"]["source"], vols["/models/omni-model"]["read_only"]) == (
+        "/opt/rigup/models/omni-model", True)
+    assert ctx.repo_mounts == {"/cfg/stages.yaml": ("club3090", "models/m/compose/stages.yaml")}
+    with pytest.raises(ComposeError, match="upstream mounts no model cache at /root/.cache/huggingface"):
+        mounts(pinned(ctx, OMNI), context(repo))
+
+
+def test_data_dirs_become_empty_directories_under_the_install_root(repo: Path) -> None:
+    text = BASE.replace("      - ../patches/fix.py:/patches/fix.py:ro\n",
+                        "      - ../patches/fix.py:/patches/fix.py:ro\n      - ${KV_DIR:-../../../kv}:/lmcache-kv\n")
+    ctx = context(repo, data_dirs={"/lmcache-kv": "an optional disk tier"})
+    edit = pinned(ctx, text)
+    mounts(edit, ctx)
+    vols = {v["target"]: v for v in edit.volumes()}
+    assert vols["/lmcache-kv"]["source"] == "/opt/rigup/cache/test/data/lmcache-kv"
+    assert not vols["/lmcache-kv"]["read_only"] and not vols["/lmcache-kv"]["create_host_path"]
+    assert "/opt/rigup/cache/test/data/lmcache-kv" in ctx.host_dirs
+    (change,) = [c for c in edit.changes if c.key == "volumes /lmcache-kv" and c.transform == "data-dirs"]
+    assert change.why.startswith("an optional disk tier: /opt/rigup/cache/test/data/lmcache-kv")
+    assert "lmcache-kv" not in str(ctx.used_sources)  # nothing is mounted from a checkout
+    with pytest.raises(ComposeError, match="data_dirs names /elsewhere, which upstream does not mount"):
+        mounts(pinned(ctx, text), context(repo, data_dirs={"/elsewhere": "x"}))
+
+
+def test_the_deploy_config_gives_the_gpus_and_refuses_envelope_overrides(repo: Path) -> None:
+    from rigup.desired.transforms import entry_stage, read_deploy_config, stage_gpu_count
+
+    ctx = omni_context(omni_repo(repo))
+    edit = edit_of(OMNI)
+    apply_all(edit, ctx)
+    assert ctx.stages is not None and entry_stage(ctx.stages)["max_model_len"] == 65536
+    assert stage_gpu_count(ctx.stages) == 2
+    assert edit.get("deploy")["resources"]["reservations"]["devices"][0]["count"] == 2
+    (change,) = [c for c in edit.changes if c.transform == "gpus" and c.key.startswith("deploy")]
+    assert change.why == "2 GPU(s): the deploy config's stage devices"
+    assert stage_gpu_count([{"stage_id": 0, "devices": "2"}]) == 3  # device 2 needs GPUs 0 and 1 visible too
+    with pytest.raises(ComposeError, match=r"variant_overrides\['max_model_len'\]: upstream sets it per stage"):
+        apply_all(edit_of(OMNI), omni_context(repo, overrides={"max_model_len": 32768}))
+    # The file must come from upstream's repository, where rigup can read it.
+    baked = OMNI.replace('      - "./stages.yaml:/cfg/stages.yaml:ro"\n', "")
+    with pytest.raises(ComposeError, match="/cfg/stages.yaml is not a file rigup mounts from upstream's repository"):
+        apply_all(edit_of(baked), omni_context(repo))
+    edit = pinned(ctx, OMNI)
+    edit.command_as_list("command-list", "test")
+    mounts(edit, ctx)
+    for stages, message in [
+        ("stage_args: []\n", "a `stages` list of mappings"),
+        ("stages:\n  - stage_id: 1\n    devices: '0'\n", "one of them 0"),
+        ("stages:\n  - stage_id: 0\n  - stage_id: 0\n", "distinct integer stage_id"),
+        ("stages:\n  - stage_id: 0\n    devices: gpu0\n", "devices 'gpu0' is not a list of GPU indices"),
+        ("stages:\n  - stage_id: 0\n    devices: '0'\n    max_model_len: 64k\n", "max_model_len '64k' is not an integer"),
+        ("stages: [", "not valid YAML"),
+    ]:
+        omni_repo(repo, stages)
+        with pytest.raises(ComposeError, match=message) as info:
+            read_deploy_config(edit, ctx)
+        assert "models/m/compose/stages.yaml" in str(info.value)
+
+
+def test_memory_caps_are_kept_as_upstream_wrote_them(repo: Path) -> None:
+    text = BASE.replace("    shm_size: 16gb\n", "    mem_limit: ${MEM:-70g}\n    memswap_limit: ${MEM:-70g}\n    shm_size: 16gb\n")
+    ctx = context(repo)
+    edit = edit_of(text)
+    apply_all(edit, ctx)
+    assert (edit.get("mem_limit"), edit.get("memswap_limit")) == ("70g", "70g")
+    assert transforms_of(edit, "mem_limit") == ["defaults"]
+    assert explain(edit.origin, dump(edit.doc, "h"), edit.changes)[1] == 0

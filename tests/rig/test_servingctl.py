@@ -40,6 +40,8 @@ class Behaviour:
         self.models_requests = 0
         self.completions: list[dict[str, Any]] = []
         self.down = False  # refuse with 503 as a proxy would while vLLM is not up
+        # Fields a completion must carry, else 500 (vLLM-Omni without "modalities": ["text"] kills its engine)
+        self.required: dict[str, Any] = {}
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -80,6 +82,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         b.completions.append(body)
         if b.completion_status != 200:
             return self.reply(b.completion_status, {"error": {"message": "EngineCore encountered an issue."}})
+        if any(body.get(k) != v for k, v in b.required.items()):
+            return self.reply(500, {"error": {"message": "EngineCore encountered an issue (talker stage)."}})
         if body.get("model") != b.model:
             return self.reply(404, {"error": {"message": f"The model `{body.get('model')}` does not exist."}})
         tokens = len(b.completion_text.split())
@@ -175,7 +179,8 @@ class Rig:
     def variant_dir(self, variant: str) -> Path:
         return self.install_root / "variants" / variant
 
-    def deploy(self, variant: str, model: str, *, api_key: str | None = None, unit_extra: str = "", tag: str = "v1") -> Path:
+    def deploy(self, variant: str, model: str, *, api_key: str | None = None, unit_extra: str = "", tag: str = "v1",
+               chat_request: dict[str, Any] | None = None) -> Path:
         """Write the files pyinfra would upload; returns the release path."""
         vdir = self.variant_dir(variant)
         vdir.mkdir(parents=True, exist_ok=True)
@@ -208,6 +213,8 @@ class Rig:
             "sources": [{"name": "genesis", "commit": "2db18df4bc3abd4eb58a9b2e0342082fa7012c64"}],
             "models": [{"repo_id": "Lorbus/Qwen3.6-27B-int4-AutoRound", "revision": "a" * 40}],
         }
+        if chat_request is not None:
+            release["chat_request"] = chat_request
         path = vdir / "release.json"
         path.write_text(json.dumps(release, indent=2, sort_keys=True) + "\n")
         return path
@@ -265,6 +272,31 @@ def test_gate_passes_records_generation_and_provenance(rig, systemd, server):
     sent = server.behaviour.completions[-1]
     assert sent["temperature"] == 0 and sent["seed"] == 0 and sent["max_tokens"] == ctl.GATE_MAX_TOKENS
     assert ("journal", "rigup-dual.service") not in systemd.calls
+
+
+def test_gate_sends_the_releases_chat_request_fields(rig, systemd, server):
+    """vLLM-Omni needs "modalities": ["text"] in every text request (the release's chat_request)."""
+    server.behaviour.required = {"modalities": ["text"]}
+    code, lines = run_gate(rig.deploy("omni", MODEL), systemd)
+    assert code == ctl.EXIT_FAILED and "chat completion answered HTTP 500" in lines[0]  # without them
+    assert all("modalities" not in body for body in server.behaviour.completions)
+    server.behaviour.completions.clear()
+    code, lines = run_gate(rig.deploy("omni", MODEL, chat_request={"modalities": ["text"]}), systemd)
+    assert code == ctl.EXIT_PASSED, lines
+    sent = server.behaviour.completions[-1]
+    assert sent["modalities"] == ["text"] and sent["model"] == MODEL and sent["max_tokens"] == ctl.GATE_MAX_TOKENS
+    assert sent["temperature"] == 0 and sent["seed"] == 0  # everything else as before
+    assert rig.provenance["release"]["chat_request"] == {"modalities": ["text"]}
+
+
+@pytest.mark.parametrize(("chat_request", "message"), [
+    ({"temperature": 1.0}, "chat_request sets ['temperature'], which the health gate sets itself"),
+    (["modalities"], "chat_request is not a JSON object"),
+])
+def test_a_release_whose_chat_request_is_unusable_is_refused(rig, systemd, server, chat_request, message):
+    with pytest.raises(SystemExit, match=message.replace("[", r"\[").replace("]", r"\]")):
+        run_gate(rig.deploy("omni", MODEL, chat_request=chat_request), systemd)
+    assert server.behaviour.completions == []
 
 
 def test_gate_waits_through_a_cold_start(rig, systemd, server):
