@@ -11,11 +11,12 @@ changes nothing (the same `dpkg -l` eight times). With `read_facts_once(state)`:
 - **One round trip.** The facts the previous run of this deploy asked of a host (recorded in
   `<work dir>/.cache/facts/<host>.json`: fact class, arguments, non-secret connector arguments; never
   a password or an environment) are read at its first fact request in one command per connector
-  setting, every host at once. Each section carries its own stdout, stderr and exit status, and is
-  handed to pyinfra's own fact reader as if its command had run alone. So defaults, the
-  missing-command sentinel, processing errors and failed hosts behave exactly as they would for the
-  single command. A fact the record does not list is read on its own and recorded for the next run;
-  the record keeps exactly what the last run asked.
+  setting, every host at once. Each section carries its own stdout, stderr and exit status. A section
+  that succeeded is made into the fact's value as pyinfra's fact reader does (the missing-command
+  sentinel and empty output give the default, else process()); one that failed, or whose output
+  does not process, is kept for the deploy's own request, which reads it alone, so pyinfra fails
+  the host (or not) exactly as it would. A fact the record does not list is read on its own and
+  recorded for the next run; the record keeps what the last run asked (the command included).
 
 `RemoteCommands` counts what actually went to each host (commands, uploads, downloads, batches); the
 closing summary and bench/converge.py report it.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import inspect
 import json
 import logging
 import os
@@ -40,11 +42,9 @@ import gevent
 import gevent.event
 from pyinfra.api import facts as pyinfra_facts
 from pyinfra.api.command import StringCommand
-from pyinfra.api.exceptions import FactProcessError
 from pyinfra.api.facts import FactBase, ShortFactBase
 from pyinfra.api.host import Host
 from pyinfra.api.state import BaseStateCallback
-from pyinfra.connectors.util import CommandOutput, OutputLine
 
 from rigup import WORK_DIR
 
@@ -100,7 +100,7 @@ class _Request:
         if any(self.connector.get(k) for k in UNBATCHABLE_ARGS):
             return None
         try:
-            entry = {"fact": self.key[0], "args": list(self.args), "kwargs": self.kwargs,
+            entry = {"fact": self.key[0], "args": list(self.args), "kwargs": self.kwargs, "command": self.command,
                      "connector": {k: self.connector[k] for k in PERSISTED_ARGS if k in self.connector}}
             json.dumps(entry)
         except (TypeError, ValueError):
@@ -144,7 +144,6 @@ class HostFacts:
         self.asked: dict[tuple[str, str, str], dict[str, Any] | None] = {}
         self.stats = RemoteCommands()
         self.capture = False
-        self.replay: tuple[bool, CommandOutput] | None = None
         self.reading = 0
         self.last_ok = True  # the commands of the current single read all succeeded
         self.ready: gevent.event.Event | None = None  # set once the prefetch has answered
@@ -174,8 +173,14 @@ class HostFacts:
         have = {(e["fact"], json.dumps(e["kwargs"], sort_keys=True)) for e in entries}
         for e in list(entries):
             follow = COMPANIONS.get(e["fact"])
-            if follow and (follow, json.dumps(e["kwargs"], sort_keys=True)) not in have:
-                entries.append({**e, "fact": follow})
+            cls = _resolve(follow) if follow else None
+            if cls is None or (follow, json.dumps(e["kwargs"], sort_keys=True)) in have:
+                continue
+            request = _describe(self, cls, tuple(e["args"]), {**e["kwargs"], **e["connector"]})
+            entry = request.persisted() if request is not None else None
+            if entry is not None:
+                entry["kwargs"] = e["kwargs"]
+                entries.append(entry)
         path = self.record_path
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -262,18 +267,6 @@ def _read_single(facts: HostFacts, request: _Request | None, cls: type, args: tu
     return value
 
 
-def _replay(facts: HostFacts, request: _Request, status: bool, output: CommandOutput) -> Any:
-    facts.replay = (status, output)
-    facts.reading += 1
-    try:
-        return pyinfra_facts.get_fact(facts.host.state, facts.host, request.cls, args=list(request.args),
-                                      kwargs={**request.kwargs, **{k: v for k, v in request.connector.items()
-                                                                   if k in PERSISTED_ARGS}})
-    finally:
-        facts.reading -= 1
-        facts.replay = None
-
-
 BATCH_WAVE = 16  # sections the rig runs at once: they are reads, independent of each other
 
 
@@ -325,27 +318,39 @@ def _split_batch(token: str, lines: Iterable[str], count: int) -> dict[int, tupl
 
 
 def _prefetch(facts: HostFacts) -> None:
-    """Read every recorded fact of this host in one command per connector setting."""
-    groups: dict[str, list[_Request]] = {}
+    """Read every recorded fact of this host in one command per connector setting.
+
+    The record holds each fact's command as this deploy built it last run: a fact whose command has
+    changed since (another rigup, other knobs) is simply not found in the memo and is read on its own.
+    How a group's command runs (sudo, user, password) comes from this run: one description per group."""
+    groups: dict[str, tuple[dict[str, Any], list[_Request]]] = {}
     for entry in facts.load_record():
         cls = _resolve(str(entry.get("fact", "")))
-        if cls is None or issubclass(cls, ShortFactBase):
+        command = entry.get("command")
+        if cls is None or issubclass(cls, ShortFactBase) or not isinstance(command, str):
             continue
-        kwargs = {**(entry.get("kwargs") or {}), **(entry.get("connector") or {})}
-        request = _describe(facts, cls, tuple(entry.get("args") or ()), kwargs)
-        if request is None or any(request.connector.get(k) for k in UNBATCHABLE_ARGS) or request.key in facts.memo:
-            continue
-        request.kwargs = dict(entry.get("kwargs") or {})
-        groups.setdefault(_args_key(request.connector), []).append(request)
-    for requests in groups.values():
+        recorded = entry.get("connector") or {}
+        group = json.dumps(recorded, sort_keys=True, default=repr)
+        if group not in groups:
+            probe = _describe(facts, cls, tuple(entry.get("args") or ()), {**(entry.get("kwargs") or {}), **recorded})
+            if probe is None or any(probe.connector.get(k) for k in UNBATCHABLE_ARGS):
+                continue
+            groups[group] = (probe.connector, [])
+        connector, requests = groups[group]
+        request = _Request(cls, tuple(entry.get("args") or ()), dict(entry.get("kwargs") or {}), command, connector)
+        if request.key not in facts.memo:
+            requests.append(request)
+    for connector, requests in groups.values():
         unique = list({r.key: r for r in requests}.values())
+        if not unique:
+            continue
         token = secrets.token_hex(8)
-        connector = {k: v for k, v in unique[0].connector.items() if k in RUN_ARGS}
         facts.reading += 1  # the batch is a fact read: it must not drop what the memo holds
         started = time.monotonic()
         try:
             ok, output = facts.host.run_shell_command(StringCommand(_batch_script(token, [r.command for r in unique])),
-                                                      print_output=False, print_input=False, **connector)
+                                                      print_output=False, print_input=False,
+                                                      **{k: v for k, v in connector.items() if k in RUN_ARGS})
         finally:
             facts.reading -= 1
         logger.debug("%s: %d facts in one batch, %.2f s", facts.host.name, len(unique), time.monotonic() - started)
@@ -356,35 +361,31 @@ def _prefetch(facts: HostFacts) -> None:
         for i, request in enumerate(unique):
             if i not in sections:
                 continue
-            out, err, rc = sections[i]
-            if rc not in set(request.connector.get("_success_exit_codes") or (0,)) or not _processes(facts, request, out):
+            out, _, rc = sections[i]
+            if rc not in set(connector.get("_success_exit_codes") or (0,)):
                 continue  # a failing read is left to the deploy's own request: pyinfra decides what it costs
-            lines = [OutputLine("stdout", line) for line in out] + [OutputLine("stderr", line) for line in err]
-            try:
-                value = _replay(facts, request, True, CommandOutput(lines))
-            except Exception:  # noqa: BLE001 - pyinfra raises it again when the fact is asked for
-                continue
-            facts.memo[request.key] = copy.deepcopy(value)
-            facts.stats.batched_facts += 1
-            facts.stats.by_fact[request.key[0]] += 1
+            found, value = _value_of(request, out)
+            if found:
+                facts.memo[request.key] = copy.deepcopy(value)
+                facts.stats.batched_facts += 1
+                facts.stats.by_fact[request.key[0]] += 1
 
 
-def _processes(facts: HostFacts, request: _Request, out: list[str]) -> bool:
-    """Whether pyinfra would process this output without an error (an error fails the host: only the
-    deploy's own request may do that)."""
-    if not out:
-        return True
+def _value_of(request: _Request, out: list[str]) -> tuple[bool, Any]:
+    """What pyinfra's fact reader makes of a successful command's stdout (pyinfra.api.facts._get_fact):
+    the missing-command sentinel or no output gives the fact's default, else process(); (False, None)
+    where processing fails, which fails the host: only the deploy's own request may do that."""
+    fact = request.cls()
     try:
-        fact = request.cls()  # as pyinfra does: command() first (some facts keep their arguments), then process()
-        fact_kwargs, _ = pyinfra_facts._handle_fact_kwargs(facts.host.state, facts.host, request.cls,
-                                                           list(request.args), dict(request.kwargs))
+        # as pyinfra does: command() first (some facts keep their arguments for process()), then process()
+        fact_kwargs = inspect.getcallargs(fact.command, *request.args, **request.kwargs) if (
+            request.args or request.kwargs) else {}
         pyinfra_facts._make_command(fact.command, fact_kwargs)
-        fact.process(list(out))
-    except FactProcessError:
-        return False
-    except Exception:  # noqa: BLE001 - pyinfra lets these propagate: so does the deploy's own request
-        return False
-    return True
+        if out == [pyinfra_facts._MISSING_COMMAND_MARKER] or not out:
+            return True, fact.default()
+        return True, fact.process(list(out))
+    except Exception:  # noqa: BLE001 - FactProcessError and the rest: the deploy's own read reports it
+        return False, None
 
 
 def _active(host: Host) -> bool:
@@ -428,8 +429,6 @@ def _run_shell_command(self: Host, *args: Any, **kwargs: Any) -> Any:
     facts = _state_of(self)
     if facts.capture:
         raise _Captured(args[0], kwargs)
-    if facts.replay is not None:
-        return facts.replay
     if not facts.reading and facts.memo:
         facts.memo.clear()
         facts.stats.invalidations += 1

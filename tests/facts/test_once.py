@@ -156,6 +156,18 @@ def test_the_next_run_reads_what_this_one_asked_in_one_command(workdir: Path) ->
         else:  # stat times may move between the runs (the counter file is in this directory)
             assert (again is None) == (single is None) and (again or {}).get("mode") == (single or {}).get("mode")
     assert batched[6] == ["a", "b"] and batched[7] == "absent" and batched[4] is None
+    disconnect_all(second)
+
+    # a recorded command this deploy no longer builds (another rigup, other knobs) is not used for it:
+    # the fact is read on its own, with the command of this run
+    path = _record(workdir)
+    raw = json.loads(path.read_text())
+    raw["facts"][0]["command"] = "echo stale"
+    path.write_text(json.dumps(raw))
+    third = _state()
+    host = third.inventory.get_host("@local")
+    assert host.get_fact(Counted, path=str(data)) == ["one"]
+    assert once.remote_commands(host).single_facts == 1 and _count() == 3
 
 
 def test_a_failing_fact_is_left_to_the_deploys_own_request(workdir: Path) -> None:
