@@ -160,6 +160,9 @@ def testbed_factory(_testbed_session: None) -> Iterator[Callable[..., Testbed]]:
         beds.append((bed, lock))
         if bed.created:  # left by a crashed session that used the same name
             bed.down()
+        # what an earlier session's tests left in a named bed's directory (a lock file pinning that
+        # session's moved commits, a token) must not carry into this one
+        shutil.rmtree(bed.workdir, ignore_errors=True)
         bed.up(specs)
         return bed
 
