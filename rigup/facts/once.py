@@ -9,7 +9,7 @@ changes nothing (the same `dpkg -l` eight times). With `read_facts_once(state)`:
   on that host: an operation's command, an upload or download, a callback's own command. So a fact
   read after a change is read again, as pyinfra's own semantics require.
 - **One round trip.** The facts the previous run of this deploy asked of a host (recorded in
-  `<work dir>/.cache/facts/<host>.json`: fact class, arguments, non-secret connector arguments; never
+  `<work dir>/.cache/facts/<host>.json`: fact class, arguments, the command, non-secret connector arguments; never
   a password or an environment) are read at its first fact request in one command per connector
   setting, every host at once. Each section carries its own stdout, stderr and exit status. A section
   that succeeded is made into the fact's value as pyinfra's fact reader does (the missing-command
