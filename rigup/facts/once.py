@@ -32,7 +32,6 @@ import logging
 import os
 import secrets
 import time
-from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,7 +127,6 @@ class RemoteCommands:
     single_facts: int = 0  # facts read with a command of their own
     memo_hits: int = 0
     invalidations: int = 0
-    by_fact: Counter = field(default_factory=Counter)
 
     @property
     def round_trips(self) -> int:
@@ -147,7 +145,6 @@ class HostFacts:
         self.reading = 0
         self.last_ok = True  # the commands of the current single read all succeeded
         self.ready: gevent.event.Event | None = None  # set once the prefetch has answered
-        self.described: dict[tuple[Any, str, int | None], tuple[_Request | None, Any]] = {}
 
     # ------------------------------------------------------------------ record
     @property
@@ -238,20 +235,6 @@ def _describe(facts: HostFacts, cls: type[FactBase], args: tuple[Any, ...], kwar
     return None
 
 
-def _described(facts: HostFacts, cls: type[FactBase], args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Request | None:
-    """_describe, remembered per request and operation context: pyinfra's argument handling costs a few
-    milliseconds a request, and a deploy asks the same facts from several task files."""
-    context = facts.host.current_op_global_arguments
-    try:
-        key = (cls, json.dumps([args, kwargs], sort_keys=True, default=repr), id(context) if context else None)
-    except (TypeError, ValueError):
-        return _describe(facts, cls, args, kwargs)
-    if key not in facts.described:
-        # the context is kept with the entry, so its id is not reused by another operation's arguments
-        facts.described[key] = (_describe(facts, cls, args, kwargs), context)
-    return facts.described[key][0]
-
-
 def _read_single(facts: HostFacts, request: _Request | None, cls: type, args: tuple, kwargs: dict) -> Any:
     facts.reading += 1
     facts.last_ok = True
@@ -261,7 +244,6 @@ def _read_single(facts: HostFacts, request: _Request | None, cls: type, args: tu
         facts.reading -= 1
     if request is not None:
         facts.stats.single_facts += 1
-        facts.stats.by_fact[request.key[0]] += 1
         if facts.last_ok:  # a failed read is read again when asked again, as pyinfra does
             facts.memo[request.key] = copy.deepcopy(value)
     return value
@@ -368,8 +350,7 @@ def _prefetch(facts: HostFacts) -> None:
             if found:
                 facts.memo[request.key] = copy.deepcopy(value)
                 facts.stats.batched_facts += 1
-                facts.stats.by_fact[request.key[0]] += 1
-
+        
 
 def _value_of(request: _Request, out: list[str]) -> tuple[bool, Any]:
     """What pyinfra's fact reader makes of a successful command's stdout (pyinfra.api.facts._get_fact):
@@ -414,7 +395,7 @@ def _get_fact(self: Host, name_or_cls: Any, *args: Any, **kwargs: Any) -> Any:
             facts.ready.set()
     elif facts.ready is not None and not facts.ready.is_set():
         facts.ready.wait()  # another greenlet (a peer's operation) asked while the batch is in flight
-    request = _described(facts, name_or_cls, args, kwargs)
+    request = _describe(facts, name_or_cls, args, kwargs)
     if request is not None:
         facts.asked.setdefault(request.key, request.persisted())
         if request.key in facts.memo:
