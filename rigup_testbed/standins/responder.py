@@ -583,8 +583,15 @@ if rich is not None:
                         req["model"] = names[0]
                         raw = json.dumps(req).encode()
                 self.headers.replace_header("Content-Length", str(len(raw)))
-                self.rfile = io.BytesIO(raw)
-                self.close_connection = True
+                # the (possibly rewritten) body for this request only: the connection stays open for the
+                # client's next request, as vLLM's server keeps it (closing it unannounced drops a client
+                # that reuses it)
+                connection_reader, self.rfile = self.rfile, io.BytesIO(raw)
+                try:
+                    super().do_POST()
+                finally:
+                    self.rfile = connection_reader
+                return
             super().do_POST()
 
     class BoundResponder(rich.Responder):  # type: ignore[name-defined,misc]

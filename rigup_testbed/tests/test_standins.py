@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from http.client import HTTPConnection
 from pathlib import Path
 from typing import Any
 
@@ -586,6 +587,31 @@ def test_compose_foreground_up_stays_until_sigterm(serving_root: tuple[Root, Dae
     assert "Gracefully stopping..." in err and " Container rigup-dual  Stopped" in err
     state = root.run("docker", "inspect", "--format", "{{.State.Status}}", "rigup-dual", check=True).stdout
     assert state == "exited\n"
+
+
+def test_several_served_names_answer_on_one_kept_alive_connection(serving_root: tuple[Root, Daemon, Path, int]) -> None:
+    """Each served name reaches the model, and the connection stays open between requests, as vLLM's does
+    (a client such as requests reuses it: one closed unannounced drops its next request)."""
+    root, _, project, port = serving_root
+    text = (project / "compose.yaml").read_text()
+    (project / "compose.yaml").write_text(text.replace('"qwen3.6-27b",', '"qwen3.6-27b", "qwen3.6-27b-autoround",'))
+    compose(root, project, "up", "-d", check=True)
+    wait_for(lambda: http_status(f"http://127.0.0.1:{port}/health") == 200)
+    conn = HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.connect()
+        first = conn.sock
+        for name in ("qwen3.6-27b-autoround", "qwen3.6-27b", "qwen3.6-27b-autoround"):
+            body = json.dumps({"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+            conn.request("POST", "/v1/chat/completions", body,
+                         {"Authorization": "Bearer sekrit-key", "Content-Type": "application/json"})
+            response = conn.getresponse()
+            reply = json.loads(response.read())
+            assert response.status == 200 and reply["model"] == "qwen3.6-27b"
+            assert response.getheader("Connection") != "close" and conn.sock is first  # the same connection
+    finally:
+        conn.close()
+    compose(root, project, "down", check=True)
 
 
 def test_responder_faults_and_startup_checks(serving_root: tuple[Root, Daemon, Path, int], tmp_path: Path) -> None:
