@@ -8,6 +8,7 @@ Phases, in order (each task file's docstring says what is true afterwards and wh
   sources            vLLM fork and Genesis checked out at the locked commits
   model              model (and draft) files verified against the locked SHA-256
   serving            compose/env/unit rendered; (re)started only on change; health gate
+  gateway            on gateway_group hosts: LiteLLM proxy routing to what each rig serves now
   summary            no operation: a table of what the converge did on each host, at the end
 
 Run: pyinfra inventory.py deploy.py [--limit GROUP] [--dry]
@@ -22,4 +23,5 @@ local.include("tasks/container_toolkit.py")
 local.include("tasks/sources.py")
 local.include("tasks/model.py")
 local.include("tasks/serving.py")
+local.include("tasks/gateway.py")
 local.include("tasks/summary.py")

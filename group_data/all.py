@@ -70,6 +70,17 @@ serving_api_key_file = None  # control-machine path of a 0600 file holding the A
 serving_health_timeout_s = None  # seconds for the health gate; None scales with model size
 serving_keep_generations = 2  # rendered generations kept for rollback (current + previous)
 
+# --- Gateway: the fleet's one OpenAI endpoint (LiteLLM's proxy, routes from what each rig serves) ---
+gateway_group = "gateway"  # inventory group whose hosts run the gateway (a rig, or a host with serves_variant: False)
+serves_variant = True  # False: a gateway-only host (no GPU, driver, Docker, sources, model or variant)
+gateway_bind_address = "0.0.0.0"  # address the gateway listens on
+gateway_port = 4000  # the gateway's TCP port
+gateway_api_key_file = None  # control-machine path of a 0600 file holding the key clients send; required on a gateway host
+gateway_pip_index_url = "https://pypi.org/simple"  # PEP 503 index the hash-pinned proxy (files/gateway/requirements.txt) installs from
+gateway_health_check_interval_s = 10  # seconds between the gateway's checks of each route; a failing route leaves rotation
+gateway_num_retries = 2  # a failed request is retried this many times, on another rig serving the same model
+gateway_ready_timeout_s = 180  # seconds a (re)started gateway has to answer before the host fails
+
 # --- Rollout -------------------------------------------------------------------------------
 rollout_canary_group = "canary"  # inventory group converged and gated before the rest
 rollout_batch = 1  # hosts rebooted or restarted at a time during a rollout

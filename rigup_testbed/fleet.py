@@ -244,7 +244,8 @@ class Testbed:
                 "ssh_key": str(h.ssh_key),
                 "ssh_known_hosts_file": str(h.known_hosts),
                 "ssh_strict_host_key_checking": "yes",
-                "gpu_count": len(h.hardware.gpus),
+                # a host without GPUs (a gateway box) says nothing: gpu_count takes 1 or more
+                **({"gpu_count": len(h.hardware.gpus)} if h.hardware.gpus else {}),
                 **dict(h.data),
             }
         return {"data": top, "groups": groups}

@@ -19,6 +19,9 @@ namespace and the hub's cgroup, recorded in the ledger, and up once it wrote its
     hf        :8082  Hugging Face endpoint (rigup_testbed/hfhub.py): hf_endpoint
     git       :9418  git daemon (+ smart HTTP on :8081) with the fork, Genesis and club-3090 remotes
                      (rigup_testbed/gitremotes.py): every *_git_url knob, same <owner>/<name>.git path
+    pypi      :8083  static HTTP over a PEP 503 simple index of the wheels files/gateway/requirements.txt
+                     pins for the hosts' CPython 3.11 (rigup_testbed/pypi.py, built once per content hash
+                     under the cache): gateway_pip_index_url (<base>/simple)
 
 Without `netns`/`ledger` the services run in the current namespace, recorded in workdir/hub-state.json.
 """
@@ -40,7 +43,8 @@ from rigup_testbed.image import REPO_ROOT, cache_dir
 from rigup_testbed.state import Ledger, TestbedError, is_same_process, spawn, stop_process
 
 # Fixed ports: the hub namespace is ours alone, so nothing else can hold them and URLs stay readable.
-PORTS = {"apt": 8080, "git": 8081, "git_daemon": 9418, "hf": 8082, "registry": 5000}
+PORTS = {"apt": 8080, "git": 8081, "git_daemon": 9418, "hf": 8082, "pypi": 8083, "registry": 5000}
+GATEWAY_REQUIREMENTS = REPO_ROOT / "files" / "gateway" / "requirements.txt"
 READY_TIMEOUT_S = 60.0
 PREINSTALLED = ("pciutils", "mokutil")
 
@@ -108,6 +112,7 @@ class Hub:
         self.services: list[Service] = []
         self._host_files: dict[str, str | bytes] = {}
         self.repo_info: Any = None
+        self.pypi_root: Path | None = None  # the built simple index's directory (rigup_testbed/pypi.py)
 
     # --- the services ----------------------------------------------------------------------------
 
@@ -147,6 +152,14 @@ class Hub:
                 ready_file=w / "git/ready.json",
                 knobs=lambda r: {**_git_knobs(r["git_url"], w / "git"), "source_refs": _source_refs(r["remotes"])},
             ),
+            Service(
+                name="pypi",
+                module="rigup_testbed.hubserve",
+                args=["static", "--root", str(self.pypi_root), "--bind", ip, "--port", str(PORTS["pypi"]),
+                      "--ready-file", str(w / "pypi/ready.json")],
+                ready_file=w / "pypi/ready.json",
+                knobs=lambda r: {"gateway_pip_index_url": f"{r['url']}/simple"},
+            ),
         ]  # fmt: skip
 
     @property
@@ -167,10 +180,13 @@ class Hub:
 
     def start(self) -> None:
         from rigup_testbed.aptrepo import build_repos
+        from rigup_testbed.pypi import build_index
 
         self.workdir.mkdir(parents=True, exist_ok=True)
         # Built once per content hash into the shared cache; served read-only.
         self.repo_info = build_repos(cache_dir() / "aptrepo")
+        # The first build downloads the gateway's wheels (~180 MB, from the control machine's pip index).
+        self.pypi_root = build_index(GATEWAY_REQUIREMENTS, cache_dir() / "pypi")
         self._host_files.update(self._archive_files())
         self.write_registry_files()
         self.services = self._plan()

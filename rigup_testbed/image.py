@@ -38,6 +38,9 @@ PACKAGES: tuple[str, ...] = (
     "curl",
     "ca-certificates",
     "python3",
+    # Not on a fresh Ubuntu server: rigup apt-installs it for the gateway venv, which the hosts' only apt
+    # source (the stand-in archive) cannot serve; so the real Debian package is there already.
+    "python3-venv",
     "gnupg",
     "iproute2",
     "iputils-ping",

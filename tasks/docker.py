@@ -14,6 +14,7 @@ Reads: docker_apt_url, docker_apt_key_url, docker_packages, docker_insecure_regi
 Restarts: docker.service, only when daemon.json changed while Docker was already running (starts it
 when it is not running). apt-get update runs only when the key or the source file changed.
 Not idempotent: none.
+A gateway-only host (serves_variant: false): nothing.
 """
 
 
@@ -32,7 +33,7 @@ PREREQUISITES = ["ca-certificates", "curl"]  # https apt sources; files.download
 # Distribution packages Docker's own packages conflict with (Docker's install guide removes them).
 CONFLICTING = ["docker.io", "docker-doc", "docker-compose", "docker-compose-v2", "podman-docker", "containerd", "runc"]
 
-os_info = host.get_fact(OsReleaseInfo)
+os_info = host.get_fact(OsReleaseInfo) if knob(host.data, "serves_variant") else None  # a gateway-only host: no Docker
 if os_info is not None and os_info.codename:
     arch = host.get_fact(DebArch) or "amd64"
     installed = host.get_fact(DebPackages) or {}

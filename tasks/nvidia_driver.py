@@ -21,6 +21,7 @@ the loaded one and driver_reboot is auto, at most rollout_batch hosts at a time 
 in the inventory). With driver_reboot: never it reports REBOOT REQUIRED and rigup.checks.driver_plan marks
 the host so later tasks do not start GPU containers.
 Not idempotent: none (the reboot only happens while the driver is not converged).
+A gateway-only host (serves_variant: false): nothing.
 """
 
 
@@ -56,7 +57,7 @@ POWER_UNIT_FILE = f"/etc/systemd/system/{POWER_UNIT}"
 CUDA_ARCH_DIRS = {"amd64": "x86_64", "arm64": "sbsa"}
 
 try:
-    want = DriverWant.from_data(host.data)
+    want = DriverWant.from_data(host.data) if knob(host.data, "serves_variant") else None
 except ValueError:
     want = None  # preflight has already failed this host with the key and the fix
 

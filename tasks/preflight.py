@@ -20,6 +20,8 @@ Reads: variant, variant_overrides, gpu_count, gpu_interconnect, preflight_os_all
 preflight_disk_margin_gb, preflight_vram_misfit, nvidia_driver_branch, nvidia_driver_flavour,
 nvidia_driver_source, driver_reboot, gpu_power_cap_watts, gpu_power_cap_by_model, _sudo, install_root, model_dir,
 container_registry, lock_file.
+A gateway-only host (serves_variant: false) is checked for root or passwordless sudo, systemd, apt,
+its OS and room for the gateway's venv only.
 Changes: nothing. Restarts: nothing.
 From here on every fact is read once per run per host (rigup.facts.once): re-read only after
 something ran on the host, and the facts the last run asked for come back in one round trip.

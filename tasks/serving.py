@@ -25,6 +25,7 @@ it, gates it again, and fails the host saying it was rolled back.
 Skipped, with a warning, on a host whose driver needs a reboot under driver_reboot=never.
 Without a usable lock: a real run stops (when sources or model did not already), saying
 what the lock pins and how to make it; a --dry run warns so in one line and plans nothing here.
+A gateway-only host (serves_variant: false): nothing.
 """
 
 import posixpath
@@ -54,86 +55,89 @@ from rigup.operations.serving import (
 from rigup.rig import SERVINGCTL_SCRIPT
 from rigup.runstate import driver_changed, pins_missing, serving_blocked
 
-# The interconnect plan (NCCL / custom all-reduce) comes from the GPU topology read now, as preflight,
-# status and doctor read it. On a host whose driver is installed in this same run it is unknown here
-# (no nvidia-smi yet): the gpu_interconnect knob decides, and the next run applies what is detected.
-topology = host.get_fact(GpuTopology)
-try:
-    plan = host_plan(host.data.dict(), host.name, topology, require_lock=False)
-    env_text = plan.env_text()  # refuses quotes/newlines that would break the .env
-    timeout_s = health_timeout_s(plan.recipe, knob(host.data, "serving_health_timeout_s"))
-    keep = knob_int(host.data, "serving_keep_generations", minimum=1)
-except (LockError, SecretError, ValueError) as exc:
-    raise DeployError(f"{host.name}: {exc}") from None
-missing_pins = pins_missing(host, "serving", plan)  # no release without pins: --dry warns, a real run fails
-blocked = serving_blocked(host)
-if blocked is not None and not missing_pins:
-    logger.warning(f"{host.print_prefix}SERVING SKIPPED: {blocked}")
-if blocked is None and not missing_pins:
-    recipe = plan.recipe
-    paths = recipe.paths
-    ctl = ctl_path(paths.install_root)
+if knob(host.data, "serves_variant"):  # a gateway-only host runs no variant
+    # The interconnect plan (NCCL / custom all-reduce) comes from the GPU topology read now, as preflight,
+    # status and doctor read it. On a host whose driver is installed in this same run it is unknown here
+    # (no nvidia-smi yet): the gpu_interconnect knob decides, and the next run applies what is detected.
+    topology = host.get_fact(GpuTopology)
+    try:
+        plan = host_plan(host.data.dict(), host.name, topology, require_lock=False)
+        env_text = plan.env_text()  # refuses quotes/newlines that would break the .env
+        timeout_s = health_timeout_s(plan.recipe, knob(host.data, "serving_health_timeout_s"))
+        keep = knob_int(host.data, "serving_keep_generations", minimum=1)
+    except (LockError, SecretError, ValueError) as exc:
+        raise DeployError(f"{host.name}: {exc}") from None
+    missing_pins = pins_missing(host, "serving", plan)  # no release without pins: --dry warns, a real run fails
+    blocked = serving_blocked(host)
+    if blocked is not None and not missing_pins:
+        logger.warning(f"{host.print_prefix}SERVING SKIPPED: {blocked}")
+    if blocked is None and not missing_pins:
+        recipe = plan.recipe
+        paths = recipe.paths
+        ctl = ctl_path(paths.install_root)
 
-    apt.packages(name="Install python3 for rigup-servingctl", packages=["python3"])
-    files.directory(name="Create the rigup bin directory", path=posixpath.dirname(ctl), mode="755")
-    files.directory(name="Create the variant directory", path=paths.variant_dir, mode="755")
-    files.directory(name="Create the state directory", path=paths.state_dir, mode="755")
-    for cache_dir in host.loop(recipe.host_dirs):
-        files.directory(name="Create the variant's cache directories", path=cache_dir, mode="755")
-    files.put(
-        name="Upload rigup-servingctl (health gate, generations, rollback)",
-        src=str(SERVINGCTL_SCRIPT),
-        dest=ctl,
-        mode="755",
-    )
+        apt.packages(name="Install python3 for rigup-servingctl", packages=["python3"])
+        files.directory(name="Create the rigup bin directory", path=posixpath.dirname(ctl), mode="755")
+        files.directory(name="Create the variant directory", path=paths.variant_dir, mode="755")
+        files.directory(name="Create the state directory", path=paths.state_dir, mode="755")
+        for cache_dir in host.loop(recipe.host_dirs):
+            files.directory(name="Create the variant's cache directories", path=cache_dir, mode="755")
+        files.put(
+            name="Upload rigup-servingctl (health gate, generations, rollback)",
+            src=str(SERVINGCTL_SCRIPT),
+            dest=ctl,
+            mode="755",
+        )
 
-    # Pull before any file changes: the old release keeps serving during the download, and a failed
-    # pull leaves the rig as it was.
-    image_pulled(name="Pull the container image", ref=recipe.image.ref)
-    files.put(
-        name="Write the compose file",
-        src=StringIO(plan.compose.content),
-        dest=paths.compose_file,
-        mode="644",
-    )
-    secret_file(
-        name="Write the environment file (0600: the only place secrets go)",
-        path=paths.env_file,
-        content=HiddenValue(env_text),
-        mode=plan.env.mode,
-    )
-    files.put(
-        name="Write the systemd unit",
-        src=StringIO(plan.unit.content),
-        dest=paths.unit_file,
-        mode="644",
-    )
-    files.put(
-        name="Write the release file (pins and file hashes)",
-        src=StringIO(plan.release_text),
-        dest=release_path(recipe),
-        mode="644",
-    )
-    # handlers: GPUs free, then (re)start from what is on disk, then the gate
-    sole_variant(name="Stop and disable other rigup variants", unit=paths.unit_name, install_root=paths.install_root)
-    service = variant_service(
-        name="Run the variant on its current files (restart only if they changed since it started)",
-        ctl=ctl,
-        release=release_path(recipe),
-        unit=paths.unit_name,
-    )
-    health_gate(
-        name="Health-gate the (re)started variant; roll back on failure",
-        ctl=ctl,
-        release=release_path(recipe),
-        timeout_s=timeout_s,
-        keep=keep,
-        _if=lambda: service.did_change() or driver_changed(host),
-    )
-    serving_verified(
-        name="Ensure the variant serves its recorded release",
-        ctl=ctl,
-        release=release_path(recipe),
-        timeout_s=timeout_s,
-        keep=keep,
-    )
+        # Pull before any file changes: the old release keeps serving during the download, and a failed
+        # pull leaves the rig as it was.
+        image_pulled(name="Pull the container image", ref=recipe.image.ref)
+        files.put(
+            name="Write the compose file",
+            src=StringIO(plan.compose.content),
+            dest=paths.compose_file,
+            mode="644",
+        )
+        secret_file(
+            name="Write the environment file (0600: the only place secrets go)",
+            path=paths.env_file,
+            content=HiddenValue(env_text),
+            mode=plan.env.mode,
+        )
+        files.put(
+            name="Write the systemd unit",
+            src=StringIO(plan.unit.content),
+            dest=paths.unit_file,
+            mode="644",
+        )
+        files.put(
+            name="Write the release file (pins and file hashes)",
+            src=StringIO(plan.release_text),
+            dest=release_path(recipe),
+            mode="644",
+        )
+        # handlers: GPUs free, then (re)start from what is on disk, then the gate
+        sole_variant(
+            name="Stop and disable other rigup variants", unit=paths.unit_name, install_root=paths.install_root
+        )
+        service = variant_service(
+            name="Run the variant on its current files (restart only if they changed since it started)",
+            ctl=ctl,
+            release=release_path(recipe),
+            unit=paths.unit_name,
+        )
+        health_gate(
+            name="Health-gate the (re)started variant; roll back on failure",
+            ctl=ctl,
+            release=release_path(recipe),
+            timeout_s=timeout_s,
+            keep=keep,
+            _if=lambda: service.did_change() or driver_changed(host),
+        )
+        serving_verified(
+            name="Ensure the variant serves its recorded release",
+            ctl=ctl,
+            release=release_path(recipe),
+            timeout_s=timeout_s,
+            keep=keep,
+        )

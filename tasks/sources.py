@@ -10,35 +10,38 @@ Restarts: nothing (serving renders the commits into its provenance and restarts 
 Not idempotent: none (a re-run with the same pins changes nothing).
 Without a usable lock: the first phase that needs pins. A real run stops here (pyinfra ends the run when a task
 file raises), saying what the lock pins and how to make it; a --dry run warns so in one line and plans nothing here.
+A gateway-only host (serves_variant: false): nothing.
 """
 
 from pyinfra import host
 from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import apt, files
 
+from rigup.desired.knobs import knob
 from rigup.desired.lock import LockError
 from rigup.desired.plan import host_plan
 from rigup.operations.git import git_checkout
 from rigup.runstate import pins_missing
 
-try:
-    plan = host_plan(host.data.dict(), host.name, read_secrets=False, require_lock=False)
-except LockError as exc:
-    raise DeployError(str(exc)) from None
-recipe = plan.recipe
-# a variant without sources needs no pins here (the model phase refuses then)
-sources = () if recipe.sources and pins_missing(host, "sources", plan) else recipe.sources
+if knob(host.data, "serves_variant"):  # a gateway-only host runs no variant
+    try:
+        plan = host_plan(host.data.dict(), host.name, read_secrets=False, require_lock=False)
+    except LockError as exc:
+        raise DeployError(str(exc)) from None
+    recipe = plan.recipe
+    # a variant without sources needs no pins here (the model phase refuses then)
+    sources = () if recipe.sources and pins_missing(host, "sources", plan) else recipe.sources
 
-if sources:
-    apt.packages(name="Install git", packages=["git"])
-    files.directory(name="Create the sources directory", path=recipe.paths.sources_dir, mode="755")
+    if sources:
+        apt.packages(name="Install git", packages=["git"])
+        files.directory(name="Create the sources directory", path=recipe.paths.sources_dir, mode="755")
 
-for source in host.loop(sources):
-    git_checkout(
-        name="Check out each source at its locked commit",
-        src=source.git_url,
-        dest=source.path,
-        commit=source.commit,
-        full_clone=source.full_clone,
-        required_paths=source.required_paths,
-    )
+    for source in host.loop(sources):
+        git_checkout(
+            name="Check out each source at its locked commit",
+            src=source.git_url,
+            dest=source.path,
+            commit=source.commit,
+            full_clone=source.full_clone,
+            required_paths=source.required_paths,
+        )

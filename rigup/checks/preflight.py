@@ -218,15 +218,19 @@ def _norm_os(text: str) -> str:
 
 
 def check_os(facts: HostFacts, host_data: Mapping[str, Any]) -> Check:
+    return check_os_release(facts.os, host_data)
+
+
+def check_os_release(os_info: OsInfo | None, host_data: Mapping[str, Any]) -> Check:
     allowed = [_norm_os(a) for a in knob(host_data, "preflight_os_allowed") or ()]
-    if facts.os is None:
+    if os_info is None:
         return _fail("os", "cannot read /etc/os-release", "check the host is a Debian-family Linux", "preflight_os_allowed")
-    if facts.os.key in allowed:
-        return _ok("os", f"{facts.os.key} is allowed", "preflight_os_allowed")
+    if os_info.key in allowed:
+        return _ok("os", f"{os_info.key} is allowed", "preflight_os_allowed")
     return _fail(
         "os",
-        f"{facts.os.key} is not in preflight_os_allowed {allowed}",
-        f"use one of {allowed} or add {facts.os.key!r} to preflight_os_allowed",
+        f"{os_info.key} is not in preflight_os_allowed {allowed}",
+        f"use one of {allowed} or add {os_info.key!r} to preflight_os_allowed",
         "preflight_os_allowed",
     )
 
@@ -686,6 +690,34 @@ def run_checks(
         if extra is not None:
             checks.append(extra)
     checks += check_disk(facts, recipe, host_data)
+    return checks
+
+
+# The gateway's pinned venv (LiteLLM's proxy and what it imports) takes about 0.8 GB installed.
+GATEWAY_VENV_GB = 1.0
+
+
+def gateway_host_checks(
+    caps: Capabilities | None, os_info: Any, disk: Mapping[str, Any], host_data: Mapping[str, Any]
+) -> list[Check]:
+    """Preflight of a gateway-only host (serves_variant: false): it needs root, systemd, apt, an allowed
+    OS and room for the gateway's venv; no GPU, driver or Docker."""
+    checks = [c for c in check_capabilities(caps, host_data) if c.name != "docker"]
+    if privileges_missing(checks):
+        return checks
+    checks.append(check_os_release(os_info, host_data))
+    root = str(knob(host_data, "install_root"))
+    free = disk.get(root)
+    need = GATEWAY_VENV_GB + float(knob(host_data, "preflight_disk_margin_gb"))
+    if free is None:
+        checks.append(_fail("disk", f"no free-space reading for {root}", "check the path is reachable", "install_root"))
+    elif free.avail_gb < need:
+        checks.append(_fail("disk", f"{free.mount} has {free.avail_gb:.1f} GB free; the gateway needs {need:.1f} GB "
+                            f"(venv {GATEWAY_VENV_GB:g} GB + margin)", f"free space on {free.mount} or move install_root",
+                            "preflight_disk_margin_gb"))
+    else:
+        checks.append(_ok("disk", f"{free.mount}: {free.avail_gb:.1f} GB free >= {need:.1f} GB (gateway venv + margin)",
+                          "preflight_disk_margin_gb"))
     return checks
 
 

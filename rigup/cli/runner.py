@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from rigup.client.ssh import LOCAL_HOST, FileLog, JournalLog, RemoteError, Runner, ServiceLog, SshSettings
 from rigup.desired.fleet import Fleet, load_fleet
+from rigup.desired.gateway import GatewayError, gateway_plan
 from rigup.desired.knobs import knob
 from rigup.desired.plan import host_plan
 from rigup.desired.recipe import Recipe, RecipeError
@@ -35,6 +36,8 @@ class Target:
     recipe: Recipe | None = None
     error: str | None = None  # why the target is unusable (bad variant, unreadable key file, ...)
     ssh: SshSettings | None = None  # None: no SSH (a bare URL)
+    gateway_url: str | None = None  # the fleet gateway this host runs (gateway_group), None: none
+    gateway_key: str | None = field(default=None, repr=False)
 
     @property
     def variant(self) -> str | None:
@@ -75,6 +78,11 @@ def fleet_targets(limit: Sequence[str] | None = None, fleet: Fleet | None = None
     for name in select_hosts(fleet, limit):
         data = fleet.resolved_data(name)
         ssh = SshSettings.from_data(name, data)
+        gateway_url, gateway_key, gateway_error = gateway_of(fleet, name, data, ssh)
+        if not knob(data, "serves_variant"):  # a gateway-only host
+            targets.append(Target(name, None, data=data, error=gateway_error, ssh=ssh, gateway_url=gateway_url,
+                                  gateway_key=gateway_key))
+            continue
         try:
             recipe = host_plan(data, name, require_lock=False, read_secrets=False).recipe
         except (RecipeError, KeyError, ValueError) as exc:
@@ -87,8 +95,24 @@ def fleet_targets(limit: Sequence[str] | None = None, fleet: Fleet | None = None
         except SecretError as exc:
             error = str(exc)
         url = f"http://{api_host(ssh.hostname)}:{recipe.host_port}"
-        targets.append(Target(name, url, api_key, data, recipe, error, ssh))
+        targets.append(Target(name, url, api_key, data, recipe, error or gateway_error, ssh, gateway_url, gateway_key))
     return targets
+
+
+def gateway_of(fleet: Fleet, name: str, data: dict[str, Any], ssh: SshSettings) -> tuple[str | None, str | None, str | None]:
+    """(URL, key, problem) of the gateway `name` runs; all None when it is not in gateway_group."""
+    try:
+        plan = gateway_plan(name, data, [fleet.host(name).group], [], read_secrets=False)
+    except GatewayError as exc:
+        return None, None, f"gateway: {exc}"
+    if plan is None:
+        return None, None, None
+    address = "127.0.0.1" if ssh.local else api_host(ssh.hostname)
+    url = f"http://{address}:{plan.port}"
+    try:
+        return url, read_secret_file(knob(data, "gateway_api_key_file"), "gateway_api_key_file"), None
+    except SecretError as exc:
+        return url, None, f"gateway: {exc}"
 
 
 def url_target(url: str, api_key_file: str | None = None) -> Target:

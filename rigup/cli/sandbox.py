@@ -45,6 +45,9 @@ def add_parser(subparsers: Any) -> None:
         help=f"GPU preset per rig, comma-separated and repeated over the rigs: {PRESETS_HINT} (default 2x3090)",
     )
     up.add_argument("--canary", type=int, default=1, help="rigs in group 'canary'; the rest are in 'rigs' (default 1)")
+    up.add_argument("--gateway", type=int, default=1,
+                    help="last rigs in group 'gateway': they serve too, and run the fleet's LiteLLM gateway "
+                         "(default 1, none for a single rig; its key: sandbox/gateway.key)")
     up.add_argument("--replace", action="store_true", help="tear down a running sandbox first")
     up.add_argument("--json", action="store_true", help="print the result as JSON")
     down = commands.add_parser("down", help="stop and remove everything the sandbox created")
@@ -109,14 +112,17 @@ def _up(args: argparse.Namespace) -> int:
             return 1
         bed.down()
         bed = _testbed()
-    specs = [
-        HostSpec(name, hardware=presets[i % len(presets)], group="canary" if i < args.canary else "rigs")
-        for i, name in enumerate(host_names(args.hosts))
-    ]
+    gateways = min(args.gateway, args.hosts - 1) if args.hosts > 1 else 0
+
+    def group(i: int) -> str:
+        return "canary" if i < args.canary else "gateway" if i >= args.hosts - gateways else "rigs"
+
+    specs = [HostSpec(name, hardware=presets[i % len(presets)], group=group(i)) for i, name in enumerate(host_names(args.hosts))]
     try:
         bed.up(specs)
+        group_data = {"gateway": {"gateway_api_key_file": str(_gateway_key())}} if gateways else {}
         # The sandbox's lock file lives with it: its pins name the sandbox mirrors' commits and files.
-        fleet = bed.write_fleet(FLEET_FILE, data={"lock_file": str(SANDBOX_DIR / "rigs.lock.yaml")})
+        fleet = bed.write_fleet(FLEET_FILE, data={"lock_file": str(SANDBOX_DIR / "rigs.lock.yaml")}, group_data=group_data)
     except TestbedError as exc:
         print(f"rigup sandbox: {exc}", file=sys.stderr)
         try:
@@ -181,6 +187,19 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _gateway_key() -> Path:
+    """sandbox/gateway.key (0600): the key the sandbox gateway's clients send, made once per sandbox."""
+    import secrets
+
+    path = SANDBOX_DIR / "gateway.key"
+    if not path.exists():
+        SANDBOX_DIR.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(f"sk-rigup-sandbox-{secrets.token_hex(16)}\n")
+    return path
 
 
 def _rel(path: Path) -> str:

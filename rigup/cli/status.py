@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import requests
+
 from rigup.cli.runner import Target, add_target_arguments, fleet_targets, progress, run_fleet_command
 from rigup.client.openai_client import ApiClient
 from rigup.client.ssh import LazySsh, RemoteError, Runner, gpu_memory
@@ -188,6 +190,41 @@ def check_health(target: Target) -> Health:
     if target.served_model not in result.models:
         return Health(False, f"/v1/models lists {list(models)}, not {target.served_model!r}", models)
     return Health(True, f"serves {target.served_model} ({result.elapsed * 1000:.0f} ms)", models)
+
+
+def gateway_items(target: Target, timeout: float = 60.0) -> list[Item]:
+    """The gateway this host runs, asked over HTTP from here: ready or not, then every route it holds
+    with LiteLLM's own verdict (GET /health checks each deployment now)."""
+    url = target.gateway_url
+    try:
+        ready = requests.get(f"{url}/health/readiness", timeout=10)
+        version = ready.json().get("litellm_version") if ready.ok else None
+        answered = (f"ready (LiteLLM {version})" if version else "ready") if ready.ok else f"HTTP {ready.status_code}"
+    except (requests.RequestException, ValueError) as exc:
+        return [Item("gateway", f"answering on {url}", f"no answer ({type(exc).__name__})", UNHEALTHY)]
+    items = [Item("gateway", f"answering on {url}", answered, OK if ready.ok else UNHEALTHY)]
+    if not ready.ok:
+        return items
+    if target.gateway_key is None:
+        return items + [Item("gateway routes", "checked", "no gateway key to ask with", UNHEALTHY)]
+    try:
+        health = requests.get(f"{url}/health", headers={"Authorization": f"Bearer {target.gateway_key}"}, timeout=timeout)
+        report = health.json()
+    except (requests.RequestException, ValueError) as exc:
+        return items + [Item("gateway routes", "checked", f"GET /health: {type(exc).__name__}", UNHEALTHY)]
+    if not health.ok:
+        return items + [Item("gateway routes", "checked", f"GET /health: HTTP {health.status_code}", UNHEALTHY)]
+    routes = [(e, True) for e in report.get("healthy_endpoints") or ()]
+    routes += [(e, False) for e in report.get("unhealthy_endpoints") or ()]
+    if not routes:
+        return items + [Item("gateway routes", "at least one", "none", UNHEALTHY)]
+    for entry, healthy in sorted(routes, key=lambda r: str(r[0].get("model_id"))):
+        model = str(entry.get("model", "?")).removeprefix("hosted_vllm/")
+        where = f"{entry.get('model_id') or '?'} at {entry.get('api_base') or '?'}"
+        error = " ".join(str(entry.get("error") or "").split())[:80]
+        items.append(Item(f"route {model}", "healthy", f"healthy: {where}" if healthy else f"unhealthy: {where}: {error}",
+                          OK if healthy else UNHEALTHY))
+    return items
 
 
 # --------------------------------------------------------------------------------------------
@@ -369,6 +406,11 @@ class HostStatus:
 def host_status(target: Target, quiet: bool = False) -> HostStatus:
     if not quiet:
         progress(f"[{target.name}] gathering state over SSH ...")
+    if not knob(target.data, "serves_variant"):  # a gateway-only host
+        items = gateway_items(target) if target.gateway_url else []
+        if target.error is not None:
+            items.insert(0, Item("gateway key", "readable", target.error, DRIFT))
+        return HostStatus(target.name, None, target.gateway_url, items)
     if target.recipe is None:
         return HostStatus(target.name, target.variant, None, [Item("recipe", "a valid variant", target.error or "-", DRIFT)])
     ssh = LazySsh(target.ssh)
@@ -382,6 +424,8 @@ def host_status(target: Target, quiet: bool = False) -> HostStatus:
     items = compare(desired, facts, check_health(target))
     if target.error is not None:
         items.insert(0, Item("api key", "readable", target.error, DRIFT))
+    if target.gateway_url:
+        items += gateway_items(target)
     status = HostStatus(target.name, target.variant, target.api_url, items)
     if not quiet:
         progress(f"[{target.name}] {status.verdict}")

@@ -112,6 +112,7 @@ OPTIONAL_KNOB_TYPES: dict[str, tuple[type, ...]] = {
     "serving_api_key_file": (str,),
     "serving_health_timeout_s": (int, float),
     "model_fleet_address": (str,),
+    "gateway_api_key_file": (str,),
 }
 
 # Knobs with a non-None default that still take None (group_data/all.py says what None means).
@@ -140,6 +141,7 @@ URL_KNOBS = (
     "nvidia_ctk_apt_url",
     "nvidia_ctk_apt_key_url",
     "hf_endpoint",
+    "gateway_pip_index_url",
 )
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://\S+$")
 
@@ -260,6 +262,13 @@ def _rule_table() -> dict[str, Rule]:
         "serving_api_key_file": _text("a file path on the control machine"),
         "serving_health_timeout_s": Rule("a number of seconds above 0", lambda v: _is_number(v) and v > 0),
         "serving_keep_generations": _int_at_least(1),
+        "gateway_group": _text("a group name of the fleet file"),
+        "gateway_bind_address": Rule("an IP address (e.g. 0.0.0.0, 127.0.0.1)", _is_ip),
+        "gateway_port": port,
+        "gateway_api_key_file": _text("a file path on the control machine"),
+        "gateway_health_check_interval_s": _int_at_least(1),
+        "gateway_num_retries": _int_at_least(0),
+        "gateway_ready_timeout_s": _int_at_least(1),
         "rollout_canary_group": _text("a group name of the fleet file"),
         "rollout_batch": _int_at_least(1),
         "rollout_max_failures": _int_at_least(0),

@@ -82,6 +82,7 @@ def plan_models(state: Any, current: Any) -> ModelPlan:
 
 def _plan_all(state: Any, only: Any = None) -> tuple[dict[str, ModelPlan], dict[str, str]]:
     hosts = [only] if only is not None else [h for h in state.inventory if h in state.activated_hosts]
+    hosts = [h for h in hosts if knob(h.data, "serves_variant")]  # a gateway-only host holds no model
     infos: list[_HostInfo] = []
     problems: dict[str, str] = {}  # host name -> why it has no usable lock
     for h in hosts:

@@ -57,7 +57,12 @@ def _environment() -> jinja2.Environment:
 
 
 def _render(template: str, recipe: Recipe) -> str:
-    return _environment().get_template(template).render(recipe=recipe)
+    return render_template(template, recipe=recipe)
+
+
+def render_template(template: str, **values: object) -> str:
+    """One of templates/, strict about undefined names."""
+    return _environment().get_template(template).render(**values)
 
 
 def render_variant(recipe: Recipe, *, hf_token_present: bool, api_key_present: bool) -> dict[str, RenderedFile]:

@@ -14,6 +14,7 @@ from rigup.checks.preflight import (
     HostFacts,
     check_capabilities,
     failures,
+    gateway_host_checks,
     gather,
     host_recipe,
     privileges_missing,
@@ -21,7 +22,7 @@ from rigup.checks.preflight import (
 )
 from rigup.desired.knobs import knob
 from rigup.facts.gpu import GpuTopology
-from rigup.facts.system import HostCapabilities
+from rigup.facts.system import FreeDisk, HostCapabilities, OsReleaseInfo
 
 
 def _fail_host(state: Any, host: Any, title: str, lines: list[str]) -> bool:
@@ -41,6 +42,12 @@ def host_preflight(target: Any, base_dir: Path | None = None) -> tuple[list[Chec
     the one the later phases build (rigup.desired.plan.host_plan with the host's GPU topology); a
     relative lock_file is read from `base_dir` (default: the fleet file's directory)."""
     data = target.data.dict()
+    if not knob(data, "serves_variant"):  # a gateway-only host: no GPU, driver, Docker or variant to check
+        caps = target.get_fact(HostCapabilities, _sudo=False)
+        if privileges_missing(check_capabilities(caps, data)):
+            return gateway_host_checks(caps, None, {}, data), None
+        root = str(knob(data, "install_root"))
+        return gateway_host_checks(caps, target.get_fact(OsReleaseInfo), target.get_fact(FreeDisk, paths=[root]), data), None
     first = check_capabilities(target.get_fact(HostCapabilities, _sudo=False), data)
     if privileges_missing(first):
         return first, None

@@ -75,3 +75,21 @@ def test_the_probe_runs_and_parses_on_this_machine() -> None:
     caps = HostCapabilities().process(out.splitlines())
     assert caps.uid == os.getuid() and caps.pid1 == Path("/proc/1/comm").read_text().strip()
     assert caps.systemd_running == Path("/run/systemd/system").is_dir()
+
+
+def test_a_gateway_only_host_needs_no_gpu_driver_or_docker() -> None:
+    from rigup.checks.preflight import gateway_host_checks
+    from rigup.parsers.system import DiskFree, OsInfo
+
+    data = {**load_defaults(), "_sudo": True, "serves_variant": False}
+    ubuntu = OsInfo(id="ubuntu", version_id="24.04", codename="noble", pretty_name="Ubuntu 24.04.1 LTS")
+    roomy = {"/opt/rigup": DiskFree("/opt/rigup", "/opt", "/dev/sda1", "/", 100 * 10**9, 50 * 10**9)}
+    checks = {c.name: c for c in gateway_host_checks(BOOTED, ubuntu, roomy, data)}
+    assert set(checks) == {"privileges", "systemd", "apt", "os", "disk"} and all(c.ok for c in checks.values())
+    full = {"/opt/rigup": DiskFree("/opt/rigup", "/opt", "/dev/sda1", "/", 100 * 10**9, 5 * 10**9)}
+    disk = {c.name: c for c in gateway_host_checks(BOOTED, ubuntu, full, data)}["disk"]
+    assert disk.failed and "needs 11.0 GB" in disk.message and disk.key == "preflight_disk_margin_gb"
+    debian = OsInfo(id="debian", version_id="12", codename="bookworm", pretty_name="Debian 12")
+    assert {c.name: c for c in gateway_host_checks(BOOTED, debian, roomy, data)}["os"].failed
+    # a user who cannot act as root is judged from the capabilities alone
+    assert [c.name for c in gateway_host_checks(PASSWORD, None, {}, data)] == ["privileges", "systemd", "apt"]

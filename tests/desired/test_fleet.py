@@ -60,7 +60,9 @@ def test_resolved_data_starts_from_group_data_defaults(tmp_path):
 
 def test_example_file_is_valid():
     fleet = load_fleet(REPO_ROOT / "rigs.example.yaml")
-    assert {h.name for h in fleet.hosts} == {"rig-01", "rig-02", "rig-03"}
+    assert {h.name for h in fleet.hosts} == {"rig-01", "rig-02", "rig-03", "gw-01"}
+    gateway = fleet.host("gw-01")
+    assert gateway.group == "gateway" and gateway.data["serves_variant"] is False
 
 
 BAD = [

@@ -1,0 +1,124 @@
+"""Facts of the gateway task: what a rig serves now (its provenance record and running rigup units),
+the gateway's current config, and whether a pinned venv is complete."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+
+UNITS_MARK = "--rigup-active-units--"
+
+
+class ServedRecord(FactBase[dict[str, Any]]):
+    """
+    What a rig serves: ``{install_root}/state/provenance.json`` (None before a release passed the gate)
+    and the rigup units systemd runs now:
+
+    .. code:: python
+
+        {"record": {"variant": "dual", "unit": "rigup-dual.service", "gate": {"result": "passed"}, ...},
+         "active_units": ["rigup-dual.service"]}
+    """
+
+    default = dict
+
+    def command(self, install_root: str) -> StringCommand:
+        record = QuoteString(f"{install_root.rstrip('/')}/state/provenance.json")
+        return StringCommand(
+            "cat", record, "2>/dev/null; echo; echo", UNITS_MARK,
+            "; systemctl list-units --type=service --state=active --no-legend --plain 'rigup-*.service' 2>/dev/null"
+            " | awk '{print $1}'",
+        )  # fmt: skip
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        mark = output.index(UNITS_MARK) if UNITS_MARK in output else len(output)
+        text = "\n".join(output[:mark]).strip()
+        try:
+            record = json.loads(text) if text else None
+        except ValueError:
+            record = None  # a torn or foreign file: no route from it
+        return {
+            "record": record if isinstance(record, dict) else None,
+            "active_units": [line.strip() for line in output[mark + 1 :] if line.strip().endswith(".service")],
+        }
+
+
+class TextFile(FactBase[str | None]):
+    """A small text file's content; None when it does not exist."""
+
+    def command(self, path: str) -> StringCommand:
+        return StringCommand("if [ -f", QuoteString(path), "]; then cat", QuoteString(path), "; else echo __absent__; fi")
+
+    def process(self, output: list[str]) -> str | None:
+        if output == ["__absent__"]:
+            return None
+        return "\n".join(output) + "\n" if output else ""
+
+
+class VenvComplete(FactBase[str | None]):
+    """The requirements hash recorded in ``{venv}/.rigup-installed`` once its install finished; None if
+    the venv is absent or unfinished."""
+
+    def command(self, venv: str) -> StringCommand:
+        marker = QuoteString(f"{venv.rstrip('/')}/.rigup-installed")
+        return StringCommand("cat", marker, "2>/dev/null || true")
+
+    def process(self, output: list[str]) -> str | None:
+        text = "".join(output).strip()
+        return text or None
+
+
+class GatewayVenvs(FactBase[list[str]]):
+    """The gateway venv directories (``{root}/venv-*``) on the host."""
+
+    default = list
+
+    def command(self, root: str) -> StringCommand:
+        return StringCommand("for d in", StringCommand(QuoteString(root.rstrip("/")), "/venv-*", _separator=""),
+                             '; do [ -d "$d" ] && echo "$d"; done; true')
+
+    def process(self, output: list[str]) -> list[str]:
+        return sorted(line.strip() for line in output if line.strip())
+
+
+class UnitAgainstFiles(FactBase[dict[str, Any]]):
+    """
+    A unit's state and when its main process started, with the modification time of each file it
+    runs from (all epoch seconds; a missing file is left out):
+
+    .. code:: python
+
+        {"active": "active", "enabled": "enabled", "started": 1796136648, "reload": False,
+         "mtimes": {"/opt/rigup/gateway/config.yaml": 1796136600}}
+    """
+
+    default = dict
+
+    def command(self, unit: str, paths: list[str]) -> StringCommand:
+        quoted = [QuoteString(p) for p in paths]
+        return StringCommand(
+            "systemctl show --timestamp=unix -p ActiveState -p UnitFileState -p ExecMainStartTimestamp -p NeedDaemonReload",
+            QuoteString(unit),
+            "; for f in", *quoted, '; do [ -e "$f" ] && printf "mtime %s %s\\n" "$(stat -c %Y "$f")" "$f"; done; true',
+        )  # fmt: skip
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        shown: dict[str, str] = {}
+        mtimes: dict[str, int] = {}
+        for line in output:
+            if line.startswith("mtime "):
+                _, stamp, path = line.split(" ", 2)
+                mtimes[path] = int(stamp)
+            elif "=" in line:
+                key, _, value = line.partition("=")
+                shown[key] = value.strip()
+        stamp = shown.get("ExecMainStartTimestamp", "").lstrip("@")
+        return {
+            "active": shown.get("ActiveState"),
+            "enabled": shown.get("UnitFileState"),
+            "started": int(stamp) if stamp.isdigit() else None,
+            "reload": shown.get("NeedDaemonReload") == "yes",
+            "mtimes": mtimes,
+        }
