@@ -122,8 +122,11 @@ def url_target(url: str, api_key_file: str | None = None) -> Target:
 
 
 def api_targets(url: str | None, api_key_file: str | None, limit: Sequence[str] | None) -> list[Target]:
-    """The API URL given on the command line (--url, --api-key-file), else the fleet's hosts (--limit)."""
-    return [url_target(url, api_key_file)] if url else fleet_targets(limit)
+    """The API URL given on the command line (--url, --api-key-file), else the fleet's hosts that serve a
+    variant (--limit)."""
+    if url:
+        return [url_target(url, api_key_file)]
+    return [t for t in fleet_targets(limit) if knob(t.data, "serves_variant")]  # a gateway-only host serves no model
 
 
 def parallel(items: Sequence[T], work: Callable[[T], R], workers: int | None = None) -> list[R]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from rigup.cli.runner import fleet_targets
+from rigup.cli.runner import api_targets, fleet_targets
 from rigup.cli.status import OK, UNHEALTHY, gateway_items
 from rigup.desired.fleet import load_fleet
 
@@ -101,3 +101,9 @@ def test_a_gateway_that_does_not_answer_or_a_loose_key_is_reported(tmp_path: Pat
     assert gateway.gateway_key is None and "readable by group or others" in (gateway.error or "")
     [item] = gateway_items(gateway)
     assert (item.item, item.state) == ("gateway", UNHEALTHY) and item.actual.startswith("no answer")
+
+
+def test_verify_bench_and_router_leave_a_gateway_only_host_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RIGUP_RIGS", str(fleet_file(tmp_path, 4000)))
+    assert [t.name for t in api_targets(None, None, None)] == ["rig-2"]
+    assert [t.name for t in fleet_targets()] == ["gw-1", "rig-2"]  # status still reports it
