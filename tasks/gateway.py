@@ -35,6 +35,7 @@ from rigup.desired.gateway import (
     requirements_sha256,
     unit_text,
 )
+from rigup.desired.knobs import KnobError
 from rigup.desired.secrets import SecretError
 from rigup.operations.gateway import (
     gateway_config,
@@ -48,7 +49,7 @@ from rigup.operations.serving import secret_file
 try:
     fleet = [(other.name, other.data.dict()) for other in host.inventory]
     plan = gateway_plan(host.name, host.data.dict(), host.groups, fleet)
-except (GatewayError, SecretError) as exc:
+except (GatewayError, SecretError, KnobError) as exc:
     raise DeployError(f"{host.name}: {exc}") from None
 
 if plan is not None:

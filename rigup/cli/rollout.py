@@ -62,6 +62,7 @@ class Settings:
     canary_group: str | None
     batch: int
     max_failures: int
+    gateway_group: str | None = None  # its hosts go last: their routes then read every rig's new state
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,8 @@ def load_inventory(inventory: str, cwd: Path) -> Any:
 
 def fleet_settings(inventory: Any) -> Settings:
     """rollout_* knobs; they steer the whole rollout, so every host must agree on them."""
-    values: dict[str, set[Any]] = {"rollout_canary_group": set(), "rollout_batch": set(), "rollout_max_failures": set()}
+    values: dict[str, set[Any]] = {"rollout_canary_group": set(), "rollout_batch": set(), "rollout_max_failures": set(),
+                                   "gateway_group": set()}
     for host in inventory:
         for key in values:
             values[key].add(host.data.get(key))
@@ -131,11 +133,13 @@ def fleet_settings(inventory: Any) -> Settings:
         canary_group=one["rollout_canary_group"],
         batch=one["rollout_batch"] if one["rollout_batch"] is not None else 1,
         max_failures=one["rollout_max_failures"] if one["rollout_max_failures"] is not None else 0,
+        gateway_group=one["gateway_group"],
     )
 
 
 def plan(hosts: Sequence[str], groups: dict[str, Sequence[str]], settings: Settings) -> list[Step]:
-    """Steps in order: the canary group's hosts, then the others `batch` at a time."""
+    """Steps in order: the canary group's hosts, then the others `batch` at a time, the gateway group's
+    last (a gateway writes its routes from what every rig serves when it converges)."""
     if settings.batch < 1:
         raise RolloutError(f"rollout_batch must be at least 1, got {settings.batch}")
     if settings.max_failures < 0:
@@ -146,7 +150,9 @@ def plan(hosts: Sequence[str], groups: dict[str, Sequence[str]], settings: Setti
         canary = [h for h in hosts if h in set(groups[settings.canary_group])]
     if canary:
         steps.append(Step("canary", tuple(canary), canary=True))
+    gateways = set(groups.get(settings.gateway_group, ())) if settings.gateway_group else set()
     rest = [h for h in hosts if h not in canary]
+    rest = [h for h in rest if h not in gateways] + [h for h in rest if h in gateways]
     for number, start in enumerate(range(0, len(rest), settings.batch), 1):
         steps.append(Step(f"batch {number}", tuple(rest[start : start + settings.batch])))
     return steps

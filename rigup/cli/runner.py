@@ -38,6 +38,7 @@ class Target:
     ssh: SshSettings | None = None  # None: no SSH (a bare URL)
     gateway_url: str | None = None  # the fleet gateway this host runs (gateway_group), None: none
     gateway_key: str | None = field(default=None, repr=False)
+    gateway_error: str | None = None  # why the gateway cannot be asked (its key); the rig itself is fine
 
     @property
     def variant(self) -> str | None:
@@ -80,8 +81,8 @@ def fleet_targets(limit: Sequence[str] | None = None, fleet: Fleet | None = None
         ssh = SshSettings.from_data(name, data)
         gateway_url, gateway_key, gateway_error = gateway_of(fleet, name, data, ssh)
         if not knob(data, "serves_variant"):  # a gateway-only host
-            targets.append(Target(name, None, data=data, error=gateway_error, ssh=ssh, gateway_url=gateway_url,
-                                  gateway_key=gateway_key))
+            targets.append(Target(name, None, data=data, ssh=ssh, gateway_url=gateway_url, gateway_key=gateway_key,
+                                  gateway_error=gateway_error))
             continue
         try:
             recipe = host_plan(data, name, require_lock=False, read_secrets=False).recipe
@@ -95,7 +96,7 @@ def fleet_targets(limit: Sequence[str] | None = None, fleet: Fleet | None = None
         except SecretError as exc:
             error = str(exc)
         url = f"http://{api_host(ssh.hostname)}:{recipe.host_port}"
-        targets.append(Target(name, url, api_key, data, recipe, error or gateway_error, ssh, gateway_url, gateway_key))
+        targets.append(Target(name, url, api_key, data, recipe, error, ssh, gateway_url, gateway_key, gateway_error))
     return targets
 
 

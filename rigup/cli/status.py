@@ -196,13 +196,16 @@ def gateway_items(target: Target, timeout: float = 60.0) -> list[Item]:
     """The gateway this host runs, asked over HTTP from here: ready or not, then every route it holds
     with LiteLLM's own verdict (GET /health checks each deployment now)."""
     url = target.gateway_url
+    problem = [Item("gateway key", "readable", target.gateway_error, DRIFT)] if target.gateway_error else []
+    if url is None:
+        return problem
     try:
         ready = requests.get(f"{url}/health/readiness", timeout=10)
         version = ready.json().get("litellm_version") if ready.ok else None
         answered = (f"ready (LiteLLM {version})" if version else "ready") if ready.ok else f"HTTP {ready.status_code}"
     except (requests.RequestException, ValueError) as exc:
-        return [Item("gateway", f"answering on {url}", f"no answer ({type(exc).__name__})", UNHEALTHY)]
-    items = [Item("gateway", f"answering on {url}", answered, OK if ready.ok else UNHEALTHY)]
+        return problem + [Item("gateway", f"answering on {url}", f"no answer ({type(exc).__name__})", UNHEALTHY)]
+    items = problem + [Item("gateway", f"answering on {url}", answered, OK if ready.ok else UNHEALTHY)]
     if not ready.ok:
         return items
     if target.gateway_key is None:
@@ -407,10 +410,7 @@ def host_status(target: Target, quiet: bool = False) -> HostStatus:
     if not quiet:
         progress(f"[{target.name}] gathering state over SSH ...")
     if not knob(target.data, "serves_variant"):  # a gateway-only host
-        items = gateway_items(target) if target.gateway_url else []
-        if target.error is not None:
-            items.insert(0, Item("gateway key", "readable", target.error, DRIFT))
-        return HostStatus(target.name, None, target.gateway_url, items)
+        return HostStatus(target.name, None, target.gateway_url, gateway_items(target))
     if target.recipe is None:
         return HostStatus(target.name, target.variant, None, [Item("recipe", "a valid variant", target.error or "-", DRIFT)])
     ssh = LazySsh(target.ssh)
@@ -424,7 +424,7 @@ def host_status(target: Target, quiet: bool = False) -> HostStatus:
     items = compare(desired, facts, check_health(target))
     if target.error is not None:
         items.insert(0, Item("api key", "readable", target.error, DRIFT))
-    if target.gateway_url:
+    if target.gateway_url or target.gateway_error:
         items += gateway_items(target)
     status = HostStatus(target.name, target.variant, target.api_url, items)
     if not quiet:

@@ -64,7 +64,7 @@ class RigEndpoint:
     """How the gateway reaches one rig: its name, the address to use and the env var of its key."""
 
     host: str
-    address: str  # IP or name; 127.0.0.1 for the gateway host itself
+    address: str | None  # IP or name; 127.0.0.1 for the gateway host itself; None: none the gateway can use
     key_env: str | None
     local: bool  # the gateway runs on this rig (a loopback-bound variant is reachable)
 
@@ -132,7 +132,13 @@ def route_for(rig: RigEndpoint, record: Mapping[str, Any] | None, active_units: 
     bind = str(release.get("bind_address") or "0.0.0.0")
     if _loopback(bind) and not rig.local:
         return None, f"{unit} listens on {bind} only (serving_bind_address), out of the gateway's reach"
-    address = f"[{rig.address}]" if ":" in rig.address else rig.address
+    if bind in ("0.0.0.0", "::"):
+        address = rig.address
+    else:  # it listens on that address alone (127.0.0.1 is reachable only from the rig itself: rig.local)
+        address = bind
+    if address is None:
+        return None, "pyinfra's @local has no address the gateway on another host can reach"
+    address = f"[{address}]" if ":" in address else address
     key = rig.key_env if release.get("api_key_env") else None
     return Route(rig.host, unit, str(record.get("variant")), model, f"http://{address}:{port}/v1", key), "serves " + model
 
@@ -213,12 +219,14 @@ def routes_in_config(text: str | None) -> list[Route]:
     return routes
 
 
-def env_text(master_key: str, rig_keys: Mapping[str, str]) -> str:
-    """The gateway's environment file (0600): its own key and each rig's key, single-quoted for systemd."""
+def env_text(master_key: str, rig_keys: Mapping[str, str], origins: Mapping[str, str] | None = None) -> str:
+    """The gateway's environment file (0600): its own key and each rig's key, single-quoted for systemd.
+    `origins`: variable -> where its value comes from, for the message when one cannot be written."""
     lines = []
     for name, value in [(MASTER_KEY_ENV, master_key), *sorted(rig_keys.items())]:
         if not value or any(c in value for c in "'\"\\\n\r\0$`"):
-            raise GatewayError(f"{name}: empty, or contains a quote, backslash, $, ` or newline")
+            where = (origins or {}).get(name, name)
+            raise GatewayError(f"{where}: the key is empty or contains a quote, backslash, $, ` or newline")
         lines.append(f"{name}='{value}'\n")
     return "".join(lines)
 
@@ -277,6 +285,7 @@ def gateway_plan(
             f"the key its clients send (group {knob(data, 'gateway_group')!r})"
         )
     rigs, roots, rig_keys = [], {}, {}
+    origins = {MASTER_KEY_ENV: "gateway_api_key_file"}
     for name, rig_data in fleet:
         if not knob(rig_data, "serves_variant"):
             continue
@@ -287,8 +296,14 @@ def gateway_plan(
         has_key = knob(rig_data, "serving_api_key_file") is not None
         if key is not None:
             rig_keys[key_env(name)] = key
+            origins[key_env(name)] = f"serving_api_key_file of rig {name!r}"
         local = name == host_name
-        address = "127.0.0.1" if local or name == LOCAL_HOST else str(rig_data.get("ssh_hostname") or name)
+        if local:
+            address: str | None = "127.0.0.1"
+        elif name == LOCAL_HOST:
+            address = None  # the control machine, as the rig sees it: nothing another host can use
+        else:
+            address = str(rig_data.get("ssh_hostname") or name)
         rigs.append(RigEndpoint(name, address, key_env(name) if has_key else None, local))
         roots[name] = knob(rig_data, "install_root")
     master = read_secret_file(key_file, "gateway_api_key_file") if read_secrets else "unread"
@@ -303,5 +318,5 @@ def gateway_plan(
         ready_timeout_s=knob_int(data, "gateway_ready_timeout_s", minimum=1),
         rigs=tuple(rigs),
         install_roots=roots,
-        env_text=env_text(master, rig_keys) if read_secrets else "",
+        env_text=env_text(master, rig_keys, origins) if read_secrets else "",
     )

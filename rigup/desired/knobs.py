@@ -280,6 +280,16 @@ def _rule_table() -> dict[str, Rule]:
     )
     git_url = Rule("a git URL (no spaces)", lambda v: isinstance(v, str) and bool(v.strip()) and not re.search(r"\s", v))
     table.update({name: url for name in URL_KNOBS})
+    # pip prints and runs with the URL: a password in it would reach the command line and the output
+    table["gateway_pip_index_url"] = Rule(
+        "a URL without credentials, scheme://host/path (e.g. https://pypi.org/simple; a private index's "
+        "credentials belong in pip's own config on the gateway host)",
+        lambda v: isinstance(v, str) and bool(_URL.match(v)) and "@" not in v.split("://", 1)[-1].split("/", 1)[0],
+        # the value is not echoed: it may hold a password
+        lambda name, v: f"{name!r} must be a URL without credentials (user:password@ is not accepted: pip would "
+        "show it on its command line and in the deploy's output; put a private index's credentials in pip's own "
+        "config on the gateway host), e.g. https://pypi.org/simple",
+    )
     table.update({name: git_url for name in _defaults() if name.endswith("_git_url")})
     return table
 

@@ -332,6 +332,8 @@ def fleet_needs(fleet: Any, lock: Any = None) -> tuple[dict[str, Need], str]:
     for host in fleet.hosts:
         data = fleet.resolved_data(host.name)
         lock_files.add(str(knob(data, "lock_file")))
+        if not knob(data, "serves_variant"):
+            continue  # a gateway-only host pins nothing
         recipe = resolve(data, lock)
         for need in needs_for(recipe, data):
             known = needs.get(need.name)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import FactBase, FactProcessError, QuoteString, StringCommand
 
 UNITS_MARK = "--rigup-active-units--"
 
@@ -86,39 +86,56 @@ class GatewayVenvs(FactBase[list[str]]):
 class UnitAgainstFiles(FactBase[dict[str, Any]]):
     """
     A unit's state and when its main process started, with the modification time of each file it
-    runs from (all epoch seconds; a missing file is left out):
+    runs from (wall-clock epoch seconds, sub-second; a missing file is left out):
 
     .. code:: python
 
-        {"active": "active", "enabled": "enabled", "started": 1796136648, "reload": False,
-         "mtimes": {"/opt/rigup/gateway/config.yaml": 1796136600}}
+        {"active": "active", "enabled": "enabled", "started": 1796136648.25, "reload": False,
+         "mtimes": {"/opt/rigup/gateway/config.yaml": 1796136600.5}}
+
+    The start comes from systemd's monotonic timestamp mapped through "now" (``systemctl show
+    --timestamp=unix`` needs systemd 251; Ubuntu 22.04 has 249); ``started`` is None when the main
+    process never started.
     """
 
     default = dict
 
     def command(self, unit: str, paths: list[str]) -> StringCommand:
-        quoted = [QuoteString(p) for p in paths]
         return StringCommand(
-            "systemctl show --timestamp=unix -p ActiveState -p UnitFileState -p ExecMainStartTimestamp -p NeedDaemonReload",
-            QuoteString(unit),
-            "; for f in", *quoted, '; do [ -e "$f" ] && printf "mtime %s %s\\n" "$(stat -c %Y "$f")" "$f"; done; true',
+            "systemctl show -p ActiveState -p UnitFileState -p ExecMainStartTimestampMonotonic -p NeedDaemonReload",
+            QuoteString(unit), "&& python3 -c", QuoteString(CLOCK_AND_MTIMES), *[QuoteString(p) for p in paths],
         )  # fmt: skip
 
     def process(self, output: list[str]) -> dict[str, Any]:
         shown: dict[str, str] = {}
-        mtimes: dict[str, int] = {}
+        mtimes: dict[str, float] = {}
+        now_wall = now_mono = None
         for line in output:
             if line.startswith("mtime "):
                 _, stamp, path = line.split(" ", 2)
-                mtimes[path] = int(stamp)
+                mtimes[path] = float(stamp)
+            elif line.startswith("clock "):
+                _, wall, mono = line.split()
+                now_wall, now_mono = float(wall), float(mono)
             elif "=" in line:
                 key, _, value = line.partition("=")
                 shown[key] = value.strip()
-        stamp = shown.get("ExecMainStartTimestamp", "").lstrip("@")
+        if "ActiveState" not in shown or now_wall is None or now_mono is None:
+            raise FactProcessError(f"systemctl show / the clock printed nothing usable: {output[-3:]}")
+        start_us = int(shown.get("ExecMainStartTimestampMonotonic") or 0)
         return {
             "active": shown.get("ActiveState"),
             "enabled": shown.get("UnitFileState"),
-            "started": int(stamp) if stamp.isdigit() else None,
+            "started": now_wall - (now_mono - start_us / 1e6) if start_us > 0 else None,
             "reload": shown.get("NeedDaemonReload") == "yes",
             "mtimes": mtimes,
         }
+
+
+# Run on the host: the wall and monotonic clocks now, then each existing path's mtime.
+CLOCK_AND_MTIMES = (
+    "import os, sys, time\n"
+    "print('clock', repr(time.time()), repr(time.monotonic()))\n"
+    "for p in sys.argv[1:]:\n"
+    "    if os.path.exists(p): print('mtime', repr(os.stat(p).st_mtime), p)\n"
+)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from io import StringIO
+from typing import Any
 from urllib.parse import urlsplit
 
 from pyinfra import host
 from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
+from pyinfra.api.exceptions import PyinfraError
 from pyinfra.operations import files
 
 from rigup.desired.gateway import RigEndpoint, Route, config_text, route_for, routes_in_config
@@ -72,9 +74,10 @@ def gateway_config(path: str, rigs: Sequence[RigEndpoint], install_roots: dict[s
     + install_roots: rig name -> its install_root (where its provenance record is)
     + health_check_interval_s, num_retries: LiteLLM router settings
 
-    Each rig connected in this run is read now (the serving phase already ran on it): its provenance
-    record and running units decide its route. A rig outside this run (--limit) keeps the routes the
-    current config gives it; one that is neither gets none.
+    Every rig is read when this runs (after the serving phase of the rigs in this run): its provenance
+    record and running units decide its route. A rig outside this run (--limit, a rollout step) is
+    connected to for that read alone; one that cannot be reached or read keeps the routes the current
+    config gives it, and says so.
     """
     if health_check_interval_s < 1 or num_retries < 0:
         raise OperationValueError("health_check_interval_s must be >= 1 and num_retries >= 0")
@@ -83,14 +86,13 @@ def gateway_config(path: str, rigs: Sequence[RigEndpoint], install_roots: dict[s
     routes: list[Route] = []
     notes: list[str] = []
     for rig in rigs:
-        rig_host = host.inventory.get_host(rig.host)
-        if rig_host is None or not rig_host.connected:
+        served = _served(host.inventory.get_host(rig.host), install_roots[rig.host])
+        if served is None:
             kept = [r for r in carried if r.host == rig.host]
             routes.extend(kept)
-            notes.append(f"{rig.host}: not in this run, keeps {len(kept)} route(s)")
+            notes.append(f"{rig.host}: not reachable now, keeps {len(kept)} route(s)")
             continue
-        served = rig_host.get_fact(ServedRecord, install_root=install_roots[rig.host])
-        route, why = route_for(rig, served.get("record"), served.get("active_units") or ())
+        route, why = route_for(rig, served["record"], served["active_units"])
         if route is not None:
             routes.append(route)
         notes.append(f"{rig.host}: {why}")
@@ -98,8 +100,41 @@ def gateway_config(path: str, rigs: Sequence[RigEndpoint], install_roots: dict[s
     if text == current:
         host.noop(f"gateway routes unchanged: {'; '.join(notes)}")
         return
-    account(host, f"gateway routes: {len(routes)} ({', '.join(sorted({r.model for r in routes})) or 'none'})")
+    if host.state.is_executing:  # the prepare pass reads the rigs before they serve: no account of it
+        models = ", ".join(sorted({r.model for r in routes})) or "none"
+        account(host, f"gateway routes: {len(routes)} ({models})")
     yield from files.put._inner(src=StringIO(text), dest=path, mode="644")
+
+
+def _served(rig_host: Any, install_root: str) -> dict[str, Any] | None:
+    """The rig's ServedRecord, connecting to it first when it is not in this run; None when it cannot
+    be reached or read (its routes are then kept as they are)."""
+    if rig_host is None:
+        return None
+    if not rig_host.connected:
+        rig_host.connect(reason="to read what it serves, for the gateway", show_errors=False)
+        if not rig_host.connected:
+            return None
+    try:
+        served = rig_host.get_fact(ServedRecord, install_root=install_root)
+    except PyinfraError:
+        return None
+    return served if "record" in served else None  # {}: the read failed
+
+
+def service_steps(seen: dict[str, Any]) -> list[str]:
+    """What brings a unit seen as ``seen`` (fact UnitAgainstFiles) onto its current files: any of
+    "daemon-reload", "start" (after clearing a failed state), "restart", "enable"; [] when it is there."""
+    steps = ["daemon-reload"] if seen.get("reload") else []
+    started = seen.get("started")
+    newer = [f for f, mtime in (seen.get("mtimes") or {}).items() if started is None or mtime > started]
+    if seen.get("active") != "active":
+        steps.append("start")
+    elif newer:
+        steps.append("restart")
+    if seen.get("enabled") != "enabled":
+        steps.append("enable")
+    return steps
 
 
 @operation()
@@ -108,24 +143,23 @@ def unit_runs_current_files(unit: str, files: Sequence[str]):
     Run ``unit`` (enabled, active) on its current files: started when it is not running, restarted when
     one of ``files`` changed after its main process started (systemd reloaded first when its unit file
     changed), judged on the host, so a run interrupted between writing them and restarting is finished
-    by the next. A failed state is cleared first (a
-    unit that hit its start limit while its files were broken starts again once they are fixed).
+    by the next. A failed state is cleared first (a unit that hit its start limit while its files were
+    broken starts again once they are fixed).
 
     + unit: the systemd unit, e.g. ``rigup-gateway.service``
     + files: the files (or directories' markers) it runs from
     """
-    seen = host.get_fact(UnitAgainstFiles, unit=unit, paths=list(files))
-    newer = [f for f, mtime in seen.get("mtimes", {}).items() if seen.get("started") is None or mtime > seen["started"]]
-    if seen.get("reload"):  # its unit file changed on disk since systemd read it
-        yield StringCommand("systemctl daemon-reload")
-    if seen.get("active") != "active":
-        yield StringCommand("systemctl reset-failed", QuoteString(unit), "2>/dev/null; systemctl start", QuoteString(unit))
-    elif newer:
-        yield StringCommand("systemctl restart", QuoteString(unit))
-    if seen.get("enabled") != "enabled":
-        yield StringCommand("systemctl enable", QuoteString(unit))
-    if seen.get("active") == "active" and not newer and seen.get("enabled") == "enabled" and not seen.get("reload"):
+    steps = service_steps(host.get_fact(UnitAgainstFiles, unit=unit, paths=list(files)))
+    if not steps:
         host.noop(f"{unit} runs on its current files")
+        return
+    for step in steps:
+        if step == "daemon-reload":
+            yield StringCommand("systemctl daemon-reload")
+        elif step == "start":
+            yield StringCommand("systemctl reset-failed", QuoteString(unit), "2>/dev/null; systemctl start", QuoteString(unit))
+        else:
+            yield StringCommand("systemctl", step, QuoteString(unit))
 
 
 @operation(is_idempotent=False)

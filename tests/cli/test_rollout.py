@@ -220,3 +220,11 @@ def test_rollout_plan_only(fleet_dir: Path):
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["canary: @fake/c1", "batch 1: @fake/r1, down-01", "batch 2: @fake/r2, @fake/r3"]
+
+
+def test_plan_puts_the_gateway_group_last():
+    hosts = ["gw", "c1", "r1", "r2"]
+    groups = {"gateway": ["gw"], "canary": ["c1"], "rigs": ["r1", "r2"]}
+    steps = plan(hosts, groups, Settings("canary", 2, 0, gateway_group="gateway"))
+    assert [s.hosts for s in steps] == [("c1",), ("r1", "r2"), ("gw",)]
+    assert [s.hosts for s in plan(hosts, groups, Settings("canary", 2, 0))] == [("c1",), ("gw", "r1"), ("r2",)]

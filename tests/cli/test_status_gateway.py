@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from rigup.cli.runner import api_targets, fleet_targets
-from rigup.cli.status import OK, UNHEALTHY, gateway_items
+from rigup.cli.status import DRIFT, OK, UNHEALTHY, gateway_items
 from rigup.desired.fleet import load_fleet
 
 KEY = "sk-gw-test"
@@ -98,9 +98,11 @@ def test_status_reports_the_gateway_and_each_route_with_litellms_verdict(proxy: 
 def test_a_gateway_that_does_not_answer_or_a_loose_key_is_reported(tmp_path: Path) -> None:
     targets = {t.name: t for t in fleet_targets(fleet=load_fleet(fleet_file(tmp_path, 1, key_mode=0o644)))}
     gateway = targets["gw-1"]
-    assert gateway.gateway_key is None and "readable by group or others" in (gateway.error or "")
-    [item] = gateway_items(gateway)
-    assert (item.item, item.state) == ("gateway", UNHEALTHY) and item.actual.startswith("no answer")
+    assert gateway.gateway_key is None and "readable by group or others" in (gateway.gateway_error or "")
+    assert gateway.error is None  # the host's own API key is not at fault
+    key, answer = gateway_items(gateway)
+    assert (key.item, key.state) == ("gateway key", DRIFT) and "readable by group or others" in key.actual
+    assert (answer.item, answer.state) == ("gateway", UNHEALTHY) and answer.actual.startswith("no answer")
 
 
 def test_verify_bench_and_router_leave_a_gateway_only_host_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

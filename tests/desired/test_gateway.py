@@ -161,9 +161,20 @@ def test_gateway_plan_refuses_a_missing_gateway_key_or_a_readable_rig_key(tmp_pa
 
 def test_the_pin_is_litellm_with_every_line_hashed() -> None:
     assert litellm_version()
-    text = requirements_text()
-    pins = [line for line in text.splitlines() if line and not line.startswith((" ", "#"))]
-    assert any(p.startswith("litellm==") for p in pins) and all("==" in p and p.endswith("\\") for p in pins)
+    pins: dict[str, list[str]] = {}
+    current = None
+    for line in requirements_text().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith(" "):
+            assert current is not None and line.strip().startswith("--hash=sha256:"), line
+            pins[current].append(line.strip().removeprefix("--hash=sha256:").rstrip(" \\"))
+        else:
+            current = line.rstrip(" \\")
+            assert "==" in current and current not in pins, current
+            pins[current] = []
+    assert any(p.startswith("litellm==") for p in pins) and len(pins) > 100
+    assert all(hashes and all(len(h) == 64 for h in hashes) for hashes in pins.values())
 
 
 def test_the_gateway_unit_verifies(tmp_path: Path) -> None:
@@ -185,3 +196,12 @@ def test_the_gateway_unit_verifies(tmp_path: Path) -> None:
     assert out.returncode == 0 and not problems, out.stdout + out.stderr
     assert f"ExecStart={paths.venv}/bin/litellm --config {paths.config_file} --host 0.0.0.0 --port 4000" in unit.read_text()
     assert f"EnvironmentFile={paths.env_file}" in unit.read_text()
+
+
+def test_the_index_url_knob_refuses_credentials_without_echoing_them() -> None:
+    from rigup.desired.knobs import KnobError, check_knob
+
+    assert check_knob("gateway_pip_index_url", "http://10.0.0.1:8083/simple")
+    with pytest.raises(KnobError) as refused:
+        check_knob("gateway_pip_index_url", "https://ops:hunter2@mirror.lan/simple")
+    assert "without credentials" in str(refused.value) and "hunter2" not in str(refused.value)

@@ -184,3 +184,17 @@ def test_rigup_lock_cli_keeps_then_prunes_unused_pins(tmp_path: Path) -> None:
 def _order(name: str) -> tuple[int, str]:
     """LockFile.names() order: git, then models, then images, each sorted."""
     return (("git", "model", "image").index(name.split(":", 1)[0]), name)
+
+
+def test_a_gateway_only_host_needs_no_pins(tmp_path: Path) -> None:
+    fleet = tmp_path / "rigs.yaml"
+    fleet.write_text(
+        "groups:\n  rigs:\n    hosts:\n"
+        "      rig-01: {ssh_hostname: 10.0.0.11, variant: single-minimal}\n"
+        "  gateway:\n    hosts:\n"
+        "      gw-01: {ssh_hostname: 10.0.0.10, serves_variant: false}\n"  # its variant would be the default, dual
+    )
+    with_box, _ = fleet_needs(load_fleet(fleet))
+    alone = tmp_path / "alone.yaml"
+    alone.write_text("groups:\n  rigs:\n    hosts:\n      rig-01: {ssh_hostname: 10.0.0.11, variant: single-minimal}\n")
+    assert set(with_box) == set(fleet_needs(load_fleet(alone))[0])
