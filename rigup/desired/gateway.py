@@ -171,7 +171,9 @@ def config_document(routes: Iterable[Route], *, health_check_interval_s: int, nu
         "router_settings": {
             "routing_strategy": "simple-shuffle",
             "num_retries": num_retries,
-            "allowed_fails": 1,
+            # a route that fails once is cooled down at once, so the retry goes to another rig of the model
+            # (LiteLLM never cools down the only deployment of a model)
+            "allowed_fails": 0,
             # longer than the check interval, so a route the checks found failing stays out until re-checked
             "cooldown_time": 2 * health_check_interval_s,
         },

@@ -98,7 +98,7 @@ def test_config_has_a_deployment_per_route_sharing_the_model_name() -> None:
     assert general["master_key"] == f"os.environ/{MASTER_KEY_ENV}"
     assert general["background_health_checks"] is True and general["health_check_interval"] == 7
     assert general["enable_health_check_routing"] is True
-    assert doc["router_settings"]["num_retries"] == 3
+    assert doc["router_settings"]["num_retries"] == 3 and doc["router_settings"]["allowed_fails"] == 0
     assert doc["router_settings"]["cooldown_time"] > general["health_check_interval"]
 
 
