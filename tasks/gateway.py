@@ -5,7 +5,8 @@ hash-pinned files/gateway/requirements.txt (pip --require-hashes, from gateway_p
 {install_root}/gateway/gateway.env (0600, root; the only place the gateway key and the rigs' API keys
 are written); {install_root}/gateway/config.yaml has one route per rig and served model, from each
 rig's provenance record (the release that last passed the health gate) and its running unit, read
-after every rig's serving phase in this run (a rig outside the run keeps its routes); LiteLLM checks
+after every rig's serving phase in this run (a rig outside the run is connected to for that read; one
+that cannot be reached or read keeps the routes it had); LiteLLM checks
 each route every gateway_health_check_interval_s and keeps failing ones out of rotation, and retries a
 failed request on another rig of the same model; rigup-gateway.service runs it on
 gateway_bind_address:gateway_port, at boot too, and answers /health/readiness.
