@@ -86,6 +86,9 @@ def bed(testbed_factory: Callable[..., Testbed], tmp_path_factory: pytest.TempPa
     b.gateway_key = str(gateway_key)  # type: ignore[attr-defined]
     b.write()
     yield b
+    # Down now, not at the session's end: two LiteLLM proxies checking every route each 3 s would load the
+    # machine under the modules after this one.
+    testbed.down()
 
 
 def test_a_gateway_without_its_key_is_refused_before_any_change(bed: Bed) -> None:
