@@ -48,10 +48,17 @@ LAST = {
 }
 
 
-def _fits(variant: dict, preset: str) -> bool:
+@functools.cache
+def _gpus_used(name: str) -> int:
+    """GPUs the variant occupies, as preflight counts them: its tensor-parallel size, or more (vLLM-Omni's
+    stages each take their own devices: TP 1 on 2 GPUs)."""
+    return resolve({**load_defaults(), "variant": name}, upstream=working_trees()).gpu_count
+
+
+def _fits(name: str, variant: dict, preset: str) -> bool:
     models, _ = hw.PRESETS[preset]
     card = models[0]
-    return (variant["tensor_parallel_size"] <= len(models)
+    return (max(variant["tensor_parallel_size"], _gpus_used(name)) <= len(models)
             and tuple(map(int, card.compute_cap.split("."))) >= tuple(map(int, variant["min_compute_capability"].split(".")))
             and card.memory_total_mib / 1024 >= variant["min_gpu_memory_gb"] * 0.95)
 
@@ -89,9 +96,9 @@ def _lineup() -> dict[str, tuple[str, list[str]]]:
     variants = load_catalog()["variants"]
     placed: dict[str, list[str]] = {rig: [] for rig in RIGS}
     order = sorted((name for name in variants if name not in LAST.values() and name not in DISK_SHORT),
-                   key=lambda name: sum(_fits(variants[name], p) for p in RIGS.values()))
+                   key=lambda name: sum(_fits(name, variants[name], p) for p in RIGS.values()))
     for name in order:
-        fitting = [rig for rig, preset in RIGS.items() if _fits(variants[name], preset)]
+        fitting = [rig for rig, preset in RIGS.items() if _fits(name, variants[name], preset)]
         if fitting:
             placed[min(fitting, key=lambda rig: len(placed[rig]))].append(name)
     catalog_order = {name: i for i, name in enumerate(variants)}
