@@ -7,7 +7,6 @@ master key, healthy_endpoints and unhealthy_endpoints carrying each deployment's
 from __future__ import annotations
 
 import http.server
-import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 from rigup.cli.runner import api_targets, fleet_targets
 from rigup.cli.status import DRIFT, OK, UNHEALTHY, gateway_items
 from rigup.desired.fleet import load_fleet
+from tests.support.json_http import JsonHandler
 
 KEY = "sk-gw-test"
 HEALTH: dict[str, Any] = {
@@ -33,18 +33,7 @@ HEALTH: dict[str, Any] = {
 }
 
 
-class FakeProxy(http.server.BaseHTTPRequestHandler):
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def reply(self, status: int, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
+class FakeProxy(JsonHandler):
     def do_GET(self) -> None:  # noqa: N802
         if self.path == "/health/readiness":
             self.reply(200, {"status": "healthy", "db": "Not connected"})

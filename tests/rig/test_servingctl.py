@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from rigup.rig import servingctl as ctl
+from tests.support.json_http import JsonHandler
 
 MODEL = "qwen3.6-27b-autoround"
 API_KEY = "sk-test-0123456789abcdef"
@@ -44,19 +45,8 @@ class Behaviour:
         self.required: dict[str, Any] = {}
 
 
-class Handler(http.server.BaseHTTPRequestHandler):
+class Handler(JsonHandler):
     server: "Server"
-
-    def log_message(self, *args: Any) -> None:  # keep pytest output clean
-        pass
-
-    def reply(self, status: int, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def authorised(self) -> bool:
         key = self.server.behaviour.api_key
