@@ -8,6 +8,7 @@ _sudo = True  # pyinfra global argument: run operations through sudo (the SSH us
 variant = "dual"  # catalog variant this host serves (list: python -m rigup render --list)
 gpu_count = None  # int or None: GPUs this host must have; preflight fails on a different count
 variant_overrides = {}  # per-host recipe overrides: max_model_len, gpu_memory_utilization, port, ...
+pods = []  # several endpoints on GPU subsets: [{name, variant, gpus: [0, 1] or a count, port, variant_overrides}]; replaces variant/variant_overrides; [] = one pod named after variant
 
 # --- Paths on the rig ----------------------------------------------------------------------
 install_root = "/opt/rigup"  # compose/env files, sources, state and provenance live under it

@@ -154,6 +154,7 @@ def build(
 PRESETS: Mapping[str, tuple[tuple[GpuModel, ...], str | None]] = {
     "2x3090": ((RTX_3090, RTX_3090), "PIX"),
     "2x3090-nvlink": ((RTX_3090, RTX_3090), "NV4"),
+    "3x3090": ((RTX_3090,) * 3, "PIX"),  # three cards: the 27B cannot split 3 ways, so a dual pod and a single pod
     "4x3090": ((RTX_3090,) * 4, "PIX"),  # four cards behind PCIe switches, no NVLink (club-3090's quad rig)
     "8x3090": ((RTX_3090,) * 8, "PIX"),  # eight PCIe cards, no NVLink: club-3090's multi8 (TP=8) recipes
     "1x3090": ((RTX_3090,), None),

@@ -1,4 +1,4 @@
-"""Model: the variant's model (and draft) files on the rig, each verified against the locked SHA-256.
+"""Model: the variant's model (and draft) files on the rig (every pod's), each verified against the locked SHA-256.
 
 True afterwards: every file the lock lists for the variant's models (weights, configs, tokenizers)
 is in {model_dir}/<dir> (e.g. qwen3.6-27b-autoround-int4, qwen3.6-27b-dflash) with the locked
@@ -23,15 +23,15 @@ from pyinfra.operations import apt, files
 from rigup.desired.knobs import knob
 from rigup.desired.lock import LockError
 from rigup.desired.models import plan_models
-from rigup.desired.plan import host_plan
+from rigup.desired.plan import host_plans
 from rigup.operations.model import RIGFETCH_SRC, model_files, model_fleet_share
 from rigup.runstate import pins_missing
 
 try:
     plan = plan_models(state, host) if knob(host.data, "serves_variant") else None  # none on a gateway-only host
 except LockError as exc:
-    preview = host_plan(host.data.dict(), host.name, read_secrets=False, require_lock=False)
-    if not pins_missing(host, "model", preview):  # not about the lock (e.g. a bad model_fleet_source)
+    previews = host_plans(host.data.dict(), host.name, read_secrets=False, require_lock=False)
+    if not any(pins_missing(host, "model", preview) for preview in previews):  # not about the lock (e.g. a bad model_fleet_source)
         raise DeployError(str(exc)) from None
     plan = None
 

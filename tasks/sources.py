@@ -1,4 +1,4 @@
-"""Sources: the git checkouts the host's variant mounts files from, each at its locked commit.
+"""Sources: the git checkouts the host's variant (every pod's) mounts files from, each at its locked commit.
 
 True afterwards: for every source the variant needs (vLLM fork for the Marlin files, Genesis,
 club-3090), {install_root}/sources/<name> is a checkout of exactly the commit in the lock file,
@@ -19,22 +19,24 @@ from pyinfra.operations import apt, files
 
 from rigup.desired.knobs import knob
 from rigup.desired.lock import LockError
-from rigup.desired.plan import host_plan
+from rigup.desired.plan import host_plans
+from rigup.desired.recipe import RecipeError
 from rigup.operations.git import git_checkout
 from rigup.runstate import pins_missing
 
 if knob(host.data, "serves_variant"):  # a gateway-only host runs no variant
     try:
-        plan = host_plan(host.data.dict(), host.name, read_secrets=False, require_lock=False)
-    except LockError as exc:
-        raise DeployError(str(exc)) from None
-    recipe = plan.recipe
+        plans = host_plans(host.data.dict(), host.name, read_secrets=False, require_lock=False)
+    except (LockError, RecipeError) as exc:
+        raise DeployError(f"{host.name}: {exc}") from None
+    # every pod's sources, each once (the lock pins one commit per source)
+    wanted = list({s.name: s for plan in plans for s in plan.recipe.sources}.values())
     # a variant without sources needs no pins here (the model phase refuses then)
-    sources = () if recipe.sources and pins_missing(host, "sources", plan) else recipe.sources
+    sources = () if wanted and any(pins_missing(host, "sources", plan) for plan in plans) else wanted
 
     if sources:
         apt.packages(name="Install git", packages=["git"])
-        files.directory(name="Create the sources directory", path=recipe.paths.sources_dir, mode="755")
+        files.directory(name="Create the sources directory", path=plans[0].recipe.paths.sources_dir, mode="755")
 
     for source in host.loop(sources):
         git_checkout(

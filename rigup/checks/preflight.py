@@ -139,33 +139,52 @@ _UNREAD: Any = object()
 
 @dataclass(frozen=True)
 class HostRecipe:
-    """A host's recipe as the checks see it, and why it is missing or unpinned."""
+    """A host's recipe (one pod's) as the checks see it, and why it is missing or unpinned."""
 
     recipe: Any | None  # rigup.desired.recipe.Recipe
     error: str | None = None  # why there is no recipe (a failed "recipe" check)
     lock_problem: str | None = None  # why the lock's pins were not used (a "lock" warning)
+    pod: Any | None = None  # rigup.desired.pods.Pod; None: the host's pods could not be read
 
 
 def host_recipe(
-    host_data: Mapping[str, Any], host_name: str, topology: Topology | None, base_dir: Path | None = None
+    host_data: Mapping[str, Any], host_name: str, topology: Topology | None, base_dir: Path | None = None,
+    pod: Any | None = None,
 ) -> HostRecipe:
     """The recipe every later phase will build (rigup.desired.plan.host_plan: lock pins + the interconnect
-    of `topology`). Without a usable lock, the catalog's refs stand in so the hardware checks still
-    run; the sources, model and serving phases refuse to run until `python -m rigup lock` is done."""
+    of `topology`) for `pod` (default: the host's only one). Without a usable lock, the catalog's refs
+    stand in so the hardware checks still run; the sources, model and serving phases refuse to run
+    until `python -m rigup lock` is done."""
     from rigup.desired.plan import host_plan
 
     try:
-        plan = host_plan(host_data, host_name, topology, base_dir=base_dir, require_lock=False, read_secrets=False)
+        plan = host_plan(host_data, host_name, topology, base_dir=base_dir, require_lock=False, read_secrets=False,
+                         pod=pod)
     except Exception as exc:  # RecipeError, CatalogError, bad knob types: reported as the "recipe" check
-        return HostRecipe(None, f"{type(exc).__name__}: {exc}")
-    return HostRecipe(plan.recipe, None, plan.lock_problem)
+        return HostRecipe(None, f"{type(exc).__name__}: {exc}", None, pod)
+    return HostRecipe(plan.recipe, None, plan.lock_problem, pod)
+
+
+def host_recipes(
+    host_data: Mapping[str, Any], host_name: str, topology: Topology | None, base_dir: Path | None = None
+) -> list[HostRecipe]:
+    """host_recipe for each of the host's pods (rigup.desired.pods), in the order it lists them."""
+    from rigup.desired.plan import pods_of
+
+    try:
+        pods = pods_of(host_data)
+    except Exception as exc:  # a bad pods entry: the "recipe" check says which
+        return [HostRecipe(None, f"{type(exc).__name__}: {exc}")]
+    return [host_recipe(host_data, host_name, topology, base_dir, pod) for pod in pods]
 
 
 def gather(
     get_fact: FactGetter, host_data: Mapping[str, Any], recipe: Any | None, topology: Topology | None = _UNREAD
 ) -> HostFacts:
     """Read every fact the checks need through `get_fact(FactClass, **kwargs)` (host.get_fact).
-    `topology`: GpuTopology when the caller read it already (to build the recipe)."""
+    `recipe`: the host's recipe, or the list of its pods' recipes. `topology`: GpuTopology when the
+    caller read it already (to build the recipe)."""
+    recipes = [r for r in (recipe if isinstance(recipe, (list, tuple)) else [recipe]) if r is not None]
     try:
         want = DriverWant.from_data(host_data)
     except ValueError:
@@ -173,11 +192,14 @@ def gather(
     docker = get_fact(DockerEngineInfo)
     paths = disk_paths(host_data, docker)
     present: dict[str, int] = {}
-    if recipe is not None:
-        sizes = get_fact(PathSizes, paths=sorted({*(m.path for m in recipe.models), *(s.path for s in recipe.sources)}))
-        present.update(sizes)
+    if recipes:
+        wanted = sorted({*(m.path for r in recipes for m in r.models), *(s.path for r in recipes for s in r.sources)})
+        present.update(get_fact(PathSizes, paths=wanted))
         if docker is not None and docker.running:
-            present[recipe.image.ref] = get_fact(DockerImageSize, image=recipe.image.ref) or 0
+            for ref in dict.fromkeys(r.image.ref for r in recipes):
+                present[ref] = get_fact(DockerImageSize, image=ref) or 0
+    # Memory rigup's own containers hold counts as free: the converge replaces them.
+    own = tuple(dict.fromkeys((*rigup_container_names(), *(r.container_name for r in recipes))))
     return HostFacts(
         os=get_fact(OsReleaseInfo),
         smi=get_fact(NvidiaGpus),
@@ -195,7 +217,7 @@ def gather(
         pending_reboot=get_fact(RebootPending),
         disk=get_fact(FreeDisk, paths=sorted(set(paths.values()))),
         present_bytes=present,
-        gpu_memory=get_fact(GpuMemoryUse, container_names=rigup_container_names()) if recipe is not None else None,
+        gpu_memory=get_fact(GpuMemoryUse, container_names=own) if recipes else None,
         driver_cuda=get_fact(DriverCudaVersion),
         topology=get_fact(GpuTopology) if topology is _UNREAD else topology,
     )
@@ -500,20 +522,24 @@ def check_secure_boot(facts: HostFacts, want: DriverWant | None, plan: DriverPla
 
 
 def check_disk(facts: HostFacts, recipe: Any | None, host_data: Mapping[str, Any]) -> list[Check]:
-    if recipe is None:
+    """Room for what is still to download; `recipe` may be the list of the host's pods' recipes (each
+    model, source and image counted once)."""
+    recipes = [r for r in (recipe if isinstance(recipe, (list, tuple)) else [recipe]) if r is not None]
+    if not recipes:
         return []
     margin_gb = float(knob(host_data, "preflight_disk_margin_gb"))
     paths = disk_paths(host_data, facts.docker)
     # (role, path that will hold it, GB still to download/unpack)
     items: list[tuple[str, str, float]] = []
-    for m in recipe.models:
+    for m in {m.path: m for r in recipes for m in r.models}.values():
         have = facts.present_bytes.get(m.path, 0) / 1e9
         items.append((f"model {m.repo_id}", paths["models"], max(0.0, m.approx_size_gb - have)))
-    for s in recipe.sources:
+    for s in {s.path: s for r in recipes for s in r.sources}.values():
         have = facts.present_bytes.get(s.path, 0) / 1e9
         items.append((f"source {s.name}", paths["sources"], max(0.0, s.approx_size_gb - have)))
-    have_image = facts.present_bytes.get(recipe.image.ref, 0) / 1e9
-    items.append((f"image {recipe.image.repository}", paths["image"], max(0.0, recipe.image.approx_size_gb - have_image)))
+    for image in {r.image.ref: r.image for r in recipes}.values():
+        have_image = facts.present_bytes.get(image.ref, 0) / 1e9
+        items.append((f"image {image.repository}", paths["image"], max(0.0, image.approx_size_gb - have_image)))
 
     by_fs: dict[tuple[str, str], list[tuple[str, float]]] = {}
     avail: dict[tuple[str, str], float] = {}
@@ -690,6 +716,72 @@ def run_checks(
         if extra is not None:
             checks.append(extra)
     checks += check_disk(facts, recipe, host_data)
+    return checks
+
+
+# Checks about one pod's recipe on its own GPUs; the others are about the host, once.
+POD_CHECKS = frozenset({
+    "recipe", "lock", "compute-capability", "cuda-compat", "gpu-layout", "gpu-mix", "vram-fit", "vram-driver",
+    "vram-policy", "interconnect", "driver-cuda", "container-network",
+})
+
+
+def pod_facts(facts: HostFacts, gpu_ids: Sequence[int]) -> HostFacts:
+    """`facts` as one pod sees the host: only its GPUs (by index), so the fit, layout and compute
+    capability are judged on the cards its container gets."""
+    wanted = set(gpu_ids)
+    smi = facts.smi
+    if smi is not None and smi.status == "ok":
+        smi = dataclasses.replace(smi, gpus=tuple(g for g in smi.gpus if g.index in wanted))
+    pci = facts.pci
+    if pci is not None and (facts.smi is None or facts.smi.status != "ok"):
+        buses = {g.bus_id for g in facts.gpus if g.index in wanted}
+        gpu_buses = {g.bus_id for g in facts.gpus}
+        pci = tuple(d for d in pci if d.bus_id in buses or d.bus_id not in gpu_buses)
+    memory = None if facts.gpu_memory is None else tuple(g for g in facts.gpu_memory if g.index in wanted)
+    return dataclasses.replace(facts, smi=smi, pci=pci, gpu_memory=memory)
+
+
+def check_pod_layout(facts: HostFacts, built: Sequence[HostRecipe]) -> list[Check]:
+    """The host's pods side by side: each GPU it names exists, and no two pods publish one port (the
+    pods knob refuses a GPU given twice)."""
+    from rigup.desired.pods import ports_used_twice
+
+    out: list[Check] = []
+    present = {g.index for g in facts.gpus}
+    for b in built:
+        missing = sorted(set(b.pod.gpus or ()) - present) if b.pod is not None else []
+        if missing and present:
+            out.append(_fail("pods", f"{b.pod.label()} owns GPU(s) {', '.join(map(str, missing))}; this host has "
+                             f"GPU(s) {', '.join(map(str, sorted(present)))}", "give each pod GPUs the host has", "pods"))
+    clashes = ports_used_twice([(b.pod, b.recipe.host_port) for b in built if b.recipe is not None and b.pod is not None])
+    for problem in clashes:
+        out.append(_fail("pods", problem, "give each pod its own port (its `port` key)", "pods"))
+    if not out:
+        out.append(_ok("pods", "; ".join(f"{b.pod.label()} on GPU(s) {', '.join(map(str, b.pod.gpus or ()))}"
+                                         + (f", port {b.recipe.host_port}" if b.recipe is not None else "")
+                                         for b in built if b.pod is not None), "pods"))
+    return out
+
+
+def run_host_checks(facts: HostFacts, built: Sequence[HostRecipe], host_data: Mapping[str, Any]) -> list[Check]:
+    """Every preflight check for a host and its pods (host_recipes): run_checks for a host of one
+    unlisted pod; for a host that lists pods, the host's checks once, the pods' layout, the disk for
+    all of them, and each pod's recipe checks on its own GPUs, named "<check> (<pod>)"."""
+    from rigup.desired.pods import pod_data
+
+    if len(built) == 1 and (built[0].pod is None or not built[0].pod.listed):
+        only = built[0]
+        return run_checks(facts, only.recipe, host_data, only.error, only.lock_problem)
+    checks = [c for c in run_checks(facts, None, host_data) if c.name not in POD_CHECKS and c.name != "disk"]
+    checks += check_pod_layout(facts, built)
+    for b in built:
+        data = pod_data(host_data, b.pod)
+        narrowed = pod_facts(facts, b.pod.gpus or ())
+        for c in run_checks(narrowed, b.recipe, data, b.error, b.lock_problem):
+            if c.name in POD_CHECKS:
+                checks.append(dataclasses.replace(c, name=f"{c.name} ({b.pod.name})"))
+    checks += check_disk(facts, [b.recipe for b in built if b.recipe is not None], host_data)
     return checks
 
 

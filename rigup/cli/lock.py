@@ -102,31 +102,39 @@ def rendered_diffs(fleet: Any, old: LockFile, new: LockFile) -> list[tuple[str, 
     """For each variant the fleet runs whose rendered compose file the new pins change: a unified diff."""
     import difflib
 
+    from rigup.desired.knobs import knob
+    from rigup.desired.plan import pods_of
     from rigup.desired.recipe import resolve
 
     out: list[tuple[str, list[str]]] = []
     seen: set[str] = set()
-    for host in fleet.hosts:
-        data = fleet.resolved_data(host.name)
-        before, after = resolve(data, old), resolve(data, new)
-        if before.compose_text == after.compose_text or after.compose_text in seen:
-            continue
-        seen.add(after.compose_text)
-        hosts = [h.name for h in fleet.hosts if fleet.resolved_data(h.name).get("variant") == before.variant]
+    # every pod the fleet serves: (host or host/pod, host data, pod)
+    served = [(f"{h.name}/{pod.name}" if pod.listed else h.name, data, pod)
+              for h in fleet.hosts for data in [fleet.resolved_data(h.name)] if knob(data, "serves_variant")
+              for pod in pods_of(data)]
+    def body(text: str) -> list[str]:
+        return [line for line in text.splitlines() if not line.startswith("#")]
 
-        def body(text: str) -> list[str]:
-            return [line for line in text.splitlines() if not line.startswith("#")]
-
-        if body(before.compose_text) == body(after.compose_text):
-            out.append((f"rendered {after.paths.compose_file} for {', '.join(hosts)}: only the base commit in its "
-                        f"header changes ({before.upstream.commit[:12]} -> {after.upstream.commit[:12]}); "
-                        f"the new release still restarts it once", []))
+    for _, data, pod in served:
+        before, after = resolve(data, old, pod=pod), resolve(data, new, pod=pod)
+        if before.compose_text == after.compose_text:
             continue
         lines = list(difflib.unified_diff(
             body(before.compose_text), body(after.compose_text),
             f"{before.variant} at {before.upstream.source}@{before.upstream.commit[:12]}",
             f"{after.variant} at {after.upstream.source}@{after.upstream.commit[:12]}", lineterm="", n=1,
         ))
+        # once per variant and change: pods of one variant differ only in names the pins do not touch
+        key = "\n".join([before.variant, *(line for line in lines[2:] if not line.startswith("@@"))])
+        if key in seen:
+            continue
+        seen.add(key)
+        hosts = [name for name, _, other in served if other.variant == before.variant]
+        if not lines:
+            out.append((f"rendered {after.paths.compose_file} for {', '.join(hosts)}: only the base commit in its "
+                        f"header changes ({before.upstream.commit[:12]} -> {after.upstream.commit[:12]}); "
+                        f"the new release still restarts it once", []))
+            continue
         out.append((f"rendered {after.paths.compose_file} changes for {', '.join(hosts)}:", lines))
     return out
 

@@ -11,7 +11,7 @@ from rigup.desired.catalog import variant_names
 from rigup.desired.compose_doc import explain
 from rigup.desired.knobs import load_defaults, parse_data_value
 from rigup.desired.lock import LockError, LockFile
-from rigup.desired.plan import host_plan
+from rigup.desired.plan import host_plan, pods_of
 from rigup.desired.recipe import RecipeError
 from rigup.parsers.topology import TopologyError, topology
 
@@ -44,7 +44,14 @@ def _plan(variant: str, args: argparse.Namespace) -> Any:
     topo = None
     if args.topo is not None:
         topo = topology(Path(args.topo).read_text(), None if args.p2p is None else Path(args.p2p).read_text())
-    return host_plan(host_data, "render", topo, lock=lock, require_lock=False, read_secrets=False)
+    pod = None
+    if getattr(args, "pod", None) is not None:
+        pods = pods_of(host_data)
+        pod = next((p for p in pods if p.listed and p.name == args.pod), None)
+        if pod is None:
+            names = ", ".join(p.name for p in pods if p.listed) or "none: set --data pods=[...]"
+            raise RecipeError(f"--pod {args.pod!r}: no such pod in --data pods (pods: {names})")
+    return host_plan(host_data, "render", topo, lock=lock, require_lock=False, read_secrets=False, pod=pod)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -93,11 +100,12 @@ def _cmd_render(args: argparse.Namespace) -> int:
         return _audit(args, variant_names())
     if args.variant is not None and args.explain:
         return _audit(args, [args.variant])
-    if args.variant is None or args.out is None:
-        print("rigup render: VARIANT and --out are required (or --list, --audit, VARIANT --explain)", file=sys.stderr)
+    if (args.variant is None and args.pod is None) or args.out is None:
+        print("rigup render: VARIANT (or --pod NAME with --data pods=[...]) and --out are required (or --list, "
+              "--audit, VARIANT --explain)", file=sys.stderr)
         return 2
     try:
-        plan = _plan(args.variant, args)
+        plan = _plan(args.variant or str(load_defaults()["variant"]), args)
         lock = LockFile.load(args.lock) if args.lock is not None else None
     except (RecipeError, LockError, TopologyError, OSError) as exc:
         print(f"rigup render: {exc}", file=sys.stderr)
@@ -147,6 +155,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--topo", metavar="FILE", help="a host's `nvidia-smi topo -m` output: plan NCCL settings for its interconnect"
     )
     parser.add_argument("--p2p", metavar="FILE", help="with --topo: the host's `nvidia-smi topo -p2p r` output")
+    parser.add_argument("--pod", metavar="NAME",
+                        help="with --data pods=[...]: render this pod (its GPUs, port, unit and directory)")
     parser.add_argument("--list", action="store_true",
                         help="list the variants: port, layout, upstream file and commit, current or archived upstream")
     parser.add_argument("--explain", action="store_true",

@@ -17,7 +17,8 @@ from rigup.client.ssh import LOCAL_HOST, FileLog, JournalLog, RemoteError, Runne
 from rigup.desired.fleet import Fleet, load_fleet
 from rigup.desired.gateway import GatewayError, gateway_plan
 from rigup.desired.knobs import knob
-from rigup.desired.plan import host_plan
+from rigup.desired.plan import host_plan, pods_of
+from rigup.desired.pods import Pod
 from rigup.desired.recipe import Recipe, RecipeError
 from rigup.desired.secrets import SecretError, load_api_key, read_secret_file
 
@@ -39,6 +40,9 @@ class Target:
     gateway_url: str | None = None  # the fleet gateway this host runs (gateway_group), None: none
     gateway_key: str | None = field(default=None, repr=False)
     gateway_error: str | None = None  # why the gateway cannot be asked (its key); the rig itself is fine
+    host: str | None = None  # the fleet host (name is "<host>/<pod>" for a pod the host lists)
+    pod: Pod | None = None  # which of the host's pods (rigup.desired.pods); None: a bare URL, a gateway-only host
+    host_units: tuple[str, ...] = ()  # the units of every pod of the host (none of them is "another variant")
 
     @property
     def variant(self) -> str | None:
@@ -56,47 +60,75 @@ def api_host(hostname: str) -> str:
 
 
 def select_hosts(fleet: Fleet, limit: Sequence[str] | None) -> list[str]:
-    """Host names in fleet order; `limit` names hosts or groups (like pyinfra's --limit)."""
+    """Host names in fleet order; `limit` names hosts or groups (like pyinfra's --limit), or one pod
+    of a host as "<host>/<pod>" (its host is selected; fleet_targets keeps that pod alone)."""
+    return list(limit_selection(fleet, limit))
+
+
+def limit_selection(fleet: Fleet, limit: Sequence[str] | None) -> dict[str, set[str] | None]:
+    """Selected host -> the pods --limit names of it ("<host>/<pod>"), None for the whole host; in fleet order."""
     names = [host.name for host in fleet.hosts]
     if not limit:
-        return names
-    wanted: set[str] = set()
+        return {name: None for name in names}
+    whole: set[str] = set()
+    pods: dict[str, set[str]] = {}
     for item in limit:
         if item in fleet.groups:
-            wanted.update(host.name for host in fleet.groups[item])
+            whole.update(h.name for h in fleet.groups[item])
         elif item in names:
-            wanted.add(item)
+            whole.add(item)
+        elif "/" in item and item.split("/", 1)[0] in names:
+            host, pod = item.split("/", 1)
+            pods.setdefault(host, set()).add(pod)
         else:
-            raise RemoteError(f"{fleet.path}: --limit {item!r} is neither a host nor a group")
-    return [name for name in names if name in wanted]
+            raise RemoteError(f"{fleet.path}: --limit {item!r} is neither a host nor a group (nor <host>/<pod>)")
+    return {name: (None if name in whole else pods[name]) for name in names if name in whole or name in pods}
 
 
 def fleet_targets(limit: Sequence[str] | None = None, fleet: Fleet | None = None) -> list[Target]:
-    """A Target per selected host of the fleet file ($RIGUP_RIGS or rigs.yaml). The recipe is the host
-    plan's, as a preview: the API URL, model and unit do not depend on pins (status needs the lock)."""
+    """A Target per pod of each selected host of the fleet file ($RIGUP_RIGS or rigs.yaml): one for a
+    host without pods, named after the host; "<host>/<pod>" for each pod a host lists. The recipe is the
+    pod's plan, as a preview: the API URL, model and unit do not depend on pins (status needs the lock)."""
     fleet = fleet if fleet is not None else load_fleet()
     targets = []
-    for name in select_hosts(fleet, limit):
+    for name, only in limit_selection(fleet, limit).items():
         data = fleet.resolved_data(name)
         ssh = SshSettings.from_data(name, data)
         gateway_url, gateway_key, gateway_error = gateway_of(fleet, name, data, ssh)
         if not knob(data, "serves_variant"):  # a gateway-only host
             targets.append(Target(name, None, data=data, ssh=ssh, gateway_url=gateway_url, gateway_key=gateway_key,
-                                  gateway_error=gateway_error))
+                                  gateway_error=gateway_error, host=name))
             continue
         try:
-            recipe = host_plan(data, name, require_lock=False, read_secrets=False).recipe
-        except (RecipeError, KeyError, ValueError) as exc:
-            targets.append(Target(name, None, data=data, error=f"recipe: {exc}", ssh=ssh))
+            pods = pods_of(data)
+        except RecipeError as exc:
+            targets.append(Target(name, None, data=data, error=f"recipe: {exc}", ssh=ssh, host=name))
             continue
-        api_key = None
-        error = None
+        api_key, key_error = None, None
         try:
             api_key = load_api_key(data)
         except SecretError as exc:
-            error = str(exc)
-        url = f"http://{api_host(ssh.hostname)}:{recipe.host_port}"
-        targets.append(Target(name, url, api_key, data, recipe, error, ssh, gateway_url, gateway_key, gateway_error))
+            key_error = str(exc)
+        units = tuple(pod.unit for pod in pods)
+        if only is not None:
+            unknown = sorted(only - {pod.name for pod in pods if pod.listed})
+            if unknown:
+                raise RemoteError(f"{fleet.path}: --limit {name}/{unknown[0]}: {name} lists no pod {unknown[0]!r}")
+        for index, pod in enumerate(pods):
+            if only is not None and pod.name not in only:
+                continue
+            # the gateway a host runs is reported once, with its first pod
+            gateway = (gateway_url, gateway_key, gateway_error) if index == 0 else (None, None, None)
+            label = f"{name}/{pod.name}" if pod.listed else name
+            try:
+                recipe = host_plan(data, name, require_lock=False, read_secrets=False, pod=pod).recipe
+            except (RecipeError, KeyError, ValueError) as exc:
+                targets.append(Target(label, None, data=data, error=f"recipe: {exc}", ssh=ssh, host=name, pod=pod,
+                                      host_units=units))
+                continue
+            url = f"http://{api_host(ssh.hostname)}:{recipe.host_port}"
+            targets.append(Target(label, url, api_key, data, recipe, key_error, ssh, *gateway, host=name, pod=pod,
+                                  host_units=units))
     return targets
 
 

@@ -48,6 +48,9 @@ def add_parser(subparsers: Any) -> None:
     up.add_argument("--gateway", type=int, default=1,
                     help="last rigs in group 'gateway': they serve too, and run the fleet's LiteLLM gateway "
                          "(default 1, none for a single rig; its key: sandbox/gateway.key)")
+    up.add_argument("--pods", type=int, default=0,
+                    help="last rigs given four simulated RTX 3090s serving two dual pods, 'left' on GPUs 0-1 "
+                         "(port 8010) and 'right' on GPUs 2-3 (port 8011) (default 0)")
     up.add_argument("--replace", action="store_true", help="tear down a running sandbox first")
     up.add_argument("--json", action="store_true", help="print the result as JSON")
     down = commands.add_parser("down", help="stop and remove everything the sandbox created")
@@ -55,6 +58,13 @@ def add_parser(subparsers: Any) -> None:
     status = commands.add_parser("status", help="list the sandbox's rigs")
     status.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.set_defaults(func=run)
+
+
+# What a sandbox rig of pods serves (`sandbox up --pods N`): two TP=2 endpoints of one model.
+SANDBOX_PODS = (
+    {"name": "left", "variant": "dual", "gpus": [0, 1], "port": 8010},
+    {"name": "right", "variant": "dual", "gpus": [2, 3], "port": 8011},
+)
 
 
 def _testbed() -> Any:
@@ -117,7 +127,16 @@ def _up(args: argparse.Namespace) -> int:
     def group(i: int) -> str:
         return "canary" if i < args.canary else "gateway" if i >= args.hosts - gateways else "rigs"
 
-    specs = [HostSpec(name, hardware=presets[i % len(presets)], group=group(i)) for i, name in enumerate(host_names(args.hosts))]
+    if not 0 <= args.pods <= args.hosts:
+        print("rigup sandbox: --pods must be between 0 and --hosts", file=sys.stderr)
+        return 2
+
+    def spec(i: int, name: str) -> Any:
+        if i >= args.hosts - args.pods:  # a rig of pods (README: Pods)
+            return HostSpec(name, hardware="4x3090", group=group(i), data={"pods": [dict(p) for p in SANDBOX_PODS]})
+        return HostSpec(name, hardware=presets[i % len(presets)], group=group(i))
+
+    specs = [spec(i, name) for i, name in enumerate(host_names(args.hosts))]
     try:
         bed.up(specs)
         group_data = {"gateway": {"gateway_api_key_file": str(_gateway_key())}} if gateways else {}

@@ -31,7 +31,7 @@ from rigup.desired.knobs import knob
 from rigup.desired.lock import LockError
 from rigup.desired.plan import host_plan
 from rigup.desired.recipe import RecipeError
-from rigup.desired.release import Provenance, ProvenanceError, parse_provenance, provenance_path
+from rigup.desired.release import Provenance, ProvenanceError, parse_provenance, provenance_path, recipe_provenance_path
 from rigup.desired.secrets import SecretError
 from rigup.facts.gpu import GpuTopology, NvidiaGpus
 from rigup.facts.serving import RigupVariantUnits
@@ -56,6 +56,7 @@ class Desired:
     tensor_parallel_size: int | None  # GPUs the variant uses
     driver_branch: int | None
     problem: str | None = None  # why the desired release could not be built (lock, recipe, secrets)
+    host_units: tuple[str, ...] = ()  # the units of the host's other pods: not "other variants"
 
 
 @dataclass
@@ -105,9 +106,10 @@ def desired_state(target: Target, topology: Topology | None = None) -> Desired:
         "gpu_count": knob(data, "gpu_count"),
         "tensor_parallel_size": target.recipe.tensor_parallel_size if target.recipe else None,
         "driver_branch": int(branch) if branch is not None else None,
+        "host_units": target.host_units,
     }
     try:
-        plan = host_plan(data, target.name, topology)
+        plan = host_plan(data, target.host or target.name, topology, pod=target.pod)
     except (LockError, RecipeError, SecretError, ValueError) as exc:
         return Desired(**base, release=None, release_sha256=None, problem=str(exc))
     return Desired(**base, release=dict(plan.release or {}), release_sha256=plan.release_sha256)
@@ -117,10 +119,11 @@ def desired_state(target: Target, topology: Topology | None = None) -> Desired:
 # actual state (over SSH)
 
 
-def gather_facts(runner: Runner, install_root: str) -> Facts:
-    """Everything status needs from one rig, in a few commands over one connection."""
+def gather_facts(runner: Runner, install_root: str, record: str | None = None) -> Facts:
+    """Everything status needs from one rig, in a few commands over one connection; `record`: the
+    pod's provenance.json (default: the one of a host without pods)."""
     facts = Facts(reachable=True)
-    path = provenance_path(install_root)
+    path = record or provenance_path(install_root)
     result = runner.run(f"cat {shlex.quote(path)} 2>/dev/null || echo __RIGUP_ABSENT__", timeout=30)
     text = result.stdout
     facts.provenance_text = None if text.strip() == "__RIGUP_ABSENT__" else text
@@ -335,7 +338,8 @@ def _unit_items(desired: Desired, facts: Facts) -> list[Item]:
         healthy = unit is not None and unit["state"] == "active"
         items.append(Item("service", "active, enabled", f"{state}, {'enabled' if enabled else 'not enabled'}",
                           OK if healthy and enabled else UNHEALTHY if not healthy else DRIFT))
-    others = sorted(name for name, unit in facts.units.items() if name != desired.unit and (unit["active"] or unit["enabled"]))
+    others = sorted(name for name, unit in facts.units.items()
+                    if name != desired.unit and name not in desired.host_units and (unit["active"] or unit["enabled"]))
     if others:
         items.append(Item("other variants", "none running", ", ".join(others), DRIFT, "one variant owns the GPUs"))
     return items
@@ -415,7 +419,7 @@ def host_status(target: Target, quiet: bool = False) -> HostStatus:
         return HostStatus(target.name, target.variant, None, [Item("recipe", "a valid variant", target.error or "-", DRIFT)])
     ssh = LazySsh(target.ssh)
     try:
-        facts = gather_facts(ssh, target.recipe.paths.install_root)
+        facts = gather_facts(ssh, target.recipe.paths.install_root, recipe_provenance_path(target.recipe))
     except RemoteError as exc:
         facts = Facts(reachable=False, error=str(exc))
     finally:

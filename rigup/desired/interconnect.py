@@ -39,9 +39,10 @@ def _describe_links(topo: Topology, gpus: Sequence[int]) -> str:
     return ", ".join(f"GPU{a}-GPU{b} {topo.links.get((a, b), '?')}" for a, b in topo.pairs(gpus))
 
 
-def detect(topo: Topology, gpu_count: int) -> Interconnect:
-    """The interconnect of the first `gpu_count` GPUs (Docker hands a `count: N` request GPUs 0..N-1)."""
-    used = list(topo.gpus[:gpu_count])
+def detect(topo: Topology, gpu_count: int, gpu_ids: Sequence[int] | None = None) -> Interconnect:
+    """The interconnect of the GPUs a container gets: `gpu_ids` (a pod's), else the first `gpu_count`
+    (Docker hands a `count: N` request GPUs 0..N-1)."""
+    used = list(gpu_ids) if gpu_ids is not None else list(topo.gpus[:gpu_count])
     nvlink = topo.nvlink_between(used)
     p2p_ok = nvlink or topo.p2p_ok_between(used)
     detail = _describe_links(topo, used)

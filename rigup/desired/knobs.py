@@ -220,12 +220,23 @@ def _variant() -> Rule:
     )
 
 
+def _pods() -> Rule:
+    from rigup.desired.pods import pods_problem
+
+    return Rule(
+        "a list of {name, variant, gpus, port, variant_overrides} mappings (see rigs.example.yaml)",
+        lambda v: pods_problem(v) is None,
+        lambda name, v: f"{name!r}: {pods_problem(v)}",
+    )
+
+
 @functools.cache
 def _rule_table() -> dict[str, Rule]:
     """Knob name -> what it accepts beyond its type."""
     port = Rule("an integer port from 1 to 65535", lambda v: _is_int(v) and 1 <= v <= 65535)
     table: dict[str, Rule] = {
         "variant": _variant(),
+        "pods": _pods(),
         "gpu_count": _int_at_least(1),
         "variant_overrides": Rule("a mapping of variant_overrides keys to values", lambda v: isinstance(v, Mapping)),
         "preflight_os_allowed": Rule(

@@ -7,7 +7,7 @@ from typing import Any
 
 from rigup.desired.knobs import MODEL_FLEET_MODES, knob
 from rigup.desired.lock import LockError, ModelPin
-from rigup.desired.plan import host_plan
+from rigup.desired.plan import host_plans
 
 
 def script_path(install_root: str) -> str:
@@ -51,10 +51,11 @@ def _address(source: Any) -> str:
 @dataclass
 class _HostInfo:
     host: Any
-    recipe: Any
+    recipe: Any  # the first pod's (paths are the host's)
     lock: Any
     data: dict[str, Any]
     fleet: bool
+    models: tuple[Any, ...] = ()  # every pod's models, each once
 
 
 _PLANS: dict[int, tuple[Any, dict[str, ModelPlan], dict[str, str]]] = {}
@@ -87,8 +88,10 @@ def _plan_all(state: Any, only: Any = None) -> tuple[dict[str, ModelPlan], dict[
     problems: dict[str, str] = {}  # host name -> why it has no usable lock
     for h in hosts:
         data = h.data.dict()
-        plan = host_plan(data, h.name, read_secrets=False, require_lock=False)
+        pod_plans = host_plans(data, h.name, read_secrets=False, require_lock=False)
+        plan = next((p for p in pod_plans if p.lock is None), pod_plans[0])  # one without a lock speaks for the host
         recipe, lock = plan.recipe, plan.lock
+        models = tuple({m.lock_name: m for p in pod_plans for m in p.recipe.models}.values())
         mode = knob(data, "model_fleet_source")
         if mode not in MODEL_FLEET_MODES:
             raise LockError(f"{h.name}: model_fleet_source must be one of {', '.join(MODEL_FLEET_MODES)}, got {mode!r}")
@@ -97,12 +100,12 @@ def _plan_all(state: Any, only: Any = None) -> tuple[dict[str, ModelPlan], dict[
             continue
         # pyinfra's @local has no address other rigs can reach unless model_fleet_address names one
         reachable = h.name != "@local" or knob(data, "model_fleet_address") is not None
-        infos.append(_HostInfo(h, recipe, lock, data, mode == "auto" and reachable))
+        infos.append(_HostInfo(h, recipe, lock, data, mode == "auto" and reachable, models))
 
     source_of: dict[str, _HostInfo] = {}
     for info in infos:
         if info.fleet:
-            for model in info.recipe.models:
+            for model in info.models:
                 source_of.setdefault(model.lock_name, info)
 
     plans: dict[str, ModelPlan] = {}
@@ -113,7 +116,7 @@ def _plan_all(state: Any, only: Any = None) -> tuple[dict[str, ModelPlan], dict[
         hub, fetch, serve = [], [], []
         sources: dict[str, Any] = {}
         peers: list[tuple[Any, dict[str, Any]]] = []
-        for model in info.recipe.models:
+        for model in info.models:
             pin = info.lock.models[model.lock_name]
             source = source_of.get(model.lock_name)
             if not info.fleet or source is None or source is info:
@@ -124,13 +127,13 @@ def _plan_all(state: Any, only: Any = None) -> tuple[dict[str, ModelPlan], dict[
             fetch.append(model_entry(model, pin, endpoint, peer_url))
             sources[model.dir_name] = source.host
         if info.fleet:
-            for model in info.recipe.models:
+            for model in info.models:
                 if source_of.get(model.lock_name) is not info:
                     continue
                 takers = [
                     other
                     for other in infos
-                    if other is not info and other.fleet and any(m.lock_name == model.lock_name for m in other.recipe.models)
+                    if other is not info and other.fleet and any(m.lock_name == model.lock_name for m in other.models)
                 ]
                 if takers:
                     serve.append(model_entry(model, info.lock.models[model.lock_name], endpoint))
@@ -145,7 +148,7 @@ def _plan_all(state: Any, only: Any = None) -> tuple[dict[str, ModelPlan], dict[
                         str(knob(other.data, "hf_endpoint")),
                         f"http://{_address(info.host)}:{int(info.data.get('model_fleet_port') or 8765)}/{m.dir_name}/",
                     )
-                    for m in other.recipe.models
+                    for m in other.models
                     if m.dir_name in served and source_of.get(m.lock_name) is info
                 ]
                 if wanted:

@@ -324,6 +324,7 @@ def fleet_needs(fleet: Any, lock: Any = None) -> tuple[dict[str, Need], str]:
 
     Recipes are rendered from upstream at `lock`'s pins where it has them (what mounts which source
     depends on the recipe repository's commit), else at the refs' current commits."""
+    from rigup.desired.plan import pods_of
     from rigup.desired.recipe import resolve
 
     needs: dict[str, Need] = {}
@@ -334,8 +335,7 @@ def fleet_needs(fleet: Any, lock: Any = None) -> tuple[dict[str, Need], str]:
         lock_files.add(str(knob(data, "lock_file")))
         if not knob(data, "serves_variant"):
             continue  # a gateway-only host pins nothing
-        recipe = resolve(data, lock)
-        for need in needs_for(recipe, data):
+        for need in (n for pod in pods_of(data) for n in needs_for(resolve(data, lock, pod=pod), data)):
             known = needs.get(need.name)
             if known is not None and _need_key(known) != _need_key(need):
                 raise LockError(

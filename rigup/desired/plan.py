@@ -18,7 +18,8 @@ from typing import Any
 from rigup.desired.interconnect import detect
 from rigup.desired.knobs import knob
 from rigup.desired.lock import LockError, LockFile, deploy_lock, lock_problems
-from rigup.desired.recipe import Recipe, resolve
+from rigup.desired.pods import Pod, PodError, host_pods, pod_data
+from rigup.desired.recipe import Recipe, RecipeError, resolve
 from rigup.desired.release import build_release, release_json, release_sha256
 from rigup.desired.render import API_KEY_KEY, HF_TOKEN_KEY, RenderedFile, render_variant
 from rigup.desired.secrets import load_api_key, read_hf_token, secrets_configured
@@ -70,13 +71,21 @@ class HostPlan:
         return release_sha256(self.release)
 
 
-def recipe_for(host_data: Mapping[str, Any], topology: Topology | None, lock: Any = None) -> Recipe:
-    """rigup.desired.recipe.resolve with the interconnect detected among the GPUs the variant uses.
+def recipe_for(host_data: Mapping[str, Any], topology: Topology | None, lock: Any = None, pod: Pod | None = None) -> Recipe:
+    """rigup.desired.recipe.resolve with the interconnect detected among the GPUs the pod uses.
     topology None: nothing detected (no driver yet), the gpu_interconnect knob alone decides."""
-    recipe = resolve(host_data, lock)
+    recipe = resolve(host_data, lock, pod=pod)
     if topology is None or recipe.gpu_count < 2:
         return recipe
-    return resolve(host_data, lock, detect(topology, recipe.gpu_count))
+    return resolve(host_data, lock, detect(topology, recipe.gpu_count, recipe.gpu_ids), pod=pod)
+
+
+def pods_of(host_data: Mapping[str, Any]) -> list[Pod]:
+    """rigup.desired.pods.host_pods, its PodError as a RecipeError (what every caller of a plan handles)."""
+    try:
+        return host_pods(knob(host_data, "pods"), knob(host_data, "variant"), knob(host_data, "variant_overrides"))
+    except PodError as exc:
+        raise RecipeError(str(exc)) from None
 
 
 def host_plan(
@@ -88,8 +97,9 @@ def host_plan(
     lock: LockFile | None = None,
     require_lock: bool = True,
     read_secrets: bool = True,
+    pod: Pod | None = None,
 ) -> HostPlan:
-    """The plan for one host.
+    """The plan for one pod of a host (its only one by default: see host_plans for a host that lists pods).
 
     + host_data: the host's knobs (group_data/all.py defaults included)
     + host_name: for messages
@@ -101,6 +111,7 @@ def host_plan(
       catalog's refs stand in for the rest, lock_problem says why, and there is no release
     + read_secrets: read the API key and HF token files (the deploy and status); False: judge from
       the knobs whether they are configured, without reading them (previews, fleet targets)
+    + pod: one of pods_of(host_data); None: the host's only pod (a RecipeError when it lists pods)
 
     Raises LockError, SecretError, RecipeError (and CatalogError) with messages naming the host.
     """
@@ -111,11 +122,11 @@ def host_plan(
         if require_lock:
             raise
         lock, lock_problem = None, str(exc)
-    recipe = recipe_for(host_data, topology, lock)
-    problems = lock_problems(recipe, host_data, lock) if lock is not None else []
+    recipe = recipe_for(host_data, topology, lock, pod)
+    problems = lock_problems(recipe, pod_data(host_data, pod) if pod else host_data, lock) if lock is not None else []
     if problems:
         lock_problem = (
-            f"{lock.path}: missing or stale entries for {host_name} (variant {recipe.variant}): "
+            f"{lock.path}: missing or stale entries for {host_name} ({pod.label() if pod else 'variant ' + recipe.variant}): "
             + "; ".join(problems)
             + ". Run `python -m rigup lock` (it adds missing entries and keeps the others) and commit the file."
         )
@@ -142,3 +153,9 @@ def host_plan(
             lock=lock,
         )
     return HostPlan(host_name, recipe, lock, rendered, release, lock_problem, secrets)
+
+
+def host_plans(host_data: Mapping[str, Any], host_name: str = "this host", topology: Topology | None = None,
+               **options: Any) -> list[HostPlan]:
+    """host_plan for every pod of the host, in the order it lists them (one without pods)."""
+    return [host_plan(host_data, host_name, topology, pod=pod, **options) for pod in pods_of(host_data)]

@@ -23,6 +23,7 @@ from rigup.desired.catalog import GPU_MEMORY_UTILIZATION_RANGE, CatalogError, lo
 from rigup.desired.compose_doc import Change, ComposeEdit, ComposeError, UpstreamFile, dump
 from rigup.desired.interconnect import Interconnect, effective, nccl_settings
 from rigup.desired.knobs import REGISTRY, RIG_PATH, _is_int, knob
+from rigup.desired.pods import Pod, PodError, host_pods, pod_data
 from rigup.desired.transforms import (
     CACHE_TARGETS,
     MODEL_ROOT,
@@ -168,13 +169,14 @@ class RigPaths:
     install_root: str
     model_dir: str
     sources_dir: str  # {install_root}/sources
-    variant_dir: str  # {install_root}/variants/<variant>
+    variant_dir: str  # {install_root}/variants/<pod> (the pod is named after the variant without pods)
     compose_file: str  # {variant_dir}/compose.yaml
     env_file: str  # {variant_dir}/.env
-    state_dir: str  # {install_root}/state
-    cache_dir: str  # {install_root}/cache/<variant> (torch.compile and Triton caches)
-    unit_name: str  # rigup-<variant>.service
-    unit_file: str  # /etc/systemd/system/rigup-<variant>.service
+    state_dir: str  # {install_root}/state (model stamps, fetch log; the record of an unlisted pod)
+    record_dir: str  # where the pod's provenance.json is: state_dir, or {state_dir}/pods/<pod> for a listed pod
+    cache_dir: str  # {install_root}/cache/<pod> (torch.compile and Triton caches)
+    unit_name: str  # rigup-<pod>.service
+    unit_file: str  # /etc/systemd/system/rigup-<pod>.service
 
 
 @dataclass(frozen=True)
@@ -184,13 +186,16 @@ class Recipe:
     variant: str
     description: str
     family: str  # model family, e.g. "qwen3.6-27b"
+    pod: str  # the pod's name (rigup.desired.pods); without pods, the variant's
+    pod_listed: bool  # from the pods knob: its own state directory, and release fields naming it
+    gpu_ids: tuple[int, ...] | None  # the GPUs the container gets; None: the first gpu_count
     image: ImageSpec
     # network
     bind_address: str
     host_port: int
     container_port: int
     # compose naming
-    project_name: str  # compose project: rigup-<variant>
+    project_name: str  # compose project: rigup-<pod>
     service_name: str
     container_name: str
     served_model_name: str
@@ -562,6 +567,7 @@ def resolve(
     lock: Lock | None = None,
     interconnect: Interconnect | None = None,
     upstream: UpstreamReader | None = None,
+    pod: Pod | None = None,
 ) -> Recipe:
     """Turn (catalog, host data, lock, upstream's compose file) into the recipe for the host's `variant`.
 
@@ -573,7 +579,18 @@ def resolve(
     + interconnect: what rigup.desired.interconnect detected on the host; None keeps upstream's
       PCIe-safe NCCL settings unless the gpu_interconnect knob forces them
     + upstream: where upstream files are read (rigup.desired.upstream; default: the git cache)
+    + pod: which of the host's pods (rigup.desired.pods.host_pods); None: the host's only one (an error
+      when the host lists pods)
     """
+    if pod is None:
+        try:
+            pods = host_pods(knob(host_data, "pods"), knob(host_data, "variant"), knob(host_data, "variant_overrides"))
+        except PodError as exc:
+            raise RecipeError(str(exc)) from None
+        if len(pods) != 1 or pods[0].listed:
+            raise RecipeError(f"the host lists pods ({', '.join(p.name for p in pods)}): resolve one pod at a time")
+        pod = pods[0]
+    host_data = pod_data(host_data, pod)
     catalog = load_catalog()
     name = _require(host_data, "variant")
     if name not in catalog["variants"]:
@@ -607,8 +624,8 @@ def resolve(
     except ValueError:
         raise RecipeError(f"serving_bind_address must be an IP address, got {bind_address!r}") from None
 
-    variant_dir = posixpath.join(install_root, "variants", name)
-    unit_name = f"rigup-{name}.service"
+    variant_dir = posixpath.join(install_root, "variants", pod.name)
+    unit_name = pod.unit
     paths = RigPaths(
         install_root=install_root,
         model_dir=model_dir,
@@ -617,7 +634,8 @@ def resolve(
         compose_file=posixpath.join(variant_dir, "compose.yaml"),
         env_file=posixpath.join(variant_dir, ".env"),
         state_dir=posixpath.join(install_root, "state"),
-        cache_dir=posixpath.join(install_root, "cache", name),
+        record_dir=posixpath.join(install_root, "state", "pods", pod.name) if pod.listed else posixpath.join(install_root, "state"),
+        cache_dir=posixpath.join(install_root, "cache", pod.name),
         unit_name=unit_name,
         unit_file=posixpath.join(SYSTEMD_UNIT_DIR, unit_name),
     )
@@ -647,6 +665,8 @@ def resolve(
     checkouts = {s: SourceCheckout(s, posixpath.join(paths.sources_dir, s)) for s in catalog["sources"]}
     ctx = Context(
         variant=name,
+        name=pod.name,
+        gpu_ids=pod.gpus,
         image_ref=image.ref,
         image_why=f"catalog image {image.key} ({image.repository}:{image.tag})"
         + (", digest from the catalog (upstream pins it by digest)" if catalog["images"][v["image"]].get("digest")
@@ -664,7 +684,7 @@ def resolve(
         gpu_count=lambda edit: _int_flag(edit, "--tensor-parallel-size", 1) or 1,
         nccl=lambda tp: nccl_settings(planned, tp),
         nvlink=None if planned is None else planned.nvlink,
-        labels={"rigup.variant": name, "rigup.image": image.ref},
+        labels={"rigup.variant": name, "rigup.image": image.ref, **({"rigup.pod": pod.name} if pod.listed else {})},
         model_root=model_root,
         data_dirs=v.get("data_dirs") or {},
         read=lambda path: reader.read(up_source.name, up_source.git_url, commit, path),
@@ -687,7 +707,8 @@ def resolve(
     if max_model_len is None or max_num_seqs is None or util != util:
         raise RecipeError(f"variant {name!r}: {base.where}: --max-model-len, --max-num-seqs and "
                           f"--gpu-memory-utilization must be set (with a deploy config: in its stage 0)")
-    gpu_count = int(edit.get("deploy")["resources"]["reservations"]["devices"][0]["count"])
+    reservation = edit.get("deploy")["resources"]["reservations"]["devices"][0]
+    gpu_count = len(reservation["device_ids"]) if "device_ids" in reservation else int(reservation["count"])
     entrypoint = tuple(str(t) for t in (edit.get("entrypoint") or ()))
     script = "\n".join(entrypoint)
     env_map = edit.env()
@@ -734,11 +755,14 @@ def resolve(
         variant=name,
         description=v["description"],
         family=main_spec["family"],
+        pod=pod.name,
+        pod_listed=pod.listed,
+        gpu_ids=pod.gpus,
         image=image,
         bind_address=bind_address,
         host_port=host_port,
         container_port=CONTAINER_PORT,
-        project_name=f"rigup-{name}",
+        project_name=f"rigup-{pod.name}",
         service_name=edit.service,
         container_name=str(edit.get("container_name")),
         served_model_name=served[0],

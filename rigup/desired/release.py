@@ -2,14 +2,15 @@
 
 Two JSON documents, both free of secrets:
 
-* release.json ({install_root}/variants/<variant>/release.json) — built here on the control machine
+* release.json ({install_root}/variants/<pod>/release.json; the pod is named after the variant
+  unless the host lists pods) — built here on the control machine
   from the resolved recipe and the rendered files: variant, unit, health URL, served model, image
   (tag and digest), every source commit, every model revision, engine settings, the fields every chat
   request must carry (chat_request, only when the variant has some; the gate adds them) and the SHA-256
   of each rendered file. tasks/serving.py uploads it next to the compose file, so a new pin (a source
   commit, a model revision, an image digest) changes this file, which restarts the service exactly
   like a changed compose file would.
-* provenance.json ({install_root}/state/provenance.json) — written on the rig by rigup-servingctl
+* provenance.json ({install_root}/state/provenance.json; a listed pod's in state/pods/<pod>/) — written on the rig by rigup-servingctl
   (rigup/rig/servingctl.py) when a release passes the health gate: the release, its generation number,
   host-layer versions, the gate's result and times, and the last rollback if there was one. It is
   written only when the gate runs, so a converged re-run leaves it untouched. `rigup status` reads it
@@ -40,7 +41,13 @@ def release_path(recipe: Recipe) -> str:
 
 
 def provenance_path(install_root: str) -> str:
+    """Where the record of a host's one unlisted pod (the simple form, `variant:`) is."""
     return posixpath.join(install_root.rstrip("/") or "/", "state", PROVENANCE_NAME)
+
+
+def recipe_provenance_path(recipe: Recipe) -> str:
+    """Where rigup-servingctl records what passed the gate for this recipe's pod."""
+    return posixpath.join(recipe.paths.record_dir, PROVENANCE_NAME)
 
 
 class ModelFilesLock(Protocol):
@@ -135,6 +142,12 @@ def build_release(
             "genesis": recipe.genesis,
         },
     }
+    if recipe.pod_listed:
+        # A listed pod (rigup.desired.pods): its own directory and provenance record. Only then, so the
+        # release of a host without pods stays byte-identical (no restart).
+        release["pod"] = recipe.pod
+        release["state_dir"] = paths.record_dir
+        release["gpu_ids"] = list(recipe.gpu_ids or ())
     if recipe.chat_request:
         # Only when the variant has some: a release without them stays byte-identical (no restart).
         release["chat_request"] = json.loads(json.dumps(dict(recipe.chat_request)))

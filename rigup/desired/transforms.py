@@ -27,8 +27,8 @@ TRANSFORMS: dict[str, str] = {
                  "(or by the catalog's, for an image upstream pins by digest)",
     "command-list": "a one-string command is written as the list of words Compose splits it into",
     "defaults": "upstream's ${VAR:-default} take their default (rig-time secrets stay references to the .env)",
-    "project": "the compose project is rigup-<variant>",
-    "container-name": "the container is rigup-<variant>: unique per variant, so a switch never meets a leftover",
+    "project": "the compose project is rigup-<pod> (a pod is named after its variant unless the host lists pods)",
+    "container-name": "the container is rigup-<pod>: unique per pod, so a switch never meets a leftover",
     "restart": "systemd restarts the service; the container never restarts behind its back",
     "publish": "the port is published on the serving bind address and the variant's host port",
     "container-port": "a server upstream runs on another container port listens on rigup's 8000 (its --port "
@@ -44,7 +44,7 @@ TRANSFORMS: dict[str, str] = {
     "offline": "rigup verified every model file: the container must not fetch from the hub",
     "overrides": "the host's variant_overrides",
     "gpus": "the container gets exactly its tensor-parallel count of GPUs (with a vLLM-Omni deploy config: its "
-            "stages' devices)",
+            "stages' devices); a listed pod gets its own GPUs by index",
     "interconnect": "NCCL and custom all-reduce follow the GPU interconnect rigup detected",
     "labels": "labels name the variant and image, for status and cleanup",
     "logging": "Docker's copy of the log is bounded (the journal has the full stream)",
@@ -88,6 +88,8 @@ class Context:
     """What the transforms need from the catalog, the host and the lock."""
 
     variant: str
+    name: str  # the pod's name: compose project and container (the variant's without pods)
+    gpu_ids: tuple[int, ...] | None  # the pod's GPUs; None: a count of the first GPUs
     image_ref: str
     image_why: str
     bind_address: str
@@ -126,8 +128,8 @@ def apply_all(edit: ComposeEdit, ctx: Context) -> None:
     image_pin(edit, ctx)
     edit.command_as_list("command-list", TRANSFORMS["command-list"])
     defaults(edit)
-    edit.set_top("name", f"rigup-{ctx.variant}", "project", "one compose project per variant")
-    edit.set("container_name", f"rigup-{ctx.variant}", "container-name", TRANSFORMS["container-name"])
+    edit.set_top("name", f"rigup-{ctx.name}", "project", "one compose project per pod")
+    edit.set("container_name", f"rigup-{ctx.name}", "container-name", TRANSFORMS["container-name"])
     edit.set("restart", "no", "restart", TRANSFORMS["restart"])
     publish(edit, ctx)
     mounts(edit, ctx)
@@ -393,9 +395,18 @@ def gpus(edit: ComposeEdit, ctx: Context) -> None:
         raise ComposeError(f"{edit.where('deploy')}: rigup expects one nvidia device reservation")
     if "device_ids" in devices[0]:
         raise ComposeError(f"{edit.where('deploy')}: device_ids is not understood; rigup assigns GPUs by count")
-    devices[0]["count"] = count
-    edit.set("deploy", deploy, "gpus", f"{count} GPU(s): " + (
-        "the deploy config's stage devices" if ctx.stages is not None else "the tensor-parallel size"))
+    why = "the deploy config's stage devices" if ctx.stages is not None else "the tensor-parallel size"
+    if ctx.gpu_ids is None:
+        devices[0]["count"] = count
+        edit.set("deploy", deploy, "gpus", f"{count} GPU(s): {why}")
+    else:
+        if len(ctx.gpu_ids) != count:
+            raise ComposeError(f"pod {ctx.name} owns {len(ctx.gpu_ids)} GPU(s) ({', '.join(map(str, ctx.gpu_ids))}) "
+                               f"but variant {ctx.variant} uses {count} ({why}): give the pod {count} GPU(s)")
+        devices[0].pop("count", None)
+        devices[0]["device_ids"] = [str(i) for i in ctx.gpu_ids]
+        edit.set("deploy", deploy, "gpus", f"GPU(s) {', '.join(map(str, ctx.gpu_ids))} of the host: pod {ctx.name}'s, "
+                 f"{count} for {why}")
     env = edit.env()
     visible = env.get("NVIDIA_VISIBLE_DEVICES")
     if visible is not None:

@@ -9,38 +9,51 @@ from typing import Any
 from pyinfra.api import FactBase, FactProcessError, QuoteString, StringCommand
 
 UNITS_MARK = "--rigup-active-units--"
+RECORD_MARK = "--rigup-provenance-record--"
 
 
 class ServedRecord(FactBase[dict[str, Any]]):
     """
-    What a rig serves: ``{install_root}/state/provenance.json`` (None before a release passed the gate)
-    and the rigup units systemd runs now:
+    What a rig serves: the provenance record of each of its pods (``{install_root}/state/provenance.json``
+    for a host without pods, ``state/pods/<pod>/provenance.json`` for each pod a host lists; none before
+    a release passed the gate) and the rigup units systemd runs now:
 
     .. code:: python
 
-        {"record": {"variant": "dual", "unit": "rigup-dual.service", "gate": {"result": "passed"}, ...},
+        {"records": [{"variant": "dual", "unit": "rigup-dual.service", "gate": {"result": "passed"}, ...}],
          "active_units": ["rigup-dual.service"]}
     """
 
     default = dict
 
     def command(self, install_root: str) -> StringCommand:
-        record = QuoteString(f"{install_root.rstrip('/')}/state/provenance.json")
+        state = install_root.rstrip("/") + "/state"
         return StringCommand(
-            "cat", record, "2>/dev/null; echo; echo", UNITS_MARK,
+            "for f in", QuoteString(f"{state}/provenance.json"), StringCommand(QuoteString(f"{state}/pods/"),
+                                                                                 "*/provenance.json;", _separator=""),
+            'do [ -f "$f" ] || continue; echo', RECORD_MARK, '; cat "$f"; echo; done; echo', UNITS_MARK,
             "; systemctl list-units --type=service --state=active --no-legend --plain 'rigup-*.service' 2>/dev/null"
             " | awk '{print $1}'",
         )  # fmt: skip
 
     def process(self, output: list[str]) -> dict[str, Any]:
         mark = output.index(UNITS_MARK) if UNITS_MARK in output else len(output)
-        text = "\n".join(output[:mark]).strip()
-        try:
-            record = json.loads(text) if text else None
-        except ValueError:
-            record = None  # a torn or foreign file: no route from it
+        records: list[dict[str, Any]] = []
+        chunks: list[list[str]] = []
+        for line in output[:mark]:
+            if line == RECORD_MARK:
+                chunks.append([])
+            elif chunks:
+                chunks[-1].append(line)
+        for chunk in chunks:
+            try:
+                record = json.loads("\n".join(chunk))
+            except ValueError:
+                continue  # a torn or foreign file: no route from it
+            if isinstance(record, dict):
+                records.append(record)
         return {
-            "record": record if isinstance(record, dict) else None,
+            "records": records,
             "active_units": [line.strip() for line in output[mark + 1 :] if line.strip().endswith(".service")],
         }
 

@@ -92,10 +92,9 @@ def gateway_config(path: str, rigs: Sequence[RigEndpoint], install_roots: dict[s
             routes.extend(kept)
             notes.append(f"{rig.host}: not reachable now, keeps {len(kept)} route(s)")
             continue
-        route, why = route_for(rig, served["record"], served["active_units"])
-        if route is not None:
-            routes.append(route)
-        notes.append(f"{rig.host}: {why}")
+        found = [route_for(rig, record, served["active_units"]) for record in served["records"] or [None]]
+        routes.extend(route for route, _ in found if route is not None)
+        notes.extend(f"{rig.host}: {why}" for _, why in found)
     text = config_text(routes, health_check_interval_s=health_check_interval_s, num_retries=num_retries)
     if text == current:
         host.noop(f"gateway routes unchanged: {'; '.join(notes)}")
@@ -119,7 +118,7 @@ def _served(rig_host: Any, install_root: str) -> dict[str, Any] | None:
         served = rig_host.get_fact(ServedRecord, install_root=install_root)
     except PyinfraError:
         return None
-    return served if "record" in served else None  # {}: the read failed
+    return served if "records" in served else None  # {}: the read failed
 
 
 def service_steps(seen: dict[str, Any]) -> list[str]:

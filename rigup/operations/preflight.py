@@ -16,9 +16,9 @@ from rigup.checks.preflight import (
     failures,
     gateway_host_checks,
     gather,
-    host_recipe,
+    host_recipes,
     privileges_missing,
-    run_checks,
+    run_host_checks,
 )
 from rigup.desired.knobs import knob
 from rigup.facts.gpu import GpuTopology
@@ -52,9 +52,9 @@ def host_preflight(target: Any, base_dir: Path | None = None) -> tuple[list[Chec
     if privileges_missing(first):
         return first, None
     topology = target.get_fact(GpuTopology)
-    built = host_recipe(data, target.name, topology, base_dir)
-    facts = gather(lambda cls, **kw: target.get_fact(cls, **kw), data, built.recipe, topology)
-    return first + run_checks(facts, built.recipe, data, built.error, built.lock_problem), facts
+    built = host_recipes(data, target.name, topology, base_dir)
+    facts = gather(lambda cls, **kw: target.get_fact(cls, **kw), data, [b.recipe for b in built], topology)
+    return first + run_host_checks(facts, built, data), facts
 
 
 def preflight_report(target: Any) -> list[Check]:

@@ -4,6 +4,7 @@ image pull, and the health gate that runs on the rig through rigup-servingctl (r
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from pyinfra import host
@@ -90,11 +91,11 @@ def secret_file(path: str, content: HiddenValue | str, mode: str = "600"):
 
 
 @operation()
-def sole_variant(unit: str, install_root: str):
+def sole_variant(unit: str | Sequence[str], install_root: str):
     """
-    Stop and disable every rigup variant unit other than ``unit``: one variant owns the GPUs.
+    Stop and disable every rigup variant unit other than ``unit``: the host's pods own the GPUs.
 
-    + unit: the variant unit that stays, e.g. ``rigup-dual.service``
+    + unit: the unit that stays, e.g. ``rigup-dual.service``, or the list of them (one per pod)
     + install_root: rigup's directory on the rig (variant units have a directory under it)
 
     **Example:**
@@ -103,14 +104,15 @@ def sole_variant(unit: str, install_root: str):
 
         sole_variant(
             name="Stop other rigup variants",
-            unit="rigup-dual.service",
+            unit=["rigup-left.service", "rigup-right.service"],
             install_root="/opt/rigup",
         )
     """
+    keep = {unit} if isinstance(unit, str) else set(unit)
     units = host.get_fact(RigupVariantUnits, install_root=install_root)
-    others = [u for u, s in sorted(units.items()) if u != unit and (s["enabled"] or s["active"])]
+    others = [u for u, s in sorted(units.items()) if u not in keep and (s["enabled"] or s["active"])]
     if not others:
-        host.noop(f"no rigup variant other than {unit} is enabled or running")
+        host.noop(f"no rigup variant other than {', '.join(sorted(keep))} is enabled or running")
         return
     for other in others:
         yield StringCommand("systemctl disable --now", QuoteString(other))

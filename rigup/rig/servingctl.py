@@ -169,6 +169,10 @@ class Release:
         self.sha256 = sha256_file(path) or ""
         try:
             self.variant = str(data["variant"])
+            # A listed pod (rigup.desired.pods) names its directory and keeps its record in its own
+            # state directory; a host without pods has neither key (the pod is the variant).
+            self.pod: Optional[str] = str(data["pod"]) if data.get("pod") else None
+            self.own_state_dir: Optional[str] = str(data["state_dir"]) if data.get("state_dir") else None
             self.unit = str(data["unit"])
             self.unit_file = str(data["unit_file"])
             self.variant_dir = str(data["variant_dir"])
@@ -225,8 +229,13 @@ class Release:
         return os.path.join(self.variant_dir, GENERATIONS_DIR)
 
     @property
+    def name(self) -> str:
+        """The directory name under variants/: the pod's, else the variant's."""
+        return self.pod or self.variant
+
+    @property
     def state_dir(self) -> str:
-        return os.path.join(self.install_root, "state")
+        return self.own_state_dir or os.path.join(self.install_root, "state")
 
     @property
     def provenance_path(self) -> str:
@@ -605,6 +614,8 @@ def write_provenance(
         "gate": gate,
         "written_at": now_iso(),
     }
+    if release.pod is not None:
+        record["pod"] = release.pod
     if previous and previous.get("last_rollback"):
         record["last_rollback"] = previous["last_rollback"]
     os.makedirs(release.state_dir, mode=0o755, exist_ok=True)
@@ -768,19 +779,20 @@ def _roll_back(
         return give_up("rollback disabled")
     if not previous or previous.get("gate", {}).get("result") not in ("passed", None):
         return give_up("no previous good generation is recorded in provenance.json")
-    variant = previous.get("variant")
+    # The directory the good generation is in: the pod's (a listed pod's record names it), else the variant's.
+    variant = previous.get("pod") or previous.get("variant")
     number = previous.get("generation")
     if not isinstance(variant, str) or not isinstance(number, int):
         return give_up("provenance.json names no generation")
     gen_release = os.path.join(failed.install_root, "variants", variant, GENERATIONS_DIR, str(number), RELEASE_NAME)
     if not os.path.exists(gen_release):
         return give_up(f"generation {number} of variant {variant} is gone")
-    if variant == failed.variant and generation_matches(failed.generations_dir, number, failed):
+    if variant == failed.name and generation_matches(failed.generations_dir, number, failed):
         return give_up(f"the failing release is the last good one (generation {number}): nothing older to restore")
 
     out(f"rigup: rolling back to variant {variant} generation {number}")
     try:
-        if variant != failed.variant:
+        if variant != failed.name:
             systemd.disable_now(failed.unit)  # the GPUs belong to one variant at a time
         restored = restore_generation(failed.install_root, variant, number, systemd)
         systemd.enable(restored.unit)

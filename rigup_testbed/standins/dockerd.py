@@ -413,7 +413,8 @@ class Engine:
                     "Runtime": runtime, "RestartPolicy": restart_policy(spec.get("restart")),
                     "PortBindings": port_bindings(spec.get("ports") or []), "NetworkMode": spec.get("network_mode") or "bridge",
                     "Binds": [f"{b['source']}:{b['target']}{':ro' if b.get('read_only') else ''}" for b in spec.get("binds") or []],
-                    "DeviceRequests": [spec["gpus"]] if spec.get("gpus") else None, "AutoRemove": bool(spec.get("auto_remove")),
+                    "DeviceRequests": [device_request(spec["gpus"])] if spec.get("gpus") else None,
+                    "AutoRemove": bool(spec.get("auto_remove")),
                     "IpcMode": spec.get("ipc") or "private", "ShmSize": int(spec.get("shm_size") or 67108864),
                 },
                 "Mounts": [{"Type": "bind", "Source": b["source"], "Destination": b["target"], "RW": not b.get("read_only")}
@@ -928,6 +929,13 @@ def _mem_total() -> int:
     except OSError:
         pass
     return 0
+
+
+def device_request(gpus: dict[str, Any]) -> dict[str, Any]:
+    """A GPU request as `docker inspect` shows it (HostConfig.DeviceRequests: Docker's field names)."""
+    return {"Driver": gpus.get("driver", ""), "Count": int(gpus.get("count") or 0),
+            "DeviceIDs": list(gpus.get("device_ids") or []) or None, "Capabilities": gpus.get("capabilities"),
+            "Options": {}}
 
 
 def restart_policy(value: str | None) -> dict[str, Any]:

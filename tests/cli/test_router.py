@@ -85,3 +85,34 @@ def test_router_config_lists_only_healthy_rigs(fleet, tmp_path: Path, capsys: py
     err = capsys.readouterr().err
     assert "SKIP rig-03: /v1/models lists ['something-else']" in err
     assert "SKIP rig-04: GET /v1/models: no response" in err
+
+
+def test_each_pod_of_a_host_is_a_deployment_and_limit_takes_one_pod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from rigup.cli.runner import fleet_targets
+
+    servers = [serve(MODEL), serve("qwen3.6-27b-autoround")]
+    try:
+        ports = [s.server_address[1] for s in servers]
+        pods = [{"name": "left", "variant": "dual", "gpus": [0, 1], "port": ports[0]},
+                {"name": "right", "variant": "dual", "gpus": [2, 3], "port": ports[1]}]
+        path = tmp_path / "rigs.yaml"
+        hosts = {"quad": {"ssh_hostname": "127.0.0.1", "pods": pods}, "solo": {"ssh_hostname": "127.0.0.1"}}
+        path.write_text(yaml.safe_dump({"data": {"variant": "dual"}, "groups": {"rigs": {"hosts": hosts}}}))
+        monkeypatch.setenv("RIGUP_RIGS", str(path))
+        targets = fleet_targets()
+        assert [(t.name, t.host, t.recipe.paths.unit_name) for t in targets] == [
+            ("quad/left", "quad", "rigup-left.service"), ("quad/right", "quad", "rigup-right.service"),
+            ("solo", "solo", "rigup-dual.service")]
+        assert targets[0].host_units == targets[1].host_units == ("rigup-left.service", "rigup-right.service")
+        assert [t.name for t in fleet_targets(["quad/right"])] == ["quad/right"]
+        assert [t.name for t in fleet_targets(["quad"])] == ["quad/left", "quad/right"]
+        out = tmp_path / "litellm.yaml"
+        args = argparse.Namespace(limit=["quad"], out=str(out), include_unhealthy=False, api_key_env="RIGUP_API_KEY")
+        assert router._cmd_router(args) == 0
+        deployments = yaml.safe_load(out.read_text())["model_list"]
+        assert [(d["model_info"]["id"], d["litellm_params"]["api_base"]) for d in deployments] == [
+            ("quad/left", f"http://127.0.0.1:{ports[0]}/v1"), ("quad/right", f"http://127.0.0.1:{ports[1]}/v1")]
+    finally:
+        for s in servers:
+            s.shutdown()
+            s.server_close()

@@ -246,7 +246,7 @@ def test_gather_facts_without_provenance_or_nvidia_smi() -> None:
 def test_host_status_marks_an_unreachable_rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target, release = rig(tmp_path)
 
-    def refuse(runner: Any, install_root: str) -> S.Facts:
+    def refuse(runner: Any, install_root: str, record: str | None = None) -> S.Facts:
         raise RemoteError("ssh ops@10.0.0.1:22: connection refused")
 
     monkeypatch.setattr(S, "desired_state", lambda t, topology=None: desired(t, release))
@@ -283,3 +283,13 @@ def test_cli_prints_json_and_exits_with_drift_and_health_bits(
     assert main(["status", "--limit", "canary"]) == S.EXIT_DRIFT
     assert "1 host(s): 1 drifted, 0 unhealthy" in capsys.readouterr().out
     assert seen == ["rig-01", "rig-02", "rig-01"]
+
+
+def test_the_hosts_other_pods_are_not_other_variants(tmp_path: Path) -> None:
+    target, release = rig(tmp_path)
+    units = {u: {"enabled": True, "active": True, "state": "active"}
+             for u in ("rigup-dual.service", "rigup-right.service", "rigup-single.service")}
+    facts = S.Facts(reachable=True, units=units)
+    items = S._unit_items(desired(target, release, host_units=("rigup-dual.service", "rigup-right.service")), facts)
+    assert [(i.item, i.actual, i.state) for i in items] == [
+        ("service", "active, enabled", S.OK), ("other variants", "rigup-single.service", S.DRIFT)]

@@ -60,9 +60,14 @@ def test_resolved_data_starts_from_group_data_defaults(tmp_path):
 
 def test_example_file_is_valid():
     fleet = load_fleet(REPO_ROOT / "rigs.example.yaml")
-    assert {h.name for h in fleet.hosts} == {"rig-01", "rig-02", "rig-03", "gw-01"}
+    assert {h.name for h in fleet.hosts} == {"rig-01", "rig-02", "rig-03", "rig-04", "rig-05", "gw-01"}
     gateway = fleet.host("gw-01")
     assert gateway.group == "gateway" and gateway.data["serves_variant"] is False
+    from rigup.desired.plan import pods_of
+
+    pods = {name: [(p.name, p.variant, p.gpus) for p in pods_of(fleet.resolved_data(name))] for name in ("rig-04", "rig-05")}
+    assert pods == {"rig-04": [("left", "dual", (0, 1)), ("right", "dual", (2, 3))],
+                    "rig-05": [("pair", "dual", (0, 1)), ("solo", "single", (2,))]}
 
 
 BAD = [
@@ -77,6 +82,8 @@ BAD = [
      "host 'rig-01': unknown key 'gpu_cuont'"),
     ("groups:\n  g:\n    hosts:\n      rig-01: {variant: dual-nope}\n",
      "host 'rig-01': 'variant' 'dual-nope' is not in the catalog"),
+    ("groups:\n  g:\n    hosts:\n      rig-01: {pods: [{name: a, variant: dual, gpus: [0, 1]}, {name: b, variant: single, gpus: [1]}]}\n",
+     "host 'rig-01': 'pods': pods: GPU 1 is given to both a and b"),
     ("groups:\n  g:\n    hosts:\n      rig-01: {gpu_count: two}\n",
      "host 'rig-01': 'gpu_count' must be int, got 'two'"),
     ("groups:\n  g:\n    hosts:\n      rig-01: {ssh_port: true}\n",

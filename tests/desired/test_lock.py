@@ -544,6 +544,10 @@ groups:
       rig-01: {{ssh_hostname: 10.0.0.11, variant: qwen-dual-autoround-int4-fp8-mtp}}
       rig-02: {{ssh_hostname: 10.0.0.12, variant: qwen-dual-autoround-int4-fp8-mtp}}
       rig-03: {{ssh_hostname: 10.0.0.13, variant: qwen-single-autoround-int4-minimal}}
+      rig-04:
+        ssh_hostname: 10.0.0.14
+        pods: [{{name: a, variant: qwen-dual-autoround-int4-fp8-mtp, gpus: [0, 1]}},
+               {{name: b, variant: qwen-dual-autoround-int4-fp8-mtp, gpus: [2, 3], port: 8061}}]
 """
             )
             assert _run(fleet)[0] == 0
@@ -563,8 +567,8 @@ groups:
     assert "upgraded  git:club3090" in out and moved in out
     # one diff, for the two rigs of the changed recipe; the single-card recipe renders the same but
     # for the base commit its header names
-    assert out.count("compose.yaml changes for") == 1
-    assert "compose.yaml changes for rig-01, rig-02:" in out
+    assert out.count("compose.yaml changes for") == 1  # the pods of that variant too: one diff
+    assert "compose.yaml changes for rig-01, rig-02, rig-04/a, rig-04/b:" in out
     assert "compose.yaml for rig-03: only the base commit in its header changes" in out
     assert "-    - '2'" in out and "+    - '3'" in out
     assert f"at club3090@{rem.club3090.main_head[:12]}" in out and f"at club3090@{moved[:12]}" in out

@@ -106,6 +106,8 @@ def context(repo: Path, **changes: Any) -> Context:
     checkouts = {name: SourceCheckout(name, f"{SOURCES}/{name}") for name in ("club3090", "vllm-fork", "genesis")}
     values: dict[str, Any] = dict(
         variant="test",
+        name="test",
+        gpu_ids=None,
         image_ref="docker.io/vllm/vllm-openai:nightly-abc",
         image_why="catalog image",
         bind_address="0.0.0.0",

@@ -115,3 +115,14 @@ def remote_commands(log: str) -> dict[str, int]:
     counts = remote_commands_in(log)
     assert counts is not None, "the converge printed no summary with a REMOTE COMMANDS column"
     return counts
+
+
+def key_files(directory: Path, **keys: str) -> dict[str, Path]:
+    """One 0600 file per key, as an operator keeps an API key: name -> path (<directory>/<name>.key)."""
+    paths = {}
+    for name, value in keys.items():
+        path = directory / f"{name}.key"
+        path.write_text(value + "\n")
+        path.chmod(0o600)
+        paths[name] = path
+    return paths

@@ -26,6 +26,7 @@ from rigup.desired.gateway import REQUIREMENTS_FILE
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import HostSpec
 from rigup_testbed.image import REPO_ROOT
+from tests.e2e.helpers import key_files
 from tests.e2e.test_serving import API_KEY, OTHER_VARIANT, VARIANT, Bed, _tail, served_name, sh, unit_prop
 
 pytestmark = pytest.mark.e2e
@@ -77,11 +78,8 @@ def bed(testbed_factory: Callable[..., Testbed], tmp_path_factory: pytest.TempPa
              HostSpec("rig-02", group="rigs")]
     testbed = testbed_factory(specs, "rigsgw")
     b = Bed(testbed, testbed.workdir)
-    keys = tmp_path_factory.mktemp("keys")
-    rig_key, gateway_key = keys / "rig.key", keys / "gateway.key"
-    for path, value in ((rig_key, API_KEY), (gateway_key, GATEWAY_KEY)):
-        path.write_text(value + "\n")
-        path.chmod(0o600)
+    keys = key_files(tmp_path_factory.mktemp("keys"), rig=API_KEY, gateway=GATEWAY_KEY)
+    rig_key, gateway_key = keys["rig"], keys["gateway"]
     b.data = {**b.data, "serving_api_key_file": str(rig_key), "gateway_health_check_interval_s": INTERVAL_S}
     b.gateway_key = str(gateway_key)  # type: ignore[attr-defined]
     b.write()

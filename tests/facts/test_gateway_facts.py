@@ -9,7 +9,15 @@ import json
 import pytest
 from pyinfra.api import FactProcessError
 
-from rigup.facts.gateway import UNITS_MARK, GatewayVenvs, ServedRecord, TextFile, UnitAgainstFiles, VenvComplete
+from rigup.facts.gateway import (
+    RECORD_MARK,
+    UNITS_MARK,
+    GatewayVenvs,
+    ServedRecord,
+    TextFile,
+    UnitAgainstFiles,
+    VenvComplete,
+)
 from rigup.operations.gateway import service_steps
 
 # `systemctl show -p ActiveState -p UnitFileState -p ExecMainStartTimestampMonotonic -p NeedDaemonReload`
@@ -52,12 +60,22 @@ def test_no_systemctl_output_is_an_error_not_a_stopped_unit() -> None:
         UnitAgainstFiles().process(SHOW_RUNNING)  # no clock line: python3 did not run
 
 
-def test_served_record_reads_provenance_and_running_units() -> None:
+def test_served_record_reads_every_pods_provenance_and_running_units() -> None:
     record = {"variant": "dual", "unit": "rigup-dual.service", "gate": {"result": "passed"}}
-    out = [*json.dumps(record, indent=2).splitlines(), "", UNITS_MARK, "rigup-dual.service", "rigup-gpu-power.service"]
-    assert ServedRecord().process(out) == {"record": record, "active_units": ["rigup-dual.service", "rigup-gpu-power.service"]}
-    assert ServedRecord().process(["", UNITS_MARK]) == {"record": None, "active_units": []}  # before any release
-    assert ServedRecord().process(['{"variant": "du', "", UNITS_MARK])["record"] is None  # a torn file
+    pod = {"variant": "single", "pod": "right", "unit": "rigup-right.service", "gate": {"result": "passed"}}
+    out = [RECORD_MARK, *json.dumps(record, indent=2).splitlines(), "", RECORD_MARK, json.dumps(pod), "",
+           UNITS_MARK, "rigup-dual.service", "rigup-gpu-power.service"]
+    assert ServedRecord().process(out) == {"records": [record, pod],
+                                           "active_units": ["rigup-dual.service", "rigup-gpu-power.service"]}
+    assert ServedRecord().process([UNITS_MARK]) == {"records": [], "active_units": []}  # before any release
+    torn = ServedRecord().process([RECORD_MARK, '{"variant": "du', "", RECORD_MARK, json.dumps(pod), "", UNITS_MARK])
+    assert torn["records"] == [pod]  # a torn file gives no route; the others still do
+
+
+def test_served_record_command_reads_the_host_record_and_each_pods() -> None:
+    command = ServedRecord().command("/opt/rigup").get_raw_value()
+    assert "/opt/rigup/state/provenance.json" in command
+    assert "/opt/rigup/state/pods/*/provenance.json" in command
 
 
 def test_small_facts() -> None:

@@ -85,6 +85,14 @@ def test_sole_variant_is_a_noop_when_alone():
     assert not meta.did_change()
 
 
+def test_sole_variant_keeps_every_pod_of_the_host():
+    out = ["rigup-left.service enabled active", "rigup-right.service enabled active", "rigup-dual.service enabled active"]
+    executed, meta = run(sole_variant, {UNITS: out}, unit=["rigup-left.service", "rigup-right.service"],
+                         install_root="/opt/rigup")
+    assert changes(executed, (UNITS,)) == ["systemctl disable --now rigup-dual.service"]
+    assert meta.did_change()
+
+
 def test_variant_units_fact_lists_only_variant_directories(tmp_path: Path):
     """Run the fact's shell loop for real: units with a variants/<name> directory are variants;
     other rigup-* units (the GPU power-cap oneshot) are left out."""

@@ -170,9 +170,10 @@ class Rig:
         return self.install_root / "variants" / variant
 
     def deploy(self, variant: str, model: str, *, api_key: str | None = None, unit_extra: str = "", tag: str = "v1",
-               chat_request: dict[str, Any] | None = None) -> Path:
-        """Write the files pyinfra would upload; returns the release path."""
-        vdir = self.variant_dir(variant)
+               chat_request: dict[str, Any] | None = None, pod: str | None = None) -> Path:
+        """Write the files pyinfra would upload (for a listed pod: in its directory); returns the release path."""
+        name = pod or variant
+        vdir = self.variant_dir(name)
         vdir.mkdir(parents=True, exist_ok=True)
         compose = f"# compose for {variant}\nimage: vllm/vllm-openai:{tag}\nmodel={model} \n"
         env = "# env\n" + (f"VLLM_API_KEY='{api_key}'\n" if api_key else "")
@@ -180,14 +181,14 @@ class Rig:
         (vdir / "compose.yaml").write_text(compose)
         (vdir / ".env").write_text(env)
         os.chmod(vdir / ".env", 0o600)
-        unit_file = self.unit_dir / f"rigup-{variant}.service"
+        unit_file = self.unit_dir / f"rigup-{name}.service"
         unit_file.write_text(unit)
         release = {
             "schema": 1,
             "variant": variant,
             "install_root": str(self.install_root),
             "variant_dir": str(vdir),
-            "unit": f"rigup-{variant}.service",
+            "unit": f"rigup-{name}.service",
             "unit_file": str(unit_file),
             "unit_sha256": hashlib.sha256(unit.encode()).hexdigest(),
             "env_file": str(vdir / ".env"),
@@ -205,6 +206,8 @@ class Rig:
         }
         if chat_request is not None:
             release["chat_request"] = chat_request
+        if pod is not None:
+            release.update(pod=pod, state_dir=str(self.install_root / "state/pods" / pod), gpu_ids=[2, 3])
         path = vdir / "release.json"
         path.write_text(json.dumps(release, indent=2, sort_keys=True) + "\n")
         return path
@@ -212,6 +215,9 @@ class Rig:
     @property
     def provenance(self) -> dict[str, Any]:
         return json.loads((self.install_root / "state/provenance.json").read_text())
+
+    def pod_provenance(self, pod: str) -> dict[str, Any]:
+        return json.loads((self.install_root / "state/pods" / pod / "provenance.json").read_text())
 
     def generations(self, variant: str) -> list[int]:
         return ctl.generation_numbers(str(self.variant_dir(variant) / "generations"))
@@ -482,6 +488,26 @@ def test_failed_variant_switch_rolls_back_to_the_previous_variant(rig, systemd, 
     ]
     assert rig.provenance["variant"] == "single"
     assert rig.provenance["last_rollback"]["failed_variant"] == "dual"
+
+
+def test_a_pods_record_and_rollback_stay_in_the_pods_own_places(rig, systemd, server):
+    good = rig.deploy("dual", MODEL, pod="right")
+    assert run_gate(good, systemd)[0] == 0
+    record = rig.pod_provenance("right")
+    assert (record["pod"], record["variant"], record["unit"], record["generation"]) == ("right", "dual", "rigup-right.service", 1)
+    assert not (rig.install_root / "state/provenance.json").exists()  # the host's own record is not the pod's
+    assert rig.generations("right") == [1]
+    # the pod switches variant and fails its gate: its previous generation comes back in its directory
+    bad = rig.deploy("single", "broken", pod="right")
+    systemd.restart("rigup-right.service")
+    code, lines = run_gate(bad, systemd, timeout=0.3)
+    assert code == ctl.EXIT_ROLLED_BACK, lines
+    assert ("disable --now", "rigup-right.service") not in systemd.calls  # the pod's unit stays, on the old files
+    assert systemd.calls[-1] == ("restart", "rigup-right.service")
+    assert json.loads(good.read_text())["variant"] == "dual"
+    record = rig.pod_provenance("right")
+    assert record["variant"] == "dual" and record["last_rollback"]["failed_variant"] == "single"
+    assert not (rig.install_root / "variants/single").exists()
 
 
 def test_rollback_that_fails_too_says_so(rig, systemd, server):
