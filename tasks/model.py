@@ -24,11 +24,14 @@ from rigup.desired.knobs import knob
 from rigup.desired.lock import LockError
 from rigup.desired.models import plan_models
 from rigup.desired.plan import host_plans
+from rigup.desired.recipe import RecipeError
 from rigup.operations.model import RIGFETCH_SRC, model_files, model_fleet_share
 from rigup.runstate import pins_missing
 
 try:
     plan = plan_models(state, host) if knob(host.data, "serves_variant") else None  # none on a gateway-only host
+except RecipeError as exc:  # a pod's recipe (preflight reports it first in a whole deploy)
+    raise DeployError(f"{host.name}: {exc}") from None
 except LockError as exc:
     previews = host_plans(host.data.dict(), host.name, read_secrets=False, require_lock=False)
     if not any(pins_missing(host, "model", preview) for preview in previews):  # not about the lock (e.g. a bad model_fleet_source)

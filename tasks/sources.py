@@ -19,7 +19,7 @@ from pyinfra.operations import apt, files
 
 from rigup.desired.knobs import knob
 from rigup.desired.lock import LockError
-from rigup.desired.plan import host_plans
+from rigup.desired.plan import host_plans, host_sources
 from rigup.desired.recipe import RecipeError
 from rigup.operations.git import git_checkout
 from rigup.runstate import pins_missing
@@ -29,8 +29,7 @@ if knob(host.data, "serves_variant"):  # a gateway-only host runs no variant
         plans = host_plans(host.data.dict(), host.name, read_secrets=False, require_lock=False)
     except (LockError, RecipeError) as exc:
         raise DeployError(f"{host.name}: {exc}") from None
-    # every pod's sources, each once (the lock pins one commit per source)
-    wanted = list({s.name: s for plan in plans for s in plan.recipe.sources}.values())
+    wanted = host_sources(plans)  # every pod's sources, each once, with the paths all of them mount
     # a variant without sources needs no pins here (the model phase refuses then)
     sources = () if wanted and any(pins_missing(host, "sources", plan) for plan in plans) else wanted
 

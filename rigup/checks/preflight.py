@@ -29,6 +29,7 @@ from rigup.desired.knobs import REBOOT_POLICIES, knob
 from rigup.facts.docker import DockerEngineInfo, DockerImageSize, DockerSnap
 from rigup.facts.driver import NvidiaKernelModule, NvidiaPackages, PrebuiltModules, PrebuiltNvidiaModules
 from rigup.facts.gpu import DriverCudaVersion, GpuMemoryUse, GpuTopology, NvidiaGpus, PciGpus
+from rigup.facts.serving import RigupVariantUnits
 from rigup.facts.system import FreeDisk, OsReleaseInfo, PathSizes, RebootPending, SecureBoot
 from rigup.parsers.docker import DockerInfo
 from rigup.parsers.dpkg import DebPackage
@@ -89,11 +90,14 @@ class HostFacts:
     gpu_memory: tuple[GpuState, ...] | None = None
     driver_cuda: str | None = None
     topology: Topology | None = None
+    gpu_subset: tuple[int, ...] | None = None  # one pod's view (pod_facts): only these GPU indices
 
     @property
     def gpus(self) -> tuple[Gpu, ...]:
-        """GPUs from nvidia-smi when the driver answers, else from lspci (fresh box, mismatch)."""
-        return visible_gpus(self.smi, self.pci)
+        """GPUs from nvidia-smi when the driver answers, else from lspci (fresh box, mismatch); in a pod's
+        view only its own, under the host's indices."""
+        gpus = visible_gpus(self.smi, self.pci)
+        return gpus if self.gpu_subset is None else tuple(g for g in gpus if g.index in self.gpu_subset)
 
     @property
     def gpu_source(self) -> str:
@@ -198,8 +202,11 @@ def gather(
         if docker is not None and docker.running:
             for ref in dict.fromkeys(r.image.ref for r in recipes):
                 present[ref] = get_fact(DockerImageSize, image=ref) or 0
-    # Memory rigup's own containers hold counts as free: the converge replaces them.
-    own = tuple(dict.fromkeys((*rigup_container_names(), *(r.container_name for r in recipes))))
+    # Memory rigup's own containers hold counts as free: the converge replaces them, and stops those of
+    # variant units it no longer runs (a pod renamed or dropped: rigup-<unit's name>).
+    installed = get_fact(RigupVariantUnits, install_root=str(knob(host_data, "install_root"))) if recipes else {}
+    leftover = tuple(unit[: -len(".service")] for unit in sorted(installed or {}))
+    own = tuple(dict.fromkeys((*rigup_container_names(), *(r.container_name for r in recipes), *leftover)))
     return HostFacts(
         os=get_fact(OsReleaseInfo),
         smi=get_fact(NvidiaGpus),
@@ -727,19 +734,11 @@ POD_CHECKS = frozenset({
 
 
 def pod_facts(facts: HostFacts, gpu_ids: Sequence[int]) -> HostFacts:
-    """`facts` as one pod sees the host: only its GPUs (by index), so the fit, layout and compute
-    capability are judged on the cards its container gets."""
-    wanted = set(gpu_ids)
-    smi = facts.smi
-    if smi is not None and smi.status == "ok":
-        smi = dataclasses.replace(smi, gpus=tuple(g for g in smi.gpus if g.index in wanted))
-    pci = facts.pci
-    if pci is not None and (facts.smi is None or facts.smi.status != "ok"):
-        buses = {g.bus_id for g in facts.gpus if g.index in wanted}
-        gpu_buses = {g.bus_id for g in facts.gpus}
-        pci = tuple(d for d in pci if d.bus_id in buses or d.bus_id not in gpu_buses)
+    """`facts` as one pod sees the host: only its GPUs, under the host's indices, so the fit, layout and
+    compute capability are judged (and named) on the cards its container gets."""
+    wanted = tuple(gpu_ids)
     memory = None if facts.gpu_memory is None else tuple(g for g in facts.gpu_memory if g.index in wanted)
-    return dataclasses.replace(facts, smi=smi, pci=pci, gpu_memory=memory)
+    return dataclasses.replace(facts, gpu_subset=wanted, gpu_memory=memory)
 
 
 def check_pod_layout(facts: HostFacts, built: Sequence[HostRecipe]) -> list[Check]:

@@ -45,6 +45,9 @@ def _plan(variant: str, args: argparse.Namespace) -> Any:
     if args.topo is not None:
         topo = topology(Path(args.topo).read_text(), None if args.p2p is None else Path(args.p2p).read_text())
     pod = None
+    listed = [p.name for p in pods_of(host_data) if p.listed]
+    if listed and getattr(args, "pod", None) is None:
+        raise RecipeError(f"--data pods lists {', '.join(listed)}: render one of them with --pod NAME")
     if getattr(args, "pod", None) is not None:
         pods = pods_of(host_data)
         pod = next((p for p in pods if p.listed and p.name == args.pod), None)

@@ -114,11 +114,12 @@ def fleet_targets(limit: Sequence[str] | None = None, fleet: Fleet | None = None
             unknown = sorted(only - {pod.name for pod in pods if pod.listed})
             if unknown:
                 raise RemoteError(f"{fleet.path}: --limit {name}/{unknown[0]}: {name} lists no pod {unknown[0]!r}")
-        for index, pod in enumerate(pods):
+        first = len(targets)
+        for pod in pods:
             if only is not None and pod.name not in only:
                 continue
-            # the gateway a host runs is reported once, with its first pod
-            gateway = (gateway_url, gateway_key, gateway_error) if index == 0 else (None, None, None)
+            # the gateway a host runs is reported once, with the first of its pods selected
+            gateway = (gateway_url, gateway_key, gateway_error) if len(targets) == first else (None, None, None)
             label = f"{name}/{pod.name}" if pod.listed else name
             try:
                 recipe = host_plan(data, name, require_lock=False, read_secrets=False, pod=pod).recipe

@@ -341,7 +341,7 @@ def _unit_items(desired: Desired, facts: Facts) -> list[Item]:
     others = sorted(name for name, unit in facts.units.items()
                     if name != desired.unit and name not in desired.host_units and (unit["active"] or unit["enabled"]))
     if others:
-        items.append(Item("other variants", "none running", ", ".join(others), DRIFT, "one variant owns the GPUs"))
+        items.append(Item("other variants", "none running", ", ".join(others), DRIFT, "the host's pods own the GPUs"))
     return items
 
 

@@ -178,6 +178,26 @@ def _check_host_overrides(
     from rigup.desired.recipe import RecipeError, check_overrides  # the catalog is needed only here
 
     overrides = data.get("variant_overrides")
+    pods = data.get("pods")
+    if pods:
+        from rigup.desired.pods import PodError, host_pods
+
+        origin = next(where for where, values in reversed(sections) if "pods" in values)
+        if overrides:
+            set_in = next(where for where, values in reversed(sections) if "variant_overrides" in values)
+            raise FleetError(f"{path}: host {host_name!r}: 'variant_overrides' (set in {set_in}) beside 'pods' (set "
+                             f"in {origin}): with pods, each pod takes its own variant_overrides")
+        try:
+            listed = host_pods(pods, None, {})
+        except PodError as exc:  # the pods knob's own check has passed: this is the catalog's word
+            raise FleetError(f"{path}: host {host_name!r} (pods set in {origin}): {exc}") from None
+        for index, pod in enumerate(listed):
+            try:
+                check_overrides(pod.variant, pod.overrides)
+            except RecipeError as exc:
+                raise FleetError(f"{path}: host {host_name!r}: pods[{index}] ({pod.name}, set in {origin}): "
+                                 f"variant_overrides: {exc}") from None
+        return
     if not overrides:
         return
     variant = data.get("variant", knobs["variant"])

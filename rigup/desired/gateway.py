@@ -18,7 +18,7 @@ import hashlib
 import ipaddress
 import posixpath
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -141,6 +141,17 @@ def route_for(rig: RigEndpoint, record: Mapping[str, Any] | None, active_units: 
     address = f"[{address}]" if ":" in address else address
     key = rig.key_env if release.get("api_key_env") else None
     return Route(rig.host, unit, str(record.get("variant")), model, f"http://{address}:{port}/v1", key), "serves " + model
+
+
+def current_records(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """One record per unit, the newest (written_at): a host that moved between the one-variant form and
+    pods keeps the earlier layout's record beside the new one, both naming a unit that may run now."""
+    newest: dict[Any, Mapping[str, Any]] = {}
+    for record in records:
+        unit = record.get("unit")
+        if unit not in newest or str(record.get("written_at") or "") > str(newest[unit].get("written_at") or ""):
+            newest[unit] = record
+    return list(newest.values())
 
 
 def _loopback(address: str) -> bool:

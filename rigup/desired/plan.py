@@ -11,7 +11,7 @@ refs before there are pins: rigup.desired.pins).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -159,3 +159,15 @@ def host_plans(host_data: Mapping[str, Any], host_name: str = "this host", topol
                **options: Any) -> list[HostPlan]:
     """host_plan for every pod of the host, in the order it lists them (one without pods)."""
     return [host_plan(host_data, host_name, topology, pod=pod, **options) for pod in pods_of(host_data)]
+
+
+def host_sources(plans: list[HostPlan]) -> list[Any]:
+    """The git sources every pod of a host mounts from, each once (the lock pins one commit per source),
+    with the paths all of them need (rigup.desired.recipe.SourceSpec.required_paths)."""
+    merged: dict[str, Any] = {}
+    for plan in plans:
+        for source in plan.recipe.sources:
+            known = merged.get(source.name)
+            paths = source.required_paths if known is None else tuple(sorted({*known.required_paths, *source.required_paths}))
+            merged[source.name] = replace(source, required_paths=paths)
+    return list(merged.values())

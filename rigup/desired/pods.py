@@ -25,7 +25,8 @@ from typing import Any
 
 POD_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 POD_KEYS = ("name", "variant", "gpus", "port", "variant_overrides")
-RESERVED_NAMES = frozenset({"gateway"})  # rigup-gateway.service is the fleet gateway's unit
+# rigup's other units: rigup-gateway.service (the fleet gateway), rigup-gpu-power.service (power cap at boot)
+RESERVED_NAMES = frozenset({"gateway", "gpu-power"})
 
 
 class PodError(ValueError):
@@ -74,7 +75,7 @@ def host_pods(listed: Any, variant: Any, variant_overrides: Any) -> list[Pod]:
     A pod given a GPU count takes the lowest indices no listed pod names, in order. Raises PodError on
     an entry that is not a mapping, an unknown or missing key, a bad name, a name or GPU used twice, or
     a port given both as `port` and in `variant_overrides`."""
-    from rigup.desired.catalog import variant_names
+    from rigup.desired.catalog import load_catalog
 
     if not listed:
         return [Pod(str(variant), str(variant), None, variant_overrides or {}, False)]
@@ -82,7 +83,8 @@ def host_pods(listed: Any, variant: Any, variant_overrides: Any) -> list[Pod]:
         raise PodError(f"pods must be a list of {{name, variant, gpus, port, variant_overrides}} entries, got {listed!r}")
     if variant_overrides:
         raise PodError("variant_overrides is set beside pods: with pods, each pod takes its own variant_overrides")
-    variants = tuple(variant_names())
+    catalog = load_catalog()["variants"]
+    variants = tuple(catalog)
     entries: list[tuple[str, str, tuple[int, ...] | int, dict[str, Any]]] = []
     names: set[str] = set()
     for index, entry in enumerate(listed):
@@ -131,6 +133,11 @@ def host_pods(listed: Any, variant: Any, variant_overrides: Any) -> list[Pod]:
                 taken[gpu] = name
             gpus = tuple(free)
         pods.append(Pod(name, variant, gpus, overrides, True))
+    # Ports the catalog knows (a variant's own, or the pod's): two pods of one variant need a port each.
+    known = [(pod, pod.overrides.get("port", catalog[pod.variant].get("port"))) for pod in pods]
+    clashes = ports_used_twice([(pod, port) for pod, port in known if isinstance(port, int)])
+    if clashes:
+        raise PodError(f"pods: {clashes[0]}: give each pod its own 'port'")
     return pods
 
 

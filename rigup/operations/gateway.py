@@ -13,7 +13,7 @@ from pyinfra.api import OperationValueError, QuoteString, StringCommand, operati
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.operations import files
 
-from rigup.desired.gateway import RigEndpoint, Route, config_text, route_for, routes_in_config
+from rigup.desired.gateway import RigEndpoint, Route, config_text, current_records, route_for, routes_in_config
 from rigup.facts.gateway import GatewayVenvs, ServedRecord, TextFile, UnitAgainstFiles, VenvComplete
 from rigup.operations.streamed import streamed
 from rigup.runstate import account
@@ -92,7 +92,7 @@ def gateway_config(path: str, rigs: Sequence[RigEndpoint], install_roots: dict[s
             routes.extend(kept)
             notes.append(f"{rig.host}: not reachable now, keeps {len(kept)} route(s)")
             continue
-        found = [route_for(rig, record, served["active_units"]) for record in served["records"] or [None]]
+        found = [route_for(rig, record, served["active_units"]) for record in current_records(served["records"]) or [None]]
         routes.extend(route for route, _ in found if route is not None)
         notes.extend(f"{rig.host}: {why}" for _, why in found)
     text = config_text(routes, health_check_interval_s=health_check_interval_s, num_retries=num_retries)

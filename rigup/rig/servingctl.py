@@ -15,9 +15,11 @@ rig has nothing else we can count on. Commands:
            and, when the last good generation differs, roll back to it, restart it and gate it again.
 
 Files (all under {install_root}):
-  variants/<variant>/release.json         what the control machine wants to run (written by pyinfra)
-  variants/<variant>/generations/<n>/     files of a release that passed the gate (n grows by one)
-  state/provenance.json                   what this rig runs and when it last passed the gate
+  variants/<pod>/release.json             what the control machine wants to run (written by pyinfra; a
+                                          host without pods has one pod, named after its variant)
+  variants/<pod>/generations/<n>/         files of a release that passed the gate (n grows by one)
+  state/provenance.json                   what this rig runs and when it last passed the gate (a listed
+                                          pod's: state/pods/<pod>/provenance.json)
 
 Exit codes of `gate`: 0 passed; 1 failed, nothing to roll back to; 2 failed and rolled back to the
 last good generation (which passed the gate again); 3 failed and the rollback failed too.
@@ -157,7 +159,7 @@ class Redactor:
 
 
 # ----------------------------------------------------------------------------------------------
-# the release: what pyinfra wants this variant to run (variants/<variant>/release.json)
+# the release: what pyinfra wants this pod to run (variants/<pod>/release.json)
 
 
 class Release:
@@ -784,13 +786,14 @@ def _roll_back(
     number = previous.get("generation")
     if not isinstance(variant, str) or not isinstance(number, int):
         return give_up("provenance.json names no generation")
+    what = f"{'pod' if previous.get('pod') else 'variant'} {variant}"  # in messages
     gen_release = os.path.join(failed.install_root, "variants", variant, GENERATIONS_DIR, str(number), RELEASE_NAME)
     if not os.path.exists(gen_release):
-        return give_up(f"generation {number} of variant {variant} is gone")
+        return give_up(f"generation {number} of {what} is gone")
     if variant == failed.name and generation_matches(failed.generations_dir, number, failed):
         return give_up(f"the failing release is the last good one (generation {number}): nothing older to restore")
 
-    out(f"rigup: rolling back to variant {variant} generation {number}")
+    out(f"rigup: rolling back to {what} generation {number}")
     try:
         if variant != failed.name:
             systemd.disable_now(failed.unit)  # the GPUs belong to one variant at a time
@@ -800,7 +803,7 @@ def _roll_back(
     except (OSError, subprocess.CalledProcessError, SystemExit) as exc:
         detail = exc.stderr.strip() if isinstance(exc, subprocess.CalledProcessError) and exc.stderr else str(exc)
         note_rollback(failed.provenance_path, previous, failed, reason, f"rollback failed: {detail}")
-        out(f"rigup: FAILED and the rollback to variant {variant} generation {number} could not be done: {detail}")
+        out(f"rigup: FAILED and the rollback to {what} generation {number} could not be done: {detail}")
         out(f"{RESULT_MARKER} rollback-failed")
         return EXIT_ROLLBACK_FAILED
     try:
@@ -809,7 +812,7 @@ def _roll_back(
         _print_failure(restored, f"after rollback: {exc}", systemd, out)
         note_rollback(failed.provenance_path, previous, failed, reason, f"rollback failed: {exc}")
         out(
-            f"rigup: FAILED and the rollback to variant {variant} generation {number} failed too; "
+            f"rigup: FAILED and the rollback to {what} generation {number} failed too; "
             f"{failed.unit} failed with: {failed.redactor()(reason)}"
         )
         out(f"{RESULT_MARKER} rollback-failed")
@@ -817,7 +820,7 @@ def _roll_back(
     note_rollback(failed.provenance_path, previous, failed, reason, "rolled back")
     out(
         f"rigup: FAILED and ROLLED BACK: the new release of variant {failed.variant} failed the health gate "
-        f"({failed.redactor()(reason)}); variant {variant} generation {number} serves again "
+        f"({failed.redactor()(reason)}); {what} generation {number} serves again "
         f"(ready in {result['ready_seconds']} s)"
     )
     out(f"{RESULT_MARKER} failed-and-rolled-back")

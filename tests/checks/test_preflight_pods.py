@@ -9,7 +9,7 @@ from typing import Any
 from rigup.checks.preflight import HostFacts, failures, host_recipes, pod_facts, run_host_checks
 from rigup.parsers.nvidia_smi import GpuState
 from rigup.parsers.topology import topology
-from tests.support.hostlayer import FIXTURES, converged_2x3090, disk, host_data
+from tests.support.hostlayer import FIXTURES, converged_2x3090, disk, fresh_2x3090, host_data
 
 QUAD = [{"name": "left", "variant": "dual", "gpus": [0, 1], "port": 8030},
         {"name": "right", "variant": "dual", "gpus": [2, 3], "port": 8031}]
@@ -61,11 +61,12 @@ def test_pod_facts_keep_only_the_pods_gpus() -> None:
 
 
 def test_a_port_two_pods_publish_fails_naming_both() -> None:
-    clash = [QUAD[0], {**QUAD[1], "port": 8030}]
+    # neither pod names a port: both get the one upstream's dual file publishes (8010)
+    clash = [{k: v for k, v in pod.items() if k != "port"} for pod in QUAD]
     result = checks(four_3090(), clash)
     assert [c.name for c in failures(list(result.values()))] == ["pods"]
     check = result["pods"]
-    assert check.message == "port 8030 is published by both pod left (dual) and pod right (dual)"
+    assert check.message == "port 8010 is published by both pod left (dual) and pod right (dual)"
     assert check.key == "pods" and "[key: pods]" in check.describe("quad")
 
 
@@ -90,3 +91,25 @@ def test_disk_counts_a_shared_model_and_image_once() -> None:
     result = checks(four_3090(disk=disk(70)), QUAD, preflight_disk_margin_gb=10)
     assert result["disk"].ok, result["disk"].message
     assert result["disk"].message.count("model ") == 1
+
+
+def four_3090_before_the_driver() -> HostFacts:
+    """fresh_2x3090 (lspci only, nouveau) with four cards: 2 and 3 copy 0 and 1 on other buses."""
+    fresh = fresh_2x3090()
+    extra = tuple(dataclasses.replace(d, bus_id=f"0000:{0x81 + i:02x}:00.0") for i, d in enumerate(fresh.pci))
+    return dataclasses.replace(fresh, pci=fresh.pci + extra)
+
+
+def test_before_the_driver_a_pod_is_judged_on_its_own_cards_under_their_host_indices() -> None:
+    facts = four_3090_before_the_driver()
+    assert [g.index for g in facts.gpus] == [0, 1, 2, 3]
+    assert [g.index for g in pod_facts(facts, (2, 3)).gpus] == [2, 3]
+    result = checks(facts, QUAD)
+    assert not failures(list(result.values())), [c.describe("quad") for c in failures(list(result.values()))]
+    assert result["vram-fit (right)"].message.startswith("no driver yet, memory from the PCI ids")
+    # a card too old for the variant is named by its host index, in the pod that owns it
+    old = dataclasses.replace(facts.pci[3], device_id="1b06", description="NVIDIA Corporation GP102 [GeForce GTX 1080 Ti]")
+    result = checks(dataclasses.replace(facts, pci=facts.pci[:3] + (old,)), QUAD)
+    failed = {c.name: c for c in failures(list(result.values()))}
+    assert "compute-capability (right)" in failed and "compute-capability (left)" not in failed
+    assert failed["compute-capability (right)"].message.startswith("GPU 3 (")

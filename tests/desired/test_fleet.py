@@ -84,6 +84,11 @@ BAD = [
      "host 'rig-01': 'variant' 'dual-nope' is not in the catalog"),
     ("groups:\n  g:\n    hosts:\n      rig-01: {pods: [{name: a, variant: dual, gpus: [0, 1]}, {name: b, variant: single, gpus: [1]}]}\n",
      "host 'rig-01': 'pods': pods: GPU 1 is given to both a and b"),
+    ("groups:\n  g:\n    hosts:\n      rig-01: {pods: [{name: a, variant: dual, gpus: [0, 1], variant_overrides: {bogus: 1}}]}\n",
+     "host 'rig-01': pods[0] (a, set in host 'rig-01'): variant_overrides: unknown variant_overrides key 'bogus'"),
+    ("groups:\n  g:\n    data: {variant_overrides: {max_model_len: 8192}}\n    hosts:\n"
+     "      rig-01: {pods: [{name: a, variant: dual, gpus: [0, 1]}]}\n",
+     "host 'rig-01': 'variant_overrides' (set in group 'g' data) beside 'pods' (set in host 'rig-01')"),
     ("groups:\n  g:\n    hosts:\n      rig-01: {gpu_count: two}\n",
      "host 'rig-01': 'gpu_count' must be int, got 'two'"),
     ("groups:\n  g:\n    hosts:\n      rig-01: {ssh_port: true}\n",

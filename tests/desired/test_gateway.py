@@ -205,3 +205,16 @@ def test_the_index_url_knob_refuses_credentials_without_echoing_them() -> None:
     with pytest.raises(KnobError) as refused:
         check_knob("gateway_pip_index_url", "https://ops:hunter2@mirror.lan/simple")
     assert "without credentials" in str(refused.value) and "hunter2" not in str(refused.value)
+
+
+def test_a_unit_named_by_two_records_routes_from_the_newest() -> None:
+    from rigup.desired.gateway import current_records
+
+    # the host moved from `variant: dual` to pods with one named dual: both records name rigup-dual.service
+    old = {"unit": "rigup-dual.service", "written_at": "2026-11-30T04:00:01+00:00", "release": {"host_port": 8010}}
+    new = {"unit": "rigup-dual.service", "pod": "dual", "written_at": "2026-12-01T09:12:40+00:00",
+           "release": {"host_port": 8030}}
+    other = {"unit": "rigup-right.service", "pod": "right", "written_at": "2026-12-01T09:10:00+00:00"}
+    assert current_records([old, new, other]) == [new, other]
+    assert current_records([new, old]) == [new]
+    assert current_records([]) == []

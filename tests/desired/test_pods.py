@@ -117,7 +117,10 @@ def test_interconnect_is_detected_among_the_pods_own_gpus() -> None:
     ("dual", "pods'? must be (a )?list"),
     ([{"name": "a", "variant": "dual"}], r"pods\[0\] \(a\): 'gpus' is required"),
     ([{"name": "A", "variant": "dual", "gpus": [0, 1]}], "'name' must be lowercase"),
-    ([{"name": "gateway", "variant": "dual", "gpus": [0, 1]}], "not gateway"),
+    ([{"name": "gateway", "variant": "dual", "gpus": [0, 1]}], "not gateway, gpu-power"),
+    ([{"name": "gpu-power", "variant": "dual", "gpus": [0, 1]}], "not gateway, gpu-power"),
+    ([{"name": "a", "variant": "dual", "gpus": [0, 1], "port": 8030}, {"name": "b", "variant": "dual", "gpus": [2, 3],
+      "variant_overrides": {"port": 8030}}], "port 8030 is published by both pod a \\(dual\\) and pod b \\(dual\\)"),
     ([{"name": "a", "variant": "duel", "gpus": [0, 1]}], "'variant' 'duel' is not in the catalog"),
     ([{"name": "a", "variant": "dual", "gpus": [0, 0]}], "lists a GPU twice"),
     ([{"name": "a", "variant": "dual", "gpus": [0, 1]}, {"name": "b", "variant": "single", "gpus": [1]}],
@@ -161,3 +164,19 @@ def test_a_pods_overrides_change_that_pod_alone() -> None:
     assert "--max-num-seqs" in changed[1].recipe.vllm_args
     args = list(changed[1].recipe.vllm_args)
     assert args[args.index("--max-num-seqs") + 1] == "1"
+
+
+def test_a_source_two_pods_mount_from_is_checked_out_once_with_both_pods_paths() -> None:
+    from rigup.desired.plan import host_sources
+
+    pods = [{"name": "a", "variant": "dual-turbo", "gpus": [0, 1]}, {"name": "b", "variant": "single-long-text", "gpus": [2]}]
+    plans = host_plans(host(pods=pods), require_lock=False, read_secrets=False)
+    shared = {s.name for s in plans[0].recipe.sources} & {s.name for s in plans[1].recipe.sources}
+    assert shared, "the two variants share no source: pick two that do"
+    merged = {s.name: s for s in host_sources(plans)}
+    assert len(merged) == len({s.name for p in plans for s in p.recipe.sources})
+    for name in shared:
+        wanted = {path for p in plans for s in p.recipe.sources if s.name == name for path in s.required_paths}
+        assert set(merged[name].required_paths) == wanted
+    assert any(set(merged[name].required_paths) != set(s.required_paths)
+               for p in plans for s in p.recipe.sources if s.name in shared)  # neither pod's list alone

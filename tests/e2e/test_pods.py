@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -81,18 +82,20 @@ def bed(testbed_factory: Callable[..., Testbed], tmp_path_factory: pytest.TempPa
     b.data = {"serving_api_key_file": str(rig_key), "serving_health_timeout_s": b.data["serving_health_timeout_s"],
               "gateway_health_check_interval_s": 3}
     b.gateway_key = str(gateway_key)  # type: ignore[attr-defined]
-    clash = [dict(QUAD_PODS[0]), {**QUAD_PODS[1], "port": QUAD_PODS[0]["port"]}]
-    write(b, clash, TRI_PODS, relock=True)
+    write(b, QUAD_PODS, TRI_PODS, relock=True)
     yield b
     testbed.down()  # its gateway checks every route each 3 s: not under the modules after this one
 
 
 def test_a_port_two_pods_publish_is_refused_before_any_change(bed: Bed) -> None:
+    write(bed, [QUAD_PODS[0], {**QUAD_PODS[1], "port": QUAD_PODS[0]["port"]}], TRI_PODS)
     proc = bed.deploy(expect_ok=False)
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert "port 8030 is published by both pod left (dual) and pod right (dual)" in output, _tail(proc)
-    assert "[key: pods]" in output and "Traceback" not in output
+    # the fleet file check refuses it, naming the file, the host and the knob
+    assert (f"{bed.fleet.resolve()}: group 'gateway' data: 'pods': pods: port 8030 is published by both pod left "
+            "(dual) and pod right (dual): give each pod its own 'port'") in output, _tail(proc)
+    assert "Traceback" not in output
     assert sh(bed.host("quad"), "test -e /opt/rigup && echo yes || echo no") == "no"
 
 
@@ -174,6 +177,22 @@ def test_status_reports_each_pod(bed: Bed) -> None:
     for name, status in hosts.items():
         assert status["verdict"] == "OK", (name, status)
         assert not any(item["item"] == "other variants" for item in status["items"]), status
+
+
+def test_verify_and_bench_take_one_pod(bed: Bed, tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "rigup", "verify", "--json", "--limit", "quad/right"], cwd=REPO_ROOT,
+                          env=bed.env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (report,) = json.loads(proc.stdout)["hosts"]
+    assert (report["host"], report["url"]) == ("quad/right", f"http://{bed.host('quad').ip}:{QUAD_PODS[1]['port']}")
+    assert report["failed"] == 0 and {r["check"] for r in report["results"]} >= {"models", "completion"}
+    proc = subprocess.run([sys.executable, "-m", "rigup", "bench", "--json", "--limit", "tri/solo", "--only", "narr",
+                           "--warmups", "0", "--runs", "1", "--results-dir", str(tmp_path), "--no-chart"],
+                          cwd=REPO_ROOT, env=bed.env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (document,) = json.loads(proc.stdout)["results"]
+    assert (document["host"], document["variant"]) == ("tri/solo", SINGLE)
+    assert [p.parent.name for p in tmp_path.glob("*/*.json")] == ["tri_solo"]  # saved per pod
 
 
 def test_dropping_a_pod_stops_its_unit(bed: Bed) -> None:

@@ -20,6 +20,7 @@ from rigup.facts.apt import AptPolicies, AptSourceEntries
 from rigup.facts.docker import DockerDaemonJson, DockerEngineInfo, DockerImageSize, DockerSnap
 from rigup.facts.driver import NvidiaDevChar, NvidiaKernelModule, NvidiaPackages, PrebuiltNvidiaModules
 from rigup.facts.gpu import DriverCudaVersion, GpuMemoryUse, GpuTopology, NvidiaGpus, PciGpus
+from rigup.facts.serving import RigupVariantUnits
 from rigup.facts.system import FreeDisk, HostCapabilities, OsReleaseInfo, PathSizes, RebootPending, SecureBoot
 from rigup.operations.apt import apt_source_exclusive, conflicting_entries
 from rigup.operations.docker import docker_daemon_config, docker_nvidia_runtime, image_ref, merged_daemon_config
@@ -444,6 +445,7 @@ def preflight_host(facts, lock_dir: Path | None = None, **data) -> ScriptedHost:
         GpuMemoryUse: lambda container_names: facts.gpu_memory,
         DriverCudaVersion: facts.driver_cuda,
         GpuTopology: facts.topology,
+        RigupVariantUnits: lambda install_root: {},
     }
     return ScriptedHost(scripted, values, name="rig-07")
 
@@ -487,6 +489,16 @@ def test_preflight_builds_the_recipe_with_the_host_topology(tmp_path: Path):
     report = {c.name: c for c in preflight_report(host)}
     assert report["interconnect"].message.startswith("NVLink (detected: GPU0-GPU1 NV4)")
     assert [name for name, _ in host.fact_calls].count("GpuTopology") == 1  # read once, for recipe and facts
+
+
+def test_preflight_counts_memory_of_rigups_units_it_will_stop_as_free(tmp_path: Path):
+    """A pod renamed or dropped still runs rigup-<old name> until the serving task stops it: its GPU
+    memory is named to GpuMemoryUse as rigup's own (free for the new layout)."""
+    host = preflight_host(converged_2x3090(), tmp_path)
+    host.facts[RigupVariantUnits] = lambda install_root: {"rigup-oldpod.service": {"enabled": True, "active": True}}
+    preflight_report(host)
+    (names,) = [kw["container_names"] for name, kw in host.fact_calls if name == "GpuMemoryUse"]
+    assert "rigup-oldpod" in names and "rigup-dual" in names
 
 
 def test_preflight_after_driver_rechecks_with_the_loaded_driver(tmp_path: Path):

@@ -504,6 +504,7 @@ def test_a_pods_record_and_rollback_stay_in_the_pods_own_places(rig, systemd, se
     assert code == ctl.EXIT_ROLLED_BACK, lines
     assert ("disable --now", "rigup-right.service") not in systemd.calls  # the pod's unit stays, on the old files
     assert systemd.calls[-1] == ("restart", "rigup-right.service")
+    assert "rolling back to pod right generation 1" in "\n".join(lines)
     assert json.loads(good.read_text())["variant"] == "dual"
     record = rig.pod_provenance("right")
     assert record["variant"] == "dual" and record["last_rollback"]["failed_variant"] == "single"
