@@ -79,8 +79,7 @@ if knob(host.data, "serves_variant"):  # a gateway-only host runs no variant
     if blocked is None and not missing_pins:
         paths = plans[0].recipe.paths  # the host's paths (install root, state) are every pod's
         ctl = ctl_path(paths.install_root)
-        pods = [(plan, plan.recipe, env_text, timeout_s, "" if not plan.recipe.pod_listed else f" [pod {plan.recipe.pod}]")
-                for plan, env_text, timeout_s in zip(plans, env_texts, timeouts)]
+        pods = list(zip(plans, env_texts, timeouts))
 
         apt.packages(name="Install python3 for rigup-servingctl", packages=["python3"])
         files.directory(name="Create the rigup bin directory", path=posixpath.dirname(ctl), mode="755")
@@ -93,10 +92,11 @@ if knob(host.data, "serves_variant"):  # a gateway-only host runs no variant
         )
         # Pull before any file changes: the old release keeps serving during the download, and a failed
         # pull leaves the rig as it was.
-        for ref in host.loop(dict.fromkeys(recipe.image.ref for _, recipe, _, _, _ in pods)):
+        for ref in host.loop(dict.fromkeys(plan.recipe.image.ref for plan in plans)):
             image_pulled(name="Pull the container image", ref=ref)
 
-        for plan, recipe, env_text, _, pod in host.loop(pods):
+        for plan, env_text, _ in host.loop(pods):
+            pod, recipe = plan.pod_suffix, plan.recipe
             files.directory(name=f"Create the variant directory{pod}", path=recipe.paths.variant_dir, mode="755")
             for cache_dir in host.loop(recipe.host_dirs):
                 files.directory(name=f"Create the variant's cache directories{pod}", path=cache_dir, mode="755")
@@ -129,10 +129,11 @@ if knob(host.data, "serves_variant"):  # a gateway-only host runs no variant
         # files did not change is not restarted: changing one pod never restarts another.
         sole_variant(
             name="Stop and disable other rigup variants",
-            unit=[recipe.paths.unit_name for _, recipe, _, _, _ in pods],
+            unit=[plan.recipe.paths.unit_name for plan in plans],
             install_root=paths.install_root,
         )
-        for plan, recipe, _, timeout_s, pod in host.loop(pods):
+        for plan, _, timeout_s in host.loop(pods):
+            pod, recipe = plan.pod_suffix, plan.recipe
             service = variant_service(
                 name=f"Run the variant on its current files (restart only if they changed since it started){pod}",
                 ctl=ctl,

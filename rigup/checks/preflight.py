@@ -173,7 +173,7 @@ def host_recipes(
     host_data: Mapping[str, Any], host_name: str, topology: Topology | None, base_dir: Path | None = None
 ) -> list[HostRecipe]:
     """host_recipe for each of the host's pods (rigup.desired.pods), in the order it lists them."""
-    from rigup.desired.plan import pods_of
+    from rigup.desired.recipe import pods_of
 
     try:
         pods = pods_of(host_data)
@@ -182,13 +182,18 @@ def host_recipes(
     return [host_recipe(host_data, host_name, topology, base_dir, pod) for pod in pods]
 
 
+def _recipes(recipe: Any) -> list[Any]:
+    """A recipe, or the list of a host's pods' recipes, as a list without the missing ones."""
+    return [r for r in (recipe if isinstance(recipe, (list, tuple)) else [recipe]) if r is not None]
+
+
 def gather(
     get_fact: FactGetter, host_data: Mapping[str, Any], recipe: Any | None, topology: Topology | None = _UNREAD
 ) -> HostFacts:
     """Read every fact the checks need through `get_fact(FactClass, **kwargs)` (host.get_fact).
     `recipe`: the host's recipe, or the list of its pods' recipes. `topology`: GpuTopology when the
     caller read it already (to build the recipe)."""
-    recipes = [r for r in (recipe if isinstance(recipe, (list, tuple)) else [recipe]) if r is not None]
+    recipes = _recipes(recipe)
     try:
         want = DriverWant.from_data(host_data)
     except ValueError:
@@ -531,7 +536,7 @@ def check_secure_boot(facts: HostFacts, want: DriverWant | None, plan: DriverPla
 def check_disk(facts: HostFacts, recipe: Any | None, host_data: Mapping[str, Any]) -> list[Check]:
     """Room for what is still to download; `recipe` may be the list of the host's pods' recipes (each
     model, source and image counted once)."""
-    recipes = [r for r in (recipe if isinstance(recipe, (list, tuple)) else [recipe]) if r is not None]
+    recipes = _recipes(recipe)
     if not recipes:
         return []
     margin_gb = float(knob(host_data, "preflight_disk_margin_gb"))

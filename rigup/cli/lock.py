@@ -103,13 +103,12 @@ def rendered_diffs(fleet: Any, old: LockFile, new: LockFile) -> list[tuple[str, 
     import difflib
 
     from rigup.desired.knobs import knob
-    from rigup.desired.plan import pods_of
-    from rigup.desired.recipe import resolve
+    from rigup.desired.recipe import pods_of, resolve
 
     out: list[tuple[str, list[str]]] = []
     seen: set[str] = set()
     # every pod the fleet serves: (host or host/pod, host data, pod)
-    served = [(f"{h.name}/{pod.name}" if pod.listed else h.name, data, pod)
+    served = [(pod.target(h.name), data, pod)
               for h in fleet.hosts for data in [fleet.resolved_data(h.name)] if knob(data, "serves_variant")
               for pod in pods_of(data)]
     def body(text: str) -> list[str]:

@@ -11,8 +11,8 @@ from rigup.desired.catalog import variant_names
 from rigup.desired.compose_doc import explain
 from rigup.desired.knobs import load_defaults, parse_data_value
 from rigup.desired.lock import LockError, LockFile
-from rigup.desired.plan import host_plan, pods_of
-from rigup.desired.recipe import RecipeError
+from rigup.desired.plan import host_plan
+from rigup.desired.recipe import RecipeError, pods_of
 from rigup.parsers.topology import TopologyError, topology
 
 
@@ -45,15 +45,15 @@ def _plan(variant: str, args: argparse.Namespace) -> Any:
     if args.topo is not None:
         topo = topology(Path(args.topo).read_text(), None if args.p2p is None else Path(args.p2p).read_text())
     pod = None
-    listed = [p.name for p in pods_of(host_data) if p.listed]
-    if listed and getattr(args, "pod", None) is None:
-        raise RecipeError(f"--data pods lists {', '.join(listed)}: render one of them with --pod NAME")
-    if getattr(args, "pod", None) is not None:
-        pods = pods_of(host_data)
-        pod = next((p for p in pods if p.listed and p.name == args.pod), None)
+    listed = [p for p in pods_of(host_data) if p.listed]
+    wanted = getattr(args, "pod", None)
+    if listed and wanted is None:
+        raise RecipeError(f"--data pods lists {', '.join(p.name for p in listed)}: render one of them with --pod NAME")
+    if wanted is not None:
+        pod = next((p for p in listed if p.name == wanted), None)
         if pod is None:
-            names = ", ".join(p.name for p in pods if p.listed) or "none: set --data pods=[...]"
-            raise RecipeError(f"--pod {args.pod!r}: no such pod in --data pods (pods: {names})")
+            names = ", ".join(p.name for p in listed) or "none: set --data pods=[...]"
+            raise RecipeError(f"--pod {wanted!r}: no such pod in --data pods (pods: {names})")
     return host_plan(host_data, "render", topo, lock=lock, require_lock=False, read_secrets=False, pod=pod)
 
 

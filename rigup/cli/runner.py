@@ -17,9 +17,9 @@ from rigup.client.ssh import LOCAL_HOST, FileLog, JournalLog, RemoteError, Runne
 from rigup.desired.fleet import Fleet, load_fleet
 from rigup.desired.gateway import GatewayError, gateway_plan
 from rigup.desired.knobs import knob
-from rigup.desired.plan import host_plan, pods_of
+from rigup.desired.plan import host_plan
 from rigup.desired.pods import Pod
-from rigup.desired.recipe import Recipe, RecipeError
+from rigup.desired.recipe import Recipe, RecipeError, pods_of
 from rigup.desired.secrets import SecretError, load_api_key, read_secret_file
 
 T = TypeVar("T")
@@ -120,7 +120,7 @@ def fleet_targets(limit: Sequence[str] | None = None, fleet: Fleet | None = None
                 continue
             # the gateway a host runs is reported once, with the first of its pods selected
             gateway = (gateway_url, gateway_key, gateway_error) if len(targets) == first else (None, None, None)
-            label = f"{name}/{pod.name}" if pod.listed else name
+            label = pod.target(name)
             try:
                 recipe = host_plan(data, name, require_lock=False, read_secrets=False, pod=pod).recipe
             except (RecipeError, KeyError, ValueError) as exc:

@@ -324,8 +324,7 @@ def fleet_needs(fleet: Any, lock: Any = None) -> tuple[dict[str, Need], str]:
 
     Recipes are rendered from upstream at `lock`'s pins where it has them (what mounts which source
     depends on the recipe repository's commit), else at the refs' current commits."""
-    from rigup.desired.plan import pods_of
-    from rigup.desired.recipe import resolve
+    from rigup.desired.recipe import pods_of, resolve
 
     needs: dict[str, Need] = {}
     owners: dict[str, str] = {}

@@ -18,8 +18,8 @@ from typing import Any
 from rigup.desired.interconnect import detect
 from rigup.desired.knobs import knob
 from rigup.desired.lock import LockError, LockFile, deploy_lock, lock_problems
-from rigup.desired.pods import Pod, PodError, host_pods, pod_data
-from rigup.desired.recipe import Recipe, RecipeError, resolve
+from rigup.desired.pods import Pod
+from rigup.desired.recipe import Recipe, pods_of, resolve
 from rigup.desired.release import build_release, release_json, release_sha256
 from rigup.desired.render import API_KEY_KEY, HF_TOKEN_KEY, RenderedFile, render_variant
 from rigup.desired.secrets import load_api_key, read_hf_token, secrets_configured
@@ -53,6 +53,11 @@ class HostPlan:
     def unit(self) -> RenderedFile:
         return self.file(self.recipe.paths.unit_file)
 
+    @property
+    def pod_suffix(self) -> str:
+        """What operation names end with for a listed pod (" [pod right]"); "" in the simple form."""
+        return f" [pod {self.recipe.pod}]" if self.recipe.pod_listed else ""
+
     def env_text(self) -> str:
         """The .env with its secret lines; refuses values that would break the file."""
         return self.env.with_secrets({key: self.secrets[key] for key in self.env.secret_keys})
@@ -78,14 +83,6 @@ def recipe_for(host_data: Mapping[str, Any], topology: Topology | None, lock: An
     if topology is None or recipe.gpu_count < 2:
         return recipe
     return resolve(host_data, lock, detect(topology, recipe.gpu_count, recipe.gpu_ids), pod=pod)
-
-
-def pods_of(host_data: Mapping[str, Any]) -> list[Pod]:
-    """rigup.desired.pods.host_pods, its PodError as a RecipeError (what every caller of a plan handles)."""
-    try:
-        return host_pods(knob(host_data, "pods"), knob(host_data, "variant"), knob(host_data, "variant_overrides"))
-    except PodError as exc:
-        raise RecipeError(str(exc)) from None
 
 
 def host_plan(
@@ -123,7 +120,7 @@ def host_plan(
             raise
         lock, lock_problem = None, str(exc)
     recipe = recipe_for(host_data, topology, lock, pod)
-    problems = lock_problems(recipe, pod_data(host_data, pod) if pod else host_data, lock) if lock is not None else []
+    problems = lock_problems(recipe, host_data, lock) if lock is not None else []
     if problems:
         lock_problem = (
             f"{lock.path}: missing or stale entries for {host_name} ({pod.label() if pod else 'variant ' + recipe.variant}): "

@@ -45,6 +45,10 @@ class Pod:
     def unit(self) -> str:
         return f"rigup-{self.name}.service"
 
+    def target(self, host: str) -> str:
+        """How the CLI names it: "<host>/<pod>" for a listed pod, the host's name in the simple form."""
+        return f"{host}/{self.name}" if self.listed else host
+
     def label(self) -> str:
         """How messages name it: "pod left (dual)" or, in the simple form, "variant dual"."""
         return f"pod {self.name} ({self.variant})" if self.listed else f"variant {self.variant}"
@@ -128,7 +132,7 @@ def host_pods(listed: Any, variant: Any, variant_overrides: Any) -> list[Pod]:
     pods = []
     for name, variant, gpus, overrides in entries:
         if isinstance(gpus, int):  # a count: the lowest free indices
-            free = [i for i in range(len(taken) + gpus + 64) if i not in taken][:gpus]
+            free = [i for i in range(len(taken) + gpus) if i not in taken][:gpus]
             for gpu in free:
                 taken[gpu] = name
             gpus = tuple(free)

@@ -289,6 +289,15 @@ class Recipe:
 # resolution
 
 
+def pods_of(host_data: Mapping[str, Any]) -> list[Pod]:
+    """The host's pods (rigup.desired.pods.host_pods) from its knobs; a bad entry is a RecipeError (what
+    every caller of a recipe or plan handles)."""
+    try:
+        return host_pods(knob(host_data, "pods"), knob(host_data, "variant"), knob(host_data, "variant_overrides"))
+    except PodError as exc:
+        raise RecipeError(str(exc)) from None
+
+
 def _require(host_data: Mapping[str, Any], key: str) -> Any:
     if key not in host_data or host_data[key] is None:
         raise RecipeError(f"host data has no value for {key!r} (declared in group_data/all.py)")
@@ -583,10 +592,7 @@ def resolve(
       when the host lists pods)
     """
     if pod is None:
-        try:
-            pods = host_pods(knob(host_data, "pods"), knob(host_data, "variant"), knob(host_data, "variant_overrides"))
-        except PodError as exc:
-            raise RecipeError(str(exc)) from None
+        pods = pods_of(host_data)
         if len(pods) != 1 or pods[0].listed:
             raise RecipeError(f"the host lists pods ({', '.join(p.name for p in pods)}): resolve one pod at a time")
         pod = pods[0]

@@ -63,7 +63,7 @@ def test_example_file_is_valid():
     assert {h.name for h in fleet.hosts} == {"rig-01", "rig-02", "rig-03", "rig-04", "rig-05", "gw-01"}
     gateway = fleet.host("gw-01")
     assert gateway.group == "gateway" and gateway.data["serves_variant"] is False
-    from rigup.desired.plan import pods_of
+    from rigup.desired.recipe import pods_of
 
     pods = {name: [(p.name, p.variant, p.gpus) for p in pods_of(fleet.resolved_data(name))] for name in ("rig-04", "rig-05")}
     assert pods == {"rig-04": [("left", "dual", (0, 1)), ("right", "dual", (2, 3))],

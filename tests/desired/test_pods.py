@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from rigup.desired.knobs import KnobError, check_knob, load_defaults
-from rigup.desired.plan import host_plan, host_plans, pods_of
+from rigup.desired.plan import host_plan, host_plans
 from rigup.desired.pods import PodError, host_pods
-from rigup.desired.recipe import RecipeError, resolve
+from rigup.desired.recipe import RecipeError, pods_of, resolve
 from rigup.desired.release import recipe_provenance_path
 from rigup.parsers.topology import Topology
 
