@@ -143,8 +143,11 @@ def test_one_pods_override_restarts_that_pod_alone(bed: Bed) -> None:
     after = {(h, u): started_at(bed, h, u) for h, units in UNITS.items() for u in units}
     restarted = sorted(key for key in before if before[key] != after[key])
     assert restarted == [("quad", "rigup-right.service")], restarted
-    gated = [op["name"] for op in serving_ops(result) if op["success"] and "Health-gate" in op["name"]]
-    assert gated and all("[pod right]" in name for name in gated), gated
+    # One gate ran, on quad. (Not judged by operation names: pyinfra makes one operation of the same line
+    # and loop position on every host and names it after the host that reached it first, so quad's second
+    # pod's gate can be listed as "[pod solo]", tri's second pod.)
+    gated = [(op["name"], sorted(op["success"])) for op in serving_ops(result) if op["success"] and "Health-gate" in op["name"]]
+    assert len(gated) == 1 and gated[0][1] == ["quad"], gated
     command = sh(bed.host("quad"), "docker inspect --format '{{json .Args}}' rigup-right")
     assert '"--max-num-seqs","1"' in command.replace(" ", "")
 
