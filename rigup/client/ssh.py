@@ -193,7 +193,10 @@ class SshSession:
                 while channel.recv_stderr_ready():
                     err.append(channel.recv_stderr(65536))
                     progressed = True
-                if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+                # The exit status can arrive before the last output (sshd reports the exit as the
+                # process ends, with output still queued behind the window): done at end of file.
+                done = channel.exit_status_ready() and (channel.eof_received or channel.closed)
+                if done and not channel.recv_ready() and not channel.recv_stderr_ready():
                     break
                 if time.monotonic() > deadline:
                     raise RemoteError(f"ssh {self.settings.hostname}: {command.split()[0]} timed out after {timeout:g} s")

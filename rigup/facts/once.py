@@ -249,25 +249,31 @@ def _read_single(facts: HostFacts, request: _Request | None, cls: type, args: tu
     return value
 
 
-BATCH_WAVE = 16  # sections the rig runs at once: they are reads, independent of each other
+BATCH_LANES = 16  # sections the rig runs at once: they are reads, independent of each other
 
 
 def _batch_script(token: str, commands: list[str]) -> str:
-    """One shell script that runs every command (in waves of BATCH_WAVE, in the background) and then
+    """One shell script that runs every command (in BATCH_LANES lanes in the background, each lane its
+    share of the sections one after another, so one slow read holds up only its own lane) and then
     prints each one's stdout, stderr and exit status between markers, in order."""
     lines = [BATCH_START]
-    for i, command in enumerate(commands):
-        lines.append(f'( ( {command}\n) >"$__rigup_d/{i}.o" 2>"$__rigup_d/{i}.e" </dev/null; '
-                     f'echo $? >"$__rigup_d/{i}.s" ) &')
-        if (i + 1) % BATCH_WAVE == 0:
-            lines.append("wait")
+    lanes = min(BATCH_LANES, len(commands))
+    for lane in range(lanes):
+        lines.append("(")
+        for i in range(lane, len(commands), lanes):
+            lines.append(f'( {commands[i]}\n) >"$__rigup_d/{i}.o" 2>"$__rigup_d/{i}.e" </dev/null; '
+                         f'echo $? >"$__rigup_d/{i}.s"')
+        lines.append(") &")
     lines.append("wait")
+    # Printed with one `cat` per stream and shell builtins (a fork costs more than most reads): each
+    # stream is followed by one newline, which _split_batch takes off again.
     lines.append(
         f'__rigup_i=0; while [ "$__rigup_i" -lt {len(commands)} ]; do '
         f'f="$__rigup_d/$__rigup_i"; '
-        f'echo "@@{token} out $__rigup_i"; cat "$f.o"; [ -s "$f.o" ] && [ -n "$(tail -c1 "$f.o")" ] && echo; '
-        f'echo "@@{token} err $__rigup_i"; cat "$f.e"; [ -s "$f.e" ] && [ -n "$(tail -c1 "$f.e")" ] && echo; '
-        f'echo "@@{token} end $__rigup_i $(cat "$f.s" 2>/dev/null || echo 98)"; '
+        f'echo "@@{token} out $__rigup_i"; cat "$f.o"; echo; '
+        f'echo "@@{token} err $__rigup_i"; cat "$f.e"; echo; '
+        f'{{ read -r __rigup_s <"$f.s"; }} 2>/dev/null || __rigup_s=98; '
+        f'echo "@@{token} end $__rigup_i $__rigup_s"; '
         '__rigup_i=$((__rigup_i + 1)); done'
     )
     lines.append('rm -rf "$__rigup_d"')
@@ -283,6 +289,8 @@ def _split_batch(token: str, lines: Iterable[str], count: int) -> dict[int, tupl
     for line in lines:
         if line.startswith(prefix):
             kind, _, rest = line[len(prefix):].partition(" ")
+            if current and current[-1] == "":
+                current.pop()  # the newline the script adds after each stream (see _batch_script)
             if kind == "out":
                 out, err = [], []
                 current = out

@@ -259,7 +259,9 @@ def test_packages_carry_conffiles_units_and_maintainer_scripts(repo: aptrepo.Rep
     assert "nvidia-standin-modload.service" in listing
     compose = _deb(repo, f"{pool}/docker-compose-plugin_*.deb")
     listing = subprocess.run(["dpkg-deb", "-c", str(compose)], capture_output=True, text=True, check=True).stdout
-    assert "./usr/libexec/docker/cli-plugins/docker-compose -> ../../../lib/docker-standin/compose/compose_plugin.py" in listing
+    # the command is a launcher beside the module (imported, so Python keeps its bytecode)
+    assert "./usr/libexec/docker/cli-plugins/docker-compose -> ../../../lib/docker-standin/compose/run-compose_plugin" in listing
+    assert "./usr/lib/docker-standin/compose/compose_plugin.py" in listing
     assert "./usr/lib/docker-standin/compose/docker-compose-real" in listing
     # Driver bytes are identical in the archive and the CUDA repo (apt would warn otherwise).
     a = _deb(repo, "ubuntu-archive/pool/restricted/n/nvidia-graphics-drivers-580/nvidia-utils-580_*.deb")

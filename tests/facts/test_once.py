@@ -221,3 +221,20 @@ def test_batch_sections_survive_marker_like_output(workdir: Path) -> None:
     out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout.splitlines()
     sections = once._split_batch("tok", out, 3)
     assert sections == {0: (["x", "@@other out 0"], [], 0), 1: ([], [], 0), 2: ([], ["e"], 4)}
+
+
+@pytest.mark.parametrize("text", ["", "x", "x\n", "\n", "x\n\n", "a\nb", "a\n\nb\n", "  \n", "@@other out 9\n"])
+def test_batch_sections_keep_each_stream_line_for_line(text: str) -> None:
+    """Whatever a read prints, with or without a last newline, comes back as pyinfra would split it
+    (lines without their "\\n"), on stdout and stderr, in lanes of their own or sharing one."""
+    import subprocess
+
+    expected = text.split("\n")
+    if expected[-1] == "":
+        expected.pop()
+    quoted = text.replace("'", "'\\''")
+    commands = [f"printf '%s' '{quoted}'; printf '%s' '{quoted}' >&2; exit {i}" for i in range(40)]
+    script = once._batch_script("tok", commands)
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout.splitlines()
+    sections = once._split_batch("tok", out, len(commands))
+    assert sections == {i: (expected, expected, i) for i in range(40)}
