@@ -62,7 +62,7 @@ PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 
 
 def run(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[float, subprocess.CompletedProcess[str]]:
-    secs, _, proc = timed(cmd, env, timeout)
+    secs, _, _, proc = timed(cmd, env, timeout)
     return secs, proc
 
 
@@ -73,20 +73,18 @@ def machine_busy_s() -> float:
     return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
-LAST_MACHINE_CPU: list[float] = []  # whole-machine CPU seconds of the last timed() run
-
-
-def timed(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[float, float, subprocess.CompletedProcess[str]]:
-    """Wall seconds, CPU seconds (user+sys of the child and its children) and the finished process."""
+def timed(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[float, float, float, subprocess.CompletedProcess[str]]:
+    """Wall seconds, CPU seconds (user+sys of the child and its children), the whole machine's busy CPU
+    seconds meanwhile and the finished process."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     busy = machine_busy_s()
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     wall = time.monotonic() - started
-    LAST_MACHINE_CPU[:] = [machine_busy_s() - busy]
+    machine = machine_busy_s() - busy
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu, proc
+    return wall, cpu, machine, proc
 
 
 def remote_commands(log: str) -> dict[str, int]:
@@ -168,8 +166,8 @@ def bench(sizes: list[int], repeat: int, instance: str, deploy: str, host_setup:
             limit = [arg for name in names[:n] for arg in ("--limit", name)]
             walls, cpus, machine, cmds, noops, noops_all = [], [], [], [], [], []
             for _ in range(repeat):
-                secs, cpu, proc = timed([PYINFRA, "-y", "--json", "inventory.py", deploy, *limit], env, 1800)
-                machine.append(LAST_MACHINE_CPU[0])
+                secs, cpu, busy, proc = timed([PYINFRA, "-y", "--json", "inventory.py", deploy, *limit], env, 1800)
+                machine.append(busy)
                 if proc.returncode != 0:
                     raise SystemExit(f"re-run on {n} hosts failed:\n" + (proc.stdout + proc.stderr)[-4000:])
                 changed = changed_ops(json.loads(proc.stdout))
@@ -180,7 +178,7 @@ def bench(sizes: list[int], repeat: int, instance: str, deploy: str, host_setup:
                 cpus.append(cpu / n)
                 cmds.append(max(counts.values()))
                 for path, into in ((noop, noops), (noop_all, noops_all)):
-                    secs, _, proc = timed([PYINFRA, "-y", "inventory.py", str(path), *limit], env, 600)
+                    secs, _, _, proc = timed([PYINFRA, "-y", "inventory.py", str(path), *limit], env, 600)
                     if proc.returncode != 0:
                         raise SystemExit(f"no-op deploy on {n} hosts failed:\n" + (proc.stdout + proc.stderr)[-4000:])
                     into.append(secs)

@@ -124,7 +124,7 @@ class Deb:
         main block is the usual one. Python compiles a script run by path on every call (15 ms for the
         larger stand-ins, several times per fact batch) but caches what it imports, as it does for the
         real tools' own Python. argv[0] stays the command's path, so tools that look at it still do."""
-        source = (STANDINS / module).read_text()
+        source = self.files[f"{libdir}/{module}"][0].decode()  # add_tool has just read it
         stem = module.removesuffix(".py")
         if 'if __name__ == "__main__":\n    sys.exit(main(sys.argv[1:]))\n' not in source:
             return module
