@@ -26,7 +26,7 @@ from rigup.checks.fit import GpuState, assess
 from rigup.desired.catalog import rigup_container_names
 from rigup.desired.gpu_power import LOW_CAP_SHARE, power_cap
 from rigup.desired.knobs import REBOOT_POLICIES, knob
-from rigup.facts.docker import DockerEngineInfo, DockerImageSize, DockerSnap
+from rigup.facts.docker import DockerEngineInfo, DockerImage, DockerSnap
 from rigup.facts.driver import NvidiaKernelModule, NvidiaPackages, PrebuiltModules, PrebuiltNvidiaModules
 from rigup.facts.gpu import DriverCudaVersion, GpuMemoryUse, GpuTopology, NvidiaGpus, PciGpus
 from rigup.facts.serving import RigupVariantUnits
@@ -206,7 +206,8 @@ def gather(
         present.update(get_fact(PathSizes, paths=wanted))
         if docker is not None and docker.running:
             for ref in dict.fromkeys(r.image.ref for r in recipes):
-                present[ref] = get_fact(DockerImageSize, image=ref) or 0
+                image = get_fact(DockerImage, ref=ref)
+                present[ref] = image.size if image is not None else 0
     # Memory rigup's own containers hold counts as free: the converge replaces them, and stops those of
     # variant units it no longer runs (a pod renamed or dropped: rigup-<unit's name>).
     installed = get_fact(RigupVariantUnits, install_root=str(knob(host_data, "install_root"))) if recipes else {}

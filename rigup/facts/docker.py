@@ -2,35 +2,13 @@
 
 from __future__ import annotations
 
-import shlex
+from dataclasses import dataclass
 from typing import Any
 
 from pyinfra.api import FactBase, FactProcessError, QuoteString, StringCommand
 
 from rigup.facts.util import _absent, _guarded, _parse
 from rigup.parsers.docker import DockerInfo, parse_daemon_json, parse_docker_info
-
-
-class DockerImageSize(FactBase[int | None]):
-    """
-    Size in bytes of a local Docker image (``docker image inspect``); None when it is not pulled.
-
-    + image: image reference as compose uses it
-    """
-
-    def command(self, image: str) -> str:
-        ref = shlex.quote(image)
-        return _guarded("docker", f"docker image inspect --format '{{{{.Size}}}}' {ref} 2>/dev/null || true")
-
-    def process(self, output: list[str]) -> int | None:
-        if _absent(output):
-            return None
-        text = output[0].strip() if output else ""  # stderr is dropped: not pulled prints nothing
-        if not text:
-            return None
-        if not text.isdigit():
-            raise FactProcessError(f"docker image inspect printed {text!r}, not a size in bytes")
-        return int(text)
 
 
 class DockerEngineInfo(FactBase[DockerInfo | None]):
@@ -69,16 +47,39 @@ class DockerSnap(FactBase[bool]):
         return any(line.strip() == "snap" for line in output)
 
 
-class DockerImageId(FactBase[str | None]):
-    """Local id of an image reference (``sha256:...``), or None when it is not pulled."""
+@dataclass(frozen=True)
+class LocalImage:
+    id: str  # sha256:...
+    size: int  # bytes
+
+    def to_json(self) -> dict[str, Any]:  # what `pyinfra ... fact rigup.facts.docker.DockerImage` prints
+        return {"id": self.id, "size": self.size}
+
+
+class DockerImage(FactBase[LocalImage | None]):
+    """
+    A local image as ``docker image inspect`` reports it: its id and size in bytes; None when it is not
+    pulled. One fact for both (preflight wants the size, the pull the id): one docker call per run.
+
+    .. code:: python
+
+        LocalImage(id="sha256:4f1c...", size=30000000000)
+
+    + ref: image reference as compose uses it
+    """
 
     def requires_command(self, *args: Any, **kwargs: Any) -> str:
         return "docker"
 
     def command(self, ref: str) -> StringCommand:
-        return StringCommand("docker image inspect --format '{{.Id}}'", QuoteString(ref), "2>/dev/null || true")
+        # stderr is dropped: an image that is not pulled prints nothing
+        return StringCommand("docker image inspect --format '{{.Id}} {{.Size}}'", QuoteString(ref), "2>/dev/null || true")
 
-    def process(self, output: list[str]) -> str | None:
+    def process(self, output: list[str]) -> LocalImage | None:
         lines = [line.strip() for line in output if line.strip()]
-        return lines[0] if lines else None
-
+        if not lines:
+            return None
+        image_id, _, size = lines[0].partition(" ")
+        if not image_id.startswith("sha256:") or not size.isdigit():
+            raise FactProcessError(f"docker image inspect printed {lines[0]!r}, not an id and a size in bytes")
+        return LocalImage(image_id, int(size))

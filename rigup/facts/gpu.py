@@ -69,12 +69,17 @@ class PciGpus(FactBase[tuple[PciDevice, ...] | None]):
         return tuple(d for d in devices if d.vendor_id == NVIDIA_VENDOR_ID and d.class_code in DISPLAY_CLASSES)
 
 
-# Ancestry of every GPU process: "pid parent grandparent ..." per line (to find our own container's).
+# The ancestry of each GPU process ("pid parent grandparent ..." per line), to find our own containers'.
+# $apps holds the compute-apps query already printed; each parent comes from /proc/<pid>/status with
+# shell builtins (an awk per step was a fork per ancestor).
+_PID = f"${APPS_QUERY_FIELDS.index('pid') + 1}"  # awk's field of the pid in that query
 _CHAINS = (
-    "for p in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); do "
+    f"""for p in $(printf '%s\\n' "$apps" | awk -F', *' '{_PID} != "" && !seen[{_PID}]++ {{print {_PID}}}'); do """
     'q=$p; chain=""; n=0; '
     'while [ -n "$q" ] && [ "$q" -gt 1 ] 2>/dev/null && [ $n -lt 64 ]; do '
-    'chain="$chain $q"; n=$((n+1)); q=$(awk \'/^PPid:/{print $2}\' /proc/$q/status 2>/dev/null); done; '
+    'chain="$chain $q"; n=$((n+1)); next=""; '
+    'while read -r key value; do if [ "$key" = "PPid:" ]; then next=$value; break; fi; done 2>/dev/null </proc/$q/status; '
+    'q=$next; done; '
     'echo "$chain"; done'
 )
 
@@ -96,10 +101,12 @@ class GpuMemoryUse(FactBase[tuple[GpuState, ...] | None]):
         gpu_query = ",".join(MEMORY_QUERY_FIELDS)
         apps_query = ",".join(APPS_QUERY_FIELDS)
         name = " ".join(shlex.quote(n) for n in container_names)
-        return _guarded("nvidia-smi", 
-            f"nvidia-smi --query-gpu={gpu_query} --format=csv,noheader,nounits 2>&1; "
-            f"echo {_SPLIT}; nvidia-smi --query-compute-apps={apps_query} --format=csv,noheader,nounits 2>/dev/null; "
-            f"echo {_SPLIT}; (docker inspect --format '{{{{.State.Pid}}}}' {name} 2>/dev/null || true); "
+        # nvidia-smi runs twice (its slowest part is starting), docker only when a GPU process exists
+        return _guarded("nvidia-smi",
+            f"nvidia-smi --query-gpu={gpu_query} --format=csv,noheader,nounits 2>&1; echo {_SPLIT}; "
+            f"apps=$(nvidia-smi --query-compute-apps={apps_query} --format=csv,noheader,nounits 2>/dev/null); "
+            f'[ -z "$apps" ] || printf \'%s\\n\' "$apps"; echo {_SPLIT}; '
+            f'if [ -n "$apps" ]; then docker inspect --type container --format \'{{{{.State.Pid}}}}\' {name} 2>/dev/null; fi; '
             f"echo {_SPLIT}; {_CHAINS}; true"
         )
 

@@ -12,7 +12,7 @@ from pyinfra.api import OperationValueError, QuoteString, StringCommand, operati
 from pyinfra.api.hiddenvalue import HiddenValue
 
 from rigup.desired.recipe import Recipe
-from rigup.facts.docker import DockerImageId
+from rigup.facts.docker import DockerImage
 from rigup.facts.serving import RigupVariantUnits, SecretFileState, ServingStatus
 from rigup.operations.streamed import streamed
 from rigup.runstate import account
@@ -131,9 +131,9 @@ def image_pulled(ref: str):
 
         image_pulled(name="Pull the vLLM image", ref="docker.io/vllm/vllm-openai:v0.21.0")
     """
-    image_id = host.get_fact(DockerImageId, ref=ref)
-    if image_id is not None:
-        host.noop(f"image {ref} is present ({image_id[:19]})")
+    image = host.get_fact(DockerImage, ref=ref)
+    if image is not None:
+        host.noop(f"image {ref} is present ({image.id[:19]})")
         return
     # streamed: docker's per-layer lines while it pulls (tens of GB on a fresh rig)
     yield streamed(

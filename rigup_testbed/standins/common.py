@@ -15,7 +15,6 @@ import fcntl
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator, NoReturn
@@ -85,6 +84,8 @@ def write_json_atomic(p: Path, data: Any, mode: int = 0o644) -> None:
 
 def write_text_atomic(p: Path, text: str, mode: int = 0o644) -> None:
     p.parent.mkdir(parents=True, exist_ok=True)
+    import tempfile  # here, not at the top: most calls of a stand-in write nothing
+
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.")
     try:
         with os.fdopen(fd, "w") as fh:

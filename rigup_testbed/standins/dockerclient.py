@@ -9,7 +9,6 @@ stand-ins (docker CLI, compose plugin).
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import os
 import socket
@@ -39,38 +38,48 @@ def socket_path() -> tuple[str, str]:
     return str(common.path(shown)) if not os.environ.get("DOCKER_HOST") else shown, host
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float):
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(self.timeout)
-        s.connect(self._path)
-        self.sock = s
+def _exchange(path: str, timeout: float, request: bytes) -> bytes:
+    """One HTTP/1.0 exchange over the unix socket: the daemon answers and closes (plain socket, not
+    http.client: importing that costs a CLI call more than the call itself)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(timeout)
+        s.connect(path)
+        s.sendall(request)
+        chunks = []
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        s.close()
 
 
 def rpc(method: str, timeout: float = 120.0, **params: Any) -> Any:
     path, host = socket_path()
-    conn = _UnixConnection(path, timeout)
+    body = json.dumps(params).encode()
+    request = (f"POST /rpc/{method} HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
     try:
-        body = json.dumps(params).encode()
-        conn.request("POST", f"/rpc/{method}", body=body, headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        data = json.loads(resp.read() or b"null")
+        raw = _exchange(path, timeout, request)
     except PermissionError:
         shown = host[len("unix://"):]
         raise DaemonDown(
             f"permission denied while trying to connect to the Docker daemon socket at {host}: "
             f'Get "http://%2Fvar%2Frun%2Fdocker.sock/v1.51/{method}": dial unix {shown}: connect: permission denied'
         ) from None
-    except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError, http.client.RemoteDisconnected):
+    except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError):
         raise DaemonDown(f"Cannot connect to the Docker daemon at {host}. Is the docker daemon running?") from None
-    finally:
-        conn.close()
-    if resp.status >= 400:
-        raise DaemonError(data.get("message", "error") if isinstance(data, dict) else str(data), resp.status)
+    head, sep, payload = raw.partition(b"\r\n\r\n")
+    status_line = head.split(b"\r\n", 1)[0].split()
+    if not sep or len(status_line) < 2 or not status_line[1].isdigit():
+        # the daemon went away mid-answer (http.client's RemoteDisconnected)
+        raise DaemonDown(f"Cannot connect to the Docker daemon at {host}. Is the docker daemon running?")
+    status = int(status_line[1])
+    data = json.loads(payload or b"null")
+    if status >= 400:
+        raise DaemonError(data.get("message", "error") if isinstance(data, dict) else str(data), status)
     return data
 
 

@@ -17,7 +17,7 @@ import rigup.operations.driver as driver_ops
 from rigup.desired.catalog import rigup_container_names
 from rigup.desired.knobs import load_defaults
 from rigup.facts.apt import AptPolicies, AptSourceEntries
-from rigup.facts.docker import DockerDaemonJson, DockerEngineInfo, DockerImageSize, DockerSnap
+from rigup.facts.docker import DockerDaemonJson, DockerEngineInfo, DockerImage, DockerSnap
 from rigup.facts.driver import NvidiaDevChar, NvidiaKernelModule, NvidiaPackages, PrebuiltNvidiaModules
 from rigup.facts.gpu import DriverCudaVersion, GpuMemoryUse, GpuTopology, NvidiaGpus, PciGpus
 from rigup.facts.serving import RigupVariantUnits
@@ -441,7 +441,7 @@ def preflight_host(facts, lock_dir: Path | None = None, **data) -> ScriptedHost:
         RebootPending: facts.pending_reboot,
         FreeDisk: lambda paths: {p: facts.disk[p] for p in paths},
         PathSizes: lambda paths: {p: 0 for p in paths},
-        DockerImageSize: lambda image: None,
+        DockerImage: lambda ref: None,
         GpuMemoryUse: lambda container_names: facts.gpu_memory,
         DriverCudaVersion: facts.driver_cuda,
         GpuTopology: facts.topology,

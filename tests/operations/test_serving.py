@@ -192,7 +192,7 @@ INSPECT = "docker image inspect"
 
 
 def test_image_pulled_noop_when_present():
-    executed, meta = run(image_pulled, {INSPECT: ["sha256:" + "a" * 64]}, ref="docker.io/vllm/vllm-openai:v1")
+    executed, meta = run(image_pulled, {INSPECT: ["sha256:" + "a" * 64 + " 30000000000"]}, ref="docker.io/vllm/vllm-openai:v1")
     assert changes(executed, (INSPECT,)) == []
     assert not meta.did_change()
 

@@ -72,7 +72,7 @@ def responses(kind: str) -> dict:
         "binary:Package": dpkg,
         "mokutil": "SecureBoot disabled",
         "docker info": docker,
-        "docker image inspect": ABSENT if not converged else "30000000000",
+        "docker image inspect": [] if not converged else "sha256:" + "b" * 64 + " 30000000000",
         "snap list docker": "none",
         "/etc/apt/sources.list.d/*.sources": fx("apt-sources/conflicting-docker.txt").splitlines() if kind == "fresh" else [],
         "df -Pk": _df(300_000_000),
