@@ -13,3 +13,21 @@ DEPLOY_ROOT = _CHECKOUT if IN_CHECKOUT else PACKAGE_DIR / "_deploy"
 # directory rigup runs in ($RIGUP_HOME overrides both).
 WORK_DIR = Path(os.environ["RIGUP_HOME"]) if os.environ.get("RIGUP_HOME") else (_CHECKOUT if IN_CHECKOUT else Path.cwd())
 REPO_ROOT = DEPLOY_ROOT  # historic name: the directory pyinfra runs the deploy in
+
+
+def _cache_own_bytecode() -> None:
+    """pyinfra's CLI turns bytecode writing off for its whole process, so that deploy.py and config.py
+    leave no .pyc beside them; rigup's own modules would then be compiled from source on every run
+    (about 45 of them, 0.2 s of a converged re-run). They are compiled here into the package's
+    __pycache__ where stale, as Python itself would have done (a few ms when fresh). The user's own
+    choice (-B, PYTHONDONTWRITEBYTECODE) is left alone, and a read-only package is simply skipped."""
+    import sys
+
+    if not sys.dont_write_bytecode or sys.flags.dont_write_bytecode:
+        return
+    import compileall
+
+    compileall.compile_dir(PACKAGE_DIR, quiet=2)
+
+
+_cache_own_bytecode()

@@ -24,17 +24,20 @@ A gateway-only host (serves_variant: false) is checked for root or passwordless 
 its OS and room for the gateway's venv only.
 Changes: nothing. Restarts: nothing.
 From here on every fact is read once per run per host (rigup.facts.once): re-read only after
-something ran on the host, and the facts the last run asked for come back in one round trip; and
+something ran on the host, and the facts the last run asked for come back in one round trip, sent as
+this file starts loading; and
 pyinfra orders operations from call stacks read without source lines (rigup.operations.call_order).
 """
 
 from pyinfra import state
 
 from rigup.facts.once import read_facts_once
-from rigup.operations.call_order import lean_call_order
-from rigup.operations.preflight import preflight_checks
 
-read_facts_once(state)
+read_facts_once(state)  # first: the host's recorded facts are read while the rest of the deploy loads
+
+from rigup.operations.call_order import lean_call_order  # noqa: E402
+from rigup.operations.preflight import preflight_checks  # noqa: E402
+
 lean_call_order()
 
 preflight_checks(name="Run preflight checks (a failed check fails this host)")

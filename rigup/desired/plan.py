@@ -10,6 +10,7 @@ refs before there are pins: rigup.desired.pins).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -76,13 +77,45 @@ class HostPlan:
         return release_sha256(self.release)
 
 
+_RESOLVED: dict[str, Recipe] = {}
+_RESOLVED_MAX = 256  # distinct inputs kept (a fleet's hosts times their pods, with room to spare)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=repr)
+    raise TypeError(type(value).__name__)
+
+
+def _resolved(host_data: Mapping[str, Any], lock: Any, interconnect: Any, pod: Pod | None) -> Recipe:
+    """resolve, once per distinct input in this process. A converge asks for each host's recipe in
+    several tasks, and each resolve parses and dumps upstream's compose file (tens of ms). The key is
+    the inputs' content; upstream's files are read at pinned commits, so the same inputs give the same
+    recipe. Errors are not kept: they are raised again on the next call."""
+    try:
+        if lock is not None and not isinstance(lock, LockFile):
+            raise TypeError("a lock whose repr may not show its content")
+        key = json.dumps([host_data, repr(lock), repr(interconnect), repr(pod)], sort_keys=True, default=_plain)
+    except (TypeError, ValueError):  # inputs whose content cannot key the memo: resolve as asked
+        return resolve(host_data, lock, interconnect, pod=pod)
+    recipe = _RESOLVED.get(key)
+    if recipe is None:
+        recipe = resolve(host_data, lock, interconnect, pod=pod)
+        if len(_RESOLVED) >= _RESOLVED_MAX:
+            _RESOLVED.clear()
+        _RESOLVED[key] = recipe
+    return recipe
+
+
 def recipe_for(host_data: Mapping[str, Any], topology: Topology | None, lock: Any = None, pod: Pod | None = None) -> Recipe:
     """rigup.desired.recipe.resolve with the interconnect detected among the GPUs the pod uses.
     topology None: nothing detected (no driver yet), the gpu_interconnect knob alone decides."""
-    recipe = resolve(host_data, lock, pod=pod)
+    recipe = _resolved(host_data, lock, None, pod)
     if topology is None or recipe.gpu_count < 2:
         return recipe
-    return resolve(host_data, lock, detect(topology, recipe.gpu_count, recipe.gpu_ids), pod=pod)
+    return _resolved(host_data, lock, detect(topology, recipe.gpu_count, recipe.gpu_ids), pod)
 
 
 def host_plan(

@@ -10,8 +10,9 @@ changes nothing (the same `dpkg -l` eight times). With `read_facts_once(state)`:
   read after a change is read again, as pyinfra's own semantics require.
 - **One round trip.** The facts the previous run of this deploy asked of a host (recorded in
   `<work dir>/.cache/facts/<host>.json`: fact class, arguments, the command, non-secret connector arguments; never
-  a password or an environment) are read at its first fact request in one command per connector
-  setting, every host at once. Each section carries its own stdout, stderr and exit status. A section
+  a password or an environment) are read in one command per connector setting, every host at once:
+  sent as soon as read_facts_once runs while the host's task files load (over SSH), else at the
+  host's first fact request. Each section carries its own stdout, stderr and exit status. A section
   that succeeded is made into the fact's value as pyinfra's fact reader does (the missing-command
   sentinel and empty output give the default, else process()); one that failed, or whose output
   does not process, is kept for the deploy's own request, which reads it alone, so pyinfra fails
@@ -44,6 +45,7 @@ from pyinfra.api.command import StringCommand
 from pyinfra.api.facts import FactBase, ShortFactBase
 from pyinfra.api.host import Host
 from pyinfra.api.state import BaseStateCallback
+from pyinfra.context import ctx_config, ctx_host, ctx_state
 
 from rigup import WORK_DIR
 
@@ -360,6 +362,49 @@ def _prefetch(facts: HostFacts) -> None:
                 facts.stats.batched_facts += 1
         
 
+def _prefetch_and_tell(facts: HostFacts) -> None:
+    try:
+        _prefetch(facts)
+    except Exception as exc:  # noqa: BLE001 - a prefetch that fails leaves every fact to its own read
+        logger.debug("fact prefetch on %s failed: %r", facts.host.name, exc)
+    finally:
+        assert facts.ready is not None
+        facts.ready.set()
+
+
+def _send_early(host: Host) -> None:
+    """Send the host's batch now, from a greenlet of its own, and return once the rig runs it: pyinfra
+    goes on loading the task files (a few hundred ms of this machine's CPU) while the rig reads.
+
+    Only over pyinfra's SSH connector, whose client says when the command went out; elsewhere the
+    first fact request sends the batch, as it always did."""
+    facts = _state_of(host)
+    client = getattr(host.connector, "client", None)
+    if facts.ready is not None or not host.connected or not callable(getattr(client, "exec_command", None)):
+        return
+    facts.ready = gevent.event.Event()
+    started = gevent.event.Event()
+    state, config = host.state, ctx_config.get()
+
+    def exec_then_tell(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return type(client).exec_command(client, *args, **kwargs)
+        finally:
+            started.set()
+
+    def batch() -> None:
+        client.exec_command = exec_then_tell  # this host's client, until the batch has gone out
+        try:
+            with ctx_state.use(state), ctx_host.use(host), ctx_config.use(config):
+                _prefetch_and_tell(facts)
+        finally:
+            vars(client).pop("exec_command", None)
+            started.set()
+
+    gevent.spawn(batch)
+    started.wait(timeout=30)  # a round trip or two; the fact requests wait for the answer itself
+
+
 def _value_of(request: _Request, out: list[str]) -> tuple[bool, Any]:
     """What pyinfra's fact reader makes of a successful command's stdout (pyinfra.api.facts._get_fact):
     the missing-command sentinel or no output gives the fact's default, else process(); (False, None)
@@ -393,16 +438,11 @@ def _get_fact(self: Host, name_or_cls: Any, *args: Any, **kwargs: Any) -> Any:
         return _ORIGINAL["get_fact"](self, name_or_cls, *args, **kwargs)
     if facts.ready is None and self.connected:
         # pyinfra loads the task files of every host in its own greenlet: each host's first request
-        # reads its record, all hosts at once
+        # reads its record, all hosts at once (unless read_facts_once sent it already)
         facts.ready = gevent.event.Event()
-        try:
-            _prefetch(facts)
-        except Exception as exc:  # noqa: BLE001 - a prefetch that fails leaves every fact to its own read
-            logger.debug("fact prefetch on %s failed: %r", self.name, exc)
-        finally:
-            facts.ready.set()
+        _prefetch_and_tell(facts)
     elif facts.ready is not None and not facts.ready.is_set():
-        facts.ready.wait()  # another greenlet (a peer's operation) asked while the batch is in flight
+        facts.ready.wait()  # the batch is in flight (sent early, or a peer's operation asked meanwhile)
     request = _describe(facts, name_or_cls, args, kwargs)
     if request is not None:
         facts.asked.setdefault(request.key, request.persisted())
@@ -450,7 +490,9 @@ class _SaveRecords(BaseStateCallback):
 
 
 def read_facts_once(state: Any) -> None:
-    """Install the memo and the prefetch for this pyinfra run (idempotent; the deploy's first task calls it)."""
+    """Install the memo and the prefetch for this pyinfra run (idempotent; the deploy's first task calls
+    it). Called while a host's task files load (pyinfra's host context set), that host's batch is
+    sent at once (_send_early) instead of at its first fact request."""
     if not _ORIGINAL:
         _ORIGINAL.update(get_fact=Host.get_fact, run_shell_command=Host.run_shell_command,
                          uploads=Host.put_file, downloads=Host.get_file)
@@ -461,3 +503,7 @@ def read_facts_once(state: Any) -> None:
     if not getattr(state, "_rigup_facts_once", False):
         state._rigup_facts_once = True
         state.add_callback_handler(_SaveRecords())
+    loading = ctx_host.get()
+    current = getattr(state, "_get_module", lambda: state)()  # `from pyinfra import state` is a proxy
+    if loading is not None and loading.state is current:
+        _send_early(loading)

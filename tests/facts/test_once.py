@@ -13,6 +13,7 @@ from pyinfra.api import Config, FactBase, Inventory, State
 from pyinfra.api.connect import connect_all, disconnect_all
 from pyinfra.api.operation import add_op
 from pyinfra.api.operations import run_ops
+from pyinfra.context import ctx_host
 from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.server import Which
 from pyinfra.operations import server
@@ -168,6 +169,49 @@ def test_the_next_run_reads_what_this_one_asked_in_one_command(workdir: Path) ->
     host = third.inventory.get_host("@local")
     assert host.get_fact(Counted, path=str(data)) == ["one"]
     assert once.remote_commands(host).single_facts == 1 and _count() == 3
+
+
+class _SshLikeClient:
+    """What rigup.facts.once._send_early looks for on a connector: a client that runs commands (the local
+    connector, which runs them itself, never calls it)."""
+
+    def exec_command(self, *args: object, **kwargs: object) -> None:
+        raise AssertionError("not called by the local connector")
+
+
+def test_while_a_hosts_task_files_load_its_batch_is_sent_before_any_fact_is_asked(workdir: Path) -> None:
+    data = str(workdir / "data")
+    first = _state()
+    host = first.inventory.get_host("@local")
+    host.get_fact(Counted, path=data)
+    host.get_fact(Which, command="sh")
+    disconnect_all(first)
+
+    second = _state(read_once=False)
+    host = second.inventory.get_host("@local")
+    client = host.connector.client = _SshLikeClient()
+    with ctx_host.use(host):  # as pyinfra does around each host's task files
+        once.read_facts_once(second)
+    stats = once.remote_commands(host)
+    # sent and answered before the deploy asked for anything; the client is as it was
+    assert (stats.commands, stats.batches, stats.batched_facts) == (1, 1, 2) and _count() == 2
+    assert "exec_command" not in vars(client)
+    assert host.get_fact(Counted, path=data) == ["one"] and host.get_fact(Which, command="sh")
+    assert stats.commands == 1 and stats.memo_hits == 2
+
+
+def test_outside_a_hosts_task_files_nothing_is_sent_early(workdir: Path) -> None:
+    first = _state()
+    host = first.inventory.get_host("@local")
+    host.get_fact(Counted, path=str(workdir / "data"))
+    disconnect_all(first)
+    second = _state(read_once=False)
+    host = second.inventory.get_host("@local")
+    host.connector.client = _SshLikeClient()
+    once.read_facts_once(second)  # no host's task files loading: the first request sends the batch
+    assert once.remote_commands(host).commands == 0 and _count() == 1
+    assert host.get_fact(Counted, path=str(workdir / "data")) == ["one"]
+    assert once.remote_commands(host).batches == 1 and _count() == 2
 
 
 def test_a_failing_fact_is_left_to_the_deploys_own_request(workdir: Path) -> None:

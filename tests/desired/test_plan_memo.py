@@ -1,0 +1,88 @@
+"""host_plan resolves each distinct recipe once per process (rigup.desired.plan._resolved): a converge
+asks for a host's plan in several tasks. The memo is keyed by the inputs' content, never by identity."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rigup.desired import plan as plan_module
+from rigup.desired.knobs import load_defaults
+from rigup.desired.lock import GitPin, LockFile
+from rigup.desired.plan import host_plan
+from rigup.parsers.topology import Topology
+
+
+@pytest.fixture
+def resolves(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Every call that reached rigup.desired.recipe.resolve, from a memo emptied for the test."""
+    calls: list[dict[str, Any]] = []
+    real = plan_module.resolve
+
+    def counting(host_data: Any, lock: Any = None, interconnect: Any = None, **kw: Any) -> Any:
+        calls.append({"variant": host_data.get("variant"), "lock": lock, "interconnect": interconnect})
+        return real(host_data, lock, interconnect, **kw)
+
+    monkeypatch.setattr(plan_module, "resolve", counting)
+    monkeypatch.setattr(plan_module, "_RESOLVED", {})
+    return calls
+
+
+def data(**knobs: Any) -> dict[str, Any]:
+    host = load_defaults()
+    host.update(knobs)
+    return host
+
+
+def preview(host_data: dict[str, Any], **options: Any) -> Any:
+    return host_plan(host_data, "rig-01", require_lock=False, read_secrets=False, **options)
+
+
+def test_the_same_inputs_resolve_once_and_give_the_same_recipe(resolves: list[dict[str, Any]]) -> None:
+    first = preview(data(variant="dual"))
+    again = preview(data(variant="dual"))  # a fresh dict with the same content, as each task builds it
+    assert len(resolves) == 1
+    assert again.recipe == first.recipe
+
+
+def test_a_changed_knob_or_topology_resolves_again(resolves: list[dict[str, Any]]) -> None:
+    base = preview(data(variant="dual"))
+    longer = preview(data(variant="dual", variant_overrides={"max_model_len": 8192}))
+    assert len(resolves) == 2 and longer.recipe != base.recipe
+    nvlink = Topology(gpus=(0, 1), links={(0, 1): "NV4", (1, 0): "NV4"})
+    linked = preview(data(variant="dual"), topology=nvlink)
+    # the plain recipe came from the memo; the one refined by the detected NVLink is new
+    assert [c["interconnect"] is not None for c in resolves[2:]] == [True]
+    assert linked.recipe != base.recipe
+
+
+def test_a_lock_keys_by_its_pins_and_another_lock_is_not_kept(resolves: list[dict[str, Any]]) -> None:
+    preview(data(variant="dual"), lock=LockFile())
+    preview(data(variant="dual"), lock=LockFile())
+    assert len(resolves) == 1  # two empty locks: the same content
+    pinned = LockFile()
+    pinned.git["unrelated"] = GitPin("git:unrelated", "https://example.invalid/x.git", "main", "a" * 40)
+    preview(data(variant="dual"), lock=pinned)
+    assert len(resolves) == 2  # other pins, another key (its repr shows them)
+
+    class NoPins:  # rigup.desired.recipe.Lock by duck typing: its repr is its address, not its content
+        def git_commit(self, name: str) -> None:
+            return None
+
+        def model_revision(self, name: str) -> None:
+            return None
+
+        def image_digest(self, ref: str) -> None:
+            return None
+
+    plan_module._resolved(data(variant="dual"), NoPins(), None, None)
+    plan_module._resolved(data(variant="dual"), NoPins(), None, None)
+    assert len(resolves) == 4
+
+
+def test_an_error_is_raised_again_not_kept(resolves: list[dict[str, Any]]) -> None:
+    for _ in range(2):
+        with pytest.raises(Exception, match="no-such-variant"):
+            preview(data(variant="no-such-variant"))
+    assert len(resolves) == 2
