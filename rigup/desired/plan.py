@@ -24,6 +24,7 @@ from rigup.desired.recipe import Recipe, pods_of, resolve
 from rigup.desired.release import build_release, release_json, release_sha256
 from rigup.desired.render import API_KEY_KEY, HF_TOKEN_KEY, RenderedFile, render_variant
 from rigup.desired.secrets import load_api_key, read_hf_token, secrets_configured
+from rigup.desired.upstream import GitCache, UpstreamReader, default_reader
 from rigup.parsers.topology import Topology
 
 
@@ -77,7 +78,7 @@ class HostPlan:
         return release_sha256(self.release)
 
 
-_RESOLVED: dict[str, Recipe] = {}
+_RESOLVED: dict[str, tuple[UpstreamReader, Recipe]] = {}
 _RESOLVED_MAX = 256  # distinct inputs kept (a fleet's hosts times their pods, with room to spare)
 
 
@@ -93,19 +94,24 @@ def _resolved(host_data: Mapping[str, Any], lock: Any, interconnect: Any, pod: P
     """resolve, once per distinct input in this process. A converge asks for each host's recipe in
     several tasks, and each resolve parses and dumps upstream's compose file (tens of ms). The key is
     the inputs' content; upstream's files are read at pinned commits, so the same inputs give the same
-    recipe. Errors are not kept: they are raised again on the next call."""
+    recipe. Only while upstream is read from the git cache (local working trees can change under a
+    process), and only for that reader. Errors are not kept: they are raised again on the next call."""
+    reader = default_reader()
     try:
+        if not isinstance(reader, GitCache):
+            raise TypeError("upstream read from files that may change")
         if lock is not None and not isinstance(lock, LockFile):
             raise TypeError("a lock whose repr may not show its content")
         key = json.dumps([host_data, repr(lock), repr(interconnect), repr(pod)], sort_keys=True, default=_plain)
     except (TypeError, ValueError):  # inputs whose content cannot key the memo: resolve as asked
         return resolve(host_data, lock, interconnect, pod=pod)
-    recipe = _RESOLVED.get(key)
-    if recipe is None:
-        recipe = resolve(host_data, lock, interconnect, pod=pod)
-        if len(_RESOLVED) >= _RESOLVED_MAX:
-            _RESOLVED.clear()
-        _RESOLVED[key] = recipe
+    kept = _RESOLVED.get(key)
+    if kept is not None and kept[0] is reader:
+        return kept[1]
+    recipe = resolve(host_data, lock, interconnect, pod=pod)
+    if len(_RESOLVED) >= _RESOLVED_MAX:
+        _RESOLVED.clear()
+    _RESOLVED[key] = (reader, recipe)
     return recipe
 
 

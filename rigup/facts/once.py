@@ -400,6 +400,7 @@ def _send_early(host: Host) -> None:
         finally:
             vars(client).pop("exec_command", None)
             started.set()
+            facts.ready.set()  # however it ended: no fact request may wait for it forever
 
     gevent.spawn(batch)
     started.wait(timeout=30)  # a round trip or two; the fact requests wait for the answer itself

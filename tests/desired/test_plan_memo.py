@@ -3,6 +3,7 @@ asks for a host's plan in several tasks. The memo is keyed by the inputs' conten
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -11,12 +12,28 @@ from rigup.desired import plan as plan_module
 from rigup.desired.knobs import load_defaults
 from rigup.desired.lock import GitPin, LockFile
 from rigup.desired.plan import host_plan
+from rigup.desired.upstream import GitCache, WorkingTrees, default_reader, use_reader
 from rigup.parsers.topology import Topology
 
 
+class _CacheOverTrees(GitCache):
+    """The git cache as resolve sees it (files at pinned commits, which never change), answering from the
+    fixture trees the unit tests read upstream from."""
+
+    def __init__(self, trees: Any) -> None:  # no cache directory: nothing is fetched
+        self.trees = trees
+
+    def read(self, source: str, url: str, commit: str, path: str) -> str:
+        return self.trees.read(source, url, commit, path)
+
+    def kind(self, source: str, url: str, commit: str, path: str) -> str | None:
+        return self.trees.kind(source, url, commit, path)
+
+
 @pytest.fixture
-def resolves(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """Every call that reached rigup.desired.recipe.resolve, from a memo emptied for the test."""
+def resolves(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
+    """Every call that reached rigup.desired.recipe.resolve, from a memo emptied for the test, with
+    upstream read through the git cache."""
     calls: list[dict[str, Any]] = []
     real = plan_module.resolve
 
@@ -26,7 +43,9 @@ def resolves(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 
     monkeypatch.setattr(plan_module, "resolve", counting)
     monkeypatch.setattr(plan_module, "_RESOLVED", {})
-    return calls
+    previous = use_reader(_CacheOverTrees(default_reader()))
+    yield calls
+    use_reader(previous)
 
 
 def data(**knobs: Any) -> dict[str, Any]:
@@ -86,3 +105,21 @@ def test_an_error_is_raised_again_not_kept(resolves: list[dict[str, Any]]) -> No
         with pytest.raises(Exception, match="no-such-variant"):
             preview(data(variant="no-such-variant"))
     assert len(resolves) == 2
+
+
+def test_upstream_read_from_working_trees_is_resolved_every_time(resolves: list[dict[str, Any]]) -> None:
+    trees = default_reader()
+    assert isinstance(trees, _CacheOverTrees)
+    use_reader(trees.trees)  # a recipe author's checkout: its files may change while the process runs
+    assert isinstance(default_reader(), WorkingTrees)
+    preview(data(variant="dual"))
+    preview(data(variant="dual"))
+    assert len(resolves) == 2
+    use_reader(trees)
+    preview(data(variant="dual"))
+    preview(data(variant="dual"))
+    assert len(resolves) == 3  # kept, for this reader
+    use_reader(_CacheOverTrees(trees.trees))  # and not given out for another
+    preview(data(variant="dual"))
+    assert len(resolves) == 4
+    use_reader(trees)
