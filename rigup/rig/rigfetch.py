@@ -35,24 +35,21 @@ from __future__ import annotations
 
 import argparse
 import base64
-import concurrent.futures
 import errno
 import fcntl
 import hashlib
-import hmac
-import http.client
-import http.server
 import json
 import os
 import re
 import sys
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 import zlib
 from typing import Any, Callable
+
+# The HTTP and thread-pool modules are imported where a download or the fleet server needs them:
+# `--check`, which every converged re-run runs, needs none, and they were most of its start-up.
 
 SCRIPT_VERSION = 1
 STAMPS_FILE = "model-stamps.json"
@@ -675,6 +672,8 @@ class Fetcher:
         return mismatched
 
     def _verify_pool(self, items: list, jobs: int) -> list:
+        import concurrent.futures
+
         results = []
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
             futures = {pool.submit(self._verify_one, item): item for item in items}
@@ -712,6 +711,8 @@ class Fetcher:
 
     # -- downloads -----------------------------------------------------------------------
     def _download_all(self, items: list) -> None:
+        import concurrent.futures
+
         total = sum(item.size - min(item.part_size, item.size) for item in items)
         self.progress = Progress(total)
         jobs = max(1, min(self.args.jobs, len(items)))
@@ -751,6 +752,10 @@ class Fetcher:
         return "%s://%s/" % (parts.scheme, parts.netloc)
 
     def _peer_usable(self, url: str) -> bool:
+        import http.client
+        import urllib.error
+        import urllib.request
+
         base = self._peer_base(url)
         with self.peer_lock:
             if base in self.peer_ok:
@@ -784,6 +789,10 @@ class Fetcher:
     def _tell_peers_done(self, items: list) -> None:
         """Tell each fleet source this rig needed files from that it is finished (it stops serving
         once every peer it expects said so)."""
+        import http.client
+        import urllib.error
+        import urllib.request
+
         bases = {self._peer_base(item.url_peer) for item in items if item.url_peer is not None}
         with self.peer_lock:
             silent = set(self.peer_silent)
@@ -795,7 +804,9 @@ class Fetcher:
             except (urllib.error.URLError, OSError, http.client.HTTPException):
                 pass
 
-    def _request(self, url: str, kind: str, method: str = "GET", offset: int = 0) -> urllib.request.Request:
+    def _request(self, url: str, kind: str, method: str = "GET", offset: int = 0) -> Any:  # urllib.request.Request
+        import urllib.request
+
         request = urllib.request.Request(url, method=method)
         request.add_header("User-Agent", USER_AGENT)
         request.add_header("Accept-Encoding", "identity")
@@ -883,6 +894,10 @@ class Fetcher:
 
     def _stream(self, item: Item, kind: str, url: str, partial: Partial) -> None:
         """Append the rest of the file to the part file, hashing as it arrives."""
+        import http.client
+        import urllib.error
+        import urllib.request
+
         if partial.have:
             self.counters.add("resumes")
         request = self._request(url, kind, offset=partial.have)
@@ -999,140 +1014,148 @@ def _fsync_dir(path: str) -> None:
 # fleet server
 
 
-class FleetServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+def _fleet_server(address: tuple, manifest: dict, token: str, log: Log, expect_peers: int) -> Any:
+    """A FleetServer listening on `address` (its classes are built here: http.server and hmac are imported
+    only by a rig that serves)."""
+    import hmac
+    import http.server
 
-    def __init__(self, address: tuple, manifest: dict, token: str, log: Log, expect_peers: int) -> None:
-        super().__init__(address, FleetHandler)
-        self.token = token
-        self.log = log
-        self.stamps = Stamps(manifest["state_dir"], log)
-        self.files: dict = {}
-        for model in manifest["models"]:
-            for entry in model["files"]:
-                key = "/%s/%s" % (model["name"], entry["path"])
-                self.files[key] = (os.path.join(model["dir"], entry["path"]), entry["size"], entry["sha256"])
-        self.expect_peers = expect_peers
-        self.peers_done = 0
-        self.active = 0
-        self.last_activity = time.monotonic()
-        self.bytes_served = 0
-        self.started = time.monotonic()
-        self.state_lock = threading.Lock()
+    class FleetServer(http.server.ThreadingHTTPServer):
+        daemon_threads = True
+        allow_reuse_address = True
 
-    def touch(self, delta: int) -> None:
-        with self.state_lock:
-            self.active += delta
+        def __init__(self, address: tuple, manifest: dict, token: str, log: Log, expect_peers: int) -> None:
+            super().__init__(address, FleetHandler)
+            self.token = token
+            self.log = log
+            self.stamps = Stamps(manifest["state_dir"], log)
+            self.files: dict = {}
+            for model in manifest["models"]:
+                for entry in model["files"]:
+                    key = "/%s/%s" % (model["name"], entry["path"])
+                    self.files[key] = (os.path.join(model["dir"], entry["path"]), entry["size"], entry["sha256"])
+            self.expect_peers = expect_peers
+            self.peers_done = 0
+            self.active = 0
             self.last_activity = time.monotonic()
+            self.bytes_served = 0
+            self.started = time.monotonic()
+            self.state_lock = threading.Lock()
+
+        def touch(self, delta: int) -> None:
+            with self.state_lock:
+                self.active += delta
+                self.last_activity = time.monotonic()
 
 
-class FleetHandler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: FleetServer
+    class FleetHandler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server: FleetServer
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
-        self.server.log("serve: %s %s" % (self.address_string(), format % args))
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+            self.server.log("serve: %s %s" % (self.address_string(), format % args))
 
-    def _authorized(self) -> bool:
-        header = self.headers.get("Authorization") or ""
-        given = header[7:] if header.startswith("Bearer ") else ""
-        return hmac.compare_digest(given.encode("utf-8"), self.server.token.encode("utf-8"))
+        def _authorized(self) -> bool:
+            header = self.headers.get("Authorization") or ""
+            given = header[7:] if header.startswith("Bearer ") else ""
+            return hmac.compare_digest(given.encode("utf-8"), self.server.token.encode("utf-8"))
 
-    def _plain(self, code: int, text: str) -> None:
-        body = (text + "\n").encode("utf-8")
-        self.send_response(code)
-        self.send_header("Content-Type", "text/plain")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    def do_POST(self) -> None:  # noqa: N802 - stdlib naming
-        self.server.touch(0)
-        if not self._authorized():
-            return self._plain(401, "unauthorized")
-        if self.path == "/_rigfetch/done":
-            with self.server.state_lock:
-                self.server.peers_done += 1
-            return self._plain(200, "bye")
-        return self._plain(404, "not found")
-
-    def do_HEAD(self) -> None:  # noqa: N802
-        self.do_GET()
-
-    def do_GET(self) -> None:  # noqa: N802
-        self.server.touch(1)
-        try:
-            self._get()
-        finally:
-            self.server.touch(-1)
-
-    def _get(self) -> None:
-        if not self._authorized():
-            return self._plain(401, "unauthorized")
-        path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
-        if path == "/_rigfetch/ping":
-            return self._plain(200, "ok")
-        entry = self.server.files.get(path)
-        if entry is None:
-            return self._plain(404, "not in the manifest")
-        dest, size, sha256 = entry
-        try:
-            handle = open(dest, "rb")
-        except OSError:
-            return self._plain(404, "not here")
-        with handle:
-            st = os.fstat(handle.fileno())
-            # Serve only what this rig has verified against the same lock.
-            if not self.server.stamps.valid(dest, st, sha256, size):
-                return self._plain(404, "not verified here")
-            start, end = 0, size - 1
-            header = self.headers.get("Range")
-            status = 200
-            if header:
-                match = re.match(r"^bytes=(\d+)-(\d*)$", header.strip())
-                if not match or int(match.group(1)) >= size:
-                    self.send_response(416)
-                    self.send_header("Content-Range", "bytes */%d" % size)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return None
-                start = int(match.group(1))
-                if match.group(2):
-                    end = min(int(match.group(2)), size - 1)
-                status = 206
-            count = end - start + 1 if size else 0
-            self.send_response(status)
-            self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(count))
-            self.send_header("Accept-Ranges", "bytes")
-            self.send_header("X-Rigfetch-Sha256", sha256)
-            if status == 206:
-                self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end, size))
+        def _plain(self, code: int, text: str) -> None:
+            body = (text + "\n").encode("utf-8")
+            self.send_response(code)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            if self.command == "HEAD" or count == 0:
-                return None
-            self.wfile.flush()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+            self.server.touch(0)
+            if not self._authorized():
+                return self._plain(401, "unauthorized")
+            if self.path == "/_rigfetch/done":
+                with self.server.state_lock:
+                    self.server.peers_done += 1
+                return self._plain(200, "bye")
+            return self._plain(404, "not found")
+
+        def do_HEAD(self) -> None:  # noqa: N802
+            self.do_GET()
+
+        def do_GET(self) -> None:  # noqa: N802
+            self.server.touch(1)
             try:
-                sent = self.connection.sendfile(handle, start, count)
-            except OSError as exc:  # the peer went away; it resumes with a Range request
-                self.close_connection = True
-                self.server.log("serve: %s: transfer of %s stopped: %s" % (self.address_string(), path, exc))
-                return None
-            with self.server.state_lock:
-                self.server.bytes_served += sent
-        return None
+                self._get()
+            finally:
+                self.server.touch(-1)
+
+        def _get(self) -> None:
+            if not self._authorized():
+                return self._plain(401, "unauthorized")
+            path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+            if path == "/_rigfetch/ping":
+                return self._plain(200, "ok")
+            entry = self.server.files.get(path)
+            if entry is None:
+                return self._plain(404, "not in the manifest")
+            dest, size, sha256 = entry
+            try:
+                handle = open(dest, "rb")
+            except OSError:
+                return self._plain(404, "not here")
+            with handle:
+                st = os.fstat(handle.fileno())
+                # Serve only what this rig has verified against the same lock.
+                if not self.server.stamps.valid(dest, st, sha256, size):
+                    return self._plain(404, "not verified here")
+                start, end = 0, size - 1
+                header = self.headers.get("Range")
+                status = 200
+                if header:
+                    match = re.match(r"^bytes=(\d+)-(\d*)$", header.strip())
+                    if not match or int(match.group(1)) >= size:
+                        self.send_response(416)
+                        self.send_header("Content-Range", "bytes */%d" % size)
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                        return None
+                    start = int(match.group(1))
+                    if match.group(2):
+                        end = min(int(match.group(2)), size - 1)
+                    status = 206
+                count = end - start + 1 if size else 0
+                self.send_response(status)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(count))
+                self.send_header("Accept-Ranges", "bytes")
+                self.send_header("X-Rigfetch-Sha256", sha256)
+                if status == 206:
+                    self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end, size))
+                self.end_headers()
+                if self.command == "HEAD" or count == 0:
+                    return None
+                self.wfile.flush()
+                try:
+                    sent = self.connection.sendfile(handle, start, count)
+                except OSError as exc:  # the peer went away; it resumes with a Range request
+                    self.close_connection = True
+                    self.server.log("serve: %s: transfer of %s stopped: %s" % (self.address_string(), path, exc))
+                    return None
+                with self.server.state_lock:
+                    self.server.bytes_served += sent
+            return None
+
+    return FleetServer(address, manifest, token, log, expect_peers)
 
 
-def start_server(manifest: dict, args: argparse.Namespace, token: str | None, log: Log) -> FleetServer | None:
+def start_server(manifest: dict, args: argparse.Namespace, token: str | None, log: Log) -> Any:
     """Start serving in a background thread; None when that is impossible (peers then use the hub)."""
     if not token:
         log("WARNING: no fleet token on stdin; not serving (fleet peers will use the hub)")
         return None
     host, _, port = args.listen.rpartition(":")
     try:
-        server = FleetServer((host or "0.0.0.0", int(port)), manifest, token, log, args.expect_peers)
+        server = _fleet_server((host or "0.0.0.0", int(port)), manifest, token, log, args.expect_peers)
     except (OSError, ValueError) as exc:
         # The source rig itself is fine, so this is not its failure; peers fall back to the hub.
         log("WARNING: cannot serve model files on %s (%s): fleet peers will use the hub" % (args.listen, exc))
@@ -1144,7 +1167,7 @@ def start_server(manifest: dict, args: argparse.Namespace, token: str | None, lo
     return server
 
 
-def wait_server(server: FleetServer, args: argparse.Namespace, log: Log) -> dict:
+def wait_server(server: Any, args: argparse.Namespace, log: Log) -> dict:
     """Serve until every expected peer said it is done, or nobody asked for a while, or the TTL."""
     why = ""
     try:
