@@ -100,13 +100,20 @@ class GpuMemoryUse(FactBase[tuple[GpuState, ...] | None]):
     def command(self, container_names: tuple[str, ...]) -> str:
         gpu_query = ",".join(MEMORY_QUERY_FIELDS)
         apps_query = ",".join(APPS_QUERY_FIELDS)
-        name = " ".join(shlex.quote(n) for n in container_names)
-        # nvidia-smi runs twice (its slowest part is starting), docker only when a GPU process exists
+        names = "|".join(shlex.quote(n) for n in container_names) or "''"
+        # nvidia-smi runs twice (its slowest part is starting), docker only when a GPU process exists.
+        # `docker ps` names the running containers, and only those of ours are inspected: naming every
+        # variant's container to `docker inspect` costs the engine one lookup per name.
+        own_pids = (
+            'own=""; for n in $(docker ps --format \'{{.Names}}\' 2>/dev/null); do '
+            f'case "$n" in {names}) own="$own $n";; esac; done; '
+            '[ -z "$own" ] || docker inspect --type container --format \'{{.State.Pid}}\' $own 2>/dev/null'
+        )
         return _guarded("nvidia-smi",
             f"nvidia-smi --query-gpu={gpu_query} --format=csv,noheader,nounits 2>&1; echo {_SPLIT}; "
             f"apps=$(nvidia-smi --query-compute-apps={apps_query} --format=csv,noheader,nounits 2>/dev/null); "
             f'[ -z "$apps" ] || printf \'%s\\n\' "$apps"; echo {_SPLIT}; '
-            f'if [ -n "$apps" ]; then docker inspect --type container --format \'{{{{.State.Pid}}}}\' {name} 2>/dev/null; fi; '
+            f'if [ -n "$apps" ]; then {own_pids}; fi; '
             f"echo {_SPLIT}; {_CHAINS}; true"
         )
 

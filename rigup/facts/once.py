@@ -257,27 +257,24 @@ BATCH_LANES = 16  # sections the rig runs at once: they are reads, independent o
 def _batch_script(token: str, commands: list[str]) -> str:
     """One shell script that runs every command (in BATCH_LANES lanes in the background, each lane its
     share of the sections one after another, so one slow read holds up only its own lane) and then
-    prints each one's stdout, stderr and exit status between markers, in order."""
+    prints each one's stdout, stderr and exit status between markers, in order.
+
+    Each section writes its own two files, markers included (shell builtins: a fork costs more than
+    most reads), and one `cat` prints them all: a process a read leaves behind can only ever write
+    into its own section. Each stream ends with one newline, which _split_batch takes off again."""
     lines = [BATCH_START]
     lanes = min(BATCH_LANES, len(commands))
     for lane in range(lanes):
         lines.append("(")
         for i in range(lane, len(commands), lanes):
-            lines.append(f'( {commands[i]}\n) >"$__rigup_d/{i}.o" 2>"$__rigup_d/{i}.e" </dev/null; '
-                         f'echo $? >"$__rigup_d/{i}.s"')
+            o, e = f'"$__rigup_d/{i}.o"', f'"$__rigup_d/{i}.e"'
+            lines.append(f"echo '@@{token} out {i}' >{o}; echo '@@{token} err {i}' >{e}; "
+                         f"( {commands[i]}\n) >>{o} 2>>{e} </dev/null; "
+                         f'__rigup_s=$?; echo >>{o}; echo >>{e}; echo "@@{token} end {i} $__rigup_s" >>{e}')
         lines.append(") &")
     lines.append("wait")
-    # Printed with one `cat` per stream and shell builtins (a fork costs more than most reads): each
-    # stream is followed by one newline, which _split_batch takes off again.
-    lines.append(
-        f'__rigup_i=0; while [ "$__rigup_i" -lt {len(commands)} ]; do '
-        f'f="$__rigup_d/$__rigup_i"; '
-        f'echo "@@{token} out $__rigup_i"; cat "$f.o"; echo; '
-        f'echo "@@{token} err $__rigup_i"; cat "$f.e"; echo; '
-        f'{{ read -r __rigup_s <"$f.s"; }} 2>/dev/null || __rigup_s=98; '
-        f'echo "@@{token} end $__rigup_i $__rigup_s"; '
-        '__rigup_i=$((__rigup_i + 1)); done'
-    )
+    files = " ".join(f'"$__rigup_d/{i}.o" "$__rigup_d/{i}.e"' for i in range(len(commands)))
+    lines.append(f"cat {files} 2>/dev/null")
     lines.append('rm -rf "$__rigup_d"')
     return "\n".join(lines)
 

@@ -19,17 +19,19 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
-from pathlib import Path
-from typing import Any
+
+TYPE_CHECKING = False  # typing's own flag, without importing typing
+if TYPE_CHECKING:
+    import subprocess
+    from typing import Any
 
 import common
 import dockerclient as dc
 import gotemplate
 
-HERE = Path(__file__).resolve().parent
+HERE = os.path.dirname(os.path.realpath(__file__))
 LOG = "/var/log/docker-standin/calls.log"
 GLOBAL_VALUE = {"-f", "--file", "-p", "--project-name", "--env-file", "--project-directory", "--profile",
                 "--progress", "--ansi", "--parallel"}
@@ -42,10 +44,12 @@ class ComposeError(Exception):
 
 
 def real_binary() -> str:
-    return os.environ.get("RIGUP_STANDIN_COMPOSE_BIN") or str(HERE / "docker-compose-real")
+    return os.environ.get("RIGUP_STANDIN_COMPOSE_BIN") or os.path.join(HERE, "docker-compose-real")
 
 
 def real(args: list[str], capture: bool = True) -> subprocess.CompletedProcess[str]:
+    import subprocess  # here, not at the top: `docker info` asks every plugin for its metadata
+
     env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_CLI_PLUGIN")}
     return subprocess.run([real_binary(), *args], env=env, text=True, capture_output=capture)
 
@@ -123,8 +127,8 @@ class Project:
         hashes = real([*globals_, "config", "--hash", "*"])
         self.hashes = dict(line.split(None, 1) for line in hashes.stdout.splitlines() if line.strip())
         files = gopts.get("-f", []) + gopts.get("--file", [])
-        self.config_files = ",".join(str(Path(f).resolve()) for f in files) or str(Path("compose.yaml").resolve())
-        self.workdir = gopts.get("--project-directory", [str(Path(files[0]).resolve().parent) if files else os.getcwd()])[0]
+        self.config_files = ",".join(os.path.realpath(f) for f in files) or os.path.realpath("compose.yaml")
+        self.workdir = gopts.get("--project-directory", [os.path.dirname(os.path.realpath(files[0])) if files else os.getcwd()])[0]
 
     def services(self, only: list[str] | None = None) -> list[str]:
         names = list(self.model.get("services", {}))

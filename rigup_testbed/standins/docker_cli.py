@@ -17,14 +17,16 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
-from typing import Any
 
 import common
 import dockerclient as dc
 import gotemplate
 
-HERE = Path(__file__).resolve().parent
+TYPE_CHECKING = False  # typing's own flag, without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
+HERE = os.path.dirname(os.path.realpath(__file__))
 LOG = "/var/log/docker-standin/calls.log"
 PLUGIN_DIRS = ("/usr/local/lib/docker/cli-plugins", "/usr/local/libexec/docker/cli-plugins",
                "/usr/lib/docker/cli-plugins", "/usr/libexec/docker/cli-plugins")
@@ -35,7 +37,7 @@ class Usage(Exception):
 
 
 def meta() -> dict[str, str]:
-    return common.read_json(HERE / "version.json", {}) or {}
+    return common.read_json(os.path.join(HERE, "version.json"), {}) or {}
 
 
 def err(msg: str) -> None:
@@ -144,13 +146,12 @@ def cmd_version(args: list[str]) -> int:
 def plugins() -> list[dict[str, str]]:
     found = []
     seen = set()
-    dirs = [str(Path.home() / ".docker/cli-plugins")] + [str(common.path(d)) for d in PLUGIN_DIRS]
+    dirs = [os.path.join(os.path.expanduser("~"), ".docker/cli-plugins")] + [common.spath(d) for d in PLUGIN_DIRS]
     for d in dirs:
-        p = Path(d)
-        if not p.is_dir():
+        if not os.path.isdir(d):
             continue
-        for f in sorted(p.glob("docker-*")):
-            name = f.name[len("docker-"):]
+        for f in sorted(os.path.join(d, n) for n in os.listdir(d) if n.startswith("docker-")):
+            name = os.path.basename(f)[len("docker-"):]
             if name in seen or not os.access(f, os.X_OK):
                 continue
             seen.add(name)
@@ -422,6 +423,8 @@ def ensure_image(name: str, quiet: bool, policy: str = "missing") -> bool:
 
 
 def cmd_run(args: list[str]) -> int:
+    from pathlib import Path  # here, not at the top: the reads a fact batch makes need none
+
     opts, rest = parse(args, RUN_VALUE_FLAGS, RUN_BOOL_FLAGS)
     if not rest:
         raise Usage('"docker run" requires at least 1 argument.')
@@ -632,6 +635,8 @@ def cmd_simple(verb: str, args: list[str]) -> int:
 
 
 def run_plugin(name: str, args: list[str]) -> int:
+    from pathlib import Path  # here, not at the top: the reads a fact batch makes need none
+
     dirs = [Path.home() / ".docker/cli-plugins"] + [common.path(d) for d in PLUGIN_DIRS]
     for d in dirs:
         p = d / f"docker-{name}"

@@ -8,11 +8,13 @@ stand-ins (docker CLI, compose plugin).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import socket
-from typing import Any
+
+TYPE_CHECKING = False  # typing's own flag, without importing typing
+if TYPE_CHECKING:
+    from typing import Any
 
 import common
 
@@ -129,4 +131,6 @@ def familiar(ref: str) -> str:
 
 def fake_digest(ref: str) -> str:
     """The manifest digest the simulated registry serves for a tag (derived from the name)."""
+    import hashlib  # here: only image references need it
+
     return "sha256:" + hashlib.sha256(f"rigup-standin-manifest:{canonical(ref)}".encode()).hexdigest()

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
-from typing import Any
+
+TYPE_CHECKING = False  # typing's own flag, without importing typing
+if TYPE_CHECKING:
+    from typing import Any
 
 TOKEN = re.compile(r"\{\{(-?)\s*(.*?)\s*(-?)\}\}", re.S)
 
@@ -116,6 +118,8 @@ def _pipeline(expr: str, dot: Any, type_name: str) -> Any:
     result: Any = None
     first = True
     for cmd in _split_pipes(expr):
+        import shlex  # here: most templates are one field
+
         lex = shlex.shlex(cmd, posix=False)
         lex.whitespace_split = True
         words = list(lex)

@@ -18,10 +18,12 @@ from __future__ import annotations
 import os
 import sys
 import time
-from pathlib import Path
-from typing import Any, Callable
 
 import common
+
+TYPE_CHECKING = False  # typing's own flag; a call of this tool imports neither typing nor pathlib
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 LOG = "/var/log/nvidia-standin/calls.log"
 STATE_FILE = "/run/nvidia-standin/gpu-state.json"
@@ -36,7 +38,7 @@ INVALID = "Invalid combination of input arguments. Please run 'nvidia-smi -h' fo
 
 def userspace() -> dict[str, str]:
     """Version of this nvidia-smi/NVML (written next to the script by the package build)."""
-    data = common.read_json(Path(__file__).resolve().parent / "userspace.json")
+    data = common.read_json(os.path.join(os.path.dirname(os.path.realpath(__file__)), "userspace.json"))
     if not isinstance(data, dict) or "version" not in data:
         common.fail("nvidia-smi stand-in: userspace.json missing next to the script", 255)
     return {k: str(v) for k, v in data.items()}
@@ -46,7 +48,7 @@ def userspace() -> dict[str, str]:
 
 
 def load_state() -> dict[str, Any]:
-    state = common.read_json(common.path(STATE_FILE), {})
+    state = common.read_json(common.spath(STATE_FILE), {})
     # A state file from another boot is stale (only possible in test mode: /run is a tmpfs otherwise).
     if not isinstance(state, dict) or state.get("boot_id") != common.boot_id():
         return {"boot_id": common.boot_id(), "gpus": {}}
@@ -54,16 +56,17 @@ def load_state() -> dict[str, Any]:
 
 
 def save_state(state: dict[str, Any]) -> None:
-    common.write_json_atomic(common.path(STATE_FILE), state)
+    common.write_json_atomic(common.spath(STATE_FILE), state)
 
 
 def processes(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Compute processes registered by running stand-in containers (the responder), dead ones dropped."""
     found = []
     uuids = {g["uuid"] for g in gpus}
-    d = common.path(PROCS_DIR)
-    for f in sorted(d.glob("*.json")) if d.is_dir() else []:
-        entry = common.read_json(f)
+    d = common.spath(PROCS_DIR)
+    names = sorted(n for n in os.listdir(d) if n.endswith(".json") and not n.startswith(".")) if os.path.isdir(d) else []
+    for name in names:
+        entry = common.read_json(os.path.join(d, name))
         if not isinstance(entry, dict) or not common.pid_alive(int(entry.get("pid", 0))):
             continue
         for uuid in entry.get("gpus", []):

@@ -416,11 +416,16 @@ def standin(tmp_path: Path) -> dict[str, Any]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\nexec python3 {tool / 'nvidia_smi.py'} \"$@\"\n")
-    (bin_dir / "docker").write_text(f"#!/bin/sh\necho {os.getppid()}\n")
+    # docker as rigup's command uses it: `ps` names the running containers (ours and another), `inspect`
+    # gives the main pid of those it is asked about, and every call is logged.
+    (bin_dir / "docker").write_text(
+        f"#!/bin/sh\necho \"$*\" >>{tmp_path / 'docker.log'}\n"
+        "case \"$1\" in ps) printf 'grafana\\nvllm-qwen36-27b-dual\\n' ;; "
+        f"inspect) echo {os.getppid()} ;; *) exit 1 ;; esac\n")
     for shim in bin_dir.iterdir():
         shim.chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "RIGUP_STANDIN_ROOT": str(root)}
-    return {"env": env, "rig": rig}
+    return {"env": env, "rig": rig, "docker_log": tmp_path / "docker.log"}
 
 
 def run_fact(fact: Any, env: dict[str, str], *args: Any) -> Any:
@@ -434,6 +439,9 @@ def test_facts_read_the_test_beds_nvidia_smi(standin: dict[str, Any]) -> None:
     gpus = run_fact(GpuMemoryUse(), env, ("vllm-qwen36-27b-dual",))
     assert [(g.memory_total_mib, g.memory_used_mib, g.uuid) for g in gpus] == [
         (24576, 1, rig.gpus[0].uuid), (24576, 1, rig.gpus[1].uuid)]  # 2001 minus our own 2000
+    # only the running container that is ours is inspected
+    assert standin["docker_log"].read_text().splitlines() == [
+        "ps --format {{.Names}}", "inspect --type container --format {{.State.Pid}} vllm-qwen36-27b-dual"]
     assert run_fact(DriverCudaVersion(), env) == "13.0"
     topo = run_fact(GpuTopology(), env)
     assert topo.links == {(0, 1): "PIX", (1, 0): "PIX"} and topo.p2p == {(0, 1): "NS", (1, 0): "NS"}

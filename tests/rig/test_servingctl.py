@@ -625,3 +625,59 @@ def test_probe_reports_a_unit_file_systemd_has_not_loaded(rig, systemd, server):
     assert ctl.probe(str(release), systemd)["need_daemon_reload"] is True  # the file exists now
     (rig.unit_dir / "rigup-dual.service").unlink()
     assert ctl.probe(str(release), systemd)["need_daemon_reload"] is False
+
+
+# --------------------------------------------------------------------------------------------
+# the probe's GET: plain HTTP/1.0 over a socket, without urllib
+
+
+def test_list_models_over_plain_http_sends_the_key_and_reads_the_answer(server):
+    server.behaviour.api_key = API_KEY
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1/models"
+    assert ctl.list_models(url, API_KEY) == [MODEL]
+    with pytest.raises(ctl.GateFailure, match=r"refused the API key \(HTTP 401\)"):
+        ctl.list_models(url, "sk-wrong-key-0123456789")
+    server.behaviour.down = True
+    with pytest.raises(ctl.GateFailure, match=r"answered HTTP 503"):
+        ctl.list_models(url, API_KEY)
+
+
+@pytest.mark.parametrize("answer, reason", [
+    (b"SSH-2.0-OpenSSH_9.2\r\n", "did not answer in HTTP"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", "chunked body"),
+    (b"", "did not answer in HTTP"),
+])
+def test_list_models_names_a_server_that_does_not_answer_plain_http(answer: bytes, reason: str):
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer_once() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(answer)
+
+    thread = threading.Thread(target=answer_once, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(ctl.GateFailure, match=f"unreachable .*{reason}"):
+            ctl.list_models(f"http://127.0.0.1:{listener.getsockname()[1]}/v1/models", None, timeout=5)
+    finally:
+        thread.join(5)
+        listener.close()
+
+
+def test_the_probes_get_imports_no_urllib_request(server):
+    # The point of the plain GET: `probe` runs on every converged re-run, and urllib.request (with
+    # http.client, email and ssl) is most of its start-up. A fresh interpreter shows what it loads.
+    import subprocess
+    import sys
+
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1/models"
+    script = ("import runpy, sys; ctl = runpy.run_path(sys.argv[1]); print(ctl['list_models'](sys.argv[2], None)); "
+              "print(sorted(m for m in ('urllib.request', 'http.client', 'email', 'ssl', 'shutil', 'tempfile') "
+              "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", script, ctl.__file__, url], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [f"[{MODEL!r}]", "[]"]
