@@ -12,7 +12,9 @@ changes nothing (the same `dpkg -l` eight times). With `read_facts_once(state)`:
   `<work dir>/.cache/facts/<host>.json`: fact class, arguments, the command, non-secret connector arguments; never
   a password or an environment) are read in one command per connector setting, every host at once:
   sent as soon as read_facts_once runs while the host's task files load (over SSH), else at the
-  host's first fact request. Each section carries its own stdout, stderr and exit status. A section
+  host's first fact request. pyinfra's per-path file reads (File, Directory, Link, Sha1File,
+  Sha256File) go in one section per family (rigup.facts.file_reads): one `stat` and one hash tool
+  for all the files a deploy owns. Each section carries its own stdout, stderr and exit status. A section
   that succeeded is made into the fact's value as pyinfra's fact reader does (the missing-command
   sentinel and empty output give the default, else process()); one that failed, or whose output
   does not process, is kept for the deploy's own request, which reads it alone, so pyinfra fails
@@ -48,6 +50,7 @@ from pyinfra.api.state import BaseStateCallback
 from pyinfra.context import ctx_config, ctx_host, ctx_state
 
 from rigup import WORK_DIR
+from rigup.facts.file_reads import group_file_reads
 
 logger = logging.getLogger("pyinfra.rigup.facts")  # under pyinfra's logger: -v and --debug show it
 
@@ -333,11 +336,13 @@ def _prefetch(facts: HostFacts) -> None:
         unique = list({r.key: r for r in requests}.values())
         if not unique:
             continue
+        singles, file_groups = group_file_reads(unique)
+        commands = [r.command for r in singles] + [g.command() for g in file_groups]
         token = secrets.token_hex(8)
         facts.reading += 1  # the batch is a fact read: it must not drop what the memo holds
         started = time.monotonic()
         try:
-            ok, output = facts.host.run_shell_command(StringCommand(_batch_script(token, [r.command for r in unique])),
+            ok, output = facts.host.run_shell_command(StringCommand(_batch_script(token, commands)),
                                                       print_output=False, print_input=False,
                                                       **{k: v for k, v in connector.items() if k in RUN_ARGS})
         finally:
@@ -346,13 +351,17 @@ def _prefetch(facts: HostFacts) -> None:
         facts.stats.batches += 1
         if not ok and not output.stdout_lines:
             continue  # nothing came back: each fact is read on its own when asked
-        sections = _split_batch(token, output.stdout_lines, len(unique))
-        for i, request in enumerate(unique):
-            if i not in sections:
-                continue
-            out, _, rc = sections[i]
-            if rc not in set(connector.get("_success_exit_codes") or (0,)):
-                continue  # a failing read is left to the deploy's own request: pyinfra decides what it costs
+        sections = _split_batch(token, output.stdout_lines, len(commands))
+        succeeded = set(connector.get("_success_exit_codes") or (0,))
+        answers: list[tuple[_Request, list[str]]] = []
+        for i, request in enumerate(singles):
+            # a failing read is left to the deploy's own request: pyinfra decides what it costs
+            if i in sections and sections[i][2] in succeeded:
+                answers.append((request, sections[i][0]))
+        for i, group in enumerate(file_groups, start=len(singles)):
+            outputs = group.outputs(sections[i][0]) if i in sections and sections[i][2] in succeeded else None
+            answers.extend(zip(group.requests, outputs or ()))
+        for request, out in answers:
             found, value = _value_of(request, out)
             if found:
                 facts.memo[request.key] = copy.deepcopy(value)
