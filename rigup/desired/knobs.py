@@ -47,6 +47,13 @@ def load_defaults() -> dict[str, Any]:
     return copy.deepcopy(_defaults())
 
 
+def declared_values(data: Any) -> dict[str, Any]:
+    """What `data` (a mapping of host data) holds under the names group_data/all.py declares: all that
+    knob() can return from it. Hosts that differ only in other data (their SSH settings) give equal dicts."""
+    values = ((name, data.get(name, _UNSET)) for name in _declared())
+    return {name: value for name, value in values if value is not _UNSET}
+
+
 def parse_data_value(text: str) -> Any:
     """Parse a `--data key=value` value the way pyinfra's CLI does: bools, ints, JSON, else text."""
     lowered = text.lower()

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rigup.desired.interconnect import detect
-from rigup.desired.knobs import knob
+from rigup.desired.knobs import declared_values, knob
 from rigup.desired.lock import LockError, LockFile, deploy_lock, lock_problems
 from rigup.desired.pods import Pod
 from rigup.desired.recipe import Recipe, pods_of, resolve
@@ -95,7 +95,10 @@ def _resolved(host_data: Mapping[str, Any], lock: Any, interconnect: Any, pod: P
     several tasks, and each resolve parses and dumps upstream's compose file (tens of ms). The key is
     the inputs' content; upstream's files are read at pinned commits, so the same inputs give the same
     recipe. Only while upstream is read from the git cache (local working trees can change under a
-    process), and only for that reader. Errors are not kept: they are raised again on the next call."""
+    process), and only for that reader. Errors are not kept: they are raised again on the next call.
+    resolve sees the declared knobs alone (knob() knows no others), so the hosts of a fleet that differ
+    only in their names and SSH settings share one resolve."""
+    host_data = declared_values(host_data)
     reader = default_reader()
     try:
         if not isinstance(reader, GitCache):

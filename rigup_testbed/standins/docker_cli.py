@@ -508,12 +508,14 @@ def age(iso: str) -> str:
     return f"{int(seconds // 3600)} hours ago"
 
 
-def ps_rows(items: list[dict[str, Any]], no_trunc: bool) -> list[dict[str, Any]]:
+def ps_rows(items: list[dict[str, Any]], no_trunc: bool, with_age: bool = True) -> list[dict[str, Any]]:
+    """`docker ps` rows; with_age False leaves RunningFor empty (a format that does not print it: the
+    age's date parsing is most of a `docker ps --format '{{.Names}}'`)."""
     rows = []
     for c in items:
         command = c["Command"] if no_trunc or len(c["Command"]) <= 20 else c["Command"][:19] + "…"
         rows.append({"ID": c["Id"] if no_trunc else c["Id"][:12], "Image": c["Image"], "Command": f'"{command}"',
-                     "CreatedAt": c["Created"], "RunningFor": age(c["Created"]),
+                     "CreatedAt": c["Created"], "RunningFor": age(c["Created"]) if with_age else "",
                      "Ports": ports_text(c["Ports"]) if c["State"] == "running" else "",
                      "State": c["State"], "Status": c["Status"], "Size": "0B", "Names": c["Names"][0].lstrip("/"),
                      "Labels": ",".join(f"{k}={v}" for k, v in sorted(c["Labels"].items())), "Mounts": "",
@@ -542,11 +544,13 @@ def cmd_ps(args: list[str]) -> int:
                     {"-a", "--all", "-q", "--quiet", "--no-trunc", "-s", "--size", "-l", "--latest"})
     items = dc.rpc("containers", all="-a" in opts or "--all" in opts)
     items = [c for c in items if match_filters(c, opts.get("--filter", []) + opts.get("-f", []))]
-    rows = ps_rows(items, "--no-trunc" in opts)
-    if "-q" in opts or "--quiet" in opts:
+    quiet = "-q" in opts or "--quiet" in opts
+    fmt = first(opts, "--format") or "table {{.ID}}\t{{.Image}}\t{{.Command}}\t{{.RunningFor}}\t{{.Status}}\t{{.Ports}}\t{{.Names}}"
+    whole_row = "json" in fmt or "{{.}}" in fmt.replace(" ", "")
+    rows = ps_rows(items, "--no-trunc" in opts, with_age=not quiet and ("RunningFor" in fmt or whole_row))
+    if quiet:
         sys.stdout.write("".join(r["ID"] + "\n" for r in rows))
         return 0
-    fmt = first(opts, "--format") or "table {{.ID}}\t{{.Image}}\t{{.Command}}\t{{.RunningFor}}\t{{.Status}}\t{{.Ports}}\t{{.Names}}"
     sys.stdout.write(render_format(fmt, rows, "formatter.ContainerContext",
                                    {"ID": "CONTAINER ID", "Image": "IMAGE", "Command": "COMMAND", "RunningFor": "CREATED",
                                     "Status": "STATUS", "Ports": "PORTS", "Names": "NAMES", "State": "STATE",

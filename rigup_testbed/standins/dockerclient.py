@@ -37,7 +37,7 @@ def socket_path() -> tuple[str, str]:
     if not host.startswith("unix://"):
         raise DaemonDown(f"the rigup stand-in only speaks to unix sockets, not {host}")
     shown = host[len("unix://"):]
-    return str(common.path(shown)) if not os.environ.get("DOCKER_HOST") else shown, host
+    return common.spath(shown) if not os.environ.get("DOCKER_HOST") else shown, host
 
 
 def _exchange(path: str, timeout: float, request: bytes) -> bytes:

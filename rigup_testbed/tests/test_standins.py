@@ -719,3 +719,35 @@ def test_the_hub_registry_serves_the_catalogs_digest_pinned_image(docker_root: t
     finally:
         hub.terminate()
         hub.wait(timeout=10)
+
+
+def test_docker_ps_reads_the_age_only_for_a_format_that_prints_it(monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    # `docker ps --format '{{.Names}}'` runs in every converged rig's fact batch: its rows leave out the
+    # container's age, whose date parsing is most of the call; every format that prints it still has it.
+    standins = str(aptrepo.STANDINS)
+    sys.path.insert(0, standins)
+    try:
+        import docker_cli
+    finally:
+        sys.path.remove(standins)
+    created = time.strftime("%Y-%m-%dT%H:%M:%S.000000000Z", time.gmtime(time.time() - 90))
+    item = {"Id": "a" * 64, "Image": "vllm/vllm-openai:v0.11", "Command": "python3 -m vllm.entrypoints",
+            "Created": created, "Ports": [], "State": "running", "Status": "Up About a minute",
+            "Names": ["/rigup-dual"], "Labels": {}}
+    monkeypatch.setattr(docker_cli.dc, "rpc", lambda *args, **kwargs: [item])
+    ages: list[str] = []
+    real_age = docker_cli.age
+    monkeypatch.setattr(docker_cli, "age", lambda iso: ages.append(iso) or real_age(iso))
+
+    def ps(*args: str) -> str:
+        capsys.readouterr()
+        assert docker_cli.cmd_ps(list(args)) == 0
+        return capsys.readouterr().out
+
+    assert ps("--format", "{{.Names}}") == "rigup-dual\n" and ps("-q") == "a" * 12 + "\n"
+    assert ages == []
+    assert ps("--format", "{{.Names}} {{.RunningFor}}") == "rigup-dual About a minute ago\n"
+    assert json.loads(ps("--format", "{{json .}}"))["RunningFor"] == "About a minute ago"
+    assert "About a minute ago" in ps()  # the default table
+    assert len(ages) == 3

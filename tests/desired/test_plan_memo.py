@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from rigup.desired import knobs
 from rigup.desired import plan as plan_module
 from rigup.desired.knobs import load_defaults
 from rigup.desired.lock import GitPin, LockFile
@@ -123,3 +124,19 @@ def test_upstream_read_from_working_trees_is_resolved_every_time(resolves: list[
     preview(data(variant="dual"))
     assert len(resolves) == 4
     use_reader(trees)
+
+
+def test_hosts_that_differ_only_in_undeclared_data_share_one_resolve(resolves: list[dict[str, Any]]) -> None:
+    # a fleet's rigs: the same knobs, their own SSH settings (pyinfra's, not group_data/all.py's)
+    rigs = [preview(data(variant="dual", ssh_hostname=f"10.0.0.{i}", ssh_user="rigup")) for i in (11, 12, 13)]
+    assert len(resolves) == 1 and rigs[0].recipe == rigs[2].recipe
+    # resolve is handed the declared knobs alone: it could not read the SSH settings even if it tried
+    seen: list[dict[str, Any]] = []
+    real = plan_module.resolve
+    plan_module.resolve = lambda host_data, *a, **kw: seen.append(dict(host_data)) or real(host_data, *a, **kw)
+    try:
+        preview(data(variant="dual", ssh_hostname="10.0.0.14", install_root="/srv/rigup"))
+    finally:
+        plan_module.resolve = real
+    assert len(seen) == 1 and "ssh_hostname" not in seen[0] and seen[0]["install_root"] == "/srv/rigup"
+    assert set(seen[0]) <= set(knobs._declared())
