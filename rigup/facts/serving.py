@@ -8,6 +8,8 @@ from typing import Any
 
 from pyinfra.api import FactBase, FactProcessError, QuoteString, StringCommand
 
+from rigup.facts.util import python_script
+
 
 class ServingStatus(FactBase[dict[str, Any]]):
     """
@@ -35,7 +37,7 @@ class ServingStatus(FactBase[dict[str, Any]]):
 
     def command(self, ctl: str, release: str) -> StringCommand:
         return StringCommand(
-            "if [ -f", QuoteString(ctl), "]; then python3", QuoteString(ctl), "probe --release", QuoteString(release),
+            "if [ -f", QuoteString(ctl), "]; then", *python_script(QuoteString(ctl), "probe", "--release", QuoteString(release)),
             "; else echo '{\"release_present\": false, \"serving\": false}'; fi",
         )
 

@@ -243,7 +243,8 @@ def test_serving_verified_gates_otherwise(over):
 
 def test_serving_status_fact_before_the_first_deploy():
     command = str(ServingStatus().command(ctl=CTL, release=RELEASE))
-    assert command.startswith(f"if [ -f {CTL} ]; then python3 {CTL} probe --release {RELEASE}")
+    assert command.startswith(f"if [ -f {CTL} ]; then python3 -c ")  # the script's bytecode cached: tests/facts/test_rig_scripts.py
+    assert f" {CTL} probe --release {RELEASE} ;" in command
     assert ServingStatus().process(['{"release_present": false, "serving": false}']) == {"release_present": False, "serving": False}
     with pytest.raises(FactProcessError):
         ServingStatus().process(["Traceback (most recent call last):"])
