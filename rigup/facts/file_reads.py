@@ -9,7 +9,7 @@ path, the hash tool's line) and goes through the fact's own process().
 
 Only reads whose recorded command is the very one pyinfra builds for a plain path are grouped (not a
 `~/` path, which the shell expands, nor another pyinfra's command). A group whose answer does not add
-up (a path that vanished between the test and the read, a directory given to sha1sum, a stat without
+up (a path that vanished between the test and the read, a file sha1sum cannot read, a stat without
 GNU's -c) answers none of its reads: each is then read on its own, as pyinfra would.
 """
 
@@ -42,7 +42,9 @@ class FileReadGroup:
 
     def command(self) -> str:
         quoted = " ".join(shlex.quote(p) for p in self.paths)
-        exists = 'test -e "$p" || test -L "$p"' if self.tool == "stat" else 'test -e "$p"'
+        # A directory hashes to nothing, as each read's own command gives (sha1sum refuses it): the
+        # record holds the checksum read that pyinfra's files.put pairs with every File read.
+        exists = 'test -e "$p" || test -L "$p"' if self.tool == "stat" else 'test -e "$p" && ! test -d "$p"'
         read = files.LINUX_STAT_COMMAND if self.tool == "stat" else self.tool
         return (f'set --; for p in {quoted}; do if {exists}; then set -- "$@" "$p"; echo {PRESENT}; '
                 f'else echo {ABSENT}; fi; done; [ $# -eq 0 ] || {read} "$@" 2>/dev/null')
