@@ -28,7 +28,8 @@ HASH_TOOLS = {files.Sha1File: "sha1sum", files.Sha256File: "sha256sum"}
 PRESENT, ABSENT = "+", "-"
 
 
-def _raw(command: Any) -> str:
+def raw_command(command: Any) -> str:
+    """A command's text as the connector runs it (what a fact read's record holds)."""
     return command.get_raw_value() if isinstance(command, StringCommand) else str(command)
 
 
@@ -76,7 +77,7 @@ def _tool_for(request: Any) -> str | None:
     path = _path_of(request)
     if not isinstance(path, str) or not path or path.startswith("~") or "\n" in path:
         return None
-    return tool if request.command == _raw(template().command(path)) else None
+    return tool if request.command == raw_command(template().command(path)) else None
 
 
 def group_file_reads(requests: Sequence[Any]) -> tuple[list[Any], list[FileReadGroup]]:

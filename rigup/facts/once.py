@@ -50,7 +50,7 @@ from pyinfra.api.state import BaseStateCallback
 from pyinfra.context import ctx_config, ctx_host, ctx_state
 
 from rigup import WORK_DIR
-from rigup.facts.file_reads import group_file_reads
+from rigup.facts.file_reads import group_file_reads, raw_command
 
 logger = logging.getLogger("pyinfra.rigup.facts")  # under pyinfra's logger: -v and --debug show it
 
@@ -229,8 +229,7 @@ def _describe(facts: HostFacts, cls: type[FactBase], args: tuple[Any, ...], kwar
     try:
         pyinfra_facts._get_fact(facts.host.state, facts.host, cls, list(args), dict(kwargs))
     except _Captured as captured:
-        command = captured.command
-        request.command = command.get_raw_value() if isinstance(command, StringCommand) else str(command)
+        request.command = raw_command(captured.command)
         request.connector = {k: v for k, v in captured.kwargs.items() if k not in ("print_output", "print_input")}
         return request
     except Exception:  # noqa: BLE001 - whatever pyinfra raises, it raises again on the real read
