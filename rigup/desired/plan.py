@@ -11,6 +11,7 @@ refs before there are pins: rigup.desired.pins).
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -80,6 +81,10 @@ class HostPlan:
 
 _RESOLVED: dict[str, tuple[UpstreamReader, Recipe]] = {}
 _RESOLVED_MAX = 256  # distinct inputs kept (a fleet's hosts times their pods, with room to spare)
+# pyinfra loads every host's task files at once, each in its own greenlet, and resolve waits on git: without
+# this, each host found the memo empty and resolved the same inputs again. Under pyinfra, gevent has made
+# threading's lock a greenlet lock.
+_RESOLVING = threading.RLock()
 
 
 def _plain(value: Any) -> Any:
@@ -108,14 +113,15 @@ def _resolved(host_data: Mapping[str, Any], lock: Any, interconnect: Any, pod: P
         key = json.dumps([host_data, repr(lock), repr(interconnect), repr(pod)], sort_keys=True, default=_plain)
     except (TypeError, ValueError):  # inputs whose content cannot key the memo: resolve as asked
         return resolve(host_data, lock, interconnect, pod=pod)
-    kept = _RESOLVED.get(key)
-    if kept is not None and kept[0] is reader:
-        return kept[1]
-    recipe = resolve(host_data, lock, interconnect, pod=pod)
-    if len(_RESOLVED) >= _RESOLVED_MAX:
-        _RESOLVED.clear()
-    _RESOLVED[key] = (reader, recipe)
-    return recipe
+    with _RESOLVING:  # one resolve at a time: a host that asks while another resolves its inputs waits for it
+        kept = _RESOLVED.get(key)
+        if kept is not None and kept[0] is reader:
+            return kept[1]
+        recipe = resolve(host_data, lock, interconnect, pod=pod)
+        if len(_RESOLVED) >= _RESOLVED_MAX:
+            _RESOLVED.clear()
+        _RESOLVED[key] = (reader, recipe)
+        return recipe
 
 
 def recipe_for(host_data: Mapping[str, Any], topology: Topology | None, lock: Any = None, pod: Pod | None = None) -> Recipe:

@@ -140,3 +140,27 @@ def test_hosts_that_differ_only_in_undeclared_data_share_one_resolve(resolves: l
         plan_module.resolve = real
     assert len(seen) == 1 and "ssh_hostname" not in seen[0] and seen[0]["install_root"] == "/srv/rigup"
     assert set(seen[0]) <= set(knobs._declared())
+
+
+def test_hosts_asking_at_once_share_one_resolve(resolves: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    # pyinfra loads each host's task files in its own greenlet, and resolve waits on git; a host that asks
+    # while another resolves the same inputs must wait for that answer, not resolve again.
+    import threading
+
+    import gevent
+    from gevent.lock import RLock
+
+    counting = plan_module.resolve
+
+    def slow(*args: Any, **kw: Any) -> Any:
+        gevent.sleep(0.05)  # as git's subprocess lets the other greenlets run
+        return counting(*args, **kw)
+
+    monkeypatch.setattr(plan_module, "resolve", slow)
+    if not isinstance(plan_module._RESOLVING, RLock):  # pyinfra's CLI patches threading; pytest does not
+        assert type(plan_module._RESOLVING) is type(threading.RLock())
+        monkeypatch.setattr(plan_module, "_RESOLVING", RLock())
+    plans = [gevent.spawn(preview, data(variant="dual")) for _ in range(4)]
+    gevent.joinall(plans, raise_error=True)
+    assert len(resolves) == 1
+    assert len({id(p.value.recipe) for p in plans}) == 1
