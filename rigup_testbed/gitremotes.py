@@ -6,7 +6,9 @@ on every run) under root/<owner>/<name>.git, mirroring GitHub's URL layout:
   noonghunna/vllm.git                   main (fork base) + branch marlin-pad-sub-tile-n (3 commits on top)
   Sandermage/genesis-vllm-patches.git   dev (vllm/_genesis/..., 4 commits, tags) and main (new layout,
                                         no vllm/_genesis); dev commits are not reachable from main
-  noonghunna/club-3090.git              main: root, "S2" snapshot with the vendored patch files, a later commit
+  noonghunna/club-3090.git              master (its only branch here; no main): root, the spring, May and
+                                        August recipe snapshots, a later commit
+  noonghunna/qwen36-dual-3090.git       master: root, the frozen snapshot
 
 Every path rigup/catalog.yaml mounts from a source (`source_mounts`) exists in the matching stand-in, so
 the stand-ins follow the catalog as it grows (their SHAs change with it; read them from `Remotes`).
@@ -62,6 +64,10 @@ VLLM_BRANCH = "marlin-pad-sub-tile-n"
 GENESIS_REPO = "Sandermage/genesis-vllm-patches"
 CLUB_REPO = "noonghunna/club-3090"
 QWEN_DUAL_REPO = "noonghunna/qwen36-dual-3090"
+# Both recipe repositories' default (and only long-lived) branch is master; neither has a main branch
+# (GitHub snapshots of 2026-12-03: club-3090 refs/heads/master = 4a29ab57, HEAD -> master, no
+# refs/heads/main; qwen36-dual-3090 refs/heads/master = bbb84da0). Genesis' default is main (with dev).
+RECIPE_DEFAULT_BRANCH = "master"
 CATALOG = CATALOG_FILE
 MARLIN_DIR = "vllm/model_executor/kernels/linear/mixed_precision"
 APPLY_ALL = "vllm/_genesis/patches/apply_all.py"
@@ -324,30 +330,30 @@ def _snapshot_commit(key: str, message: str, parent_tree: Mapping[str, str], sou
     tree = tree_files(source)
     files: dict[str, str | None] = {p: None for p in parent_tree if p not in tree}
     files.update(tree)
-    return CommitSpec(key, "main", message, files, parent), tree
+    return CommitSpec(key, RECIPE_DEFAULT_BRANCH, message, files, parent), tree
 
 
 def _club_commits() -> list[CommitSpec]:
     """club-3090's layouts in upstream's order: the spring one (docker-compose.<name>.yml, ../patches,
     /opt/ai/vllm-src), May's (<topology>/<name>.yml, ${ESTATE_*}, ${TP:-2}) and August's
-    (<topology>/<quant>/<profile>.yml), then a later commit on main."""
+    (<topology>/<quant>/<profile>.yml), then a later commit on master."""
     root = {"README.md": "# club-3090 (rigup test-bed stand-in)\n"}
     spring, t1 = _snapshot_commit("spring", "Spring layout: docker-compose.<name>.yml", root, "club3090-spring", "root")
     may, t2 = _snapshot_commit("may", "May layout: <topology>/<name>.yml", t1, "club3090-may", "spring")
     aug, t3 = _snapshot_commit("aug", "August layout: <topology>/<quant>/<profile>.yml", t2, "club3090", "may")
     return [
-        CommitSpec("root", "main", "Initial layout", root, None),
+        CommitSpec("root", RECIPE_DEFAULT_BRANCH, "Initial layout", root, None),
         spring,
         may,
         aug,
-        CommitSpec("head", "main", "Docs: newer notes", {"README.md": "# club-3090 (rigup test-bed stand-in), newer\n"}, "aug"),
+        CommitSpec("head", RECIPE_DEFAULT_BRANCH, "Docs: newer notes", {"README.md": "# club-3090 (rigup test-bed stand-in), newer\n"}, "aug"),
     ]
 
 
 def _qwen_dual_commits() -> list[CommitSpec]:
     root = {"README.md": "# qwen36-dual-3090 (rigup test-bed stand-in)\n"}
     frozen, _ = _snapshot_commit("frozen", "Frozen: moved to club-3090", root, "qwen36-dual-3090", "root")
-    return [CommitSpec("root", "main", "Initial layout", root, None), frozen]
+    return [CommitSpec("root", RECIPE_DEFAULT_BRANCH, "Initial layout", root, None), frozen]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -396,7 +402,7 @@ class GenesisRemote(RemoteRepo):
 @dataclass(frozen=True)
 class ClubRemote(RemoteRepo):
     pin: str = ""  # the May snapshot commit
-    main_head: str = ""  # one commit after the August snapshot
+    head: str = ""  # the default branch's head: one commit after the August snapshot
     snapshots: dict[str, str] = field(default_factory=dict)  # catalog source -> commit of its fixture tree
 
 
@@ -415,7 +421,8 @@ class Remotes:
     def source_refs(self) -> dict[str, str]:
         """The `source_refs` knob for these remotes: they cannot hold upstream's commits, so the sources
         the catalog pins to an upstream SHA point at the stand-ins' equivalents (Genesis v7.69, a tag on a
-        dev-only commit like 2db18df; each frozen recipe snapshot). `club3090` follows main."""
+        dev-only commit like 2db18df; each frozen recipe snapshot). `club3090` follows the catalog's ref
+        (master, upstream's default branch)."""
         return source_refs_of(self.to_json())
 
     def git_knobs(self, base: str) -> dict[str, str]:
@@ -579,9 +586,9 @@ def make_remotes(root: Path | str) -> Remotes:
         gen_commits = _genesis_commits()
         gpath, gshas = _ensure(root, GENESIS_REPO, gen_commits, GENESIS_TAGS, "main")
         club_commits = _club_commits()
-        cpath, cshas = _ensure(root, CLUB_REPO, club_commits, {}, "main")
+        cpath, cshas = _ensure(root, CLUB_REPO, club_commits, {}, RECIPE_DEFAULT_BRANCH)
         qd_commits = _qwen_dual_commits()
-        qpath, qshas = _ensure(root, QWEN_DUAL_REPO, qd_commits, {}, "main")
+        qpath, qshas = _ensure(root, QWEN_DUAL_REPO, qd_commits, {}, RECIPE_DEFAULT_BRANCH)
     vllm = VllmRemote(
         name=VLLM_REPO,
         path=str(vpath),
@@ -611,7 +618,7 @@ def make_remotes(root: Path | str) -> Remotes:
         tags={},
         commits=dict(cshas),
         pin=cshas["may"],
-        main_head=cshas["head"],
+        head=cshas["head"],
         snapshots={"club3090-spring": cshas["spring"], "club3090-may": cshas["may"], "club3090": cshas["aug"]},
     )
     qwen_dual = ClubRemote(
@@ -621,7 +628,7 @@ def make_remotes(root: Path | str) -> Remotes:
         tags={},
         commits=dict(qshas),
         pin=qshas["frozen"],
-        main_head=qshas["frozen"],
+        head=qshas["frozen"],
         snapshots={"qwen36-dual-3090": qshas["frozen"]},
     )
     return Remotes(str(root), vllm, genesis, club, qwen_dual)

@@ -151,6 +151,17 @@ def test_ls_remote_lists_branches_and_tags(server: tuple[str, str], remotes: Rem
         assert vrefs[f"refs/heads/{v.branch}"] == v.head and vrefs["refs/heads/main"] == v.main_head
 
 
+def test_recipe_repos_are_shaped_like_upstream(server: tuple[str, str], remotes: Remotes) -> None:
+    """club-3090 and qwen36-dual-3090 have master as HEAD and no main branch, as on GitHub (gitremotes'
+    RECIPE_DEFAULT_BRANCH): a recipe source that followed `main` would not resolve against them."""
+    for repo in (remotes.club3090, remotes.qwen_dual):
+        for base in server:
+            refs = _ls_remote(repo.url(base))
+            assert refs["HEAD"] == refs["refs/heads/master"] == repo.head
+            assert "refs/heads/main" not in refs
+            assert sorted(r for r in refs if r.startswith("refs/heads/")) == ["refs/heads/master"]
+
+
 def test_smart_http_clone_shallow_and_fetch_by_sha(server: tuple[str, str], remotes: Remotes, tmp_path: Path) -> None:
     g = remotes.genesis
     work = tmp_path / "http"
@@ -185,7 +196,7 @@ def test_every_catalog_mount_exists_at_the_pins(remotes: Remotes) -> None:
         "genesis": list(remotes.genesis.dev_commits),
         "club3090-spring": [snaps["club3090-spring"]],
         "club3090-may": [snaps["club3090-may"]],
-        "club3090": [snaps["club3090"], remotes.club3090.main_head],
+        "club3090": [snaps["club3090"], remotes.club3090.head],
     }
     for source, paths in mounts.items():
         repo = Path(remotes.by_source()[source].path)
@@ -202,7 +213,7 @@ def test_club3090_clone_at_pin(server: tuple[str, str], remotes: Remotes, tmp_pa
     work = tmp_path / "club"
     r = run("clone", "--quiet", c.url(server[0]), str(work))
     assert r.returncode == 0, r.stderr
-    assert git("rev-parse", "HEAD", cwd=work).strip() == c.main_head
+    assert git("rev-parse", "HEAD", cwd=work).strip() == c.head
     assert git("rev-parse", "HEAD~1", cwd=work).strip() == c.snapshots["club3090"]
     assert git("rev-parse", "HEAD~2", cwd=work).strip() == c.pin == c.snapshots["club3090-may"]
     # The spring snapshot has the sidecar the spring long-text recipe mounts; later snapshots dropped it.

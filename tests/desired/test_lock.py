@@ -28,6 +28,7 @@ from rigup.desired.lock import (
     lock_path,
     needs_for,
 )
+from rigup.desired.catalog import load_catalog
 from rigup.desired.pins import Resolver, registry_digest, update_lock
 from rigup.desired.plan import host_plan
 from rigup.desired.secrets import SecretError, read_hf_token
@@ -104,6 +105,16 @@ def test_git_unknown_branch_is_an_error(remotes: tuple[Remotes, str]) -> None:
     rem, base = remotes
     with pytest.raises(LockError, match="no branch or tag named 'no-such-branch'"):
         Resolver().git(_need(rem.vllm.url(base), "no-such-branch"))
+
+
+def test_club3090_follows_upstreams_default_branch(remotes: tuple[Remotes, str]) -> None:
+    """The catalog's club3090 ref resolves against a remote shaped like upstream (master, no main);
+    the `main` it once named is refused by name, as a real fleet's lock refused it."""
+    rem, base = remotes
+    ref = load_catalog()["sources"]["club3090"]["ref"]
+    assert Resolver().git(_need(rem.club3090.url(base), ref, "git:club3090")).commit == rem.club3090.head
+    with pytest.raises(LockError, match="no branch or tag named 'main'"):
+        Resolver().git(_need(rem.club3090.url(base), "main", "git:club3090"))
 
 
 def test_git_unreachable_remote_is_an_error() -> None:
@@ -552,11 +563,11 @@ groups:
             )
             assert _run(fleet)[0] == 0
             before = LockFile.load(tmp_path / "rigs.lock.yaml")
-            assert before.git_commit("git:club3090") == rem.club3090.main_head
+            assert before.git_commit("git:club3090") == rem.club3090.head
             path = "models/qwen3.6-27b/vllm/compose/dual/autoround-int4/fp8-mtp.yml"
             text = (tree("club3090") / path).read_text()
             assert "${MAX_NUM_SEQS:-2}" in text
-            moved = add_commit(rem.club3090, "main", {path: text.replace("${MAX_NUM_SEQS:-2}", "${MAX_NUM_SEQS:-3}")},
+            moved = add_commit(rem.club3090, "master", {path: text.replace("${MAX_NUM_SEQS:-2}", "${MAX_NUM_SEQS:-3}")},
                                "dual: three streams")
             code, out = _run(fleet)  # without --upgrade the pin stays
             assert code == 0 and "rendered" not in out
@@ -571,5 +582,5 @@ groups:
     assert "compose.yaml changes for rig-01, rig-02, rig-04/a, rig-04/b:" in out
     assert "compose.yaml for rig-03: only the base commit in its header changes" in out
     assert "-    - '2'" in out and "+    - '3'" in out
-    assert f"at club3090@{rem.club3090.main_head[:12]}" in out and f"at club3090@{moved[:12]}" in out
+    assert f"at club3090@{rem.club3090.head[:12]}" in out and f"at club3090@{moved[:12]}" in out
     assert LockFile.load(tmp_path / "rigs.lock.yaml").git_commit("git:club3090") == moved

@@ -257,7 +257,7 @@ def test_moving_the_recipe_pin_shows_the_rendered_diff_and_restarts_once(bed: Be
     text = (tree("club3090") / path).read_text()
     assert "${MAX_NUM_SEQS:-2}" in text
     club = _remote(bed, "club3090")
-    moved = add_commit(club, "main", {path: text.replace("${MAX_NUM_SEQS:-2}", "${MAX_NUM_SEQS:-3}")},
+    moved = add_commit(club, "master", {path: text.replace("${MAX_NUM_SEQS:-2}", "${MAX_NUM_SEQS:-3}")},
                        "dual: three streams")
     proc = subprocess.run([sys.executable, "-m", "rigup", "lock", "--upgrade", "club3090"], cwd=REPO_ROOT,
                           env=bed.env(), capture_output=True, text=True, timeout=600)
