@@ -102,6 +102,7 @@ class Deb:
     symlinks: dict[str, str] = field(default_factory=dict)  # path -> absolute target (written relative)
     conffiles: list[str] = field(default_factory=list)
     scripts: dict[str, str] = field(default_factory=dict)  # preinst/postinst/prerm/postrm -> sh
+    note: str = STANDIN_NOTE  # appended to the description: what the payload is
 
     def add_text(self, path: str, text: str, mode: int = 0o644) -> None:
         self.files[path] = (text.encode(), mode)
@@ -153,7 +154,7 @@ class Deb:
         if self.homepage:
             fields.append(("Homepage", self.homepage))
         head, _, body = self.description.partition("\n")
-        desc = head + "\n" + "\n".join(f" {line}" if line else " ." for line in (body + "\n" + STANDIN_NOTE).strip().splitlines())
+        desc = head + "\n" + "\n".join(f" {line}" if line else " ." for line in (body + "\n" + self.note).strip().splitlines())
         fields.append(("Description", desc))
         return "".join(f"{k}: {v}\n" for k, v in fields)
 
@@ -504,6 +505,111 @@ fi
     return debs
 
 
+# --- the real engine (Debian's docker.io, containerd and runc) under Docker CE's package names -------
+
+ENGINE_NOTE = ("rigup test bed: Docker CE's package name and relationships; the payload is the real engine, "
+               "Debian's build (docker.io, containerd, runc) of the control machine.")
+# Where Docker CE's packages put each program, and the Debian package it is taken from.
+ENGINE_FILES: dict[str, dict[str, tuple[str, str]]] = {
+    "containerd.io": {
+        "/usr/bin/containerd": ("containerd", "/usr/bin/containerd"),
+        "/usr/bin/containerd-shim": ("containerd", "/usr/bin/containerd-shim"),
+        "/usr/bin/containerd-shim-runc-v1": ("containerd", "/usr/bin/containerd-shim-runc-v1"),
+        "/usr/bin/containerd-shim-runc-v2": ("containerd", "/usr/bin/containerd-shim-runc-v2"),
+        "/usr/bin/ctr": ("containerd", "/usr/bin/ctr"),
+        "/usr/bin/runc": ("runc", "/usr/sbin/runc"),
+    },
+    "docker-ce-cli": {"/usr/bin/docker": ("docker.io", "/usr/bin/docker")},
+    "docker-ce": {
+        "/usr/bin/dockerd": ("docker.io", "/usr/sbin/dockerd"),
+        "/usr/bin/docker-proxy": ("docker.io", "/usr/sbin/docker-proxy"),
+        "/usr/bin/docker-init": ("tini", "/usr/bin/tini-static"),
+    },
+}
+
+
+class EngineMissing(RuntimeError):
+    """The control machine lacks a Debian package the real engine is taken from (scripts/setup installs them)."""
+
+
+def installed_version(package: str) -> str:
+    proc = subprocess.run(["dpkg-query", "-W", "-f=${Status} ${Version}", package], capture_output=True, text=True)
+    status = proc.stdout.rsplit(" ", 1)
+    if proc.returncode != 0 or not status[0].endswith("ok installed"):
+        raise EngineMissing(f"the real Docker engine for the test bed needs the Debian package {package!r} "
+                            "installed on this machine (scripts/setup installs it)")
+    return status[1]
+
+
+def engine_versions() -> dict[str, str]:
+    """Debian versions of the packages the real engine comes from, e.g. docker.io 20.10.24+dfsg1-1+deb12u1+b6."""
+    return {name: installed_version(name) for name in ("docker.io", "containerd", "runc", "tini")}
+
+
+def upstream_version(debian_version: str) -> str:
+    """20.10.24+dfsg1-1+deb12u1+b6 -> 20.10.24 (what the program itself reports)."""
+    return debian_version.split(":")[-1].split("+")[0].split("~")[0].split("-")[0]
+
+
+def engine_debs(codename: str) -> list[Deb]:
+    """docker-ce, docker-ce-cli, containerd.io and docker-compose-plugin holding the real programs: the
+    same units, socket, group and maintainer scripts as the stand-in packages (Docker CE's), versions
+    that say which engine is inside (5:20.10.24-1~... holds dockerd 20.10.24)."""
+    tag = DOCKER_SUITE_TAG[codename]
+    versions = engine_versions()
+    debs = []
+
+    def payload(deb: Deb) -> None:
+        for dest, (_, src) in ENGINE_FILES[deb.name].items():
+            deb.add_file(dest, Path(src), 0o755)
+
+    ctr = Deb("containerd.io", f"{upstream_version(versions['containerd'])}-1~{tag}", "An open and reliable container runtime",
+              section="devel", homepage="https://containerd.io", depends=["libc6", "libseccomp2"],
+              provides=["containerd", "runc"], conflicts=["containerd", "runc"], replaces=["containerd", "runc"],
+              note=ENGINE_NOTE)
+    payload(ctr)
+    ctr.add_text("/lib/systemd/system/containerd.service", CONTAINERD_SERVICE)
+    ctr.add_text("/etc/containerd/config.toml", CONTAINERD_CONFIG)
+    ctr.conffiles.append("/etc/containerd/config.toml")
+    ctr.scripts = {"postinst": systemd_postinst(["containerd.service"], start=True),
+                   "prerm": systemd_prerm(["containerd.service"]), "postrm": systemd_postrm(["containerd.service"])}
+    debs.append(ctr)
+    ver = f"5:{upstream_version(versions['docker.io'])}-1~{tag}"
+    cli = Deb("docker-ce-cli", ver, "Docker CLI: the open-source application container engine", section="admin",
+              homepage="https://www.docker.com", depends=["libc6"], recommends=["docker-compose-plugin"],
+              conflicts=["docker (<< 1.5~)", "docker-engine", "docker.io"],
+              replaces=["docker-ce (<< 5:0)", "docker-engine"], breaks=["docker-ce (<< 5:0)"], note=ENGINE_NOTE)
+    payload(cli)
+    debs.append(cli)
+    eng = Deb("docker-ce", ver, "Docker: the open-source application container engine", section="admin",
+              homepage="https://www.docker.com",
+              depends=["containerd.io (>= 1.6)", "docker-ce-cli", "iptables", "libc6", "libdevmapper1.02.1",
+                       "libsystemd0", "libseccomp2"],
+              conflicts=["docker (<< 1.5~)", "docker-engine", "docker.io"], replaces=["docker-engine"], note=ENGINE_NOTE)
+    payload(eng)
+    eng.add_text("/lib/systemd/system/docker.service", DOCKER_SERVICE)
+    eng.add_text("/lib/systemd/system/docker.socket", DOCKER_SOCKET)
+    eng.add_text("/etc/default/docker", DOCKER_DEFAULT)
+    eng.conffiles.append("/etc/default/docker")
+    eng.scripts = {
+        "postinst": """
+if [ "$1" = configure ]; then
+\tif ! getent group docker >/dev/null; then
+\t\tgroupadd --system docker
+\tfi
+fi
+""" + systemd_postinst(["docker.socket", "docker.service"], start=True),
+        "prerm": systemd_prerm(["docker.service", "docker.socket"]),
+        "postrm": systemd_postrm(["docker.socket", "docker.service"]),
+    }
+    debs.append(eng)
+    comp = Deb("docker-compose-plugin", f"{COMPOSE_VERSION}-1~{tag}", "Docker Compose (V2) plugin for the Docker CLI.",
+               section="admin", homepage="https://github.com/docker/compose", depends=["libc6"], note=ENGINE_NOTE)
+    comp.add_file("/usr/libexec/docker/cli-plugins/docker-compose", compose_binary(), 0o755)
+    debs.append(comp)
+    return debs
+
+
 def ctk_debs() -> list[Deb]:
     debs = []
     for v in CTK_VERSIONS:
@@ -676,6 +782,10 @@ class RepoInfo:
     codenames: tuple[str, ...]
     docker_apt_url: str = "docker/linux/ubuntu"
     docker_apt_key_url: str = "docker/linux/ubuntu/gpg"
+    # The same repository with the real engine inside (engine_debs): a bed's fleet points docker_apt_url here
+    # to run Docker for real on its rigs.
+    engine_apt_url: str = "docker-engine/linux/ubuntu"
+    engine_apt_key_url: str = "docker-engine/linux/ubuntu/gpg"
     nvidia_ctk_apt_url: str = "libnvidia-container/stable/deb"
     nvidia_ctk_apt_key_url: str = "libnvidia-container/gpgkey"
     nvidia_cuda_repo_url: str = "compute/cuda/repos"
@@ -688,12 +798,16 @@ class RepoInfo:
     # repo -> list of "suite name version" entries, e.g. "docker noble docker-ce 5:28.5.2-1~ubuntu.24.04~noble"
     packages: tuple[str, ...] = ()
 
-    def urls(self, base: str) -> dict[str, str]:
-        """Knob values for a host that reaches the served directory at `base` (e.g. http://10.77.0.1:8080)."""
+    def urls(self, base: str, *, real_engine: bool = False) -> dict[str, str]:
+        """Knob values for a host that reaches the served directory at `base` (e.g. http://10.77.0.1:8080);
+        with real_engine, Docker's repository is the one holding the real engine."""
         base = base.rstrip("/")
         keys = ("docker_apt_url", "docker_apt_key_url", "nvidia_ctk_apt_url", "nvidia_ctk_apt_key_url",
                 "nvidia_cuda_repo_url", "nvidia_cuda_repo_key_url", "ubuntu_archive_url", "ubuntu_archive_key_url")
-        return {k: f"{base}/{getattr(self, k)}" for k in keys}
+        urls = {k: f"{base}/{getattr(self, k)}" for k in keys}
+        if real_engine:
+            urls.update(docker_apt_url=f"{base}/{self.engine_apt_url}", docker_apt_key_url=f"{base}/{self.engine_apt_key_url}")
+        return urls
 
     def versions(self, repo: str, suite: str, name: str) -> list[str]:
         return [e.split(" ")[3] for e in self.packages if e.split(" ")[:3] == [repo, suite, name]]
@@ -721,6 +835,7 @@ def content_hash(codenames: tuple[str, ...]) -> str:
             h.update(f.name.encode() + b"\0" + f.read_bytes())
     st = compose_binary().stat()
     h.update(f"{compose_binary()}:{st.st_size}:{st.st_mtime_ns}".encode())
+    h.update(json.dumps(engine_versions(), sort_keys=True).encode())
     return h.hexdigest()[:20]
 
 
@@ -756,6 +871,21 @@ def _build(dest: Path, codenames: tuple[str, ...], digest: str) -> RepoInfo:
                                                   "Architectures": "amd64", "Components": "stable",
                                                   "Description": f"Docker CE packages for {c} (rigup test bed)"})
             keys.sign_release(fprs["docker"], docker / f"dists/{c}")
+        # The real engine under the same names, signed with the same key (another path on the same server).
+        engine = dest / "docker-engine/linux/ubuntu"
+        engine.mkdir(parents=True)
+        (engine / "gpg").write_bytes(keys.export(fprs["docker"], armor=True))
+        for c in codenames:
+            debs = engine_debs(c)
+            pool = f"dists/{c}/pool/stable/amd64"
+            for d in debs:
+                build_deb(d, engine / pool, work)
+            record("docker_engine", c, debs)
+            write_packages(engine, pool, engine / f"dists/{c}/stable/binary-amd64")
+            write_release(engine / f"dists/{c}", {"Origin": "Docker", "Label": "Docker CE", "Suite": c, "Codename": c,
+                                                  "Architectures": "amd64", "Components": "stable",
+                                                  "Description": f"Docker CE packages for {c}: the real engine (rigup test bed)"})
+            keys.sign_release(fprs["docker"], engine / f"dists/{c}")
         # NVIDIA container toolkit: flat repository per architecture.
         ctk = dest / "libnvidia-container"
         flat = ctk / "stable/deb/amd64"

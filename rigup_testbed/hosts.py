@@ -180,7 +180,7 @@ def create_host(
     if host_dir.exists():
         raise TestbedError(f"{host_dir} exists (left over from an earlier run? run teardown)")
     ledger.add("dir", path=str(host_dir))
-    for sub in ("upper", "work", "root", "run"):
+    for sub in ("upper", "work", "root", "run", "docker"):  # docker: the rig's /var/lib/docker
         (host_dir / sub).mkdir(parents=True)
     ip = create_host_netns(ledger, net, spec.name, index)
     root = host_dir / "root"
@@ -231,6 +231,22 @@ def create_host(
     return host
 
 
+# What a booted rig needs so that Docker's real engine runs in it under the rig's systemd (measured on
+# this kernel, 6.18, with systemd-nspawn 252 on a hybrid cgroup host; each line below was missing once and
+# dockerd or runc said so):
+#   * cgroup v2 inside the rig (SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1): on a hybrid host nspawn mounts the v1
+#     controllers read-only, where dockerd's cgroup driver cannot create a container's cgroup. On v2 the
+#     rig's own cgroup subtree is writable and dockerd uses the systemd driver, as on Ubuntu 22.04/24.04.
+#     The host binds no controllers to v2, so no memory/cpu/pids limits: `docker info` warns, nothing fails.
+#   * /proc/sys/net writable (SYSTEMD_NSPAWN_API_VFS_WRITABLE=network) and CAP_NET_ADMIN: dockerd turns on
+#     ip_forward and builds its bridge and NAT rules in the rig's own network namespace.
+#   * the @keyring system calls and bpf allowed: runc gives each container a session keyring (nspawn's
+#     filter answers EPERM, which runc does not tolerate) and cgroup v2 device rules are a BPF program.
+#   * /var/lib/docker on the machine's own file system (a directory per host, bound in): overlay2 cannot
+#     stack on the rig's overlayfs root ("failed to mount overlay: invalid argument").
+NSPAWN_ENV = {"SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1", "SYSTEMD_NSPAWN_API_VFS_WRITABLE": "network"}
+
+
 def nspawn_args(host: Host) -> list[str]:
     return [
         "--boot",
@@ -245,6 +261,10 @@ def nspawn_args(host: Host) -> list[str]:
         "--link-journal=no",
         "--resolv-conf=off",
         "--timezone=off",
+        # Docker's real engine in the rig (NSPAWN_ENV says why each is needed)
+        f"--bind={host.dir / 'docker'}:/var/lib/docker",
+        "--capability=CAP_NET_ADMIN",
+        "--system-call-filter=@keyring bpf",
     ]
 
 
@@ -259,6 +279,7 @@ def start_host(ledger: Ledger, host: Host) -> None:
         "--machine", host.machine,
         "--run-dir", str(host.run_dir),
         *[arg for cg in cgroup_paths(host.cgroup_rel) for arg in ("--cgroup", str(cg))],
+        *[arg for item in NSPAWN_ENV.items() for arg in ("--nspawn-env", "=".join(item))],
         "--",
         *nspawn_args(host),
     ]  # fmt: skip

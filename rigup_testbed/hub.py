@@ -12,10 +12,13 @@ namespace and the hub's cgroup, recorded in the ledger, and up once it wrote its
 
     apt       :8080  static HTTP over the signed stand-in repos (rigup_testbed/aptrepo.py, built once
                      per content hash under the cache): docker_apt_url, nvidia_ctk_apt_url,
-                     nvidia_cuda_repo_url and their key URLs, plus the stand-in Ubuntu archive
+                     nvidia_cuda_repo_url and their key URLs, plus the stand-in Ubuntu archive;
+                     engine_docker_apt_url/_key_url: Docker CE's packages holding the real engine
     registry  :5000  Registry v2 manifests, digests as the stand-in Docker engine pulls them, holding the
                      catalog's digest-pinned images at their digests (rigup_testbed/hubserve.py):
                      container_registry
+    engine-registry :5001  the real distribution registry (Debian's docker-registry) holding images the
+                     bed builds (rigup_testbed/registry.py): engine_registry, engine_registry_images
     hf        :8082  Hugging Face endpoint (rigup_testbed/hfhub.py): hf_endpoint
     git       :9418  git daemon (+ smart HTTP on :8081) with the fork, Genesis and club-3090 remotes
                      (rigup_testbed/gitremotes.py): every *_git_url knob, same <owner>/<name>.git path
@@ -43,7 +46,7 @@ from rigup_testbed.image import REPO_ROOT, cache_dir
 from rigup_testbed.state import Ledger, TestbedError, is_same_process, spawn, stop_process
 
 # Fixed ports: the hub namespace is ours alone, so nothing else can hold them and URLs stay readable.
-PORTS = {"apt": 8080, "git": 8081, "git_daemon": 9418, "hf": 8082, "pypi": 8083, "registry": 5000}
+PORTS = {"apt": 8080, "git": 8081, "git_daemon": 9418, "hf": 8082, "pypi": 8083, "registry": 5000, "engine_registry": 5001}
 GATEWAY_REQUIREMENTS = REPO_ROOT / "files" / "gateway" / "requirements.txt"
 READY_TIMEOUT_S = 60.0
 PREINSTALLED = ("pciutils", "mokutil")
@@ -126,7 +129,10 @@ class Hub:
                 args=["static", "--root", str(info.root), "--bind", ip, "--port", str(PORTS["apt"]),
                       "--ready-file", str(w / "apt/ready.json")],
                 ready_file=w / "apt/ready.json",
-                knobs=lambda r: dict(info.urls(r["url"])),
+                # engine_*: Docker's repository with the real engine inside (a fleet opts in by pointing
+                # docker_apt_url there: Testbed.fleet(real_engine=True))
+                knobs=lambda r: {**info.urls(r["url"]), **{
+                    f"engine_{k}": v for k, v in info.urls(r["url"], real_engine=True).items() if k.startswith("docker_")}},
             ),
             Service(
                 name="registry",
@@ -135,6 +141,14 @@ class Hub:
                       "--bind", ip, "--port", str(PORTS["registry"]), "--ready-file", str(w / "registry/ready.json")],
                 ready_file=w / "registry/ready.json",
                 knobs=lambda r: {"container_registry": r["url"]},
+            ),
+            Service(
+                name="engine-registry",
+                module="rigup_testbed.registry",
+                args=["--root", str(w / "engine-registry"), "--bind", ip, "--port", str(PORTS["engine_registry"]),
+                      "--ready-file", str(w / "engine-registry/ready.json")],
+                ready_file=w / "engine-registry/ready.json",
+                knobs=lambda r: {"engine_registry": r["url"], "engine_registry_images": r["images"]},
             ),
             Service(
                 name="hf",

@@ -43,6 +43,8 @@ PACKAGES: tuple[str, ...] = (
     "python3-venv",
     "gnupg",
     "iproute2",
+    # On every Ubuntu server, and what Docker CE's engine depends on for its NAT and port publishing.
+    "iptables",
     "iputils-ping",
     "procps",
     "kmod",

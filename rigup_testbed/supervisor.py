@@ -16,6 +16,7 @@ start: epoch seconds), exit (final status, written once the supervisor stops).
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -41,10 +42,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--machine", required=True)
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--cgroup", action="append", default=[], type=Path, help="cgroup dir to run nspawn in")
+    parser.add_argument("--nspawn-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="environment for systemd-nspawn itself (its SYSTEMD_NSPAWN_* settings)")
     parser.add_argument("nspawn_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     nspawn_args = args.nspawn_args[1:] if args.nspawn_args[:1] == ["--"] else args.nspawn_args
     run_dir: Path = args.run_dir
+    nspawn_env = dict(os.environ, **dict(item.split("=", 1) for item in args.nspawn_env))
     run_dir.mkdir(parents=True, exist_ok=True)
 
     stopping = False
@@ -71,7 +75,7 @@ def main(argv: list[str]) -> int:
     while not stopping:
         # Boot-time clock of the new time namespace starts at ~0: uptime resets on every (re)boot.
         cmd = ["unshare", "--time", "--boottime", f"-{_uptime_s()}", "--", "systemd-nspawn", *nspawn_args]
-        child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, preexec_fn=enter_cgroups)
+        child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, preexec_fn=enter_cgroups, env=nspawn_env)
         (run_dir / "nspawn.pid").write_text(f"{child.pid} {_starttime(child.pid)}\n")
         with open(run_dir / "boots", "a") as boots:
             boots.write(f"{time.time():.3f}\n")

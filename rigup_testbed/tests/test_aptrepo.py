@@ -267,3 +267,27 @@ def test_packages_carry_conffiles_units_and_maintainer_scripts(repo: aptrepo.Rep
     a = _deb(repo, "ubuntu-archive/pool/restricted/n/nvidia-graphics-drivers-580/nvidia-utils-580_*.deb")
     b = _deb(repo, "compute/cuda/repos/ubuntu2404/x86_64/nvidia-utils-580_*.deb")
     assert a.read_bytes() == b.read_bytes()
+
+
+def test_the_engine_repository_holds_the_real_programs_under_docker_ces_names(repo: aptrepo.RepoInfo, tmp_path: Path) -> None:
+    """docker-engine/linux/ubuntu: the same package names, units and scripts as Docker CE's, with Debian's
+    dockerd, containerd, runc and the real Compose v2 binary inside, byte for byte."""
+    pool = "docker-engine/linux/ubuntu/dists/noble/pool/stable/amd64"
+    engine_version = aptrepo.upstream_version(aptrepo.engine_versions()["docker.io"])
+    engine = _deb(repo, f"{pool}/docker-ce_{engine_version}-1~*.deb")
+    control = _control(engine, "control")
+    assert "Depends: containerd.io (>= 1.6), docker-ce-cli, iptables" in control and "the real engine" in control
+    assert "groupadd --system docker" in _control(engine, "postinst")
+    for name, programs in aptrepo.ENGINE_FILES.items():
+        deb = _deb(repo, f"{pool}/{name}_*.deb")
+        out = tmp_path / name
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(out)], check=True)
+        for dest, (_, source) in programs.items():
+            assert (out / dest.lstrip("/")).read_bytes() == Path(source).read_bytes(), dest
+    assert (out.parent / "docker-ce/lib/systemd/system/docker.service").read_text() == aptrepo.DOCKER_SERVICE
+    compose = tmp_path / "compose"
+    subprocess.run(["dpkg-deb", "-x", str(_deb(repo, f"{pool}/docker-compose-plugin_*.deb")), str(compose)], check=True)
+    plugin = compose / "usr/libexec/docker/cli-plugins/docker-compose"
+    assert plugin.read_bytes() == aptrepo.compose_binary().read_bytes()
+    assert "Docker Compose version v2.40.3" in subprocess.run([str(plugin), "version"], capture_output=True, text=True).stdout
+    assert repo.urls("http://hub", real_engine=True)["docker_apt_url"] == "http://hub/docker-engine/linux/ubuntu"

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from rigup.cli.lock import run_lock
+from rigup.desired.catalog import load_catalog
 from rigup.desired.lock import (
     FilePin,
     GitNeed,
@@ -28,7 +29,6 @@ from rigup.desired.lock import (
     lock_path,
     needs_for,
 )
-from rigup.desired.catalog import load_catalog
 from rigup.desired.pins import Resolver, registry_digest, update_lock
 from rigup.desired.plan import host_plan
 from rigup.desired.secrets import SecretError, read_hf_token
