@@ -29,6 +29,7 @@ from rigup.desired.knobs import KNOBS_FILE
 from rigup_testbed.hosts import Host, HostSpec, create_host, start_host, wait_ready
 from rigup_testbed.image import ImageSpec, ensure_image, ensure_layer
 from rigup_testbed.net import Network, create_hub, pick_subnet
+from rigup_testbed.registry import smoke_reference
 from rigup_testbed.state import Ledger, TestbedError, make_cgroup, run
 
 INSTANCE_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
@@ -163,7 +164,8 @@ class Testbed:
             hub_dir = self.workdir / "hub"
             self.ledger.add("dir", path=str(hub_dir))
             make_cgroup(self.ledger, f"{self.instance}/hub")
-            self._hub = Hub(hub_dir, net.hub_ip, netns=net.hub_netns, ledger=self.ledger, cgroup_rel=f"{self.instance}/hub")
+            self._hub = Hub(hub_dir, net.hub_ip, netns=net.hub_netns, ledger=self.ledger, cgroup_rel=f"{self.instance}/hub",
+                            python_root=img.root)
             self._hub.start()
             urls = dict(self._hub.urls)
             host_files = self._hub.host_files()
@@ -215,10 +217,14 @@ class Testbed:
         data: Mapping[str, Any] | None = None,
         group_data: Mapping[str, Mapping[str, Any]] | None = None,
         require_all_urls: bool = True,
+        real_engine: bool = False,
     ) -> dict[str, Any]:
         """The fleet document (CONTRACT.md format) for this bed: every URL knob at the hub, Debian 12
         allowed, the hub's plain-HTTP registry in docker_insecure_registries (as a LAN mirror user
-        sets it), each host with pinned SSH settings and its GPU count. `data` overrides any of it."""
+        sets it), each host with pinned SSH settings and its GPU count. `data` overrides any of it.
+
+        With `real_engine`, the rigs install Docker's real engine (the hub's engine repository) and pull
+        from the hub's real registry, the GPU smoke image included, as a LAN mirror of Docker Hub."""
         urls = self.urls
         knobs = url_knobs()
         missing = [k for k in knobs if k not in urls]
@@ -231,6 +237,11 @@ class Testbed:
         if "container_registry" in urls:
             # The hub's registry speaks plain HTTP, as a LAN mirror often does: Docker must be told.
             top["docker_insecure_registries"] = [registry_host_port(urls["container_registry"])]
+        if real_engine:
+            registry = urls["engine_registry"]
+            top.update(docker_apt_url=urls["engine_docker_apt_url"], docker_apt_key_url=urls["engine_docker_apt_key_url"],
+                       container_registry=registry, docker_insecure_registries=[registry],
+                       gpu_smoke_image=f"{registry}/{smoke_reference()}")
         top.update(data or {})
         groups: dict[str, dict[str, Any]] = {}
         for h in self.hosts:

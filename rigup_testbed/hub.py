@@ -106,8 +106,10 @@ class Hub:
         netns: str | None = None,
         ledger: Ledger | None = None,
         cgroup_rel: str | None = None,
+        python_root: Path | None = None,
     ) -> None:
         self.workdir = workdir
+        self.python_root = python_root  # the rigs' root file system: the engine registry's images take Python from it
         self.ip = ip
         self.netns = netns
         self.ledger = ledger if ledger is not None else Ledger(workdir / "hub-state.json")
@@ -146,7 +148,8 @@ class Hub:
                 name="engine-registry",
                 module="rigup_testbed.registry",
                 args=["--root", str(w / "engine-registry"), "--bind", ip, "--port", str(PORTS["engine_registry"]),
-                      "--ready-file", str(w / "engine-registry/ready.json")],
+                      "--ready-file", str(w / "engine-registry/ready.json"),
+                      *(["--python-root", str(self.python_root)] if self.python_root else [])],
                 ready_file=w / "engine-registry/ready.json",
                 knobs=lambda r: {"engine_registry": r["url"], "engine_registry_images": r["images"]},
             ),

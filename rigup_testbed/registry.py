@@ -14,11 +14,23 @@ built from files of this machine, byte for byte the same on every run (fixed mti
 so their digests are stable too:
 
   rigup-testbed/busybox:1.35   Debian's static busybox with its applet links; entrypoint none, cmd ["sh"]
+  vllm/vllm-openai:<tag>       for every tag the catalog names: vLLM's image layout (entrypoint `vllm
+                               serve`, workdir /vllm-workspace, /usr/local/lib/python3.12/dist-packages/vllm)
+                               with a Python runtime and, as `vllm`, the stand-in server
+                               (standins/vllm_entry.py -> responder.py)
+  nvidia/cuda:<tag>            the GPU smoke image group_data names (gpu_smoke_image): a shell and a Python
+                               runtime; nvidia-smi comes from the container toolkit's hook at start, as the
+                               real one's does (the stand-in nvidia-smi is Python, hence the runtime)
+
+The Python runtime is the rigs' own Debian 3.11 (from the test bed's root image, --python-root): the
+interpreter, its standard library and the shared libraries they load. The GPU and vLLM stay simulated;
+the image, its layers, entrypoint and mounts are the engine's to handle.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import hashlib
 import http.client
@@ -63,6 +75,21 @@ def _digest(blob: bytes) -> str:
     return "sha256:" + hashlib.sha256(blob).hexdigest()
 
 
+def _compressed(diff: bytes) -> bytes:
+    """gzip of a layer, kept in the test bed's cache by the layer's digest (a 37 MB layer takes seconds)."""
+    from rigup_testbed.image import cache_dir
+
+    cached = cache_dir() / "engine-layers" / (hashlib.sha256(diff).hexdigest() + ".tar.gz")
+    if cached.is_file():
+        return cached.read_bytes()
+    layer = gzip.compress(diff, compresslevel=6, mtime=0)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_bytes(layer)
+    os.replace(tmp, cached)
+    return layer
+
+
 def build_image(repository: str, tag: str, files: dict[str, tuple[bytes, int]], links: dict[str, str],
                 config: dict[str, object]) -> Image:
     """An image of one layer holding `files` (path -> (content, mode)) and `links` (path -> target)."""
@@ -82,7 +109,7 @@ def build_image(repository: str, tag: str, files: dict[str, tuple[bytes, int]], 
             info.type, info.linkname, info.mode, info.mtime = tarfile.SYMTYPE, target, 0o777, EPOCH
             tar.addfile(info)
     diff = raw.getvalue()
-    layer = gzip.compress(diff, mtime=0)
+    layer = _compressed(diff)
     image_config = {
         "architecture": "amd64",
         "os": "linux",
@@ -114,8 +141,104 @@ def busybox_image() -> Image:
     )
 
 
-def test_bed_images() -> list[Image]:
-    return [busybox_image()]
+STANDIN_DIR = Path(__file__).resolve().parent / "standins"
+RICH_RESPONDER = Path(__file__).resolve().parent / "openai_responder.py"
+PYTHON = "python3.11"
+STDLIB_SKIPPED = ("test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data", "__pycache__",
+                  "distutils", "unittest", "site-packages", "dist-packages")
+LIB_DIRS = ("lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu")
+BASE_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"]
+SMOKE_IMAGE_ENV = ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"]  # as nvidia/cuda sets
+
+
+def _needed(path: Path) -> list[str]:
+    out = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True).stdout
+    return [line.split("[", 1)[1].split("]", 1)[0] for line in out.splitlines() if "(NEEDED)" in line]
+
+
+def python_runtime(root: Path) -> tuple[dict[str, tuple[bytes, int]], dict[str, str]]:
+    """The rigs' Python (from the test bed's Debian root `root`), bash and busybox's utilities, with the
+    shared libraries they load: files and links of an image layer."""
+    files: dict[str, tuple[bytes, int]] = {}
+    links: dict[str, str] = {"/usr/bin/python3": PYTHON, "/usr/bin/python": PYTHON, "/bin/sh": "bash",
+                             "/lib64/ld-linux-x86-64.so.2": "/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"}
+    stdlib = root / "usr/lib" / PYTHON
+    for path in sorted(stdlib.rglob("*")):
+        rel = path.relative_to(root)
+        if any(part in STDLIB_SKIPPED for part in rel.parts) or path.is_dir() or path.name.startswith("_test"):
+            continue
+        if path.is_symlink():
+            links["/" + str(rel)] = os.readlink(path)
+        else:
+            files["/" + str(rel)] = (path.read_bytes(), 0o644)
+    elves = [root / "usr/bin" / PYTHON, root / "bin/bash"] + [root / p.lstrip("/") for p in files if p.endswith(".so")]
+    for elf in elves:
+        files["/" + str(elf.relative_to(root))] = (elf.read_bytes(), 0o755)
+    todo = [name for elf in elves for name in _needed(elf)]
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        found = next((root / d / name for d in LIB_DIRS if (root / d / name).exists()), None)
+        if found is None:
+            raise FileNotFoundError(f"{name}: not in {root}'s {' or '.join(LIB_DIRS)}")
+        real = found.resolve()
+        files[f"/lib/x86_64-linux-gnu/{name}"] = (real.read_bytes(), 0o755)
+        todo += _needed(real)
+    busybox = Path(BUSYBOX).read_bytes()
+    files["/usr/lib/busybox/busybox"] = (busybox, 0o755)
+    for applet in ("cat", "ls", "sleep", "echo", "mkdir", "rm", "cp", "mv", "grep", "sed", "head", "tail", "env", "kill",
+                   "ps", "true", "false", "test", "touch", "wc", "sort", "dirname", "basename", "chmod", "id", "date"):
+        links.setdefault(f"/usr/bin/{applet}", "/usr/lib/busybox/busybox")
+    files["/etc/passwd"] = (b"root:x:0:0:root:/root:/bin/bash\n", 0o644)
+    files["/etc/group"] = (b"root:x:0:\n", 0o644)
+    return files, links
+
+
+def vllm_image(runtime: tuple[dict[str, tuple[bytes, int]], dict[str, str]], tag: str) -> Image:
+    files, links = dict(runtime[0]), dict(runtime[1])
+    lib = "/usr/lib/rigup-standin"
+    for module in ("common.py", "responder.py", "container.py", "vllm_entry.py"):
+        files[f"{lib}/{module}"] = ((STANDIN_DIR / module).read_bytes(), 0o755 if module == "vllm_entry.py" else 0o644)
+    if RICH_RESPONDER.is_file():
+        files[f"{lib}/openai_responder.py"] = (RICH_RESPONDER.read_bytes(), 0o644)
+    files[f"{lib}/image.json"] = (b'{"kind": "vllm"}\n', 0o644)
+    links["/usr/local/bin/vllm"] = f"{lib}/vllm_entry.py"
+    site = "/usr/local/lib/python3.12/dist-packages/vllm"
+    files[f"{site}/__init__.py"] = (b'__version__ = "0.11.0"  # rigup test bed: the package\'s place, not vLLM\n', 0o644)
+    files["/vllm-workspace/.keep"] = (b"", 0o644)
+    return build_image("vllm/vllm-openai", tag, files, links,
+                       {"Entrypoint": ["vllm", "serve"], "WorkingDir": "/vllm-workspace", "Env": BASE_ENV})
+
+
+def smoke_image(runtime: tuple[dict[str, tuple[bytes, int]], dict[str, str]], reference: str) -> Image:
+    repository, tag = reference.rsplit(":", 1)
+    return build_image(repository, tag, *runtime, {"Cmd": ["bash"], "Env": BASE_ENV + SMOKE_IMAGE_ENV})
+
+
+def catalog_vllm_tags() -> list[str]:
+    from rigup.desired.catalog import load_catalog
+
+    return sorted({str(spec["tag"]) for spec in load_catalog()["images"].values()
+                   if spec.get("repository") == "vllm/vllm-openai" and spec.get("tag")})
+
+
+def smoke_reference() -> str:
+    from rigup.desired.knobs import load_defaults
+
+    return str(load_defaults()["gpu_smoke_image"])
+
+
+def test_bed_images(python_root: Path | None = None) -> list[Image]:
+    images = [busybox_image()]
+    if python_root is not None:
+        runtime = python_runtime(python_root)
+        vllm = vllm_image(runtime, "latest")  # one image, under every tag the catalog names
+        images += [dataclasses.replace(vllm, tag=tag) for tag in catalog_vllm_tags()]
+        images.append(smoke_image(runtime, smoke_reference()))
+    return images
 
 
 # --- the Registry HTTP API v2, as `docker push` uses it ------------------------------------------------
@@ -179,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bind", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--ready-file", required=True, type=Path)
+    parser.add_argument("--python-root", type=Path, help="the rigs' root file system: images with a Python runtime")
     args = parser.parse_args(argv)
     if shutil.which(BINARY) is None:
         raise SystemExit(f"{BINARY} is missing: install Debian's docker-registry (scripts/setup does)")
@@ -201,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
                 if time.monotonic() > deadline:
                     raise
             time.sleep(0.1)
-        images = {f"{image.repository}:{image.tag}": push(address, image) for image in test_bed_images()}
+        images = {f"{image.repository}:{image.tag}": push(address, image) for image in test_bed_images(args.python_root)}
         return {"url": address, "images": images, "pid": os.getpid()}, [address]
 
     def stop() -> None:

@@ -1,8 +1,10 @@
 """`python -m rigup sandbox up|down|status`: a local fleet of simulated rigs to run the real deploy on.
 
 `up` boots N Debian 12 hosts (systemd-nspawn, each in its own network namespace, real SSH) and the
-mirrors they use (stand-in apt repositories, git remotes, a Hugging Face endpoint) in a hub namespace,
-writes sandbox/rigs.yaml and returns, leaving everything running in the background. Then, as root:
+mirrors they use (apt repositories, a container registry, git remotes, a Hugging Face endpoint) in a hub
+namespace, writes sandbox/rigs.yaml and returns, leaving everything running in the background. The rigs
+install Docker's real engine and pull the hub's real registry's images; the GPU and vLLM are simulated.
+Then, as root:
 
     RIGUP_RIGS=sandbox/rigs.yaml pyinfra -y inventory.py deploy.py
 
@@ -141,7 +143,8 @@ def _up(args: argparse.Namespace) -> int:
         bed.up(specs)
         group_data = {"gateway": {"gateway_api_key_file": str(_gateway_key())}} if gateways else {}
         # The sandbox's lock file lives with it: its pins name the sandbox mirrors' commits and files.
-        fleet = bed.write_fleet(FLEET_FILE, data={"lock_file": str(SANDBOX_DIR / "rigs.lock.yaml")}, group_data=group_data)
+        fleet = bed.write_fleet(FLEET_FILE, data={"lock_file": str(SANDBOX_DIR / "rigs.lock.yaml")}, group_data=group_data,
+                                real_engine=True)
     except TestbedError as exc:
         print(f"rigup sandbox: {exc}", file=sys.stderr)
         try:
@@ -157,7 +160,7 @@ def _up(args: argparse.Namespace) -> int:
     print(f"\nmirrors at {bed.ledger.info['hub_ip']} (namespace {INSTANCE}-hub); up in {bed.timings.get('up_s', 0):.1f}s")
     print(
         f"fleet file: {_rel(fleet)}\n\nnext:  export RIGUP_RIGS={_rel(fleet)}\n"
-        "       python -m rigup lock                    # pin sources, models and images\n"
+        "       python -m rigup lock --image-digests    # pin sources, models and images (by digest)\n"
         "       pyinfra -y inventory.py deploy.py"
     )
     return 0

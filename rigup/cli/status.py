@@ -71,6 +71,7 @@ class Facts:
     memory: list[tuple[int, int]] | None = None  # (used, total) MiB per GPU
     topology: Topology | None = None  # GpuTopology: what the deploy renders the interconnect from
     file_hashes: dict[str, str | None] = field(default_factory=dict)  # relpath / "unit" -> sha256 now
+    unit_logs: dict[str, list[str]] = field(default_factory=dict)  # a failed unit -> its journal's last lines
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,12 @@ def gather_facts(runner: Runner, install_root: str, record: str | None = None) -
     units = RigupVariantUnits()
     result = runner.run(units.command(install_root).get_raw_value(), timeout=30)
     facts.units = units.process(result.stdout.splitlines())
+    for name, unit in facts.units.items():
+        if unit["state"] == "failed":  # why: what the server printed last, and whether systemd gave up
+            # the journal is root's (or the systemd-journal group's) to read
+            result = runner.run(f"journalctl -u {shlex.quote(name)} -n {UNIT_LOG_LINES} --no-pager -o cat 2>/dev/null || true",
+                                sudo=True, timeout=30)
+            facts.unit_logs[name] = [line for line in result.stdout.splitlines() if line.strip()]
 
     smi = NvidiaGpus()
     result = runner.run(smi.command(), timeout=60)
@@ -329,6 +336,10 @@ def _release_items(desired: Desired, facts: Facts) -> list[Item]:
     return items
 
 
+UNIT_LOG_LINES = 40  # enough to reach past systemd's and compose's own lines of the last attempts
+START_LIMIT_HIT = "Start request repeated too quickly"  # systemd's words when a unit reaches StartLimitBurst
+
+
 def _unit_items(desired: Desired, facts: Facts) -> list[Item]:
     items: list[Item] = []
     if desired.unit is not None:
@@ -336,8 +347,20 @@ def _unit_items(desired: Desired, facts: Facts) -> list[Item]:
         state = unit["state"] if unit else "not installed"
         enabled = unit["enabled"] if unit else False
         healthy = unit is not None and unit["state"] == "active"
-        items.append(Item("service", "active, enabled", f"{state}, {'enabled' if enabled else 'not enabled'}",
-                          OK if healthy and enabled else UNHEALTHY if not healthy else DRIFT))
+        restarts = int(unit.get("restarts", 0)) if unit else 0
+        actual = f"{state}, {'enabled' if enabled else 'not enabled'}" + (f", {restarts} restart(s)" if restarts else "")
+        log = facts.unit_logs.get(desired.unit, [])
+        notes = []
+        if restarts and healthy:
+            notes.append("systemd restarted it after its server exited")
+        if any(START_LIMIT_HIT in line for line in log):
+            notes.append("crash loop: systemd stopped restarting it at its start limit")
+        # compose prefixes what the container printed with its name and " | "; the rest is systemd's and compose's
+        server_lines = [line.split(" | ", 1)[1].strip() for line in log if " | " in line]
+        if state == "failed" and server_lines:
+            notes.append("last lines: " + " | ".join(server_lines[-3:]))
+        items.append(Item("service", "active, enabled", actual,
+                          OK if healthy and enabled else UNHEALTHY if not healthy else DRIFT, "; ".join(notes)))
     others = sorted(name for name, unit in facts.units.items()
                     if name != desired.unit and name not in desired.host_units and (unit["active"] or unit["enabled"]))
     if others:

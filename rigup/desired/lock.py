@@ -267,6 +267,8 @@ class ImageNeed:
     repository: str
     tag: str
     registry: str
+    # the registry speaks plain HTTP: it is in docker_insecure_registries, as Docker is told of such a mirror
+    plain_http: bool = False
 
 
 Need = GitNeed | ModelNeed | ImageNeed
@@ -282,7 +284,10 @@ def model_revision_wanted(model_key: str) -> str:
 
 def needs_for(recipe: Any, host_data: Mapping[str, Any]) -> list[Need]:
     """Everything the recipe's variant pulls from outside, as lock entries to have."""
-    out: list[Need] = [ImageNeed(recipe.image.lock_name, recipe.image.repository, recipe.image.tag, recipe.image.registry)]
+    registry = recipe.image.registry
+    insecure = {str(r).split("://", 1)[-1].rstrip("/") for r in knob(host_data, "docker_insecure_registries") or ()}
+    out: list[Need] = [ImageNeed(recipe.image.lock_name, recipe.image.repository, recipe.image.tag, registry,
+                                 registry.split("/", 1)[0] in insecure)]
     sources = list(recipe.sources)
     upstream = getattr(recipe, "upstream_source", None)
     if upstream is not None and all(s.name != upstream.name for s in sources):

@@ -198,13 +198,13 @@ class Resolver:
         pinned = catalog_image_digest(need.repository, need.tag)
         if pinned is not None:
             if self.image_digests:
-                registry_has_digest(need.registry, need.repository, pinned)
+                registry_has_digest(need.registry, need.repository, pinned, need.plain_http)
                 self.log(f"{need.name}: {pinned} (the catalog's pin; {need.registry} has it)")
             return ImagePin(need.name, need.repository, need.tag, pinned)
         if not self.image_digests:
             digest = previous.digest if previous is not None else None
             return ImagePin(need.name, need.repository, need.tag, digest)
-        digest = registry_digest(need.registry, need.repository, need.tag)
+        digest = registry_digest(need.registry, need.repository, need.tag, need.plain_http)
         self.log(f"{need.name}: {digest}")
         return ImagePin(need.name, need.repository, need.tag, digest)
 
@@ -239,15 +239,16 @@ MANIFEST_TYPES = ", ".join(
 )
 
 
-def _manifest_head(registry: str, repository: str, reference: str) -> tuple[str, Any]:
-    """(registry host, response) of HEAD /v2/<repository>/manifests/<tag or digest> (anonymous token)."""
+def _manifest_head(registry: str, repository: str, reference: str, plain_http: bool = False) -> tuple[str, Any]:
+    """(registry host, response) of HEAD /v2/<repository>/manifests/<tag or digest> (anonymous token).
+    Over plain HTTP for loopback and for a registry the fleet lists as insecure, as Docker pulls from it."""
     import requests
 
     host = "registry-1.docker.io" if registry in ("docker.io", "index.docker.io") else registry
     if registry in ("docker.io", "index.docker.io") and "/" not in repository:
         repository = f"library/{repository}"
     local = host.split(":")[0] in ("localhost", "127.0.0.1", "[::1]")
-    url = f"{'http' if local else 'https'}://{host}/v2/{repository}/manifests/{reference}"
+    url = f"{'http' if local or plain_http else 'https'}://{host}/v2/{repository}/manifests/{reference}"
     headers = {"Accept": MANIFEST_TYPES}
     what = f"{repository}@{reference}" if reference.startswith("sha256:") else f"{repository}:{reference}"
     try:
@@ -262,9 +263,9 @@ def _manifest_head(registry: str, repository: str, reference: str) -> tuple[str,
     return host, response
 
 
-def registry_digest(registry: str, repository: str, tag: str) -> str:
+def registry_digest(registry: str, repository: str, tag: str, plain_http: bool = False) -> str:
     """The digest a registry serves for repository:tag (Registry HTTP API v2, anonymous token)."""
-    host, response = _manifest_head(registry, repository, tag)
+    host, response = _manifest_head(registry, repository, tag, plain_http)
     if response.status_code == 404:
         raise LockError(f"image {repository}:{tag}: not found on {host} (tag purged or renamed?)")
     if response.status_code != 200:
@@ -275,9 +276,9 @@ def registry_digest(registry: str, repository: str, tag: str) -> str:
     return digest
 
 
-def registry_has_digest(registry: str, repository: str, digest: str) -> None:
+def registry_has_digest(registry: str, repository: str, digest: str, plain_http: bool = False) -> None:
     """Raise LockError unless the registry serves repository@digest (a manifest by its digest)."""
-    host, response = _manifest_head(registry, repository, digest)
+    host, response = _manifest_head(registry, repository, digest, plain_http)
     if response.status_code == 404:
         raise LockError(f"image {repository}@{digest}: {host} does not have this digest (the catalog pins the "
                         f"image by it: was it deleted upstream, or does this registry mirror another image?)")

@@ -58,7 +58,12 @@ class RigupVariantUnits(FactBase[dict[str, dict[str, Any]]]):
 
     .. code:: python
 
-        {"rigup-dual.service": {"enabled": True, "active": True, "state": "active"}}
+        {"rigup-dual.service": {"enabled": True, "active": True, "state": "active", "restarts": 0,
+                                "result": "success"}}
+
+    ``restarts``: how often systemd restarted the unit after a failure since it was last started by hand
+    (NRestarts); ``result``: why it last stopped (``exit-code`` after a crash; systemd 252 keeps it at the
+    start limit, where it refuses further starts).
     """
 
     default = dict
@@ -69,8 +74,9 @@ class RigupVariantUnits(FactBase[dict[str, dict[str, Any]]]):
             '[ -f "$f" ] || continue;',
             'u=${f##*/}; v=${u#rigup-}; v=${v%.service};',
             "[ -d", StringCommand(QuoteString(install_root.rstrip("/") + "/variants/"), '"$v"', _separator=""), "] || continue;",
-            'printf "%s %s %s\\n" "$u" "$(systemctl is-enabled "$u" 2>/dev/null || true)"'
-            ' "$(systemctl is-active "$u" 2>/dev/null || true)";',
+            'printf "%s %s %s %s\\n" "$u" "$(systemctl is-enabled "$u" 2>/dev/null || true)"'
+            ' "$(systemctl is-active "$u" 2>/dev/null || true)"'
+            ' "$(systemctl show -p NRestarts -p Result "$u" 2>/dev/null | tr \'\\n\' \' \')";',
             "done",
         )
 
@@ -80,13 +86,18 @@ class RigupVariantUnits(FactBase[dict[str, dict[str, Any]]]):
             parts = line.split()
             if not parts:
                 continue
-            if len(parts) != 3:
+            # systemctl show prints the properties in an order of its own: read them by name
+            props = dict(p.split("=", 1) for p in parts[3:] if "=" in p)
+            if len(parts) < 3 or len(props) != len(parts) - 3 or not props.get("NRestarts", "0").isdigit():
                 raise FactProcessError(f"unexpected unit line: {line!r}")
-            unit, enabled, active = parts
+            unit, enabled, active = parts[:3]
             units[unit] = {
                 "enabled": enabled in ("enabled", "enabled-runtime"),
                 "active": active in ("active", "activating", "reloading", "deactivating"),
                 "state": active,
+                # an old systemd without these properties prints nothing for them
+                "restarts": int(props.get("NRestarts") or 0),
+                "result": props.get("Result", ""),
             }
         return units
 

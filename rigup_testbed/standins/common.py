@@ -186,6 +186,71 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def own_pidns() -> str:
+    """This process's pid namespace ("pid:[4026531836]"), as /proc names it."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def proc_starttime(pid: int | str = "self") -> int | None:
+    """When a process started (clock ticks since boot, /proc/PID/stat field 22): with its pid, what tells
+    one process from another one that reuses the pid, and the same in every pid namespace."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def host_pid(pid: int, pidns: str, starttime: int | None = None) -> int | None:
+    """The pid, in this process's namespace, of process `pid` of namespace `pidns` that started at
+    `starttime` (a GPU process inside a container registers its own pid; the driver, like the real one,
+    reports host pids). None when no such process is visible from here. Reads only what /proc shows
+    every user (NSpid, the start time), as nvidia-smi answers non-root callers too."""
+    if not pidns or pidns == own_pidns():
+        return pid if pid_alive(pid) and (starttime is None or proc_starttime(pid) == starttime) else None
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as f:
+                nspid = next((line.split()[1:] for line in f if line.startswith("NSpid:")), [])
+        except OSError:
+            continue
+        if len(nspid) < 2 or nspid[-1] != str(pid):
+            continue
+        if starttime is not None and proc_starttime(name) != starttime:
+            continue
+        try:
+            if os.readlink(f"/proc/{name}/ns/pid") != pidns:
+                continue
+        except PermissionError:
+            pass  # another user's process: the start time has told it apart
+        except OSError:
+            continue
+        return int(name)
+    return None
+
+
+def registration_alive(entry: dict[str, Any]) -> bool:
+    """Whether the GPU process an entry of /run/nvidia-standin/procs names still runs. From inside a
+    container, a process of another pid namespace cannot be seen: it counts as alive (the container
+    hook drops the dead ones on the host before each container starts, as the driver frees their memory)."""
+    pid, pidns = int(entry.get("pid", 0) or 0), str(entry.get("pidns") or "")
+    if pid <= 0:
+        return False
+    if pidns and pidns != own_pidns() and in_container():
+        return True
+    return host_pid(pid, pidns, entry.get("starttime")) is not None
+
+
+def in_container() -> bool:
+    """Inside a Docker container (the engine writes /.dockerenv into each one's root)."""
+    return os.path.exists("/.dockerenv")
+
+
 def loaded_driver_version() -> str | None:
     """Version of the loaded NVIDIA kernel module, from /proc like every real tool reads it."""
     import re

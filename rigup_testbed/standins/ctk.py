@@ -4,8 +4,17 @@
   nvidia-ctk                       --version; runtime configure --runtime=docker (edits daemon.json like
                                    the real one: merge, keep the user's keys, 4-space indent, sorted keys);
                                    system create-dev-char-symlinks; cdi generate / cdi list
-  nvidia-container-runtime         --version (cannot act as an OCI runtime: no containers here)
-  nvidia-container-runtime-hook    --version
+  nvidia-container-runtime         --version; as Docker's `nvidia` OCI runtime: a `create` whose process asks
+                                   for GPUs (NVIDIA_VISIBLE_DEVICES) gets the prestart hook below in its
+                                   bundle's config.json, then every call is runc's
+  nvidia-container-runtime-hook    --version; `prestart`, as the real engine runs it for a container with a
+                                   GPU device request (dockerd adds it and NVIDIA_VISIBLE_DEVICES): checks the
+                                   driver is loaded and each requested GPU exists, drops the registrations of
+                                   GPU processes that died (their memory is free again), and mounts the
+                                   driver's side into the container's root in the container's own mount
+                                   namespace, as nvidia-container-cli does: nvidia-smi (this stand-in's, so
+                                   the image must have python3), /proc/driver, /etc/rigup-testbed (the
+                                   simulated hardware) read-only and /run/nvidia-standin (GPU processes)
   nvidia-cdi-hook                  --version
   nvidia-container-cli             --version; info (driver and GPUs, or the real "driver not loaded")
 
@@ -236,8 +245,87 @@ def other(tool: str, argv: list[str]) -> int:
             print("spec: 1.2.1\n\nrunc version 1.3.0\ncommit: v1.3.0-0-g4ca628d1\nspec: 1.2.1\ngo: go1.23.8\n"
                   "libseccomp: 2.5.4")
         return 0
-    sys.stderr.write(f"{tool} stand-in: cannot act as an OCI runtime or hook (no real containers here)\n")
+    sys.stderr.write(f"{tool} stand-in: {' '.join(argv) or '(no arguments)'} is not simulated\n")
     return 1
+
+
+HOOK = "/usr/bin/nvidia-container-runtime-hook"
+NVIDIA_SMI = "/usr/bin/nvidia-smi"
+PROCS_DIR = "/run/nvidia-standin/procs"
+
+
+def _visible(env_list: list[str]) -> str | None:
+    env = dict(e.split("=", 1) for e in env_list if "=" in e)
+    return env.get("NVIDIA_VISIBLE_DEVICES")
+
+
+def hook(argv: list[str]) -> int:
+    """`nvidia-container-runtime-hook prestart`: OCI state on stdin, the bundle's config.json beside it."""
+    if argv != ["prestart"]:
+        return other("nvidia-container-runtime-hook", argv)
+    import subprocess
+
+    state = json.loads(sys.stdin.read() or "{}")
+    bundle = str(state.get("bundle") or ".")
+    config = json.loads(Path(bundle, "config.json").read_text())
+    visible = _visible(config.get("process", {}).get("env", []))
+    if not visible or visible in ("void", "none"):
+        return 0
+    if common.loaded_driver_version() is None:
+        sys.stderr.write("nvidia-container-cli: initialization error: nvml error: driver not loaded\n")
+        return 1
+    gpus = common.hardware().get("gpus", [])
+    if visible != "all":
+        for wanted in (v.strip() for v in visible.split(",")):
+            if not any(str(g["index"]) == wanted or g["uuid"] == wanted for g in gpus):
+                sys.stderr.write(f"nvidia-container-cli: device error: {wanted}: unknown device\n")
+                return 1
+    procs = common.spath(PROCS_DIR)
+    for name in os.listdir(procs) if os.path.isdir(procs) else []:
+        entry = common.read_json(os.path.join(procs, name), {})
+        if isinstance(entry, dict) and not common.registration_alive(entry):
+            try:
+                os.unlink(os.path.join(procs, name))
+            except OSError:
+                pass
+    root = str(config.get("root", {}).get("path") or "rootfs")
+    root = root if root.startswith("/") else os.path.join(bundle, root)
+    smi = os.path.realpath(NVIDIA_SMI)
+    os.makedirs(procs, exist_ok=True)
+    binds = [(os.path.dirname(smi), "ro"), ("/etc/rigup-testbed", "ro"), ("/proc/driver", "ro"), ("/run/nvidia-standin", "rw")]
+    script = ["set -e"]
+    for src, mode in binds:
+        script.append(f'mkdir -p "{root}{src}" && mount --bind "{src}" "{root}{src}"'
+                      + (f' && mount -o remount,bind,ro "{root}{src}"' if mode == "ro" else ""))
+    script.append(f'mkdir -p "{root}/usr/bin" && rm -f "{root}{NVIDIA_SMI}" && ln -s "{smi}" "{root}{NVIDIA_SMI}"')
+    proc = subprocess.run(["nsenter", f"--mount=/proc/{int(state['pid'])}/ns/mnt", "--", "sh", "-c", "\n".join(script)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(f"nvidia-container-cli: mount error: {proc.stderr.strip()}\n")
+        return 1
+    return 0
+
+
+def runtime(argv: list[str]) -> int:
+    """Docker's `nvidia` runtime: runc, with the prestart hook added to a GPU container's bundle at create."""
+    if argv in (["--version"], ["-v"], ["version"]):
+        return other("nvidia-container-runtime", argv)
+    if "create" in argv:
+        bundle = "."
+        for i, a in enumerate(argv):
+            if a in ("--bundle", "-b") and i + 1 < len(argv):
+                bundle = argv[i + 1]
+            elif a.startswith("--bundle="):
+                bundle = a.split("=", 1)[1]
+        path = Path(bundle, "config.json")
+        config = json.loads(path.read_text())
+        visible = _visible(config.get("process", {}).get("env", []))
+        prestart = config.setdefault("hooks", {}).setdefault("prestart", [])
+        if visible and visible not in ("void", "none") and not any(h.get("path") == HOOK for h in prestart):
+            prestart.append({"path": HOOK, "args": ["nvidia-container-runtime-hook", "prestart"]})
+            path.write_text(json.dumps(config))
+    os.execvp("runc", ["runc", *argv])
+    return 127
 
 
 def main(argv: list[str]) -> int:
@@ -249,6 +337,10 @@ def main(argv: list[str]) -> int:
         return nvidia_ctk(argv)
     if tool == "nvidia-container-cli":
         return container_cli(argv)
+    if tool == "nvidia-container-runtime-hook":
+        return hook(argv)
+    if tool == "nvidia-container-runtime":
+        return runtime(argv)
     return other(tool, argv)
 
 

@@ -67,11 +67,15 @@ def processes(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
     names = sorted(n for n in os.listdir(d) if n.endswith(".json") and not n.startswith(".")) if os.path.isdir(d) else []
     for name in names:
         entry = common.read_json(os.path.join(d, name))
-        if not isinstance(entry, dict) or not common.pid_alive(int(entry.get("pid", 0))):
+        if not isinstance(entry, dict):
+            continue
+        # a process in a container registered its own pid and namespace; report it as seen from here
+        pid = common.host_pid(int(entry.get("pid", 0) or 0), str(entry.get("pidns") or ""), entry.get("starttime"))
+        if pid is None:
             continue
         for uuid in entry.get("gpus", []):
             if uuid in uuids:
-                found.append({"pid": int(entry["pid"]), "name": entry.get("name", "python3"), "uuid": uuid,
+                found.append({"pid": pid, "name": entry.get("name", "python3"), "uuid": uuid,
                               "used_mib": int(entry.get("used_mib", 0))})
     return found
 

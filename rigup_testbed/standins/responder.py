@@ -250,9 +250,13 @@ class App:
         engines = self.placements(gpus)
         used_by_others: dict[str, int] = {}
         d = common.path(PROCS_DIR)
+        # In a container the pid is the container's own (often 1): the namespace tells whose it is.
+        pidns = common.own_pidns()
+        tag = "".join(ch for ch in pidns if ch.isdigit())
         for pf in d.glob("*.json") if d.is_dir() else []:
             e = common.read_json(pf, {}) or {}
-            if e.get("pid") and common.pid_alive(int(e["pid"])) and int(e["pid"]) != os.getpid():
+            mine_too = int(e.get("pid") or 0) == os.getpid() and e.get("pidns", pidns) == pidns
+            if e.get("pid") and not mine_too and common.registration_alive(e):
                 for u in e.get("gpus", []):
                     used_by_others[u] = used_by_others.get(u, 0) + int(e.get("used_mib", 0))
         # Engines start in order, each checking its budget against what is free then (earlier stages included).
@@ -268,8 +272,8 @@ class App:
                         "Decrease GPU memory utilization or reduce GPU memory used by other processes.")
                 taken[g["uuid"]] = taken.get(g["uuid"], 0) + want
         for n, (name, mine, util) in enumerate(engines):
-            pf = d / (f"{os.getpid()}.json" if n == 0 else f"{os.getpid()}-{n}.json")
-            common.write_json_atomic(pf, {"pid": os.getpid(), "name": name, "gpus": [g["uuid"] for g in mine],
+            pf = d / (f"{tag}-{os.getpid()}.json" if n == 0 else f"{tag}-{os.getpid()}-{n}.json")
+            common.write_json_atomic(pf, {"pid": os.getpid(), "pidns": pidns, "starttime": common.proc_starttime(), "name": name, "gpus": [g["uuid"] for g in mine],
                                           "used_mib": int(util * int(mine[0]["memory_total_mib"]))})
             self.procs_files.append(pf)
 

@@ -243,6 +243,21 @@ def test_gather_facts_without_provenance_or_nvidia_smi() -> None:
     assert gathered.file_hashes == {}
 
 
+def test_gather_facts_reads_a_failed_units_journal_as_root() -> None:
+    runner = LocalRunner({
+        "provenance.json": "__RIGUP_ABSENT__\n", "nvidia-smi": "__ABSENT__\n",
+        "rigup-*.service": "rigup-dual.service enabled failed Result=exit-code NRestarts=5 \n"
+                           "rigup-single.service disabled inactive Result=success NRestarts=0 \n",
+        "journalctl -u rigup-dual.service": "rigup-dual  | RuntimeError: CUDA error\nrigup-dual.service: Start request repeated too quickly.\n",
+    })
+    gathered = S.gather_facts(runner, "/opt/rigup")
+    assert gathered.units["rigup-dual.service"]["restarts"] == 5
+    assert gathered.unit_logs == {"rigup-dual.service": ["rigup-dual  | RuntimeError: CUDA error",
+                                                         "rigup-dual.service: Start request repeated too quickly."]}
+    (journal,) = [(c, sudo) for c, sudo in runner.commands if c.startswith("journalctl")]
+    assert journal[1]  # root's to read
+
+
 def test_host_status_marks_an_unreachable_rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target, release = rig(tmp_path)
 
@@ -293,3 +308,28 @@ def test_the_hosts_other_pods_are_not_other_variants(tmp_path: Path) -> None:
     items = S._unit_items(desired(target, release, host_units=("rigup-dual.service", "rigup-right.service")), facts)
     assert [(i.item, i.actual, i.state) for i in items] == [
         ("service", "active, enabled", S.OK), ("other variants", "rigup-single.service", S.DRIFT)]
+
+
+def test_a_crash_looping_unit_says_so_with_the_servers_last_lines(tmp_path: Path) -> None:
+    target, release = rig(tmp_path)
+    unit = release["unit"]
+    log = [
+        "rigup-dual  | ERROR 12-03 08:12:02 [core.py] EngineCore failed to start.",
+        "rigup-dual  | RuntimeError: CUDA error: an illegal memory access was encountered",
+        f"{unit}: Main process exited, code=exited, status=1/FAILURE",
+        f"{unit}: Scheduled restart job, restart counter is at 5.",
+        f"{unit}: Start request repeated too quickly.",
+        f"Failed to start {unit} - rigup vLLM server dual (port 8010).",
+    ]
+    looping = facts(release, units={unit: {"enabled": True, "active": False, "state": "failed", "restarts": 5,
+                                           "result": "exit-code"}})
+    looping.unit_logs = {unit: log}
+    (service,) = [i for i in S.compare(desired(target, release), looping, HEALTHY) if i.item == "service"]
+    assert service.state == S.UNHEALTHY and service.actual == "failed, enabled, 5 restart(s)"
+    assert "crash loop: systemd stopped restarting it at its start limit" in service.note
+    assert service.note.endswith("last lines: ERROR 12-03 08:12:02 [core.py] EngineCore failed to start. | "
+                                 "RuntimeError: CUDA error: an illegal memory access was encountered")
+    restarted = facts(release, units={unit: {"enabled": True, "active": True, "state": "active", "restarts": 1}})
+    (service,) = [i for i in S.compare(desired(target, release), restarted, HEALTHY) if i.item == "service"]
+    assert service.state == S.OK and service.actual == "active, enabled, 1 restart(s)"
+    assert service.note == "systemd restarted it after its server exited"

@@ -108,6 +108,9 @@ def test_variant_units_fact_lists_only_variant_directories(tmp_path: Path):
     fake = bin_dir / "systemctl"
     fake.write_text(
         "#!/bin/sh\n"
+        # as systemd 252 does: its own order, not the one asked for
+        'if [ "$1" = show ]; then [ "$6" = rigup-dual.service ] && printf "Result=exit-code\\nNRestarts=2\\n" '
+        '|| printf "Result=success\\nNRestarts=0\\n"; exit 0; fi\n'
         'case "$1 $2" in\n'
         '  "is-enabled rigup-dual.service") echo enabled ;;\n'
         '  "is-active rigup-dual.service") echo active ;;\n'
@@ -123,11 +126,14 @@ def test_variant_units_fact_lists_only_variant_directories(tmp_path: Path):
     )
     parsed = RigupVariantUnits().process(result.stdout.splitlines())
     assert parsed == {
-        "rigup-dual.service": {"enabled": True, "active": True, "state": "active"},
-        "rigup-single.service": {"enabled": False, "active": False, "state": "inactive"},
+        "rigup-dual.service": {"enabled": True, "active": True, "state": "active", "restarts": 2, "result": "exit-code"},
+        "rigup-single.service": {"enabled": False, "active": False, "state": "inactive", "restarts": 0, "result": "success"},
     }
-    with pytest.raises(FactProcessError):
-        RigupVariantUnits().process(["garbage"])
+    # a systemd that knows neither property prints nothing for them
+    assert RigupVariantUnits().process(["rigup-x.service enabled active"])["rigup-x.service"]["restarts"] == 0
+    for garbage in ("garbage", "rigup-x.service enabled active NRestarts=many Result=exit-code", "rigup-x.service a b c"):
+        with pytest.raises(FactProcessError):
+            RigupVariantUnits().process([garbage])
 
 
 # --------------------------------------------------------------------------------------------
