@@ -217,14 +217,16 @@ class Testbed:
         data: Mapping[str, Any] | None = None,
         group_data: Mapping[str, Mapping[str, Any]] | None = None,
         require_all_urls: bool = True,
-        real_engine: bool = False,
+        real_engine: bool = True,
     ) -> dict[str, Any]:
         """The fleet document (CONTRACT.md format) for this bed: every URL knob at the hub, Debian 12
         allowed, the hub's plain-HTTP registry in docker_insecure_registries (as a LAN mirror user
         sets it), each host with pinned SSH settings and its GPU count. `data` overrides any of it.
 
-        With `real_engine`, the rigs install Docker's real engine (the hub's engine repository) and pull
-        from the hub's real registry, the GPU smoke image included, as a LAN mirror of Docker Hub."""
+        With `real_engine` (the default), the rigs install Docker's real engine (the hub's engine repository)
+        and pull from the hub's real registry, the GPU smoke image included, as from a LAN mirror of Docker
+        Hub. Without it, the stand-in engine (rigup_testbed/standins/dockerd.py) and the manifest-only
+        registry (hubserve.py), which simulate the image kinds the real registry does not build."""
         urls = self.urls
         knobs = url_knobs()
         missing = [k for k in knobs if k not in urls]
@@ -238,6 +240,9 @@ class Testbed:
             # The hub's registry speaks plain HTTP, as a LAN mirror often does: Docker must be told.
             top["docker_insecure_registries"] = [registry_host_port(urls["container_registry"])]
         if real_engine:
+            if "engine_registry" not in urls:
+                raise TestbedError("the hub serves no real registry (engine_registry): pass real_engine=False "
+                                   "for the stand-in engine")
             registry = urls["engine_registry"]
             top.update(docker_apt_url=urls["engine_docker_apt_url"], docker_apt_key_url=urls["engine_docker_apt_key_url"],
                        container_registry=registry, docker_insecure_registries=[registry],

@@ -17,7 +17,8 @@ so their digests are stable too:
   vllm/vllm-openai:<tag>       for every tag the catalog names: vLLM's image layout (entrypoint `vllm
                                serve`, workdir /vllm-workspace, /usr/local/lib/python3.12/dist-packages/vllm)
                                with a Python runtime and, as `vllm`, the stand-in server
-                               (standins/vllm_entry.py -> responder.py)
+                               (standins/vllm_entry.py -> responder.py); and under rigup-testbed-rebuilt
+                               the same image built again (another digest: a pin that moves)
   nvidia/cuda:<tag>            the GPU smoke image group_data names (gpu_smoke_image): a shell and a Python
                                runtime; nvidia-smi comes from the container toolkit's hook at start, as the
                                real one's does (the stand-in nvidia-smi is Python, hence the runtime)
@@ -189,28 +190,39 @@ def python_runtime(root: Path) -> tuple[dict[str, tuple[bytes, int]], dict[str, 
         todo += _needed(real)
     busybox = Path(BUSYBOX).read_bytes()
     files["/usr/lib/busybox/busybox"] = (busybox, 0o755)
-    for applet in ("cat", "ls", "sleep", "echo", "mkdir", "rm", "cp", "mv", "grep", "sed", "head", "tail", "env", "kill",
-                   "ps", "true", "false", "test", "touch", "wc", "sort", "dirname", "basename", "chmod", "id", "date"):
+    for applet in ("cat", "ls", "sleep", "echo", "mkdir", "rm", "cp", "mv", "ln", "grep", "sed", "awk", "head", "tail", "tr",
+                   "cut", "env", "kill", "ps", "true", "false", "test", "[", "printf", "touch", "wc", "sort", "uniq", "find",
+                   "xargs", "tee", "dirname", "basename", "chmod", "id", "date"):
         links.setdefault(f"/usr/bin/{applet}", "/usr/lib/busybox/busybox")
     files["/etc/passwd"] = (b"root:x:0:0:root:/root:/bin/bash\n", 0o644)
     files["/etc/group"] = (b"root:x:0:\n", 0o644)
     return files, links
 
 
-def vllm_image(runtime: tuple[dict[str, tuple[bytes, int]], dict[str, str]], tag: str) -> Image:
+REBUILT_TAG = "rigup-testbed-rebuilt"  # the vLLM image built again: another digest of the same repository
+
+
+def vllm_image(runtime: tuple[dict[str, tuple[bytes, int]], dict[str, str]], tag: str, build: int = 1) -> Image:
     files, links = dict(runtime[0]), dict(runtime[1])
     lib = "/usr/lib/rigup-standin"
-    for module in ("common.py", "responder.py", "container.py", "vllm_entry.py"):
-        files[f"{lib}/{module}"] = ((STANDIN_DIR / module).read_bytes(), 0o755 if module == "vllm_entry.py" else 0o644)
+    for module in ("common.py", "responder.py", "container.py", "vllm_entry.py", "image_shim.py"):
+        executable = module in ("vllm_entry.py", "image_shim.py")
+        files[f"{lib}/{module}"] = ((STANDIN_DIR / module).read_bytes(), 0o755 if executable else 0o644)
     if RICH_RESPONDER.is_file():
         files[f"{lib}/openai_responder.py"] = (RICH_RESPONDER.read_bytes(), 0o644)
-    files[f"{lib}/image.json"] = (b'{"kind": "vllm"}\n', 0o644)
     links["/usr/local/bin/vllm"] = f"{lib}/vllm_entry.py"
+    # vLLM's Python programs need torch and a GPU: python3 and pip are the stand-in's (image_shim.py)
+    for command in ("/usr/bin/python3", "/usr/bin/python", "/usr/bin/python3.12", "/usr/local/bin/pip", "/usr/local/bin/pip3"):
+        links[command] = f"{lib}/image_shim.py"
     site = "/usr/local/lib/python3.12/dist-packages/vllm"
     files[f"{site}/__init__.py"] = (b'__version__ = "0.11.0"  # rigup test bed: the package\'s place, not vLLM\n', 0o644)
     files["/vllm-workspace/.keep"] = (b"", 0o644)
-    return build_image("vllm/vllm-openai", tag, files, links,
-                       {"Entrypoint": ["vllm", "serve"], "WorkingDir": "/vllm-workspace", "Env": BASE_ENV})
+    listing = sorted([*files, *links])
+    files[f"{lib}/image.json"] = (json.dumps({"kind": "vllm", "vllm_site": site, "files": listing}).encode(), 0o644)
+    config: dict[str, object] = {"Entrypoint": ["vllm", "serve"], "WorkingDir": "/vllm-workspace", "Env": BASE_ENV}
+    if build > 1:  # same files, another image config: what a tag that moved to a new build points to
+        config["Labels"] = {"org.rigup.testbed.build": str(build)}
+    return build_image("vllm/vllm-openai", tag, files, links, config)
 
 
 def smoke_image(runtime: tuple[dict[str, tuple[bytes, int]], dict[str, str]], reference: str) -> Image:
@@ -237,6 +249,7 @@ def test_bed_images(python_root: Path | None = None) -> list[Image]:
         runtime = python_runtime(python_root)
         vllm = vllm_image(runtime, "latest")  # one image, under every tag the catalog names
         images += [dataclasses.replace(vllm, tag=tag) for tag in catalog_vllm_tags()]
+        images.append(vllm_image(runtime, REBUILT_TAG, build=2))
         images.append(smoke_image(runtime, smoke_reference()))
     return images
 

@@ -546,8 +546,9 @@ def generation_matches(generations_dir: str, number: int, release: Release) -> b
     return sha256_file(os.path.join(gen_dir, UNIT_COPY_NAME)) == sha256_file(release.unit_file)
 
 
-def record_generation(release: Release, keep: int) -> int:
+def record_generation(release: Release, keep: int, dropped_images: Optional[set] = None) -> int:
     """Copy the release's files into a new generation; prune to the newest `keep`. Returns its number.
+    The image references of the generations pruned are added to `dropped_images`.
 
     When the newest generation already holds this exact release, it is reused (a re-gate of a
     release that passed before is not a new generation).
@@ -581,11 +582,49 @@ def record_generation(release: Release, keep: int) -> int:
         numbers.append(number)
     keep = max(1, keep)
     for old in numbers[:-keep]:
+        if dropped_images is not None:
+            ref = image_ref_of(os.path.join(gens_dir, str(old), RELEASE_NAME))
+            if ref:
+                dropped_images.add(ref)
         shutil.rmtree(os.path.join(gens_dir, str(old)), ignore_errors=True)
     for leftover in os.listdir(gens_dir):  # staging dirs of an interrupted earlier run
         if leftover.startswith("."):
             shutil.rmtree(os.path.join(gens_dir, leftover), ignore_errors=True)
     return number
+
+
+def image_ref_of(release_path: str) -> Optional[str]:
+    data = read_json(release_path)
+    image = data.get("image") if isinstance(data, dict) else None
+    ref = image.get("ref") if isinstance(image, dict) else None
+    return str(ref) if ref else None
+
+
+def images_in_use(install_root: str) -> set:
+    """The image of every release on this host that may run again: each variant's or pod's current
+    release and every generation kept for rollback."""
+    import glob
+
+    base = os.path.join(install_root, "variants")
+    paths = glob.glob(os.path.join(base, "*", RELEASE_NAME)) + glob.glob(os.path.join(base, "*", GENERATIONS_DIR, "*", RELEASE_NAME))
+    return {ref for ref in (image_ref_of(p) for p in paths) if ref}
+
+
+class Docker:
+    """The engine, for removing images (a class so the unit tests can substitute a fake)."""
+
+    def remove_image(self, ref: str) -> Tuple[bool, str]:
+        proc = subprocess.run(["docker", "image", "rm", ref], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              check=False)
+        return proc.returncode == 0, proc.stdout.strip()
+
+
+def prune_images(install_root: str, dropped: set, docker: "Docker", out: Callable[[str], None]) -> None:
+    """Remove the images of pruned generations that no kept release uses (each is gigabytes on a rig).
+    Not forced: an image a container still uses stays, and says why."""
+    for ref in sorted(dropped - images_in_use(install_root)):
+        ok, detail = docker.remove_image(ref)
+        out(f"rigup: removed image {ref}: no kept generation uses it" if ok else f"rigup: kept image {ref}: {detail}")
 
 
 def restore_generation(install_root: str, variant: str, number: int, systemd: Systemd) -> Release:
@@ -782,6 +821,7 @@ def gate(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     poll_s: float = POLL_S,
+    docker: Optional[Docker] = None,
 ) -> int:
     release = Release.load(release_path)
     previous = read_json(release.provenance_path)
@@ -792,8 +832,10 @@ def gate(
         _print_failure(release, reason, systemd, out)
         return _roll_back(release, reason, previous, timeout_s, rollback, systemd, out, clock, sleep, poll_s)
     result["at"] = now_iso()
-    number = record_generation(release, keep)
+    dropped: set = set()
+    number = record_generation(release, keep, dropped)
     write_provenance(release, number, result, previous, versions)
+    prune_images(release.install_root, dropped, docker or Docker(), out)
     out(
         f"rigup: {release.unit} serves {release.served_model_name!r} (ready in {result['ready_seconds']} s, "
         f"completion in {result['completion']['seconds']} s); recorded as generation {number}"

@@ -14,7 +14,8 @@
                                    driver's side into the container's root in the container's own mount
                                    namespace, as nvidia-container-cli does: nvidia-smi (this stand-in's, so
                                    the image must have python3), /proc/driver, /etc/rigup-testbed (the
-                                   simulated hardware) read-only and /run/nvidia-standin (GPU processes)
+                                   simulated hardware, listing only the container's GPUs) read-only and
+                                   /run/nvidia-standin (GPU processes)
   nvidia-cdi-hook                  --version
   nvidia-container-cli             --version; info (driver and GPUs, or the real "driver not loaded")
 
@@ -292,11 +293,20 @@ def hook(argv: list[str]) -> int:
     root = root if root.startswith("/") else os.path.join(bundle, root)
     smi = os.path.realpath(NVIDIA_SMI)
     os.makedirs(procs, exist_ok=True)
+    # The GPUs the container was given are the only ones it has, whoever asks (a `docker exec` has no
+    # NVIDIA_VISIBLE_DEVICES): as the real hook creates only their device nodes, the simulated hardware
+    # the container sees lists only them, with their host indexes and UUIDs.
+    mine = dict(common.hardware())
+    mine["gpus"] = [g for g in gpus if visible == "all" or str(g["index"]) in visible.split(",") or g["uuid"] in visible.split(",")]
+    container_hw = os.path.join(bundle, "rigup-standin-hardware.json")
+    common.write_json_atomic(container_hw, mine)
     binds = [(os.path.dirname(smi), "ro"), ("/etc/rigup-testbed", "ro"), ("/proc/driver", "ro"), ("/run/nvidia-standin", "rw")]
     script = ["set -e"]
     for src, mode in binds:
         script.append(f'mkdir -p "{root}{src}" && mount --bind "{src}" "{root}{src}"'
                       + (f' && mount -o remount,bind,ro "{root}{src}"' if mode == "ro" else ""))
+    target = f"{root}{common.HARDWARE_FILE}"
+    script.append(f'mount --bind "{container_hw}" "{target}" && mount -o remount,bind,ro "{target}"')
     script.append(f'mkdir -p "{root}/usr/bin" && rm -f "{root}{NVIDIA_SMI}" && ln -s "{smi}" "{root}{NVIDIA_SMI}"')
     proc = subprocess.run(["nsenter", f"--mount=/proc/{int(state['pid'])}/ns/mnt", "--", "sh", "-c", "\n".join(script)],
                           capture_output=True, text=True)

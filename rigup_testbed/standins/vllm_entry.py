@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/python3.11
 """`vllm` inside the test bed's images for the real engine (rigup_testbed/registry.py builds them).
 
 `vllm serve ARGS` (the image's entrypoint, or a compose command) becomes responder.py serving the OpenAI
@@ -17,7 +17,7 @@ import os
 import socket
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.realpath(__file__))  # the command is a link to this file
 RUN = "/run/rigup-standin"
 
 

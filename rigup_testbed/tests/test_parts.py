@@ -156,16 +156,24 @@ def test_fleet_points_every_url_knob_at_the_hub_and_loads_with_rigup_fleet(tmp_p
     # every URL knob at the hub; the registry as image references name one (host:port, no scheme)
     urls = {k: "10.213.9.1:8080" if k == "container_registry" else f"http://10.213.9.1:8080/{k}" for k in url_knobs()}
     bed = _fake_bed(tmp_path, urls)
-    doc = bed.fleet()
+    with pytest.raises(TestbedError, match="no real registry"):  # the real engine needs the hub's real registry
+        bed.fleet()
+    doc = bed.fleet(real_engine=False)
     assert doc["data"]["preflight_os_allowed"] == ["debian 12"]
     assert {k: doc["data"][k] for k in url_knobs()} == urls
     assert doc["data"]["docker_insecure_registries"] == ["10.213.9.1:8080"]  # Docker pulls from the hub over HTTP
-    assert bed.fleet(data={"docker_insecure_registries": []})["data"]["docker_insecure_registries"] == []
+    assert bed.fleet(data={"docker_insecure_registries": []}, real_engine=False)["data"]["docker_insecure_registries"] == []
+    engine = {"engine_registry": "10.213.9.1:5001", "engine_docker_apt_url": "http://10.213.9.1:8080/docker-engine/linux/ubuntu",
+              "engine_docker_apt_key_url": "http://10.213.9.1:8080/docker-engine/linux/ubuntu/gpg"}
+    real = _fake_bed(tmp_path / "real", {**urls, **engine}).fleet()["data"]
+    assert real["container_registry"] == "10.213.9.1:5001" and real["docker_insecure_registries"] == ["10.213.9.1:5001"]
+    assert real["docker_apt_url"] == engine["engine_docker_apt_url"]
+    assert real["gpu_smoke_image"] == "10.213.9.1:5001/nvidia/cuda:12.6.0-base-ubuntu22.04"
     rig1 = doc["groups"]["canary"]["hosts"]["rig-01"]
     assert rig1["ssh_strict_host_key_checking"] == "yes" and rig1["gpu_count"] == 2 and rig1["ssh_user"] == "rigup"
     assert doc["groups"]["rigs"]["hosts"]["rig-02"]["gpu_count"] == 1
     bed.workdir.mkdir()
-    path = bed.write_fleet(tmp_path / "rigs.yaml")
+    path = bed.write_fleet(tmp_path / "rigs.yaml", real_engine=False)
     fleet = load_fleet(path)  # the lead's loader accepts every key we write
     assert {h.name: h.group for h in fleet.hosts} == {"rig-01": "canary", "rig-02": "rigs"}
     assert fleet.host("rig-02").data["hf_endpoint"] == urls["hf_endpoint"]
@@ -174,7 +182,7 @@ def test_fleet_points_every_url_knob_at_the_hub_and_loads_with_rigup_fleet(tmp_p
 def test_fleet_refuses_to_leave_a_url_knob_on_the_internet(tmp_path: Path) -> None:
     urls = {k: "http://10.213.9.1:8080/x" for k in url_knobs() if k != "docker_apt_url"}
     with pytest.raises(TestbedError, match="docker_apt_url"):
-        _fake_bed(tmp_path, urls).fleet()
+        _fake_bed(tmp_path, urls).fleet(real_engine=False)
 
 
 def test_hub_registry_serves_the_digests_the_standin_engine_pulls(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from rigup_testbed import registry
+from rigup_testbed.image import cache_dir
 
 
 def _free_port() -> int:
@@ -92,3 +93,46 @@ def test_the_registry_serves_what_was_pushed_at_its_digest(served: dict[str, obj
 def test_a_second_push_of_the_same_image_is_the_same_digest(served: dict[str, object]) -> None:
     image = registry.busybox_image()
     assert registry.push(str(served["url"]), image) == image.digest
+
+
+def test_the_vllm_image_runs_the_stand_in_server_on_the_rigs_python(tmp_path: Path) -> None:
+    roots = sorted((cache_dir() / "images").glob("*/root"))
+    if not roots or not Path(registry.BUSYBOX).exists():
+        pytest.skip("no test-bed root image built yet (the e2e tests build it)")
+    image = registry.vllm_image(registry.python_runtime(roots[0]), "v0")
+    config = json.loads(image.config)["config"]
+    assert config["Entrypoint"] == ["vllm", "serve"] and config["WorkingDir"] == "/vllm-workspace"
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(image.layer))) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+    assert members["usr/local/bin/vllm"].linkname == "/usr/lib/rigup-standin/vllm_entry.py"
+    assert members["usr/bin/python3"].linkname == "/usr/lib/rigup-standin/image_shim.py"  # vLLM's programs: simulated
+    assert members["usr/bin/python3.11"].isfile() and members["lib/x86_64-linux-gnu/libc.so.6"].isfile()
+    listed = json.loads(tar_file(image, "usr/lib/rigup-standin/image.json"))
+    assert "/usr/local/lib/python3.12/dist-packages/vllm/__init__.py" in listed["files"]
+
+
+def tar_file(image: registry.Image, name: str) -> bytes:
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(image.layer))) as tar:
+        member = tar.extractfile(name)
+        assert member is not None
+        return member.read()
+
+
+def test_the_image_shim_knows_the_containers_bind_mounts() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("image_shim", registry.STANDIN_DIR / "image_shim.py")
+    assert spec is not None and spec.loader is not None
+    shim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shim)
+    mountinfo = (
+        "1083 956 0:77 / / rw,relatime master:300 - overlay overlay rw,lowerdir=/var/lib/docker/overlay2/l/X\n"
+        "1084 1083 0:80 / /proc rw,nosuid,nodev,noexec,relatime - proc proc rw\n"
+        "1090 1083 0:46 /opt/rigup/models /root/.cache/huggingface ro,relatime - overlay overlay rw\n"
+        "1091 1083 0:46 /opt/ai/vllm-src/marlin.py /usr/local/lib/python3.12/dist-packages/vllm/marlin.py ro - ext4 /dev/vda rw\n"
+        "1092 1083 0:46 /etc/rigup-testbed /etc/rigup-testbed ro - overlay overlay rw\n"
+        "1093 1083 0:86 / /dev/shm rw - tmpfs shm rw,size=16777216k\n"
+        "1094 1083 0:46 /x /with\\040space rw - ext4 /dev/vda rw\n"
+    )
+    assert shim.mount_targets(mountinfo) == ["/root/.cache/huggingface", "/usr/local/lib/python3.12/dist-packages/vllm/marlin.py",
+                                             "/etc/rigup-testbed", "/with space"]

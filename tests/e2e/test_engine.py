@@ -32,6 +32,7 @@ import pytest
 from rigup.desired.lock import LockFile
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import Host, HostSpec
+from rigup_testbed.registry import REBUILT_TAG
 from tests.e2e.helpers import changed, converge_json, run, sh
 
 pytestmark = pytest.mark.e2e
@@ -163,6 +164,10 @@ def test_gpus_reach_containers_through_the_toolkits_hook(engine: dict[str, objec
     uuid = root(rig, "nvidia-smi -i 1 --query-gpu=uuid --format=csv,noheader").strip()
     one = root(rig, f"docker run --rm --gpus '\"device=1\"' {smoke} nvidia-smi -L").splitlines()
     assert one == [f"GPU 0: NVIDIA GeForce RTX 3090 (UUID: {uuid})"]
+    # a process started later in the container (docker exec: no NVIDIA_VISIBLE_DEVICES) sees no more GPUs
+    ctr = root(rig, f"docker run -d --rm --gpus '\"device=1\"' {smoke} sleep 120").strip()
+    assert root(rig, f"docker exec {ctr} nvidia-smi -L").splitlines() == one
+    root(rig, f"docker rm -f {ctr}")
     code, out = attempt(rig, f"docker run --rm --gpus '\"device=7\"' {smoke} nvidia-smi -L")
     assert code != 0 and "nvidia-container-cli: device error: 7: unknown device" in out, out
     code, out = attempt(rig, f"docker run --rm {smoke} nvidia-smi -L")  # no GPU asked for: no driver in it
@@ -257,3 +262,28 @@ def test_a_docker_restart_under_the_serving_unit_comes_back(engine: dict[str, ob
     # nothing of an earlier start is left: one container, one network of the variant's project
     assert len(root(rig, "docker ps -aq").split()) == 1
     assert [n for n in root(rig, "docker network ls --format '{{.Name}}'").split() if n not in ("bridge", "host", "none")] == ["rigup-dual_default"]
+
+
+def test_a_moved_pin_leaves_only_the_kept_generations_images(engine: dict[str, object], rig: Host, fleet: Path,
+                                                             bed: Testbed) -> None:
+    repository = f"{bed.urls['engine_registry']}/vllm/vllm-openai"
+
+    def digests() -> list[str]:
+        return sorted(root(rig, f"docker image ls --digests --format '{{{{.Digest}}}}' {repository}").split())
+
+    lock_file = fleet.with_name("engine-rigs.lock.yaml")
+    lock = LockFile.load(lock_file)
+    (name,) = lock.images
+    pin = lock.images[name]
+    assert digests() == [pin.digest]
+    # the tag moved upstream to a new build; one generation kept: the old image has no use left
+    moved = bed.urls["engine_registry_images"][f"vllm/vllm-openai:{REBUILT_TAG}"]
+    lock.images[name] = type(pin)(pin.name, pin.repository, pin.tag, moved)
+    lock.save(lock_file)
+    bed.write_fleet(fleet, real_engine=True, data={"variant": "dual", "serving_health_timeout_s": 90,
+                                                   "lock_file": str(lock_file), "serving_keep_generations": 1})
+    code, result, log = converge_json(fleet, "converge to the moved pin", DEPLOY)
+    assert code == 0, log[-4000:]
+    assert f"rigup: removed image {repository}:{pin.tag}@{pin.digest}: no kept generation uses it" in log, log[-4000:]
+    assert digests() == [moved]
+    assert models(rig) == 200

@@ -74,7 +74,7 @@ def prepared(bed: Testbed) -> dict[str, str]:
     assert "Kernel Module  550.163.01" in sh(old, "cat /proc/driver/nvidia/version")
 
     dirty = bed.host("rig-dirty")
-    url = bed.urls["docker_apt_url"]
+    url = bed.urls["engine_docker_apt_url"]  # the repository the fleet installs Docker from (the real engine)
     # Docker's documented manual setup with its own keyring file, plus an old line without signed-by.
     sh(dirty, f"sudo mkdir -p /etc/apt/keyrings && curl -fsS {url}/gpg | sudo tee /etc/apt/keyrings/docker.asc >/dev/null")
     sh(dirty, f"echo 'deb [arch=amd64 signed-by=/etc/apt/keyrings/docker.asc] {url} bookworm stable' "
@@ -86,9 +86,8 @@ def prepared(bed: Testbed) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def fleet(bed: Testbed, prepared: dict[str, str]) -> Path:
-    # The hub's registry speaks plain HTTP, as a LAN mirror often does: Docker must be told.
-    registry = bed.urls["container_registry"].split("/")[0]
-    return bed.write_fleet(bed.workdir / "hostlayer-rigs.yaml", data={"docker_insecure_registries": [registry]})
+    # (the fleet tells Docker that the hub's registry speaks plain HTTP, as a LAN mirror often does)
+    return bed.write_fleet(bed.workdir / "hostlayer-rigs.yaml")
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +176,7 @@ def test_conflicting_docker_source_is_replaced_and_user_daemon_keys_kept(bed: Te
     daemon = json.loads(sh(host, "sudo cat /etc/docker/daemon.json"))
     assert daemon["log-driver"] == "json-file" and daemon["log-opts"] == USER_DAEMON_JSON["log-opts"]
     assert "nvidia" in daemon["runtimes"]  # nvidia-ctk's merge
-    assert daemon["insecure-registries"] == [bed.urls["container_registry"].split("/")[0]]  # rigup's merge
+    assert daemon["insecure-registries"] == [bed.urls["engine_registry"]]  # rigup's merge
     assert "nvidia" in sh(host, "sudo docker info --format '{{json .Runtimes}}'")
 
 

@@ -23,6 +23,7 @@ from rigup.desired.lock import LockFile
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import Host, HostSpec
 from rigup_testbed.image import REPO_ROOT
+from rigup_testbed.registry import REBUILT_TAG
 from tests.e2e.helpers import remote_commands
 
 pytestmark = pytest.mark.e2e
@@ -40,18 +41,17 @@ OTHER_VARIANT = "single-minimal"
 class Bed:
     """A test bed plus the fleet/lock files the deploys use, rewritable per scenario."""
 
-    def __init__(self, testbed: Testbed, workdir: Path) -> None:
+    def __init__(self, testbed: Testbed, workdir: Path, *, real_engine: bool = True) -> None:
         self.testbed = testbed
+        self.real_engine = real_engine  # Docker's real engine and registry; False: the stand-in engine
         self.fleet = workdir / "rigs.yaml"
         self.lock = workdir / "rigs.lock.yaml"
         self.data: dict[str, Any] = {"variant": VARIANT, "serving_health_timeout_s": GATE_TIMEOUT_S}
         self.group_data: dict[str, dict[str, Any]] = {}
 
     def write(self, *, relock: bool = True) -> None:
-        # The hub's registry speaks plain HTTP, as a LAN mirror often does: Docker must be told.
-        registry = self.testbed.urls["container_registry"].split("/")[0]
-        data = {"docker_insecure_registries": [registry], **self.data}
-        self.testbed.write_fleet(self.fleet, data=data, group_data=self.group_data)
+        # (the hub's registries speak plain HTTP, as a LAN mirror often does: the fleet tells Docker)
+        self.testbed.write_fleet(self.fleet, data=self.data, group_data=self.group_data, real_engine=self.real_engine)
         if relock:
             proc = subprocess.run(
                 [sys.executable, "-m", "rigup", "lock"], cwd=REPO_ROOT, env=self.env(),
@@ -205,7 +205,9 @@ def test_pin_change_restarts_exactly_once(bed: Bed) -> None:
     lock = LockFile.load(bed.lock)
     (name,) = [n for n in lock.images]  # one variant in use: one image
     pin = lock.images[name]
-    new_digest = "sha256:" + ("5" * 64 if pin.digest != "sha256:" + "5" * 64 else "6" * 64)
+    # the same repository built again, as when the tag moves upstream: a digest the registry has
+    new_digest = bed.testbed.urls["engine_registry_images"][f"{pin.repository}:{REBUILT_TAG}"]
+    assert new_digest != pin.digest
     lock.images[name] = type(pin)(pin.name, pin.repository, pin.tag, new_digest)
     lock.save(bed.lock)
     mark = int(sh(host, "date +%s")) - 1
@@ -236,6 +238,10 @@ def test_variant_switch_stops_the_old_one(bed: Bed) -> None:
     code, body = models(host, port_of(OTHER_VARIANT))
     assert code == 200 and [m["id"] for m in body["data"]] == [served_name(OTHER_VARIANT)]
     assert provenance(host)["variant"] == OTHER_VARIANT
+    # the engine keeps nothing of the old variant: one container, one network, both the new one's
+    assert sh(host, "docker ps -a --format '{{.Names}}'").split() == [f"rigup-{OTHER_VARIANT}"]
+    networks = [n for n in sh(host, "docker network ls --format '{{.Name}}'").split() if n not in ("bridge", "host", "none")]
+    assert networks == [f"rigup-{OTHER_VARIANT}_default"]
     # rig-01 kept its variant and was not restarted by the fleet change.
     assert unit_prop(bed.host("rig-01"), old, "ActiveState") == "active"
 

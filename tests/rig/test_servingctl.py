@@ -233,10 +233,26 @@ def systemd(server, tmp_path):
     return FakeSystemd(server, tmp_path)
 
 
-def run_gate(release: Path, systemd: FakeSystemd, *, timeout: float = 5.0, keep: int = 2, rollback: bool = True) -> tuple[int, list[str]]:
+class FakeDocker(ctl.Docker):
+    """Records the images the gate removes; one still used by a container is refused as docker refuses it."""
+
+    def __init__(self, in_use: tuple[str, ...] = ()) -> None:
+        self.removed: list[str] = []
+        self.in_use = in_use
+
+    def remove_image(self, ref: str) -> tuple[bool, str]:
+        if ref in self.in_use:
+            return False, f"Error response from daemon: conflict: unable to remove repository reference \"{ref}\" - container is using it"
+        self.removed.append(ref)
+        return True, f"Untagged: {ref}"
+
+
+def run_gate(release: Path, systemd: FakeSystemd, *, timeout: float = 5.0, keep: int = 2, rollback: bool = True,
+             docker: FakeDocker | None = None) -> tuple[int, list[str]]:
     lines: list[str] = []
     code = ctl.gate(
-        str(release), timeout, keep, rollback, systemd, out=lines.append, versions=VERSIONS, poll_s=0.01
+        str(release), timeout, keep, rollback, systemd, out=lines.append, versions=VERSIONS, poll_s=0.01,
+        docker=docker or FakeDocker(),
     )
     return code, lines
 
@@ -409,6 +425,25 @@ def test_generations_grow_reuse_and_prune(rig, systemd, server):
     # keep=1 leaves only the current one.
     assert run_gate(rig.deploy("dual", MODEL, tag="v4"), systemd, keep=1)[0] == 0
     assert rig.generations("dual") == [4]
+
+
+def test_images_of_pruned_generations_are_removed_unless_a_kept_release_uses_them(rig, systemd, server):
+    docker = FakeDocker()
+    for tag in ("v1", "v2"):
+        assert run_gate(rig.deploy("dual", MODEL, tag=tag), systemd, keep=2, docker=docker)[0] == 0
+    # another pod of the host still runs v1: its image stays when dual's generation 1 goes
+    assert run_gate(rig.deploy("dual", MODEL, tag="v1", pod="left"), systemd, keep=2, docker=docker)[0] == 0
+    code, lines = run_gate(rig.deploy("dual", MODEL, tag="v3"), systemd, keep=2, docker=docker)
+    assert code == 0 and rig.generations("dual") == [2, 3] and docker.removed == []
+    # v2's generation goes with v4; nothing else uses v2
+    code, lines = run_gate(rig.deploy("dual", MODEL, tag="v4"), systemd, keep=2, docker=docker)
+    assert code == 0 and docker.removed == ["docker.io/vllm/vllm-openai:v2"]
+    assert "rigup: removed image docker.io/vllm/vllm-openai:v2: no kept generation uses it" in lines
+    # an image a container still uses is kept, and the gate says why
+    busy = FakeDocker(in_use=("docker.io/vllm/vllm-openai:v3",))
+    code, lines = run_gate(rig.deploy("dual", MODEL, tag="v5"), systemd, keep=2, docker=busy)
+    assert code == 0 and busy.removed == [] and any(line.startswith("rigup: kept image docker.io/vllm/vllm-openai:v3: ")
+                                                   for line in lines)
 
 
 def test_a_rotated_secret_is_a_new_generation(rig, systemd, server):
