@@ -436,6 +436,35 @@ def compose_binary() -> Path:
     return binary
 
 
+def containerd_units(ctr: Deb) -> None:
+    """containerd.io's unit, config file and maintainer scripts."""
+    ctr.add_text("/lib/systemd/system/containerd.service", CONTAINERD_SERVICE)
+    ctr.add_text("/etc/containerd/config.toml", CONTAINERD_CONFIG)
+    ctr.conffiles.append("/etc/containerd/config.toml")
+    ctr.scripts = {"postinst": systemd_postinst(["containerd.service"], start=True),
+                   "prerm": systemd_prerm(["containerd.service"]), "postrm": systemd_postrm(["containerd.service"])}
+
+
+def engine_units(eng: Deb, configure: str = "", purge: str = "") -> None:
+    """docker-ce's units, defaults file and maintainer scripts (the docker group, the socket and service
+    enabled and started), plus what a payload adds at configure and purge."""
+    eng.add_text("/lib/systemd/system/docker.service", DOCKER_SERVICE)
+    eng.add_text("/lib/systemd/system/docker.socket", DOCKER_SOCKET)
+    eng.add_text("/etc/default/docker", DOCKER_DEFAULT)
+    eng.conffiles.append("/etc/default/docker")
+    eng.scripts = {
+        "postinst": """
+if [ "$1" = configure ]; then
+\tif ! getent group docker >/dev/null; then
+\t\tgroupadd --system docker
+\tfi
+""" + configure.lstrip("\n") + """fi
+""" + systemd_postinst(["docker.socket", "docker.service"], start=True),
+        "prerm": systemd_prerm(["docker.service", "docker.socket"]),
+        "postrm": systemd_postrm(["docker.socket", "docker.service"]) + purge,
+    }
+
+
 def docker_debs(codename: str) -> list[Deb]:
     tag = DOCKER_SUITE_TAG[codename]
     debs = []
@@ -445,11 +474,7 @@ def docker_debs(codename: str) -> list[Deb]:
               conflicts=["containerd", "runc"], replaces=["containerd", "runc"])
     ctr.add_tool("/usr/lib/containerd-standin", ["containerd.py"], {"/usr/bin/containerd": "containerd.py"},
                  {"version.json": {"version": CONTAINERD_VERSION, "commit": CONTAINERD_COMMIT}})
-    ctr.add_text("/lib/systemd/system/containerd.service", CONTAINERD_SERVICE)
-    ctr.add_text("/etc/containerd/config.toml", CONTAINERD_CONFIG)
-    ctr.conffiles.append("/etc/containerd/config.toml")
-    ctr.scripts = {"postinst": systemd_postinst(["containerd.service"], start=True),
-                   "prerm": systemd_prerm(["containerd.service"]), "postrm": systemd_postrm(["containerd.service"])}
+    containerd_units(ctr)
     debs.append(ctr)
     for v in DOCKER_VERSIONS:
         ver = f"5:{v}-1~{tag}"
@@ -471,29 +496,16 @@ def docker_debs(codename: str) -> list[Deb]:
                      {"/usr/bin/dockerd": "dockerd.py"}, {"version.json": meta})
         if RICH_RESPONDER.is_file():  # the vLLM wire behaviour the container's responder serves
             eng.add_file("/usr/lib/docker-standin/daemon/openai_responder.py", RICH_RESPONDER, 0o644)
-        eng.add_text("/lib/systemd/system/docker.service", DOCKER_SERVICE)
-        eng.add_text("/lib/systemd/system/docker.socket", DOCKER_SOCKET)
-        eng.add_text("/etc/default/docker", DOCKER_DEFAULT)
-        eng.conffiles.append("/etc/default/docker")
-        eng.scripts = {
-            "postinst": """
-if [ "$1" = configure ]; then
-\tif ! getent group docker >/dev/null; then
-\t\tgroupadd --system docker
-\tfi
+        engine_units(eng, configure="""
 \tinstall -d -m 0755 /var/log/docker-standin
 \ttouch /var/log/docker-standin/calls.log
 \tchgrp docker /var/log/docker-standin/calls.log
 \tchmod 0664 /var/log/docker-standin/calls.log
-fi
-""" + systemd_postinst(["docker.socket", "docker.service"], start=True),
-            "prerm": systemd_prerm(["docker.service", "docker.socket"]),
-            "postrm": systemd_postrm(["docker.socket", "docker.service"]) + """
+""", purge="""
 if [ "$1" = purge ]; then
 \trm -rf /var/lib/docker-standin /run/docker-standin
 fi
-""",
-        }
+""")
         debs.append(eng)
     comp = Deb("docker-compose-plugin", f"{COMPOSE_VERSION}-1~{tag}", "Docker Compose (V2) plugin for the Docker CLI.\n"
                "Compose files are validated by the real Compose v2 binary (docker-compose-real).",
@@ -568,11 +580,7 @@ def engine_debs(codename: str) -> list[Deb]:
               provides=["containerd", "runc"], conflicts=["containerd", "runc"], replaces=["containerd", "runc"],
               note=ENGINE_NOTE)
     payload(ctr)
-    ctr.add_text("/lib/systemd/system/containerd.service", CONTAINERD_SERVICE)
-    ctr.add_text("/etc/containerd/config.toml", CONTAINERD_CONFIG)
-    ctr.conffiles.append("/etc/containerd/config.toml")
-    ctr.scripts = {"postinst": systemd_postinst(["containerd.service"], start=True),
-                   "prerm": systemd_prerm(["containerd.service"]), "postrm": systemd_postrm(["containerd.service"])}
+    containerd_units(ctr)
     debs.append(ctr)
     ver = f"5:{upstream_version(versions['docker.io'])}-1~{tag}"
     cli = Deb("docker-ce-cli", ver, "Docker CLI: the open-source application container engine", section="admin",
@@ -587,21 +595,7 @@ def engine_debs(codename: str) -> list[Deb]:
                        "libsystemd0", "libseccomp2"],
               conflicts=["docker (<< 1.5~)", "docker-engine", "docker.io"], replaces=["docker-engine"], note=ENGINE_NOTE)
     payload(eng)
-    eng.add_text("/lib/systemd/system/docker.service", DOCKER_SERVICE)
-    eng.add_text("/lib/systemd/system/docker.socket", DOCKER_SOCKET)
-    eng.add_text("/etc/default/docker", DOCKER_DEFAULT)
-    eng.conffiles.append("/etc/default/docker")
-    eng.scripts = {
-        "postinst": """
-if [ "$1" = configure ]; then
-\tif ! getent group docker >/dev/null; then
-\t\tgroupadd --system docker
-\tfi
-fi
-""" + systemd_postinst(["docker.socket", "docker.service"], start=True),
-        "prerm": systemd_prerm(["docker.service", "docker.socket"]),
-        "postrm": systemd_postrm(["docker.socket", "docker.service"]),
-    }
+    engine_units(eng)
     debs.append(eng)
     comp = Deb("docker-compose-plugin", f"{COMPOSE_VERSION}-1~{tag}", "Docker Compose (V2) plugin for the Docker CLI.",
                section="admin", homepage="https://github.com/docker/compose", depends=["libc6"], note=ENGINE_NOTE)
@@ -856,36 +850,26 @@ def _build(dest: Path, codenames: tuple[str, ...], digest: str) -> RepoInfo:
             "cuda": keys.create("cudatools <cudatools@nvidia.com>"),
             "ubuntu_archive": keys.create("Ubuntu Archive Automatic Signing Key (2018) <ftpmaster@ubuntu.com>"),
         }
-        # Docker: one pool per suite, like download.docker.com.
-        docker = dest / "docker/linux/ubuntu"
-        docker.mkdir(parents=True)
-        (docker / "gpg").write_bytes(keys.export(fprs["docker"], armor=True))
-        for c in codenames:
-            debs = docker_debs(c)
-            pool = f"dists/{c}/pool/stable/amd64"
-            for d in debs:
-                build_deb(d, docker / pool, work)
-            record("docker", c, debs)
-            write_packages(docker, pool, docker / f"dists/{c}/stable/binary-amd64")
-            write_release(docker / f"dists/{c}", {"Origin": "Docker", "Label": "Docker CE", "Suite": c, "Codename": c,
-                                                  "Architectures": "amd64", "Components": "stable",
-                                                  "Description": f"Docker CE packages for {c} (rigup test bed)"})
-            keys.sign_release(fprs["docker"], docker / f"dists/{c}")
-        # The real engine under the same names, signed with the same key (another path on the same server).
-        engine = dest / "docker-engine/linux/ubuntu"
-        engine.mkdir(parents=True)
-        (engine / "gpg").write_bytes(keys.export(fprs["docker"], armor=True))
-        for c in codenames:
-            debs = engine_debs(c)
-            pool = f"dists/{c}/pool/stable/amd64"
-            for d in debs:
-                build_deb(d, engine / pool, work)
-            record("docker_engine", c, debs)
-            write_packages(engine, pool, engine / f"dists/{c}/stable/binary-amd64")
-            write_release(engine / f"dists/{c}", {"Origin": "Docker", "Label": "Docker CE", "Suite": c, "Codename": c,
-                                                  "Architectures": "amd64", "Components": "stable",
-                                                  "Description": f"Docker CE packages for {c}: the real engine (rigup test bed)"})
-            keys.sign_release(fprs["docker"], engine / f"dists/{c}")
+        # Docker: one pool per suite, like download.docker.com; the real engine under the same names,
+        # signed with the same key, on another path of the same server.
+        def docker_repository(path: str, repo: str, make_debs: Any, what: str) -> None:
+            root = dest / path
+            root.mkdir(parents=True)
+            (root / "gpg").write_bytes(keys.export(fprs["docker"], armor=True))
+            for c in codenames:
+                debs = make_debs(c)
+                pool = f"dists/{c}/pool/stable/amd64"
+                for d in debs:
+                    build_deb(d, root / pool, work)
+                record(repo, c, debs)
+                write_packages(root, pool, root / f"dists/{c}/stable/binary-amd64")
+                write_release(root / f"dists/{c}", {"Origin": "Docker", "Label": "Docker CE", "Suite": c, "Codename": c,
+                                                    "Architectures": "amd64", "Components": "stable",
+                                                    "Description": f"Docker CE packages for {c}{what} (rigup test bed)"})
+                keys.sign_release(fprs["docker"], root / f"dists/{c}")
+
+        docker_repository("docker/linux/ubuntu", "docker", docker_debs, "")
+        docker_repository("docker-engine/linux/ubuntu", "docker_engine", engine_debs, ": the real engine")
         # NVIDIA container toolkit: flat repository per architecture.
         ctk = dest / "libnvidia-container"
         flat = ctk / "stable/deb/amd64"
