@@ -381,6 +381,9 @@ def test_interconnect_is_in_the_plan() -> None:
     forced = recipe_with(gpu_interconnect="force_on")
     assert by_name(assess(forced, [rtx3090(), rtx3090(index=1)], "13.0"))["interconnect"].message.startswith("NVLink (forced")
     assert "interconnect" not in by_name(assess(recipe("single"), [rtx3090()], "13.0"))
+    # a two-GPU variant on a one-GPU host (refused by the layout check) plans no interconnect either
+    lone = by_name(assess(recipe_with(), [rtx3090()], "13.0"))
+    assert lone["interconnect"].message == "none: the host has 1 GPU, no link between GPUs"
 
 
 def recipe_with(**data: Any) -> Recipe:
