@@ -55,7 +55,9 @@ def declared_values(data: Any) -> dict[str, Any]:
 
 
 def parse_data_value(text: str) -> Any:
-    """Parse a `--data key=value` value the way pyinfra's CLI does: bools, ints, JSON, else text."""
+    """Parse a `--data key=value` value the way pyinfra's CLI does: bools, ints, JSON, else text. A
+    mapping or list in YAML's flow style (`{port: 8001}`, `[0, 1]`), as the fleet file writes it, is
+    read as YAML."""
     lowered = text.lower()
     if lowered in ("true", "false"):
         return lowered == "true"
@@ -66,7 +68,17 @@ def parse_data_value(text: str) -> Any:
     try:
         return json.loads(text)
     except ValueError:
-        return text
+        pass
+    if text.strip().startswith(("{", "[")):
+        import yaml  # only for this rare form: the CLI's start stays light
+
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            return text
+        if isinstance(value, (dict, list)):
+            return value
+    return text
 
 
 _UNSET = object()

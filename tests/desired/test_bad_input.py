@@ -131,6 +131,8 @@ RENDER_CASES = [
     ("gpu_cuont=2", "gpu_cuont", "gpu_cuont", ("did you mean 'gpu_count'",)),
     ('variant_overrides={"max_model_len": "lots"}', "variant_overrides['max_model_len']", "'lots'", ("1024 to 262144",)),
     ('variant_overrides={"port": 99999}', "variant_overrides['port']", "99999", ("1 to 65535",)),
+    # YAML's flow style, as the fleet file writes it, is read as the fleet file reads it
+    ("variant_overrides={port: 99999}", "variant_overrides['port']", "99999", ("1 to 65535",)),
     ('variant_overrides={"tensor_parallel_size": 3}', "variant_overrides['tensor_parallel_size']", "got 3", ("[2, 4]",)),
     ("model_dir=models", "'model_dir'", "'models'", ("absolute path",)),
     ("driver_reboot=sometimes", "'driver_reboot'", "'sometimes'", ("auto, never",)),
@@ -375,3 +377,14 @@ def test_local_host_uses_sudo_unless_root(tmp_path, monkeypatch, euid, sudo):
 def test_local_host_keeps_the_fleet_files_own_sudo(tmp_path, monkeypatch, host, data, sudo):
     monkeypatch.setattr(fleet_module.os, "geteuid", lambda: 1000 if not sudo else 0)  # the opposite of the rule
     assert load_fleet(_local_fleet(tmp_path, host, data)).host("@local").data["_sudo"] is sudo
+
+
+def test_data_values_parse_as_pyinfra_and_the_fleet_file_write_them():
+    from rigup.desired.knobs import parse_data_value
+
+    assert parse_data_value("true") is True and parse_data_value("8001") == 8001
+    assert parse_data_value('{"port": 8001}') == {"port": 8001}
+    assert parse_data_value("{port: 8001, max_model_len: 32768}") == {"port": 8001, "max_model_len": 32768}
+    assert parse_data_value("[0, 1]") == [0, 1]
+    assert parse_data_value("{port: 8001") == "{port: 8001"  # neither JSON nor YAML: text, refused by its knob
+    assert parse_data_value("/opt/rigup") == "/opt/rigup"
