@@ -9,7 +9,8 @@ now, the rigup-<variant> units (systemctl is-active), the driver, GPUs and VRAM 
 (nvidia-smi --query-gpu), and /v1/models asked from the control machine.
 
 Each item is ok, drift (the rig is not what the fleet file and lock say: converge it), unhealthy (it
-is not serving as it should) or info. Exit code: 0 all ok, 1 drift, 2 unhealthy, 3 both.
+is not serving as it should) or info. Exit code: 0 all ok, 1 drift, 2 unhealthy, 3 both, 4 the fleet
+file or --limit could not be used (one line says why; no host was asked).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import requests
 
 from rigup.cli.runner import Target, add_target_arguments, fleet_targets, progress, run_fleet_command
 from rigup.client.openai_client import ApiClient
-from rigup.client.ssh import LazySsh, RemoteError, Runner, gpu_memory
+from rigup.client.ssh import LOCAL_HOST, LazySsh, RemoteError, Runner, gpu_memory
 from rigup.desired.knobs import knob
 from rigup.desired.lock import LockError
 from rigup.desired.plan import host_plan
@@ -40,6 +41,7 @@ from rigup.parsers.topology import Topology
 
 OK, DRIFT, UNHEALTHY, INFO = "ok", "drift", "unhealthy", "info"
 EXIT_DRIFT, EXIT_UNHEALTHY = 1, 2
+EXIT_BAD_FLEET = 4  # 2 is "unhealthy" here, so a fleet file status cannot use is not the usual 2
 UNIT_KEY = "unit"  # Provenance.files key of the systemd unit's hash
 MAX_DIFFS = 20  # release differences listed per host (the release hash says the rest)
 
@@ -435,7 +437,8 @@ class HostStatus:
 
 def host_status(target: Target, quiet: bool = False) -> HostStatus:
     if not quiet:
-        progress(f"[{target.name}] gathering state over SSH ...")
+        where = "here (pyinfra's local connector)" if target.name == LOCAL_HOST else "over SSH"
+        progress(f"[{target.name}] gathering state {where} ...")
     if not knob(target.data, "serves_variant"):  # a gateway-only host
         return HostStatus(target.name, None, target.gateway_url, gateway_items(target))
     if target.recipe is None:
@@ -513,7 +516,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         document=status_document,
         table=render_table,
         exit_code=exit_code,
-        bad_targets_exit=4,
+        bad_targets_exit=EXIT_BAD_FLEET,
     )
     return code
 

@@ -50,6 +50,22 @@ def test_status_reads_the_local_host_without_ssh(tmp_path: Path, capsys: pytest.
     assert items["service"]["actual"] == "not installed, not enabled"
     assert items["provenance"]["actual"] == "none (never passed the health gate)"
     assert "ssh" not in json.dumps(items).lower()
+    main(["status"])  # the table, with progress lines: where the state comes from
+    err = capsys.readouterr().err
+    assert "[@local] gathering state here (pyinfra's local connector) ..." in err and "SSH" not in err
+
+
+def test_status_names_its_exit_code_for_a_fleet_it_cannot_use(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from rigup.cli import main
+
+    monkeypatch.setenv("RIGUP_RIGS", str(tmp_path / "missing.yaml"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["status", "--help"])
+    assert exit_info.value.code == 0
+    assert "4 the fleet\nfile or --limit could not be used" in capsys.readouterr().out
+    assert main(["status"]) == 4
+    assert "fleet file not found" in capsys.readouterr().err
 
 
 def test_verify_checks_the_local_api(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
