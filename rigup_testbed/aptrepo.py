@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import functools
 import gzip
 import hashlib
 import importlib.util
@@ -553,6 +554,7 @@ def installed_version(package: str) -> str:
     return status[1]
 
 
+@functools.lru_cache(maxsize=1)  # the repository's content hash and each suite's packages ask: dpkg answers once
 def engine_versions() -> dict[str, str]:
     """Debian versions of the packages the real engine comes from, e.g. docker.io 20.10.24+dfsg1-1+deb12u1+b6."""
     return {name: installed_version(name) for name in ("docker.io", "containerd", "runc", "tini")}
@@ -799,9 +801,12 @@ class RepoInfo:
         keys = ("docker_apt_url", "docker_apt_key_url", "nvidia_ctk_apt_url", "nvidia_ctk_apt_key_url",
                 "nvidia_cuda_repo_url", "nvidia_cuda_repo_key_url", "ubuntu_archive_url", "ubuntu_archive_key_url")
         urls = {k: f"{base}/{getattr(self, k)}" for k in keys}
-        if real_engine:
-            urls.update(docker_apt_url=f"{base}/{self.engine_apt_url}", docker_apt_key_url=f"{base}/{self.engine_apt_key_url}")
-        return urls
+        return {**urls, **self.engine_urls(base)} if real_engine else urls
+
+    def engine_urls(self, base: str) -> dict[str, str]:
+        """docker_apt_url and docker_apt_key_url of the repository holding the real engine."""
+        base = base.rstrip("/")
+        return {"docker_apt_url": f"{base}/{self.engine_apt_url}", "docker_apt_key_url": f"{base}/{self.engine_apt_key_url}"}
 
     def versions(self, repo: str, suite: str, name: str) -> list[str]:
         return [e.split(" ")[3] for e in self.packages if e.split(" ")[:3] == [repo, suite, name]]

@@ -131,10 +131,9 @@ class Hub:
                 args=["static", "--root", str(info.root), "--bind", ip, "--port", str(PORTS["apt"]),
                       "--ready-file", str(w / "apt/ready.json")],
                 ready_file=w / "apt/ready.json",
-                # engine_*: Docker's repository with the real engine inside (a fleet opts in by pointing
-                # docker_apt_url there: Testbed.fleet(real_engine=True))
-                knobs=lambda r: {**info.urls(r["url"]), **{
-                    f"engine_{k}": v for k, v in info.urls(r["url"], real_engine=True).items() if k.startswith("docker_")}},
+                # engine_*: Docker's repository with the real engine inside (Testbed.fleet points the fleet's
+                # docker_apt_url there unless real_engine=False)
+                knobs=lambda r: {**info.urls(r["url"]), **{f"engine_{k}": v for k, v in info.engine_urls(r["url"]).items()}},
             ),
             Service(
                 name="registry",

@@ -110,13 +110,17 @@ def build_image(repository: str, tag: str, files: dict[str, tuple[bytes, int]], 
             info.type, info.linkname, info.mode, info.mtime = tarfile.SYMTYPE, target, 0o777, EPOCH
             tar.addfile(info)
     diff = raw.getvalue()
-    layer = _compressed(diff)
+    return _assemble(repository, tag, _compressed(diff), _digest(diff), config)
+
+
+def _assemble(repository: str, tag: str, layer: bytes, diff_id: str, config: dict[str, object]) -> Image:
+    """The image config and manifest around one layer (`diff_id`: the digest of its uncompressed tar)."""
     image_config = {
         "architecture": "amd64",
         "os": "linux",
         "created": "2025-09-30T00:00:00Z",
         "config": config,
-        "rootfs": {"type": "layers", "diff_ids": [_digest(diff)]},
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
         "history": [{"created": "2025-09-30T00:00:00Z", "created_by": "rigup test bed (rigup_testbed/registry.py)"}],
     }
     config_blob = json.dumps(image_config, sort_keys=True).encode()
@@ -127,6 +131,13 @@ def build_image(repository: str, tag: str, files: dict[str, tuple[bytes, int]], 
         "layers": [{"mediaType": LAYER_TYPE, "size": len(layer), "digest": _digest(layer)}],
     }, indent=3).encode()
     return Image(repository, tag, layer, config_blob, manifest)
+
+
+def rebuilt(image: Image, tag: str, labels: dict[str, str]) -> Image:
+    """`image` built again: the same layer, a config with `labels` (so another digest), under `tag`."""
+    config = json.loads(image.config)
+    return _assemble(image.repository, tag, image.layer, config["rootfs"]["diff_ids"][0],
+                     {**config["config"], "Labels": labels})
 
 
 def busybox_image() -> Image:
@@ -202,7 +213,7 @@ def python_runtime(root: Path) -> tuple[dict[str, tuple[bytes, int]], dict[str, 
 REBUILT_TAG = "rigup-testbed-rebuilt"  # the vLLM image built again: another digest of the same repository
 
 
-def vllm_image(runtime: tuple[dict[str, tuple[bytes, int]], dict[str, str]], tag: str, build: int = 1) -> Image:
+def vllm_image(runtime: tuple[dict[str, tuple[bytes, int]], dict[str, str]], tag: str) -> Image:
     files, links = dict(runtime[0]), dict(runtime[1])
     lib = "/usr/lib/rigup-standin"
     for module in ("common.py", "responder.py", "container.py", "vllm_entry.py", "image_shim.py"):
@@ -219,10 +230,8 @@ def vllm_image(runtime: tuple[dict[str, tuple[bytes, int]], dict[str, str]], tag
     files["/vllm-workspace/.keep"] = (b"", 0o644)
     listing = sorted([*files, *links])
     files[f"{lib}/image.json"] = (json.dumps({"kind": "vllm", "vllm_site": site, "files": listing}).encode(), 0o644)
-    config: dict[str, object] = {"Entrypoint": ["vllm", "serve"], "WorkingDir": "/vllm-workspace", "Env": BASE_ENV}
-    if build > 1:  # same files, another image config: what a tag that moved to a new build points to
-        config["Labels"] = {"org.rigup.testbed.build": str(build)}
-    return build_image("vllm/vllm-openai", tag, files, links, config)
+    return build_image("vllm/vllm-openai", tag, files, links,
+                       {"Entrypoint": ["vllm", "serve"], "WorkingDir": "/vllm-workspace", "Env": BASE_ENV})
 
 
 def smoke_image(runtime: tuple[dict[str, tuple[bytes, int]], dict[str, str]], reference: str) -> Image:
@@ -249,7 +258,8 @@ def test_bed_images(python_root: Path | None = None) -> list[Image]:
         runtime = python_runtime(python_root)
         vllm = vllm_image(runtime, "latest")  # one image, under every tag the catalog names
         images += [dataclasses.replace(vllm, tag=tag) for tag in catalog_vllm_tags()]
-        images.append(vllm_image(runtime, REBUILT_TAG, build=2))
+        # what a tag that moved upstream to a new build points to: another digest of the same repository
+        images.append(rebuilt(vllm, REBUILT_TAG, {"org.rigup.testbed.build": "2"}))
         images.append(smoke_image(runtime, smoke_reference()))
     return images
 

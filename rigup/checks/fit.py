@@ -575,11 +575,10 @@ def assess(recipe: Recipe, gpus: Iterable[Any], driver_cuda: str | None, misfit_
         findings.append(mix)
     if len(states) >= recipe.gpu_count:
         findings.extend(_vram(recipe, used, severity, driver_cuda, catalog))
-    if recipe.tensor_parallel_size > 1 and len(states) < 2:  # a one-GPU host has no link to plan NCCL for
-        findings.append(Finding("interconnect", True, "info", f"none: the host has {len(states)} GPU, no link between GPUs",
-                                None, "gpu_interconnect"))
-    elif recipe.tensor_parallel_size > 1:
-        findings.append(Finding("interconnect", True, "info", recipe.interconnect_note or pcie_summary(recipe.interconnect),
-                                None, "gpu_interconnect"))
+    if recipe.tensor_parallel_size > 1:
+        plan = recipe.interconnect_note or pcie_summary(recipe.interconnect)
+        if len(states) < 2:  # a one-GPU host has no link to plan NCCL for
+            plan = f"none: the host has {len(states)} GPU, no link between GPUs"
+        findings.append(Finding("interconnect", True, "info", plan, None, "gpu_interconnect"))
     return findings
 

@@ -140,6 +140,15 @@ def hardware() -> dict[str, Any]:
     return data
 
 
+def gpus_named(gpus: list[dict[str, Any]], names: str) -> list[dict[str, Any]]:
+    """The GPUs an NVIDIA_VISIBLE_DEVICES list names (indexes or UUIDs, comma-separated; "all": every
+    one), in the hardware's order."""
+    if names.strip() == "all":
+        return list(gpus)
+    wanted = {v.strip() for v in names.split(",")}
+    return [g for g in gpus if str(g["index"]) in wanted or g["uuid"] in wanted]
+
+
 def boot_id() -> str:
     try:
         return read_text(spath("/proc/sys/kernel/random/boot_id")).strip()

@@ -275,12 +275,12 @@ def hook(argv: list[str]) -> int:
     if common.loaded_driver_version() is None:
         sys.stderr.write("nvidia-container-cli: initialization error: nvml error: driver not loaded\n")
         return 1
-    gpus = common.hardware().get("gpus", [])
-    if visible != "all":
-        for wanted in (v.strip() for v in visible.split(",")):
-            if not any(str(g["index"]) == wanted or g["uuid"] == wanted for g in gpus):
-                sys.stderr.write(f"nvidia-container-cli: device error: {wanted}: unknown device\n")
-                return 1
+    hardware = common.hardware()
+    gpus = hardware.get("gpus", [])
+    unknown = [name.strip() for name in visible.split(",") if name.strip() != "all" and not common.gpus_named(gpus, name)]
+    if unknown:
+        sys.stderr.write(f"nvidia-container-cli: device error: {unknown[0]}: unknown device\n")
+        return 1
     procs = common.spath(PROCS_DIR)
     for name in os.listdir(procs) if os.path.isdir(procs) else []:
         entry = common.read_json(os.path.join(procs, name), {})
@@ -296,8 +296,7 @@ def hook(argv: list[str]) -> int:
     # The GPUs the container was given are the only ones it has, whoever asks (a `docker exec` has no
     # NVIDIA_VISIBLE_DEVICES): as the real hook creates only their device nodes, the simulated hardware
     # the container sees lists only them, with their host indexes and UUIDs.
-    mine = dict(common.hardware())
-    mine["gpus"] = [g for g in gpus if visible == "all" or str(g["index"]) in visible.split(",") or g["uuid"] in visible.split(",")]
+    mine = {**hardware, "gpus": common.gpus_named(gpus, visible)}
     container_hw = os.path.join(bundle, "rigup-standin-hardware.json")
     common.write_json_atomic(container_hw, mine)
     binds = [(os.path.dirname(smi), "ro"), ("/etc/rigup-testbed", "ro"), ("/proc/driver", "ro"), ("/run/nvidia-standin", "rw")]

@@ -600,8 +600,7 @@ def main(argv: list[str]) -> int:
     # Inside a stand-in container only the GPUs handed to it are visible, renumbered from 0.
     visible = os.environ.get("NVIDIA_VISIBLE_DEVICES")
     if visible and visible not in ("all", "void", "none"):
-        wanted = [v.strip() for v in visible.split(",")]
-        hw_gpus = [g for g in hw_gpus if str(g["index"]) in wanted or g["uuid"] in wanted]
+        hw_gpus = common.gpus_named(hw_gpus, visible)
     procs = processes(hw_gpus)
     gpus = [Gpu(g, state, procs, minor) for minor, g in enumerate(hw_gpus)]
     if not gpus:

@@ -4,8 +4,8 @@
 `vllm serve ARGS` (the image's entrypoint, or a compose command) becomes responder.py serving the OpenAI
 API on the --host/--port it names, inside the container, with this container's own command line: the
 model directory, chat template and deploy config are read at their container paths (the mounts are
-real), the GPUs are the ones the container toolkit's hook handed it (NVIDIA_VISIBLE_DEVICES, with the
-simulated hardware the hook mounts at /etc/rigup-testbed). The process stays the container's PID 1 when
+real), the GPUs are the ones the container toolkit's hook handed it (the simulated hardware it mounts at
+/etc/rigup-testbed lists only those). The process stays the container's PID 1 when
 the entrypoint execs it, so `docker kill` and `docker stop` reach the server itself. Other `vllm`
 subcommands fail loudly as not simulated. Stdlib only.
 """
@@ -19,19 +19,6 @@ import sys
 
 HERE = os.path.dirname(os.path.realpath(__file__))  # the command is a link to this file
 RUN = "/run/rigup-standin"
-
-
-def visible_gpus(hardware: dict, visible: str | None) -> list[str]:
-    """UUIDs of the GPUs NVIDIA_VISIBLE_DEVICES names (indexes or UUIDs; "all"), in the order given."""
-    gpus = hardware.get("gpus", [])
-    if not visible or visible in ("void", "none"):
-        return []
-    if visible == "all":
-        return [g["uuid"] for g in gpus]
-    out = []
-    for wanted in (v.strip() for v in visible.split(",")):
-        out += [g["uuid"] for g in gpus if str(g["index"]) == wanted or g["uuid"] == wanted]
-    return out
 
 
 def main(argv: list[str]) -> int:
@@ -52,7 +39,9 @@ def main(argv: list[str]) -> int:
         "image": image.get("kind", "vllm"),
         "args": container.vllm_args(tokens),
         "argv": tokens,
-        "gpus": visible_gpus(common.hardware(), os.environ.get("NVIDIA_VISIBLE_DEVICES")),
+        # the toolkit's hook mounted a hardware file listing only the GPUs this container was given
+        "gpus": [g["uuid"] for g in common.hardware().get("gpus", [])]
+        if os.environ.get("NVIDIA_VISIBLE_DEVICES", "void") not in ("", "void", "none") else [],
         # The server binds --host/--port itself, as vLLM does; the engine publishes the port.
         "network_mode": "host",
         "listen": [],

@@ -77,6 +77,15 @@ def test_build_image_layer_and_config_agree(tmp_path: Path) -> None:
     assert config["config"] == {"Cmd": ["tool"]}
 
 
+def test_an_image_built_again_shares_its_layer_under_another_digest() -> None:
+    image = registry.build_image("t/x", "1", {"/a": (b"a", 0o644)}, {}, {"Cmd": ["a"]})
+    again = registry.rebuilt(image, "2", {"build": "2"})
+    assert again.layer == image.layer and again.digest != image.digest and again.tag == "2"
+    config = json.loads(again.config)
+    assert config["config"] == {"Cmd": ["a"], "Labels": {"build": "2"}}
+    assert config["rootfs"] == json.loads(image.config)["rootfs"]
+
+
 def test_the_registry_serves_what_was_pushed_at_its_digest(served: dict[str, object]) -> None:
     address = served["url"]
     digest = served["images"]["rigup-testbed/busybox:1.35"]  # type: ignore[index]

@@ -33,7 +33,8 @@ from rigup.desired.lock import LockFile
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import Host, HostSpec
 from rigup_testbed.registry import REBUILT_TAG
-from tests.e2e.helpers import changed, converge_json, run, sh
+from tests.e2e.helpers import changed, converge_json, run
+from tests.e2e.test_serving import sh as root  # a command as root on a rig; it must succeed
 
 pytestmark = pytest.mark.e2e
 
@@ -90,10 +91,6 @@ def status(fleet: Path) -> tuple[int, str]:
 def models(rig: Host) -> int:
     code, out = attempt(rig, f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{PORT}/v1/models")
     return int(out.strip() or 0) if code == 0 else 0
-
-
-def root(rig: Host, command: str, timeout: float = 120) -> str:
-    return sh(rig, f"sudo -n sh -c {shlex.quote(command)}", timeout=timeout)
 
 
 def attempt(rig: Host, command: str, timeout: float = 120) -> tuple[int, str]:
