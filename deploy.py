@@ -1,7 +1,8 @@
 """Provision a GPU rig into a pinned, verified vLLM server.
 
 Phases, in order (each task file's docstring says what is true afterwards and what it restarts):
-  preflight          facts only: OS, GPUs, VRAM, CUDA, disk, Secure Boot; fails before any change
+  preflight          facts only: OS, GPUs, VRAM, CUDA, disk, Secure Boot; fails before any change,
+                     and a host it fails gets nothing more planned (a --dry run exits 1 for it)
   nvidia_driver      driver branch installed, loaded (reboot when allowed), held; power cap unit
   docker             Docker CE + compose plugin from Docker's signed repository
   container_toolkit  NVIDIA container toolkit wired into Docker; GPU smoke container
@@ -9,19 +10,26 @@ Phases, in order (each task file's docstring says what is true afterwards and wh
   model              model (and draft) files verified against the locked SHA-256
   serving            compose/env/unit rendered; (re)started only on change; health gate
   gateway            on gateway_group hosts: LiteLLM proxy routing to what each rig serves now
-  summary            no operation: a table of what the converge did on each host, at the end
+When the run ends, a table of what the converge did on each host.
 
 Run: pyinfra inventory.py deploy.py [--limit GROUP] [--dry]
 """
 
-from pyinfra import local
+from pyinfra import host, local, state
+
+from rigup.pyinfra_patches import enable_pyinfra_patches
+from rigup.runstate import print_summary_at_the_end, runs_gateway_task, runs_rig_tasks
+
+enable_pyinfra_patches(state)  # first: facts read once, this host's batch sent while the rest loads
+print_summary_at_the_end(state)
 
 local.include("tasks/preflight.py")
-local.include("tasks/nvidia_driver.py")
-local.include("tasks/docker.py")
-local.include("tasks/container_toolkit.py")
-local.include("tasks/sources.py")
-local.include("tasks/model.py")
-local.include("tasks/serving.py")
-local.include("tasks/gateway.py")
-local.include("tasks/summary.py")
+if runs_rig_tasks(host):  # passed preflight and serves a variant
+    local.include("tasks/nvidia_driver.py")
+    local.include("tasks/docker.py")
+    local.include("tasks/container_toolkit.py")
+    local.include("tasks/sources.py")
+    local.include("tasks/model.py")
+    local.include("tasks/serving.py")
+if runs_gateway_task(host):  # passed preflight and is in gateway_group
+    local.include("tasks/gateway.py")

@@ -9,7 +9,7 @@ recorded). Then for each size N, with `--limit` to the first N rigs, `--repeat` 
 count):
   - a converged re-run of the full deploy: wall time, control-machine CPU (user+sys of the pyinfra
     process) per rig, and the remote commands per rig (the closing summary's REMOTE COMMANDS column:
-    commands plus file transfers, rigup.facts.once's fact batches included);
+    commands plus file transfers, rigup.pyinfra_patches.fact_batching's fact batches included);
   - two no-op deploys on the same rigs, pyinfra's own floor: one operation (a files.directory that
     exists), and as many such operations as the full deploy has (each reads one fact, as pyinfra does).
 Before the timed runs, one converged re-run of every rig (its remote commands reported as "first
@@ -91,7 +91,7 @@ def remote_commands(log: str) -> dict[str, int]:
     """The closing summary's REMOTE COMMANDS column, per rig."""
     counts = remote_commands_in(log)
     if counts is None:
-        raise SystemExit("the converge printed no REMOTE COMMANDS column (is rigup.facts.once installed?)")
+        raise SystemExit("the converge printed no REMOTE COMMANDS column (is rigup.pyinfra_patches.fact_batching installed?)")
     return counts
 
 
@@ -108,15 +108,14 @@ def deploy_without(skip: list[str], workdir: Path) -> str:
     """A copy of deploy.py's include list without the tasks named in `skip` (for a bed that cannot run
     them yet); returns its path."""
     source = (REPO_ROOT / "deploy.py").read_text()
-    includes = re.findall(r'^local\.include\("tasks/(\w+)\.py"\)', source, flags=re.M)
-    unknown = sorted(set(skip) - set(includes))
+    include = re.compile(r'^(\s*)local\.include\("tasks/(\w+)\.py"\)$', flags=re.M)
+    unknown = sorted(set(skip) - {m.group(2) for m in include.finditer(source)})
     if unknown:
         raise SystemExit(f"--skip-task: deploy.py includes no task {', '.join(unknown)}")
     path = workdir / "deploy-partial.py"
-    path.write_text(
-        "from pyinfra import local\n"
-        + "".join(f'local.include("tasks/{name}.py")\n' for name in includes if name not in skip)
-    )
+    # deploy.py as it is, each skipped include a `pass` (it may be the only line of its gate's block)
+    path.write_text(include.sub(lambda m: f"{m.group(1)}pass  # skipped: tasks/{m.group(2)}.py" if m.group(2) in skip
+                                else m.group(0), source))
     return str(path)
 
 

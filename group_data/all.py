@@ -1,6 +1,7 @@
 # Every knob rigup reads, declared once with its default. Groups and hosts override, never add:
 # inventory.py rejects a key that is not declared here. Derived values (image names with the
-# registry, per-release apt suites) are computed in rigup at the point of use, not here.
+# registry, per-release apt suites) are computed in rigup at the point of use, not here. A knob whose
+# default follows another knob is None here and says so; rigup.desired.knobs.knob() derives it.
 
 _sudo = True  # pyinfra global argument: run operations through sudo (the SSH user needs it)
 
@@ -12,7 +13,7 @@ pods = []  # several endpoints on GPU subsets: [{name, variant, gpus: [0, 1] or 
 
 # --- Paths on the rig ----------------------------------------------------------------------
 install_root = "/opt/rigup"  # compose/env files, sources, state and provenance live under it
-model_dir = "/opt/rigup/models"  # model and draft directories (mounted into the container)
+model_dir = None  # model and draft directories (mounted into the container); None: {install_root}/models
 
 # --- Preflight ------------------------------------------------------------------------------
 preflight_os_allowed = ["ubuntu 22.04", "ubuntu 24.04"]  # "<os-release ID> <VERSION_ID>" list
@@ -77,7 +78,7 @@ serves_variant = True  # False: a gateway-only host (no GPU, driver, Docker, sou
 gateway_bind_address = "0.0.0.0"  # address the gateway listens on
 gateway_port = 4000  # the gateway's TCP port
 gateway_api_key_file = None  # control-machine path of a 0600 file holding the key clients send; required on a gateway host
-gateway_pip_index_url = "https://pypi.org/simple"  # PEP 503 index the hash-pinned proxy (files/gateway/requirements.txt) installs from
+gateway_pip_index_url = None  # PEP 503 index the hash-pinned proxy (files/gateway/requirements.txt) installs from; None: pip's own config as root on the gateway host (pip.conf, PIP_INDEX_URL), else PyPI
 gateway_health_check_interval_s = 10  # seconds between the gateway's checks of each route; a failing route leaves rotation
 gateway_num_retries = 2  # a failed request is retried this many times, on another rig serving the same model
 gateway_ready_timeout_s = 180  # seconds a (re)started gateway has to answer before the host fails

@@ -3,6 +3,9 @@
 pyinfra runs each task file for every host in turn, so a later file cannot see an earlier file's
 local variables. What crosses files is recorded here, per host (keyed weakly on pyinfra's Host):
 
+  record_preflight(host, passed) tasks/preflight.py: the host's verdict, judged while the deploy is planned
+  runs_rig_tasks(host)           deploy.py: include the driver..serving tasks (passed, serves a variant)
+  runs_gateway_task(host)        deploy.py: include tasks/gateway.py (passed, in gateway_group)
   record(host, HostDriverState)  tasks/nvidia_driver.py: the driver plan, the reboot policy and
                                  whether the driver operation changed the host (execute time)
   serving_blocked(host)          tasks/container_toolkit.py, tasks/serving.py: a driver that waits
@@ -14,7 +17,8 @@ local variables. What crosses files is recorded here, per host (keyed weakly on 
   pins_missing(host, phase, plan)  the same files: a phase without its pins warns (--dry) or fails the host
   account(host, line)            operations, at execute time: what they did (driver loaded, GB fetched
                                  from the hub or a peer, image pulled, variant restarted, gate passed);
-                                 tasks/summary.py prints every host's lines when the run ends
+                                 print_summary_at_the_end(state) (deploy.py) prints every host's lines
+                                 when the run ends
 
 Nothing else is shared between task files; everything decided before the run is in the host plan
 (rigup.desired.plan)."""
@@ -37,8 +41,10 @@ from rich.console import Console
 from rich.table import Table
 
 from rigup.checks.driver_plan import DriverPlan
+from rigup.desired.gateway import is_gateway
+from rigup.desired.knobs import knob
 from rigup.desired.lock import phase_without_lock
-from rigup.facts.once import remote_commands
+from rigup.pyinfra_patches.fact_batching import remote_commands
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,29 @@ def _real(host: Any) -> Any:
     # pyinfra's `host` is a context proxy; key on the Host object behind it.
     getter = getattr(host, "_get_module", None)
     return getter() if callable(getter) else host
+
+
+_PREFLIGHT_PASSED: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def record_preflight(host: Any, passed: bool) -> None:
+    _PREFLIGHT_PASSED[_real(host)] = passed
+
+
+def passed_preflight(host: Any) -> bool:
+    """Whether tasks/preflight.py judged this host able to run the deploy (False before it has)."""
+    return _PREFLIGHT_PASSED.get(_real(host), False)
+
+
+def runs_rig_tasks(host: Any) -> bool:
+    """deploy.py's gate for the driver, Docker, toolkit, sources, model and serving tasks: the host passed
+    preflight and serves a variant (a gateway-only host does not)."""
+    return passed_preflight(host) and bool(knob(host.data, "serves_variant"))
+
+
+def runs_gateway_task(host: Any) -> bool:
+    """deploy.py's gate for tasks/gateway.py: the host passed preflight and is in gateway_group."""
+    return passed_preflight(host) and is_gateway(host.data, host.groups)
 
 
 def record(host: Any, state: HostDriverState) -> None:
@@ -160,7 +189,7 @@ def accounts(state: Any) -> dict[str, list[str]]:
 def summary_table(done: dict[str, list[str]], host_names: list[str], failed: set[str], width: int = 10_000,
                   round_trips: dict[str, int] | None = None) -> str:
     """One row per host: its state after the run, what it did ("no change" when nothing) and, where
-    counted (rigup.facts.once), the commands and file transfers this run sent it; laid out by rich
+    counted (rigup.pyinfra_patches.fact_batching), the commands and file transfers this run sent it; laid out by rich
     (plain text: it goes through pyinfra's log)."""
     table = Table(box=None, pad_edge=False)  # one line per host however long: logs are searched by host
     columns = ["HOST", "RESULT", *(["REMOTE COMMANDS"] if round_trips is not None else []), "WHAT THIS CONVERGE DID"]
@@ -260,7 +289,7 @@ def phase_times(started: dict[str, float], end: float) -> str:
 
 
 def print_summary_at_the_end(state: Any) -> None:
-    """Register the closing summary once per run (tasks/summary.py runs for every host)."""
+    """Register the closing summary once per run (deploy.py calls it for every host)."""
     if not any(isinstance(h, ConvergeSummary) for h in state.callback_handlers):
         state.add_callback_handler(ConvergeSummary())
 

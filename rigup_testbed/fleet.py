@@ -13,7 +13,6 @@ each host's cgroup, hub services, overlay mounts, network namespaces, the contro
 
 from __future__ import annotations
 
-import ast
 import fcntl
 import ipaddress
 import os
@@ -25,30 +24,15 @@ from typing import Any
 
 import yaml
 
-from rigup.desired.knobs import KNOBS_FILE
 from rigup_testbed.hosts import Host, HostSpec, create_host, start_host, wait_ready
+from rigup_testbed.hub import Hub, url_knobs
 from rigup_testbed.image import ImageSpec, ensure_image, ensure_layer
 from rigup_testbed.net import Network, create_hub, pick_subnet
 from rigup_testbed.registry import smoke_reference
 from rigup_testbed.state import Ledger, TestbedError, make_cgroup, run
 
 INSTANCE_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
-GROUP_DATA = KNOBS_FILE
 NET_LOCK = "/run/lock/rigup-testbed-net.lock" if os.path.isdir("/run/lock") else "/tmp/rigup-testbed-net.lock"
-
-
-def url_knobs(group_data: Path = GROUP_DATA) -> dict[str, str]:
-    """Knobs of group_data/all.py that name something outside the rig (every *_url, *_endpoint, and
-    the container registry) with their defaults. The test bed must point each of them at the hub."""
-    tree = ast.parse(group_data.read_text())
-    knobs: dict[str, str] = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            name = node.targets[0].id
-            if name.endswith(("_url", "_endpoint")) or name == "container_registry":
-                value = ast.literal_eval(node.value)
-                knobs[name] = str(value)
-    return knobs
 
 
 def registry_host_port(registry: str) -> str:
@@ -159,8 +143,6 @@ class Testbed:
         layer: Path | None = None
         t2 = time.monotonic()
         if self.with_hub:
-            from rigup_testbed.hub import Hub  # the hub's own imports are heavier; only when wanted
-
             hub_dir = self.workdir / "hub"
             self.ledger.add("dir", path=str(hub_dir))
             make_cgroup(self.ledger, f"{self.instance}/hub")

@@ -31,6 +31,7 @@ Without `netns`/`ledger` the services run in the current namespace, recorded in 
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import sys
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rigup.desired.knobs import KNOBS_FILE
 from rigup_testbed import PACKAGE_DIR
 from rigup_testbed.image import REPO_ROOT, cache_dir
 from rigup_testbed.state import Ledger, TestbedError, is_same_process, spawn, stop_process
@@ -66,6 +68,21 @@ class Service:
     ready: dict[str, Any] = field(default_factory=dict)
 
 
+def url_knobs(group_data: Path = KNOBS_FILE) -> dict[str, str | None]:
+    """Knobs of group_data/all.py that name something outside the rig (every *_url, *_endpoint, and
+    the container registry) with their defaults (None: unset, e.g. pip's own configured index): what
+    the hub stands in for, so the test bed must point each of them at the hub."""
+    tree = ast.parse(group_data.read_text())
+    knobs: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+            if name.endswith(("_url", "_endpoint")) or name == "container_registry":
+                value = ast.literal_eval(node.value)
+                knobs[name] = None if value is None else str(value)
+    return knobs
+
+
 def _source_refs(remotes: dict[str, Any]) -> dict[str, str]:
     from rigup_testbed.gitremotes import source_refs_of
 
@@ -74,11 +91,9 @@ def _source_refs(remotes: dict[str, Any]) -> dict[str, str]:
 
 def _git_knobs(base: str, root: Path) -> dict[str, str]:
     """Every *_git_url knob whose GitHub repo the hub serves, at the same <owner>/<name>.git path."""
-    from rigup_testbed.fleet import url_knobs
-
     out: dict[str, str] = {}
     for knob, default in url_knobs().items():
-        if not knob.endswith("_git_url"):
+        if not knob.endswith("_git_url") or default is None:
             continue
         path = urllib.parse.urlsplit(default).path.strip("/")
         if (root / path).is_dir():

@@ -12,53 +12,49 @@ Reads: nvidia_ctk_apt_url, nvidia_ctk_apt_key_url, nvidia_ctk_packages, gpu_smok
 container_registry.
 Restarts: docker.service, only when the nvidia runtime was just configured.
 Not idempotent: the smoke test (runs only after a change; skipped when the driver waits for a reboot).
-A gateway-only host (serves_variant: false): nothing.
 """
 
 
 from pyinfra import host
 from pyinfra.operations import apt, files, systemd
 
-from rigup.desired.knobs import knob
 from rigup.operations.apt import CTK_KEYRING, CTK_LIST, ctk_repo_uri, signed_repository
 from rigup.operations.docker import docker_nvidia_runtime, image_ref
 from rigup.operations.gpu import gpu_smoke_test, nvidia_dev_char_links
 from rigup.runstate import changed, serving_blocked
 
-if knob(host.data, "serves_variant"):  # a gateway-only host has no GPU to wire
+signed_repository(
+    name="Add NVIDIA's container toolkit signed apt repository",
+    key_url=host.data.nvidia_ctk_apt_key_url,
+    keyring=CTK_KEYRING,
+    source_list=CTK_LIST,
+    uri=ctk_repo_uri(host.data.nvidia_ctk_apt_url),
+)
+toolkit = apt.packages(name="Install the NVIDIA container toolkit", packages=list(host.data.nvidia_ctk_packages))
 
-    signed_repository(
-        name="Add NVIDIA's container toolkit signed apt repository",
-        key_url=host.data.nvidia_ctk_apt_key_url,
-        keyring=CTK_KEYRING,
-        source_list=CTK_LIST,
-        uri=ctk_repo_uri(host.data.nvidia_ctk_apt_url),
-    )
-    toolkit = apt.packages(name="Install the NVIDIA container toolkit", packages=list(host.data.nvidia_ctk_packages))
+runtime = docker_nvidia_runtime(name="Register the nvidia runtime with Docker")
+systemd.service(
+    name="Restart Docker after the runtime configuration changed",
+    service="docker.service",
+    running=True,
+    restarted=True,
+    _if=runtime.did_change,
+)
 
-    runtime = docker_nvidia_runtime(name="Register the nvidia runtime with Docker")
-    systemd.service(
-        name="Restart Docker after the runtime configuration changed",
-        service="docker.service",
-        running=True,
-        restarted=True,
-        _if=runtime.did_change,
-    )
+files.put(
+    name="Install the udev rule that keeps /dev/char links for NVIDIA devices",
+    src="files/71-nvidia-dev-char.rules",
+    dest="/etc/udev/rules.d/71-nvidia-dev-char.rules",
+    mode="644",
+)
+nvidia_dev_char_links(name="Create /dev/char links for NVIDIA devices")
 
-    files.put(
-        name="Install the udev rule that keeps /dev/char links for NVIDIA devices",
-        src="files/71-nvidia-dev-char.rules",
-        dest="/etc/udev/rules.d/71-nvidia-dev-char.rules",
-        mode="644",
-    )
-    nvidia_dev_char_links(name="Create /dev/char links for NVIDIA devices")
-
-    blocked = serving_blocked(host)
-    gpu_smoke_test(
-        name="Check a CUDA container sees every GPU (after a driver, Docker or toolkit change)",
-        image=image_ref(host.data.container_registry, host.data.gpu_smoke_image),
-        _if=[
-            lambda: blocked is None,
-            lambda: toolkit.did_change() or runtime.did_change() or changed(host, "driver", "docker"),
-        ],
-    )
+blocked = serving_blocked(host)
+gpu_smoke_test(
+    name="Check a CUDA container sees every GPU (after a driver, Docker or toolkit change)",
+    image=image_ref(host.data.container_registry, host.data.gpu_smoke_image),
+    _if=[
+        lambda: blocked is None,
+        lambda: toolkit.did_change() or runtime.did_change() or changed(host, "driver", "docker"),
+    ],
+)

@@ -14,7 +14,6 @@ Reads: docker_apt_url, docker_apt_key_url, docker_packages, docker_insecure_regi
 Restarts: docker.service, only when daemon.json changed while Docker was already running (starts it
 when it is not running). apt-get update runs only when the key or the source file changed.
 Not idempotent: none.
-A gateway-only host (serves_variant: false): nothing.
 """
 
 
@@ -33,51 +32,50 @@ PREREQUISITES = ["ca-certificates", "curl"]  # https apt sources; files.download
 # Distribution packages Docker's own packages conflict with (Docker's install guide removes them).
 CONFLICTING = ["docker.io", "docker-doc", "docker-compose", "docker-compose-v2", "podman-docker", "containerd", "runc"]
 
-os_info = host.get_fact(OsReleaseInfo) if knob(host.data, "serves_variant") else None  # a gateway-only host: no Docker
-if os_info is not None and os_info.codename:
-    arch = host.get_fact(DebArch) or "amd64"
-    installed = host.get_fact(DebPackages) or {}
-    missing = [p for p in PREREQUISITES if p not in installed]
+os_info = host.get_fact(OsReleaseInfo)  # preflight passed: an allowed Ubuntu release, with its codename
+arch = host.get_fact(DebArch) or "amd64"
+installed = host.get_fact(DebPackages) or {}
+missing = [p for p in PREREQUISITES if p not in installed]
 
-    if missing:  # only a box without them needs the package lists refreshed first
-        apt.update(name="Update apt before installing missing prerequisites")
-    apt.packages(name="Install apt transport prerequisites", packages=PREREQUISITES)
+if missing:  # only a box without them needs the package lists refreshed first
+    apt.update(name="Update apt before installing missing prerequisites")
+apt.packages(name="Install apt transport prerequisites", packages=PREREQUISITES)
 
-    signed_repository(
-        name="Add Docker's signed apt repository",
-        key_url=host.data.docker_apt_key_url,
-        keyring=DOCKER_KEYRING,
-        source_list=DOCKER_LIST,
-        uri=host.data.docker_apt_url,
-        suite=os_info.codename,
-        components="stable",
-        arch=arch,
-    )
+signed_repository(
+    name="Add Docker's signed apt repository",
+    key_url=host.data.docker_apt_key_url,
+    keyring=DOCKER_KEYRING,
+    source_list=DOCKER_LIST,
+    uri=host.data.docker_apt_url,
+    suite=os_info.codename,
+    components="stable",
+    arch=arch,
+)
 
-    # Written before the packages, so a fresh Docker starts with it; a running one is restarted below.
-    docker_was_running = bool(host.get_fact(SystemdStatus, services=["docker.service"]).get("docker.service"))
-    daemon = docker_daemon_config(
-        name="Merge rigup's settings into Docker's daemon.json",
-        insecure_registries=list(knob(host.data, "docker_insecure_registries") or []),
-    )
+# Written before the packages, so a fresh Docker starts with it; a running one is restarted below.
+docker_was_running = bool(host.get_fact(SystemdStatus, services=["docker.service"]).get("docker.service"))
+daemon = docker_daemon_config(
+    name="Merge rigup's settings into Docker's daemon.json",
+    insecure_registries=list(knob(host.data, "docker_insecure_registries") or []),
+)
 
-    removed = apt.packages(
-        name="Remove distribution packages that conflict with Docker CE",
-        packages=CONFLICTING,
-        present=False,
-    )
-    packages = apt.packages(name="Install Docker CE and the compose plugin", packages=list(host.data.docker_packages))
-    started = systemd.service(
-        name="Ensure Docker is running and enabled",
-        service="docker.service",
-        running=True,
-        enabled=True,
-    )
-    restarted = systemd.service(
-        name="Restart Docker after a daemon.json change",
-        service="docker.service",
-        running=True,
-        restarted=True,
-        _if=[daemon.did_change, lambda: docker_was_running],
-    )
-    note_change(host, "docker", removed, packages, started, restarted)
+removed = apt.packages(
+    name="Remove distribution packages that conflict with Docker CE",
+    packages=CONFLICTING,
+    present=False,
+)
+packages = apt.packages(name="Install Docker CE and the compose plugin", packages=list(host.data.docker_packages))
+started = systemd.service(
+    name="Ensure Docker is running and enabled",
+    service="docker.service",
+    running=True,
+    enabled=True,
+)
+restarted = systemd.service(
+    name="Restart Docker after a daemon.json change",
+    service="docker.service",
+    running=True,
+    restarted=True,
+    _if=[daemon.did_change, lambda: docker_was_running],
+)
+note_change(host, "docker", removed, packages, started, restarted)

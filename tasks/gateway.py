@@ -17,13 +17,12 @@ Restarts: rigup-gateway.service when its venv, environment file, config or unit 
 started (judged on the host, so an interrupted run is finished by the next); then removes the venvs
 of earlier pins.
 Not idempotent: "Wait for the gateway to answer" runs only after such a restart.
-Hosts outside gateway_group: nothing.
+Included by deploy.py on gateway_group hosts that passed preflight only.
 """
 
 from io import StringIO
 
 from pyinfra import host
-from pyinfra.api.exceptions import DeployError
 from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.operations import apt, files
 
@@ -45,59 +44,57 @@ from rigup.operations.gateway import (
     other_venvs_removed,
     unit_runs_current_files,
 )
+from rigup.operations.planning_errors import stop_the_run_on
 from rigup.operations.serving import secret_file
 
-try:
+with stop_the_run_on(host, GatewayError, SecretError, KnobError):
     fleet = [(other.name, other.data.dict()) for other in host.inventory]
     plan = gateway_plan(host.name, host.data.dict(), host.groups, fleet)
-except (GatewayError, SecretError, KnobError) as exc:
-    raise DeployError(f"{host.name}: {exc}") from None
-
-if plan is not None:
-    paths = plan.paths
-    apt.packages(name="Install python3-venv and curl for the gateway", packages=["python3-venv", "curl"])
-    files.directory(name="Create the gateway directory", path=paths.root, mode="755")
-    files.put(
-        name="Upload the gateway's hash-pinned requirements",
-        src=str(REQUIREMENTS_FILE),
-        dest=paths.requirements_file,
-        mode="644",
-    )
-    gateway_venv(
-        name="Build the gateway venv (LiteLLM proxy, pinned)",
-        venv=paths.venv,
-        requirements=paths.requirements_file,
-        requirements_sha256=requirements_sha256(),
-        index_url=plan.pip_index_url,
-    )
-    secret_file(
-        name="Write the gateway environment file (0600: its key and the rigs' keys)",
-        path=paths.env_file,
-        content=HiddenValue(plan.env_text),
-    )
-    gateway_config(
-        name="Write the gateway routes from what each rig serves now",
-        path=paths.config_file,
-        rigs=plan.rigs,
-        install_roots=plan.install_roots,
-        health_check_interval_s=plan.health_check_interval_s,
-        num_retries=plan.num_retries,
-    )
-    files.put(
-        name="Write the gateway's systemd unit",
-        src=StringIO(unit_text(paths, bind_address=plan.bind_address, port=plan.port)),
-        dest=UNIT_FILE,
-        mode="644",
-    )
-    service = unit_runs_current_files(
-        name="Run the gateway on its current venv, keys, routes and unit (restart only on a change)",
-        unit=UNIT_NAME,
-        files=[f"{paths.venv}/.rigup-installed", paths.env_file, paths.config_file, UNIT_FILE],
-    )
-    gateway_ready(
-        name="Wait for the gateway to answer",
-        url=plan.readiness_url,
-        timeout_s=plan.ready_timeout_s,
-        _if=service.did_change,
-    )
-    other_venvs_removed(name="Remove the venvs of earlier gateway pins", root=paths.root, keep=paths.venv)
+assert plan is not None  # deploy.py includes this file on gateway_group hosts only
+paths = plan.paths
+apt.packages(name="Install python3-venv and curl for the gateway", packages=["python3-venv", "curl"])
+files.directory(name="Create the gateway directory", path=paths.root, mode="755")
+files.put(
+    name="Upload the gateway's hash-pinned requirements",
+    src=str(REQUIREMENTS_FILE),
+    dest=paths.requirements_file,
+    mode="644",
+)
+gateway_venv(
+    name="Build the gateway venv (LiteLLM proxy, pinned)",
+    venv=paths.venv,
+    requirements=paths.requirements_file,
+    requirements_sha256=requirements_sha256(),
+    index_url=plan.pip_index_url,
+)
+secret_file(
+    name="Write the gateway environment file (0600: its key and the rigs' keys)",
+    path=paths.env_file,
+    content=HiddenValue(plan.env_text),
+)
+gateway_config(
+    name="Write the gateway routes from what each rig serves now",
+    path=paths.config_file,
+    rigs=plan.rigs,
+    install_roots=plan.install_roots,
+    health_check_interval_s=plan.health_check_interval_s,
+    num_retries=plan.num_retries,
+)
+files.put(
+    name="Write the gateway's systemd unit",
+    src=StringIO(unit_text(paths, bind_address=plan.bind_address, port=plan.port)),
+    dest=UNIT_FILE,
+    mode="644",
+)
+service = unit_runs_current_files(
+    name="Run the gateway on its current venv, keys, routes and unit (restart only on a change)",
+    unit=UNIT_NAME,
+    files=[f"{paths.venv}/.rigup-installed", paths.env_file, paths.config_file, UNIT_FILE],
+)
+gateway_ready(
+    name="Wait for the gateway to answer",
+    url=plan.readiness_url,
+    timeout_s=plan.ready_timeout_s,
+    _if=service.did_change,
+)
+other_venvs_removed(name="Remove the venvs of earlier gateway pins", root=paths.root, keep=paths.venv)

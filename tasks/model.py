@@ -13,7 +13,6 @@ Not idempotent: none. In fleet mode the first rig that needs a model serves it t
 "Copy model files between rigs", only while a peer needs files.
 Without a usable lock: a real run stops here (when sources did not already; pyinfra ends the run when a task file raises), saying what
 the lock pins and how to make it; a --dry run warns so in one line and plans nothing here.
-A gateway-only host (serves_variant: false): nothing.
 """
 
 from pyinfra import host, state
@@ -29,7 +28,7 @@ from rigup.operations.model import RIGFETCH_SRC, model_files, model_fleet_share
 from rigup.runstate import pins_missing
 
 try:
-    plan = plan_models(state, host) if knob(host.data, "serves_variant") else None  # none on a gateway-only host
+    plan = plan_models(state, host)
 except RecipeError as exc:  # a pod's recipe (preflight reports it first in a whole deploy)
     raise DeployError(f"{host.name}: {exc}") from None
 except LockError as exc:

@@ -23,21 +23,11 @@ container_registry, lock_file.
 A gateway-only host (serves_variant: false) is checked for root or passwordless sudo, systemd, apt,
 its OS and room for the gateway's venv only.
 Changes: nothing. Restarts: nothing.
-From here on every fact is read once per run per host (rigup.facts.once): re-read only after
-something ran on the host, and the facts the last run asked for come back in one round trip, sent as
-this file starts loading; and
-pyinfra orders operations from call stacks read without source lines (rigup.operations.call_order).
+Judged while pyinfra plans the deploy (with -y and --dry too): a host that fails is failed then, and
+deploy.py plans nothing after preflight for it, so a --dry run says what a real run would do and
+exits 1.
 """
 
-from pyinfra import state
+from rigup.operations.preflight import preflight_gate
 
-from rigup.facts.once import read_facts_once
-
-read_facts_once(state)  # first: the host's recorded facts are read while the rest of the deploy loads
-
-from rigup.operations.call_order import lean_call_order  # noqa: E402
-from rigup.operations.preflight import preflight_checks  # noqa: E402
-
-lean_call_order()
-
-preflight_checks(name="Run preflight checks (a failed check fails this host)")
+preflight_gate(name="Run preflight checks (a failed check fails this host)")

@@ -28,14 +28,12 @@ generation, restarts it, gates it again, and fails the host saying it was rolled
 Skipped, with a warning, on a host whose driver needs a reboot under driver_reboot=never.
 Without a usable lock: a real run stops (when sources or model did not already), saying
 what the lock pins and how to make it; a --dry run warns so in one line and plans nothing here.
-A gateway-only host (serves_variant: false): nothing.
 """
 
 import posixpath
 from io import StringIO
 
 from pyinfra import host, logger
-from pyinfra.api.exceptions import DeployError
 from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.operations import apt, files
 
@@ -46,6 +44,7 @@ from rigup.desired.recipe import RecipeError
 from rigup.desired.release import release_path
 from rigup.desired.secrets import SecretError
 from rigup.facts.gpu import GpuTopology
+from rigup.operations.planning_errors import stop_the_run_on
 from rigup.operations.serving import (
     ctl_path,
     health_gate,
@@ -59,99 +58,96 @@ from rigup.operations.serving import (
 from rigup.rig import SERVINGCTL_SCRIPT
 from rigup.runstate import driver_changed, pins_missing, serving_blocked
 
-if knob(host.data, "serves_variant"):  # a gateway-only host runs no variant
-    # The interconnect plan (NCCL / custom all-reduce) comes from the GPU topology read now, as preflight,
-    # status and doctor read it. On a host whose driver is installed in this same run it is unknown here
-    # (no nvidia-smi yet): the gpu_interconnect knob decides, and the next run applies what is detected.
-    topology = host.get_fact(GpuTopology)
-    try:
-        plans = host_plans(host.data.dict(), host.name, topology, require_lock=False)
-        env_texts = [plan.env_text() for plan in plans]  # refuses quotes/newlines that would break the .env
-        timeouts = [health_timeout_s(plan.recipe, knob(host.data, "serving_health_timeout_s")) for plan in plans]
-        keep = knob_int(host.data, "serving_keep_generations", minimum=1)
-    except (LockError, RecipeError, SecretError, ValueError) as exc:
-        raise DeployError(f"{host.name}: {exc}") from None
-    # no release without pins: --dry warns, a real run fails
-    missing_pins = any([pins_missing(host, "serving", plan) for plan in plans])
-    blocked = serving_blocked(host)
-    if blocked is not None and not missing_pins:
-        logger.warning(f"{host.print_prefix}SERVING SKIPPED: {blocked}")
-    if blocked is None and not missing_pins:
-        paths = plans[0].recipe.paths  # the host's paths (install root, state) are every pod's
-        ctl = ctl_path(paths.install_root)
-        pods = list(zip(plans, env_texts, timeouts))
+# The interconnect plan (NCCL / custom all-reduce) comes from the GPU topology read now, as preflight,
+# status and doctor read it. On a host whose driver is installed in this same run it is unknown here
+# (no nvidia-smi yet): the gpu_interconnect knob decides, and the next run applies what is detected.
+topology = host.get_fact(GpuTopology)
+with stop_the_run_on(host, LockError, RecipeError, SecretError, ValueError):
+    plans = host_plans(host.data.dict(), host.name, topology, require_lock=False)
+    env_texts = [plan.env_text() for plan in plans]  # refuses quotes/newlines that would break the .env
+    timeouts = [health_timeout_s(plan.recipe, knob(host.data, "serving_health_timeout_s")) for plan in plans]
+    keep = knob_int(host.data, "serving_keep_generations", minimum=1)
+# no release without pins: --dry warns, a real run fails
+missing_pins = any([pins_missing(host, "serving", plan) for plan in plans])
+blocked = serving_blocked(host)
+if blocked is not None and not missing_pins:
+    logger.warning(f"{host.print_prefix}SERVING SKIPPED: {blocked}")
+if blocked is None and not missing_pins:
+    paths = plans[0].recipe.paths  # the host's paths (install root, state) are every pod's
+    ctl = ctl_path(paths.install_root)
+    pods = list(zip(plans, env_texts, timeouts))
 
-        apt.packages(name="Install python3 for rigup-servingctl", packages=["python3"])
-        files.directory(name="Create the rigup bin directory", path=posixpath.dirname(ctl), mode="755")
-        files.directory(name="Create the state directory", path=paths.state_dir, mode="755")
+    apt.packages(name="Install python3 for rigup-servingctl", packages=["python3"])
+    files.directory(name="Create the rigup bin directory", path=posixpath.dirname(ctl), mode="755")
+    files.directory(name="Create the state directory", path=paths.state_dir, mode="755")
+    files.put(
+        name="Upload rigup-servingctl (health gate, generations, rollback)",
+        src=str(SERVINGCTL_SCRIPT),
+        dest=ctl,
+        mode="755",
+    )
+    # Pull before any file changes: the old release keeps serving during the download, and a failed
+    # pull leaves the rig as it was.
+    for ref in host.loop(dict.fromkeys(plan.recipe.image.ref for plan in plans)):
+        image_pulled(name="Pull the container image", ref=ref)
+
+    for plan, env_text, _ in host.loop(pods):
+        pod, recipe = plan.pod_suffix, plan.recipe
+        files.directory(name=f"Create the variant directory{pod}", path=recipe.paths.variant_dir, mode="755")
+        for cache_dir in host.loop(recipe.host_dirs):
+            files.directory(name=f"Create the variant's cache directories{pod}", path=cache_dir, mode="755")
         files.put(
-            name="Upload rigup-servingctl (health gate, generations, rollback)",
-            src=str(SERVINGCTL_SCRIPT),
-            dest=ctl,
-            mode="755",
+            name=f"Write the compose file{pod}",
+            src=StringIO(plan.compose.content),
+            dest=recipe.paths.compose_file,
+            mode="644",
         )
-        # Pull before any file changes: the old release keeps serving during the download, and a failed
-        # pull leaves the rig as it was.
-        for ref in host.loop(dict.fromkeys(plan.recipe.image.ref for plan in plans)):
-            image_pulled(name="Pull the container image", ref=ref)
-
-        for plan, env_text, _ in host.loop(pods):
-            pod, recipe = plan.pod_suffix, plan.recipe
-            files.directory(name=f"Create the variant directory{pod}", path=recipe.paths.variant_dir, mode="755")
-            for cache_dir in host.loop(recipe.host_dirs):
-                files.directory(name=f"Create the variant's cache directories{pod}", path=cache_dir, mode="755")
-            files.put(
-                name=f"Write the compose file{pod}",
-                src=StringIO(plan.compose.content),
-                dest=recipe.paths.compose_file,
-                mode="644",
-            )
-            secret_file(
-                name=f"Write the environment file (0600: the only place secrets go){pod}",
-                path=recipe.paths.env_file,
-                content=HiddenValue(env_text),
-                mode=plan.env.mode,
-            )
-            files.put(
-                name=f"Write the systemd unit{pod}",
-                src=StringIO(plan.unit.content),
-                dest=recipe.paths.unit_file,
-                mode="644",
-            )
-            files.put(
-                name=f"Write the release file (pins and file hashes){pod}",
-                src=StringIO(plan.release_text),
-                dest=release_path(recipe),
-                mode="644",
-            )
-
-        # handlers: GPUs free, then (re)start each pod from what is on disk, then its gate. A pod whose
-        # files did not change is not restarted: changing one pod never restarts another.
-        sole_variant(
-            name="Stop and disable other rigup variants",
-            unit=[plan.recipe.paths.unit_name for plan in plans],
-            install_root=paths.install_root,
+        secret_file(
+            name=f"Write the environment file (0600: the only place secrets go){pod}",
+            path=recipe.paths.env_file,
+            content=HiddenValue(env_text),
+            mode=plan.env.mode,
         )
-        for plan, _, timeout_s in host.loop(pods):
-            pod, recipe = plan.pod_suffix, plan.recipe
-            service = variant_service(
-                name=f"Run the variant on its current files (restart only if they changed since it started){pod}",
-                ctl=ctl,
-                release=release_path(recipe),
-                unit=recipe.paths.unit_name,
-            )
-            health_gate(
-                name=f"Health-gate the (re)started variant; roll back on failure{pod}",
-                ctl=ctl,
-                release=release_path(recipe),
-                timeout_s=timeout_s,
-                keep=keep,
-                _if=lambda service=service: service.did_change() or driver_changed(host),
-            )
-            serving_verified(
-                name=f"Ensure the variant serves its recorded release{pod}",
-                ctl=ctl,
-                release=release_path(recipe),
-                timeout_s=timeout_s,
-                keep=keep,
-            )
+        files.put(
+            name=f"Write the systemd unit{pod}",
+            src=StringIO(plan.unit.content),
+            dest=recipe.paths.unit_file,
+            mode="644",
+        )
+        files.put(
+            name=f"Write the release file (pins and file hashes){pod}",
+            src=StringIO(plan.release_text),
+            dest=release_path(recipe),
+            mode="644",
+        )
+
+    # handlers: GPUs free, then (re)start each pod from what is on disk, then its gate. A pod whose
+    # files did not change is not restarted: changing one pod never restarts another.
+    sole_variant(
+        name="Stop and disable other rigup variants",
+        unit=[plan.recipe.paths.unit_name for plan in plans],
+        install_root=paths.install_root,
+    )
+    for plan, _, timeout_s in host.loop(pods):
+        pod, recipe = plan.pod_suffix, plan.recipe
+        service = variant_service(
+            name=f"Run the variant on its current files (restart only if they changed since it started){pod}",
+            ctl=ctl,
+            release=release_path(recipe),
+            unit=recipe.paths.unit_name,
+        )
+        health_gate(
+            name=f"Health-gate the (re)started variant; roll back on failure{pod}",
+            ctl=ctl,
+            release=release_path(recipe),
+            timeout_s=timeout_s,
+            keep=keep,
+            _if=lambda service=service: service.did_change() or driver_changed(host),
+        )
+        serving_verified(
+            name=f"Ensure the variant serves its recorded release{pod}",
+            ctl=ctl,
+            release=release_path(recipe),
+            timeout_s=timeout_s,
+            keep=keep,
+        )

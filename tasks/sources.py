@@ -10,39 +10,34 @@ Restarts: nothing (serving renders the commits into its provenance and restarts 
 Not idempotent: none (a re-run with the same pins changes nothing).
 Without a usable lock: the first phase that needs pins. A real run stops here (pyinfra ends the run when a task
 file raises), saying what the lock pins and how to make it; a --dry run warns so in one line and plans nothing here.
-A gateway-only host (serves_variant: false): nothing.
 """
 
 from pyinfra import host
-from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import apt, files
 
-from rigup.desired.knobs import knob
 from rigup.desired.lock import LockError
 from rigup.desired.plan import host_plans, host_sources
 from rigup.desired.recipe import RecipeError
 from rigup.operations.git import git_checkout
+from rigup.operations.planning_errors import stop_the_run_on
 from rigup.runstate import pins_missing
 
-if knob(host.data, "serves_variant"):  # a gateway-only host runs no variant
-    try:
-        plans = host_plans(host.data.dict(), host.name, read_secrets=False, require_lock=False)
-    except (LockError, RecipeError) as exc:
-        raise DeployError(f"{host.name}: {exc}") from None
-    wanted = host_sources(plans)  # every pod's sources, each once, with the paths all of them mount
-    # a variant without sources needs no pins here (the model phase refuses then)
-    sources = () if wanted and any(pins_missing(host, "sources", plan) for plan in plans) else wanted
+with stop_the_run_on(host, LockError, RecipeError):
+    plans = host_plans(host.data.dict(), host.name, read_secrets=False, require_lock=False)
+wanted = host_sources(plans)  # every pod's sources, each once, with the paths all of them mount
+# a variant without sources needs no pins here (the model phase refuses then)
+sources = () if wanted and any(pins_missing(host, "sources", plan) for plan in plans) else wanted
 
-    if sources:
-        apt.packages(name="Install git", packages=["git"])
-        files.directory(name="Create the sources directory", path=plans[0].recipe.paths.sources_dir, mode="755")
+if sources:
+    apt.packages(name="Install git", packages=["git"])
+    files.directory(name="Create the sources directory", path=plans[0].recipe.paths.sources_dir, mode="755")
 
-    for source in host.loop(sources):
-        git_checkout(
-            name="Check out each source at its locked commit",
-            src=source.git_url,
-            dest=source.path,
-            commit=source.commit,
-            full_clone=source.full_clone,
-            required_paths=source.required_paths,
-        )
+for source in host.loop(sources):
+    git_checkout(
+        name="Check out each source at its locked commit",
+        src=source.git_url,
+        dest=source.path,
+        commit=source.commit,
+        full_clone=source.full_clone,
+        required_paths=source.required_paths,
+    )

@@ -1,7 +1,7 @@
 """Unit tests render variants from the test bed's upstream fixture trees (rigup_testbed/recipes.py),
 the same files the test bed's git remotes commit; nothing reaches the network. Subprocesses (rigup,
 pyinfra) get the same trees through $RIGUP_UPSTREAM_TREES. The e2e tests read the test bed's git
-remotes instead (tests/e2e/conftest.py clears it). The fact records of rigup.facts.once (what each
+remotes instead (tests/e2e/conftest.py clears it). The fact records of rigup.pyinfra_patches.fact_batching (what each
 host's facts were, for the next run's one-round-trip read) go to a directory of this session, not
 the checkout's .cache."""
 
@@ -13,7 +13,7 @@ import os
 import pytest
 
 from rigup.desired.upstream import TREES_ENV, use_reader
-from rigup.facts.once import RECORDS_ENV
+from rigup.pyinfra_patches.fact_batching import RECORDS_ENV
 from rigup_testbed.recipes import SNAPSHOTS, tree, working_trees
 
 

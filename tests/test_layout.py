@@ -1,11 +1,14 @@
-"""The package's shape: no import cycle among rigup's modules, product code never imports the tests,
-and the scripts uploaded to rigs use the standard library only."""
+"""The package's shape: its layers import only downwards, no import cycle among rigup's modules,
+product code never imports the tests, and the scripts uploaded to rigs use the standard library only."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 import sys
 from pathlib import Path
+
+from pyinfra.api import FactBase
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "rigup"
@@ -16,8 +19,14 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def modules() -> dict[str, Path]:
-    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+def modules(package: Path = PACKAGE) -> dict[str, Path]:
+    """The package's importable modules: files whose directories are packages (__init__.py) up to its
+    root; scripts beside them that import their siblings by bare name (rigup_testbed/standins) are not."""
+    return {
+        module_name(p): p
+        for p in package.rglob("*.py")
+        if all((d / "__init__.py").is_file() for d in p.parents if d.is_relative_to(package))
+    }
 
 
 def imported(path: Path, known: set[str]) -> set[str]:
@@ -33,10 +42,15 @@ def imported(path: Path, known: set[str]) -> set[str]:
     return out
 
 
-def rigup_graph() -> dict[str, set[str]]:
-    mods = modules()
+def import_graph(package: Path) -> dict[str, set[str]]:
+    """Each module of `package` -> the package's modules it imports (for cycles(); tests of other packages use it)."""
+    mods = modules(package)
     known = set(mods)
     return {name: {m for m in imported(path, known) if m in known and m != name} for name, path in mods.items()}
+
+
+def rigup_graph() -> dict[str, set[str]]:
+    return import_graph(PACKAGE)
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -105,14 +119,75 @@ def test_rig_scripts_use_the_standard_library_only() -> None:
         assert not outside, f"{path.name} imports {sorted(outside)}: rigs run it with a bare python3"
 
 
+# rigup's layers, lowest first. A module may import its own layer and any lower one, never a higher
+# one or another of its own rank (function-level imports count); every module belongs to a layer.
+LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"rigup", "rig"}),  # the package root (where the deploy and user files live); rig-side scripts
+    frozenset({"parsers"}),  # pure parsers of what a tool prints on a rig
+    frozenset({"desired", "facts"}),  # what the control machine decides (host_plan); what a rig reports
+    frozenset({"client"}),  # the control machine's SSH and OpenAI-API connections to rigs
+    frozenset({"checks", "pyinfra_patches"}),  # facts and replies judged against the plan; pyinfra's speed-ups
+    frozenset({"runstate"}),  # what one task file decides and a later one reads
+    frozenset({"operations"}),  # pyinfra operations that close the gaps
+    frozenset({"cli"}),  # `python -m rigup <command>`
+    frozenset({"__main__"}),
+)
+RANK = {layer: rank for rank, layers in enumerate(LAYERS) for layer in layers}
+# (importer, imported) pairs allowed against the order, each with why; none is needed today.
+EXCEPTIONS: dict[tuple[str, str], str] = {}
+
+
+def layer_of(module: str) -> str:
+    """rigup.facts.gpu -> facts, rigup.runstate -> runstate, rigup -> rigup."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of a higher layer, or of another layer of the same rank, as "importer (layer) imports
+    imported (layer)"."""
+    found = []
+    for name, deps in sorted(graph.items()):
+        layer = layer_of(name)
+        for dep in sorted(deps):
+            dep_layer = layer_of(dep)
+            if dep_layer != layer and RANK[dep_layer] >= RANK[layer] and (name, dep) not in EXCEPTIONS:
+                found.append(f"{name} ({layer}) imports {dep} ({dep_layer})")
+    return found
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    graph = {
+        "rigup.facts.gpu": {"rigup.checks.fit", "rigup.parsers.nvidia_smi"},
+        "rigup.desired.plan": {"rigup.facts.gpu"},
+        "rigup.checks.fit": {"rigup.checks.driver_plan", "rigup.desired.recipe"},
+    }
+    assert upward_imports(graph) == [
+        "rigup.desired.plan (desired) imports rigup.facts.gpu (facts)",
+        "rigup.facts.gpu (facts) imports rigup.checks.fit (checks)",
+    ]
+
+
+def test_every_module_belongs_to_a_layer() -> None:
+    unplaced = sorted({layer_of(name) for name in modules()} - RANK.keys())
+    assert not unplaced, f"place {unplaced} in LAYERS"
+
+
 def test_layers_point_one_way() -> None:
-    """Lower layers never import higher ones: parsers < facts/checks/desired < operations < cli."""
-    rank = {"parsers": 0, "client": 1, "desired": 1, "checks": 2, "facts": 2, "runstate": 3, "operations": 3, "cli": 4}
-    for name, deps in rigup_graph().items():
-        layer = name.split(".")[1] if name.count(".") else None
-        if layer not in rank:
+    assert upward_imports(rigup_graph()) == []
+
+
+def test_checks_read_no_facts() -> None:
+    """Checks judge facts already read (rigup.operations.preflight_facts reads preflight's): they may use
+    the data types a facts module defines, never a fact itself or get_fact."""
+    for name, path in modules().items():
+        if layer_of(name) != "checks":
             continue
-        for dep in deps:
-            dep_layer = dep.split(".")[1] if dep.count(".") else None
-            if dep_layer in rank and dep_layer != layer:
-                assert rank[dep_layer] <= rank[layer], f"{name} ({layer}) imports {dep} ({dep_layer})"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("rigup.facts"):
+                source = importlib.import_module(node.module)
+                read = [a.name for a in node.names
+                        if isinstance(getattr(source, a.name, None), type) and issubclass(getattr(source, a.name), FactBase)]
+                assert not read, f"{name} imports the facts {read} from {node.module}"
+            called = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+            assert called != "get_fact", f"{name} reads facts (get_fact, line {node.lineno})"

@@ -2,8 +2,8 @@
 
 Pure logic: `assess(recipe, gpus, driver_cuda, misfit_policy)` turns what the host's facts say into a
 list of Findings for preflight and `rigup doctor`, before anything is installed or pulled. The
-parsers for the nvidia-smi outputs it needs (memory in use, compute processes, the driver's CUDA
-version) live here too; rigup/facts/gpu.py runs the commands on a rig.
+nvidia-smi outputs it needs (memory in use, compute processes, the driver's CUDA version) are parsed
+in rigup/parsers/nvidia_smi.py and read on a rig by rigup/facts/gpu.py.
 
 What "fits" means (per GPU of the tensor-parallel group; sizes in MiB as nvidia-smi prints them):
 
@@ -49,7 +49,7 @@ from rigup.desired.catalog import GPU_MEMORY_UTILIZATION_RANGE, load_catalog
 from rigup.desired.interconnect import pcie_summary
 from rigup.desired.knobs import VRAM_MISFIT_POLICIES
 from rigup.desired.recipe import Recipe, nearest_layout
-from rigup.parsers.nvidia_smi import ComputeApp, GpuState, _cc
+from rigup.parsers.nvidia_smi import GpuState, _cc
 
 Severity = Literal["fail", "warn", "info"]
 
@@ -82,34 +82,6 @@ class Finding:
     @property
     def failed(self) -> bool:
         return not self.ok and self.severity == "fail"
-
-
-def own_pids(container_pids: int | Iterable[int] | None, chains: Iterable[Sequence[int]]) -> frozenset[int]:
-    """GPU processes of rigup's own containers: those whose ancestry (pid, parent, ...) holds one of
-    their init pids (a stopped container has pid 0 or none)."""
-    if isinstance(container_pids, int):
-        container_pids = (container_pids,)
-    roots = {pid for pid in container_pids or () if pid}
-    if not roots:
-        return frozenset()
-    return frozenset(chain[0] for chain in chains if chain and roots.intersection(chain))
-
-
-def exclude_own(gpus: Sequence[GpuState], apps: Iterable[ComputeApp], own: Iterable[int]) -> tuple[GpuState, ...]:
-    """memory_used_mib minus what this variant's own processes hold (a running rigup container is
-    replaced by the deploy, so its memory counts as free)."""
-    own_set = set(own)
-    by_uuid: dict[str, int] = {}
-    for app in apps:
-        if app.pid in own_set and app.used_mib is not None:
-            by_uuid[app.gpu_uuid] = by_uuid.get(app.gpu_uuid, 0) + app.used_mib
-    out = []
-    for g in gpus:
-        used = g.memory_used_mib
-        if used is not None and g.uuid in by_uuid:
-            used = max(0, used - by_uuid[g.uuid])
-        out.append(GpuState(g.index, g.name, g.memory_total_mib, used, g.compute_cap, g.uuid))
-    return tuple(out)
 
 
 def _get(obj: Any, *names: str) -> Any:
@@ -546,7 +518,7 @@ def assess(recipe: Recipe, gpus: Iterable[Any], driver_cuda: str | None, misfit_
     + gpus: every GPU of the host, in index order: GpuState, rigup.parsers.nvidia_smi.Gpu, the test bed's
       hardware entries, mappings or any object with memory_total_mib / memory_used_mib / name /
       compute_cap (see `gpu_state`). memory_used_mib must not count this variant's own container
-      (`exclude_own`); None means unknown and counts as 0.
+      (rigup.facts.gpu.exclude_own); None means unknown and counts as 0.
     + driver_cuda: "13.0" as nvidia-smi reports it (`parse_driver_cuda`, fact DriverCudaVersion) for the
       driver that will run the container; None when there is none yet, or when this run installs
       another branch (then the planned branch decides: rigup.checks.preflight's driver-cuda check)

@@ -9,7 +9,7 @@ rigup.checks.fit.assess and is reported as checks of the same kind.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -22,20 +22,18 @@ from rigup.checks.driver_plan import (
     needs_unsigned_modules,
     plan_driver,
 )
-from rigup.checks.fit import GpuState, assess
-from rigup.desired.catalog import rigup_container_names
+from rigup.checks.fit import assess
 from rigup.desired.gpu_power import LOW_CAP_SHARE, power_cap
 from rigup.desired.knobs import REBOOT_POLICIES, knob
-from rigup.facts.docker import DockerEngineInfo, DockerImage, DockerSnap
-from rigup.facts.driver import NvidiaKernelModule, NvidiaPackages, PrebuiltModules, PrebuiltNvidiaModules
-from rigup.facts.gpu import DriverCudaVersion, GpuMemoryUse, GpuTopology, NvidiaGpus, PciGpus
-from rigup.facts.serving import RigupVariantUnits
-from rigup.facts.system import FreeDisk, OsReleaseInfo, PathSizes, RebootPending, SecureBoot
+from rigup.desired.plan import host_plan
+from rigup.desired.pods import pod_data, ports_used_twice
+from rigup.desired.recipe import pods_of
+from rigup.facts.driver import PrebuiltModules
 from rigup.parsers.docker import DockerInfo
 from rigup.parsers.dpkg import DebPackage
 from rigup.parsers.gpu_models import known_gpu
 from rigup.parsers.lspci import PciDevice, visible_gpus
-from rigup.parsers.nvidia_smi import Gpu, SmiQuery
+from rigup.parsers.nvidia_smi import Gpu, GpuState, SmiQuery
 from rigup.parsers.system import Capabilities, DiskFree, LoadedModule, OsInfo, PendingReboot, SecureBootState
 from rigup.parsers.topology import Topology
 
@@ -71,7 +69,7 @@ class Check:
 
 @dataclass(frozen=True)
 class HostFacts:
-    """Everything the checks read about one host (facts, gathered by `gather`)."""
+    """Everything the checks read about one host (facts, read by rigup.operations.preflight_facts.gather)."""
 
     os: OsInfo | None
     smi: SmiQuery | None
@@ -137,10 +135,6 @@ def disk_paths(host_data: Mapping[str, Any], docker: DockerInfo | None) -> dict[
     }
 
 
-FactGetter = Callable[..., Any]
-_UNREAD: Any = object()
-
-
 @dataclass(frozen=True)
 class HostRecipe:
     """A host's recipe (one pod's) as the checks see it, and why it is missing or unpinned."""
@@ -159,8 +153,6 @@ def host_recipe(
     of `topology`) for `pod` (default: the host's only one). Without a usable lock, the catalog's refs
     stand in so the hardware checks still run; the sources, model and serving phases refuse to run
     until `python -m rigup lock` is done."""
-    from rigup.desired.plan import host_plan
-
     try:
         plan = host_plan(host_data, host_name, topology, base_dir=base_dir, require_lock=False, read_secrets=False,
                          pod=pod)
@@ -173,8 +165,6 @@ def host_recipes(
     host_data: Mapping[str, Any], host_name: str, topology: Topology | None, base_dir: Path | None = None
 ) -> list[HostRecipe]:
     """host_recipe for each of the host's pods (rigup.desired.pods), in the order it lists them."""
-    from rigup.desired.recipe import pods_of
-
     try:
         pods = pods_of(host_data)
     except Exception as exc:  # a bad pods entry: the "recipe" check says which
@@ -182,58 +172,9 @@ def host_recipes(
     return [host_recipe(host_data, host_name, topology, base_dir, pod) for pod in pods]
 
 
-def _recipes(recipe: Any) -> list[Any]:
+def recipe_list(recipe: Any) -> list[Any]:
     """A recipe, or the list of a host's pods' recipes, as a list without the missing ones."""
     return [r for r in (recipe if isinstance(recipe, (list, tuple)) else [recipe]) if r is not None]
-
-
-def gather(
-    get_fact: FactGetter, host_data: Mapping[str, Any], recipe: Any | None, topology: Topology | None = _UNREAD
-) -> HostFacts:
-    """Read every fact the checks need through `get_fact(FactClass, **kwargs)` (host.get_fact).
-    `recipe`: the host's recipe, or the list of its pods' recipes. `topology`: GpuTopology when the
-    caller read it already (to build the recipe)."""
-    recipes = _recipes(recipe)
-    try:
-        want = DriverWant.from_data(host_data)
-    except ValueError:
-        want = None
-    docker = get_fact(DockerEngineInfo)
-    paths = disk_paths(host_data, docker)
-    present: dict[str, int] = {}
-    if recipes:
-        wanted = sorted({*(m.path for r in recipes for m in r.models), *(s.path for r in recipes for s in r.sources)})
-        present.update(get_fact(PathSizes, paths=wanted))
-        if docker is not None and docker.running:
-            for ref in dict.fromkeys(r.image.ref for r in recipes):
-                image = get_fact(DockerImage, ref=ref)
-                present[ref] = image.size if image is not None else 0
-    # Memory rigup's own containers hold counts as free: the converge replaces them, and stops those of
-    # variant units it no longer runs (a pod renamed or dropped: rigup-<unit's name>).
-    installed = get_fact(RigupVariantUnits, install_root=str(knob(host_data, "install_root"))) if recipes else {}
-    leftover = tuple(unit[: -len(".service")] for unit in sorted(installed or {}))
-    own = tuple(dict.fromkeys((*rigup_container_names(), *(r.container_name for r in recipes), *leftover)))
-    return HostFacts(
-        os=get_fact(OsReleaseInfo),
-        smi=get_fact(NvidiaGpus),
-        pci=get_fact(PciGpus),
-        loaded=get_fact(NvidiaKernelModule),
-        packages=get_fact(NvidiaPackages),
-        secure_boot=get_fact(SecureBoot),
-        prebuilt=(
-            get_fact(PrebuiltNvidiaModules, branch_flavour=want.branch_flavour)
-            if want is not None and want.source == "ubuntu"
-            else None
-        ),
-        docker=docker,
-        docker_snap=bool(get_fact(DockerSnap)),
-        pending_reboot=get_fact(RebootPending),
-        disk=get_fact(FreeDisk, paths=sorted(set(paths.values()))),
-        present_bytes=present,
-        gpu_memory=get_fact(GpuMemoryUse, container_names=own) if recipes else None,
-        driver_cuda=get_fact(DriverCudaVersion),
-        topology=get_fact(GpuTopology) if topology is _UNREAD else topology,
-    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -537,7 +478,7 @@ def check_secure_boot(facts: HostFacts, want: DriverWant | None, plan: DriverPla
 def check_disk(facts: HostFacts, recipe: Any | None, host_data: Mapping[str, Any]) -> list[Check]:
     """Room for what is still to download; `recipe` may be the list of the host's pods' recipes (each
     model, source and image counted once)."""
-    recipes = _recipes(recipe)
+    recipes = recipe_list(recipe)
     if not recipes:
         return []
     margin_gb = float(knob(host_data, "preflight_disk_margin_gb"))
@@ -684,7 +625,7 @@ def run_checks(
 ) -> list[Check]:
     """Every preflight check for one host, in a stable order.
 
-    + facts: what `gather` read from the host
+    + facts: what rigup.operations.preflight_facts.gather read from the host
     + recipe: the host's recipe (`host_recipe`), or None when it could not be built
     + host_data: the host's knobs
     + recipe_error: why the recipe could not be built (reported as a failed check)
@@ -750,8 +691,6 @@ def pod_facts(facts: HostFacts, gpu_ids: Sequence[int]) -> HostFacts:
 def check_pod_layout(facts: HostFacts, built: Sequence[HostRecipe]) -> list[Check]:
     """The host's pods side by side: each GPU it names exists, and no two pods publish one port (the
     pods knob refuses a GPU given twice)."""
-    from rigup.desired.pods import ports_used_twice
-
     out: list[Check] = []
     present = {g.index for g in facts.gpus}
     for b in built:
@@ -773,8 +712,6 @@ def run_host_checks(facts: HostFacts, built: Sequence[HostRecipe], host_data: Ma
     """Every preflight check for a host and its pods (host_recipes): run_checks for a host of one
     unlisted pod; for a host that lists pods, the host's checks once, the pods' layout, the disk for
     all of them, and each pod's recipe checks on its own GPUs, named "<check> (<pod>)"."""
-    from rigup.desired.pods import pod_data
-
     if len(built) == 1 and (built[0].pod is None or not built[0].pod.listed):
         only = built[0]
         return run_checks(facts, only.recipe, host_data, only.error, only.lock_problem)

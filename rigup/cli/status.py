@@ -25,6 +25,7 @@ from typing import Any
 
 import requests
 
+from rigup.checks.preflight import check_capabilities
 from rigup.cli.runner import Target, add_target_arguments, fleet_targets, progress, run_fleet_command
 from rigup.client.openai_client import ApiClient
 from rigup.client.ssh import LOCAL_HOST, LazySsh, RemoteError, Runner, gpu_memory
@@ -36,7 +37,9 @@ from rigup.desired.release import Provenance, ProvenanceError, parse_provenance,
 from rigup.desired.secrets import SecretError
 from rigup.facts.gpu import GpuTopology, NvidiaGpus
 from rigup.facts.serving import RigupVariantUnits
+from rigup.facts.system import HostCapabilities
 from rigup.parsers.nvidia_smi import SmiQuery
+from rigup.parsers.system import Capabilities
 from rigup.parsers.topology import Topology
 
 OK, DRIFT, UNHEALTHY, INFO = "ok", "drift", "unhealthy", "info"
@@ -74,6 +77,7 @@ class Facts:
     topology: Topology | None = None  # GpuTopology: what the deploy renders the interconnect from
     file_hashes: dict[str, str | None] = field(default_factory=dict)  # relpath / "unit" -> sha256 now
     unit_logs: dict[str, list[str]] = field(default_factory=dict)  # a failed unit -> its journal's last lines
+    capabilities: Capabilities | None = None  # HostCapabilities: whether systemd runs there at all
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,9 @@ def gather_facts(runner: Runner, install_root: str, record: str | None = None) -
     """Everything status needs from one rig, in a few commands over one connection; `record`: the
     pod's provenance.json (default: the one of a host without pods)."""
     facts = Facts(reachable=True)
+    capabilities = HostCapabilities()
+    result = runner.run(capabilities.command, timeout=30)
+    facts.capabilities = capabilities.process(result.stdout.splitlines())
     path = record or provenance_path(install_root)
     result = runner.run(f"cat {shlex.quote(path)} 2>/dev/null || echo __RIGUP_ABSENT__", timeout=30)
     text = result.stdout
@@ -342,8 +349,17 @@ UNIT_LOG_LINES = 40  # enough to reach past systemd's and compose's own lines of
 START_LIMIT_HIT = "Start request repeated too quickly"  # systemd's words when a unit reaches StartLimitBurst
 
 
+def _systemd_items(facts: Facts) -> list[Item]:
+    """A host without systemd as its init (a container, WSL without systemd) cannot run rigup's units:
+    said in preflight's words, instead of a unit that is merely "not installed"."""
+    if facts.capabilities is None:
+        return []
+    failed = [c for c in check_capabilities(facts.capabilities, {}) if c.name == "systemd" and not c.ok]
+    return [Item("systemd", "the running init", check.message, UNHEALTHY, f"fix: {check.fix}") for check in failed]
+
+
 def _unit_items(desired: Desired, facts: Facts) -> list[Item]:
-    items: list[Item] = []
+    items: list[Item] = _systemd_items(facts)
     if desired.unit is not None:
         unit = facts.units.get(desired.unit)
         state = unit["state"] if unit else "not installed"

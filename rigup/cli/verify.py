@@ -9,7 +9,8 @@ Suites:
   --stress   verify-stress.sh: small needles, tool prefill, IDE-agent one-shot, multi-turn agent,
              LCB-coding shape, reasoning-heavy, large needles, ceiling ladder (VRAM per rung)
 
-Every check ends as pass, fail, skip or warn; the exit code is the number of failures (at most 125).
+Every check ends as pass, fail, skip or warn (the verdicts are rigup/checks/verify.py's); the exit
+code is the number of failures (at most 125).
 The service log (patch markers, SpecDecoding metrics) and GPU memory are read over SSH with the
 fleet's settings (journalctl -u rigup-<variant>, nvidia-smi); a rig that cannot be reached over
 SSH skips those parts and still gets every API check.
@@ -26,14 +27,34 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from rigup.checks.verify import (
+    FAIL,
+    PASS,
+    SKIP,
+    WARN,
+    CheckResult,
+    judge_ceiling_rung,
+    judge_completion,
+    judge_long_answer,
+    judge_models,
+    judge_mtp,
+    judge_needle,
+    judge_output_quality,
+    judge_patches,
+    judge_reasoning_heavy,
+    judge_streaming,
+    judge_streaming_tool_call,
+    judge_thinking,
+    judge_tool_call,
+    judge_tool_prefill,
+)
 from rigup.cli.runner import Target, add_target_arguments, api_targets, progress, run_fleet_command, service_log
-from rigup.client.openai_client import ApiClient, ChatResult
+from rigup.client.openai_client import ApiClient
 from rigup.client.ssh import LazySsh, RemoteError, ServiceLog, gpu_memory
 
-PASS, FAIL, SKIP, WARN = "pass", "fail", "skip", "warn"
 MAX_EXIT = 125  # exit codes wrap at 256; 126+ mean "could not run" to shells
 
-# --- prompts and thresholds from the seeds (shared/reference/upstream-facts.md §3) ------------
+# --- prompts from the seeds (shared/reference/upstream-facts.md §3) ----------------------------
 WEATHER_TOOL = {
     "type": "function",
     "function": {
@@ -81,14 +102,9 @@ ESSAY_PROMPT = (
     "Write a 1500-word essay explaining how the attention mechanism in transformer models works, "
     "covering queries, keys and values, multi-head attention, and why it scales with context length."
 )
-QUALITY_WORDS = 200
-QUALITY_MIN_VARIETY = 0.30
-QUALITY_MAX_REPEATS = 5
+# What the service log is grepped for: spec-decode metrics, and the runtime patches' markers.
 SPEC_LINE = r"SpecDecoding|acceptance length|spec_decode"
-ACCEPTANCE = re.compile(r"mean[ _]acceptance[ _]length[\"']?\s*[:=]\s*([0-9]+(?:\.[0-9]+)?)", re.IGNORECASE)
 PATCH_MARKERS = r"\[Genesis\]|apply_all elapsed|\[OK\] Qwen3 tool_call fix|\[FAILED\]"
-PATCH_FAILED = re.compile(r"\[Genesis\] FAILED|\[FAILED\]")
-PATCH_APPLIED = re.compile(r"\[OK\] Qwen3 tool_call fix|\[Genesis\] applied:|apply_all elapsed")
 
 IDE_TOOLS = [
     ("read_file", "Read a file of the workspace.", {"path": "string"}),
@@ -135,16 +151,6 @@ REASONING_PROMPT = (
     "How many positive integers n below 1000 make n^2 + 1 divisible by 13 while the sum of the decimal "
     "digits of n is a prime number? Reason carefully step by step, check your work, then give the count."
 )
-REASONING_MIN_TOKENS = 500
-
-
-@dataclass
-class CheckResult:
-    check: str
-    outcome: str  # pass | fail | skip | warn
-    detail: str
-    seconds: float = 0.0
-    data: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -184,41 +190,7 @@ class Context:
 
 
 # --------------------------------------------------------------------------------------------
-# pure helpers (unit-tested)
-
-
-def quality_problems(text: str) -> list[str]:
-    """What is wrong with a long answer: tool markup, a line stuck on repeat, a tiny vocabulary."""
-    if not text.strip():
-        return ["no content"]
-    problems = []
-    if "<tool_call>" in text:
-        problems.append("<tool_call> markup in the content")
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    longest, line_at = 0, ""
-    run = 0
-    for i, line in enumerate(lines):
-        run = run + 1 if i and line == lines[i - 1] else 1
-        if run > longest:
-            longest, line_at = run, line
-    if longest >= QUALITY_MAX_REPEATS:
-        problems.append(f"the line {line_at[:60]!r} repeats {longest} times in a row")
-    words = [w.strip(".,;:!?\"'()[]").lower() for w in text.split()[:QUALITY_WORDS]]
-    words = [w for w in words if w]
-    if words:
-        variety = len(set(words)) / len(words)
-        if variety < QUALITY_MIN_VARIETY:
-            problems.append(f"lexical variety {variety:.2f} < {QUALITY_MIN_VARIETY} over the first {len(words)} words")
-    return problems
-
-
-def acceptance_length(lines: list[str]) -> float | None:
-    """Mean acceptance length from the last SpecDecoding metrics line that states one."""
-    for line in reversed(lines):
-        match = ACCEPTANCE.search(line)
-        if match:
-            return float(match.group(1))
-    return None
+# the requests' parts
 
 
 def needle_prompt(scale: int, secret: str) -> str:
@@ -230,11 +202,6 @@ def needle_prompt(scale: int, secret: str) -> str:
         + NEEDLE_FILLER * (scale - half)
         + "\n\nWhat is the secret passphrase? Answer with the passphrase only."
     )
-
-
-def needle_found(secret: str, reply: str) -> bool:
-    reply = reply.lower()
-    return all(part.lower() in reply for part in secret.split())
 
 
 def tool_schemas(specs: list[tuple[str, str, dict[str, str]]]) -> list[dict[str, Any]]:
@@ -255,20 +222,6 @@ def tool_schemas(specs: list[tuple[str, str, dict[str, str]]]) -> list[dict[str,
     ]
 
 
-def tool_call_verdict(result: ChatResult, name: str) -> tuple[str, str]:
-    """(outcome, detail) for a response that should call tool `name`."""
-    for call in result.tool_calls:
-        if call.name == name:
-            if call.parsed_arguments() is None:
-                return FAIL, f"{name} called with arguments that are not a JSON object: {call.arguments[:80]!r}"
-            return PASS, f"{name}({call.arguments[:80]})"
-    if "<tool_call>" in result.content:
-        return FAIL, "tool call inlined in content as <tool_call> text (tool-call parser not applied)"
-    if result.tool_calls:
-        return FAIL, f"called {', '.join(c.name for c in result.tool_calls)}, not {name}"
-    return FAIL, f"no tool call (finish_reason {result.finish_reason}; content {result.content[:60]!r})"
-
-
 def no_thinking() -> dict[str, Any]:
     return {"chat_template_kwargs": {"enable_thinking": False}}
 
@@ -278,19 +231,16 @@ def thinking() -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------
-# checks: each takes the context and returns one result (a ladder returns several)
+# checks: each sends its request or reads the log, and returns the verdict of rigup.checks.verify
+# (a ladder returns several)
 
 
 def check_models(ctx: Context) -> CheckResult:
-    result = ctx.client.models(timeout=5.0)
-    if not result.ok:
-        return CheckResult("models", FAIL, f"GET /v1/models: {result.describe_failure()}")
-    if ctx.model not in result.models:
-        return CheckResult("models", FAIL, f"{ctx.model!r} not served; /v1/models lists {sorted(result.models)}")
-    served_len = result.max_model_len(ctx.model)
+    verdict = judge_models(ctx.client.models(timeout=5.0), ctx.model)
+    served_len = verdict.data.get("max_model_len")
     if served_len is not None:
         ctx.max_model_len = served_len  # what the server enforces beats what the recipe says
-    return CheckResult("models", PASS, f"{ctx.model} (max_model_len {served_len})", data={"max_model_len": served_len})
+    return verdict
 
 
 def check_patches(ctx: Context) -> CheckResult:
@@ -302,23 +252,13 @@ def check_patches(ctx: Context) -> CheckResult:
         lines = ctx.log.grep(PATCH_MARKERS, 200)
     except RemoteError as exc:
         return CheckResult("patches", SKIP, f"service log unreadable: {exc}")
-    failed = [line for line in lines if PATCH_FAILED.search(line)]
-    if failed:
-        return CheckResult("patches", FAIL, f"patch failure in the log: {failed[-1].strip()[:120]}")
-    applied = [line for line in lines if PATCH_APPLIED.search(line)]
-    if applied:
-        return CheckResult("patches", PASS, applied[-1].strip()[:120])
-    return CheckResult("patches", WARN, "no patch markers in the service log since the unit started")
+    return judge_patches(lines)
 
 
 def check_completion(ctx: Context) -> CheckResult:
     messages = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
     result = ctx.client.chat(ctx.payload(messages, max_tokens=30, temperature=0.6, **no_thinking()), ctx.options.timeout_s)
-    if not result.ok:
-        return CheckResult("completion", FAIL, result.describe_failure())
-    if "paris" not in result.content.lower():
-        return CheckResult("completion", FAIL, f"answer lacks 'Paris': {result.content[:80]!r}")
-    return CheckResult("completion", PASS, result.content.strip()[:80])
+    return judge_completion(result)
 
 
 def check_tool_call(ctx: Context) -> CheckResult:
@@ -326,69 +266,32 @@ def check_tool_call(ctx: Context) -> CheckResult:
     payload = ctx.payload(
         messages, tools=[WEATHER_TOOL], tool_choice="auto", max_tokens=200, temperature=0.3, **no_thinking()
     )
-    result = ctx.client.chat(payload, ctx.options.timeout_s)
-    if not result.ok:
-        return CheckResult("tool-call", FAIL, result.describe_failure())
-    outcome, detail = tool_call_verdict(result, "get_weather")
-    return CheckResult("tool-call", outcome, detail)
+    return judge_tool_call(ctx.client.chat(payload, ctx.options.timeout_s), "get_weather")
 
 
 def check_streaming(ctx: Context) -> CheckResult:
     messages = [{"role": "user", "content": "Write a haiku about graphics cards."}]
-    result = ctx.client.stream_chat(ctx.payload(messages, max_tokens=120, **no_thinking()), ctx.options.timeout_s)
-    if not result.ok:
-        return CheckResult("streaming", FAIL, result.describe_failure())
-    detail = f"{result.content_chunks} content chunks, {len(result.content)} chars"
-    if result.content_chunks < 5 or len(result.content) < 20:
-        return CheckResult("streaming", FAIL, f"{detail} (need >= 5 chunks and >= 20 chars)")
-    return CheckResult("streaming", PASS, detail, data={"ttft_s": result.ttft})
+    payload = ctx.payload(messages, max_tokens=120, **no_thinking())
+    return judge_streaming(ctx.client.stream_chat(payload, ctx.options.timeout_s))
 
 
 def check_streaming_tool_call(ctx: Context) -> CheckResult:
     messages = [{"role": "user", "content": WEATHER_PROMPT}]
     payload = ctx.payload(messages, tools=[WEATHER_TOOL], tool_choice="auto", max_tokens=2000, temperature=0.3, **thinking())
-    result = ctx.client.stream_chat(payload, ctx.options.timeout_s)
-    if not result.ok:
-        return CheckResult("streaming-tool-call", FAIL, result.describe_failure())
-    outcome, detail = tool_call_verdict(result, "get_weather")
-    return CheckResult("streaming-tool-call", outcome, f"{detail}; {len(result.reasoning)} reasoning chars")
+    return judge_streaming_tool_call(ctx.client.stream_chat(payload, ctx.options.timeout_s), "get_weather")
 
 
 def check_thinking(ctx: Context) -> CheckResult:
     messages = [{"role": "user", "content": "What is 2+2?"}]
     result = ctx.client.chat(ctx.payload(messages, max_tokens=4000, temperature=0.3, **thinking()), ctx.options.long_timeout_s)
-    if not result.ok:
-        return CheckResult("thinking", FAIL, result.describe_failure())
-    detail = f"{len(result.reasoning)} reasoning chars, content {result.content.strip()[:40]!r}"
-    if len(result.reasoning) < 50:
-        return CheckResult("thinking", FAIL, f"{detail}: reasoning missing or under 50 chars (reasoning parser off?)")
-    if not result.content.strip() and result.finish_reason != "length":
-        return CheckResult("thinking", FAIL, f"{detail}: no answer after the reasoning")
-    return CheckResult("thinking", PASS, detail)
+    return judge_thinking(result)
 
 
 def check_needle(ctx: Context, rung: str) -> CheckResult:
-    name = f"needle-{rung}"
     secret = f"{ctx.rng.choice(COLORS)} {ctx.rng.choice(ANIMALS)} {ctx.rng.randint(10, 99)}"
     messages = [{"role": "user", "content": needle_prompt(NEEDLE_SCALES[rung], secret)}]
     result = ctx.client.chat(ctx.payload(messages, max_tokens=30, temperature=0, **no_thinking()), ctx.options.long_timeout_s)
-    if result.status == 400:
-        return CheckResult(name, SKIP, f"over max_model_len ({ctx.max_model_len}): {result.error}"[:160])
-    if not result.ok:
-        return CheckResult(name, FAIL, _long_failure(result))
-    usage = result.usage or {}
-    data = {"prompt_tokens": usage.get("prompt_tokens"), "seconds": round(result.elapsed, 2)}
-    if not needle_found(secret, result.content):
-        return CheckResult(name, FAIL, f"secret {secret!r} not in reply {result.content.strip()[:60]!r}", data=data)
-    return CheckResult(name, PASS, f"found {secret!r} in {usage.get('prompt_tokens')} prompt tokens", data=data)
-
-
-def _long_failure(result: ChatResult) -> str:
-    if result.status == 500:
-        return f"HTTP 500 (out of memory on a long prompt?): {result.error}"[:200]
-    if result.status == 0:
-        return f"no response: timeout or server crash ({result.error})"
-    return result.describe_failure()[:200]
+    return judge_needle(f"needle-{rung}", secret, result, ctx.max_model_len)
 
 
 def tool_call_turn(call_id: str, function: str, arguments: dict[str, Any], output: str) -> list[dict[str, Any]]:
@@ -408,26 +311,13 @@ def check_tool_prefill(ctx: Context) -> CheckResult:
         {"role": "user", "content": "Summarize the news above in three sentences."},
     ]
     payload = ctx.payload(messages, tools=[NEWS_TOOL], tool_choice="auto", max_tokens=500, **no_thinking())
-    result = ctx.client.chat(payload, ctx.options.long_timeout_s)
-    if result.status == 400:
-        return CheckResult("tool-prefill", SKIP, f"over max_model_len: {result.error}"[:160])
-    if not result.ok:
-        return CheckResult("tool-prefill", FAIL, _long_failure(result))
-    if len(result.content.strip()) >= 50 or result.tool_calls:
-        prompt = (result.usage or {}).get("prompt_tokens")
-        return CheckResult("tool-prefill", PASS, f"{prompt} prompt tokens answered in {result.elapsed:.1f} s")
-    return CheckResult("tool-prefill", FAIL, f"answer too short: {result.content.strip()[:60]!r}")
+    return judge_tool_prefill(ctx.client.chat(payload, ctx.options.long_timeout_s))
 
 
 def check_output_quality(ctx: Context) -> CheckResult:
     messages = [{"role": "user", "content": ESSAY_PROMPT}]
     result = ctx.client.chat(ctx.payload(messages, max_tokens=2000, temperature=0.6, **no_thinking()), ctx.options.long_timeout_s)
-    if not result.ok:
-        return CheckResult("output-quality", FAIL, result.describe_failure())
-    problems = quality_problems(result.content)
-    if problems:
-        return CheckResult("output-quality", FAIL, "; ".join(problems))
-    return CheckResult("output-quality", PASS, f"{len(result.content.split())} words, no repetition")
+    return judge_output_quality(result)
 
 
 def check_mtp(ctx: Context) -> CheckResult:
@@ -456,13 +346,7 @@ def check_mtp(ctx: Context) -> CheckResult:
         if time.monotonic() >= deadline:
             break
         time.sleep(0.5)
-    value = acceptance_length(lines)
-    if value is None:
-        return CheckResult("mtp", SKIP, "no SpecDecoding metrics with a mean acceptance length in the log")
-    data = {"acceptance_length": value, "line": lines[-1].strip()[:300]}
-    if value < ctx.options.mtp_min:
-        return CheckResult("mtp", FAIL, f"mean acceptance length {value:.2f} < {ctx.options.mtp_min}", data=data)
-    return CheckResult("mtp", PASS, f"mean acceptance length {value:.2f} >= {ctx.options.mtp_min}", data=data)
+    return judge_mtp(lines, ctx.options.mtp_min)
 
 
 def check_ide_agent(ctx: Context) -> CheckResult:
@@ -472,7 +356,7 @@ def check_ide_agent(ctx: Context) -> CheckResult:
         {"role": "user", "content": "Explain how this repository's build works and what you would check first."},
     ]
     payload = ctx.payload(messages, tools=tool_schemas(IDE_TOOLS), tool_choice="none", max_tokens=2000, temperature=0)
-    return _any_200("ide-agent", ctx.client.chat(payload, ctx.options.long_timeout_s), "Cliff 1 mech B")
+    return judge_long_answer("ide-agent", ctx.client.chat(payload, ctx.options.long_timeout_s), "Cliff 1 mech B")
 
 
 def check_multi_turn_agent(ctx: Context) -> CheckResult:
@@ -483,36 +367,20 @@ def check_multi_turn_agent(ctx: Context) -> CheckResult:
         {"role": "user", "content": "Now refactor it so parse_config_file reuses parse_config; show the new file."},
     ]
     payload = ctx.payload(messages, tools=tool_schemas(IDE_TOOLS), tool_choice="auto", max_tokens=1500, temperature=0.6)
-    return _any_200("multi-turn-agent", ctx.client.chat(payload, ctx.options.long_timeout_s), "multi-turn tool flow")
+    result = ctx.client.chat(payload, ctx.options.long_timeout_s)
+    return judge_long_answer("multi-turn-agent", result, "multi-turn tool flow")
 
 
 def check_lcb_coding(ctx: Context) -> CheckResult:
     messages = [{"role": "user", "content": LCB_PROMPT}]
     payload = ctx.payload(messages, max_tokens=4096, temperature=0)
-    return _any_200("lcb-coding", ctx.client.chat(payload, ctx.options.long_timeout_s), "long code generation")
+    return judge_long_answer("lcb-coding", ctx.client.chat(payload, ctx.options.long_timeout_s), "long code generation")
 
 
 def check_reasoning_heavy(ctx: Context) -> CheckResult:
     messages = [{"role": "user", "content": REASONING_PROMPT}]
     payload = ctx.payload(messages, max_tokens=8192, temperature=0, **thinking())
-    result = ctx.client.chat(payload, max(600.0, ctx.options.long_timeout_s))
-    if not result.ok:
-        return CheckResult("reasoning-heavy", FAIL, _long_failure(result))
-    tokens = result.completion_tokens
-    if tokens is None or tokens < REASONING_MIN_TOKENS:
-        return CheckResult("reasoning-heavy", FAIL, f"only {tokens} completion tokens (< {REASONING_MIN_TOKENS})")
-    return CheckResult("reasoning-heavy", PASS, f"{tokens} completion tokens in {result.elapsed:.1f} s")
-
-
-def _any_200(name: str, result: ChatResult, what: str) -> CheckResult:
-    if result.status == 400:
-        return CheckResult(name, SKIP, f"over max_model_len: {result.error}"[:160])
-    if result.ok:
-        tokens = result.completion_tokens
-        return CheckResult(name, PASS, f"HTTP 200, {tokens} completion tokens in {result.elapsed:.1f} s")
-    if result.status == 500:
-        return CheckResult(name, FAIL, f"HTTP 500 ({what}): {result.error}"[:200])
-    return CheckResult(name, FAIL, _long_failure(result))
+    return judge_reasoning_heavy(ctx.client.chat(payload, max(600.0, ctx.options.long_timeout_s)))
 
 
 def ceiling_rungs(max_model_len: int, start: int, step: int, fraction: float) -> list[int]:
@@ -540,25 +408,10 @@ def check_ceiling(ctx: Context) -> list[CheckResult]:
         result = ctx.client.chat(ctx.payload(messages, max_tokens=30, temperature=0, **no_thinking()), o.long_timeout_s)
         vram_after = _vram(ctx)
         data: dict[str, Any] = {"target_tokens": tokens, "vram_before_mib": vram_before, "vram_after_mib": vram_after}
-        seconds = time.monotonic() - started
-        if result.status == 400:
-            results.append(CheckResult(name, SKIP, f"over max_model_len: {result.error}"[:160], seconds, data))
-            break
-        if not result.ok:
-            results.append(CheckResult(name, FAIL, _long_failure(result), seconds, data))
+        verdict = judge_ceiling_rung(name, secret, result, time.monotonic() - started, data, o.vram_margin_mib)
+        results.append(verdict)
+        if verdict.outcome in (SKIP, FAIL):
             break  # the seeds stop at the first failing rung: the next is bigger still
-        if not needle_found(secret, result.content):
-            results.append(CheckResult(name, FAIL, f"secret {secret!r} not recalled", seconds, data))
-            break
-        data["prompt_tokens"] = (result.usage or {}).get("prompt_tokens")
-        outcome, detail = PASS, f"recalled at {data['prompt_tokens']} prompt tokens"
-        if vram_after:
-            free = min(total - used for used, total in vram_after)
-            data["min_free_mib"] = free
-            detail += f", {free} MiB free on the fullest GPU"
-            if free < o.vram_margin_mib:
-                outcome, detail = WARN, detail + f" (< {o.vram_margin_mib} MiB margin)"
-        results.append(CheckResult(name, outcome, detail, seconds, data))
     return results
 
 

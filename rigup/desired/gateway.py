@@ -260,7 +260,7 @@ class GatewayPlan:
     paths: GatewayPaths
     bind_address: str
     port: int
-    pip_index_url: str
+    pip_index_url: str | None  # None: pip's own config on the gateway host
     health_check_interval_s: int
     num_retries: int
     ready_timeout_s: int

@@ -10,6 +10,7 @@ import copy
 import functools
 import ipaddress
 import json
+import posixpath
 import re
 import types
 from collections.abc import Callable, Iterable, Mapping
@@ -49,7 +50,8 @@ def load_defaults() -> dict[str, Any]:
 
 def declared_values(data: Any) -> dict[str, Any]:
     """What `data` (a mapping of host data) holds under the names group_data/all.py declares: all that
-    knob() can return from it. Hosts that differ only in other data (their SSH settings) give equal dicts."""
+    knob() can return from it (a derived default is a function of these). Hosts that differ only in other
+    data (their SSH settings) give equal dicts."""
     values = ((name, data.get(name, _UNSET)) for name in _declared())
     return {name: value for name, value in values if value is not _UNSET}
 
@@ -84,14 +86,31 @@ def parse_data_value(text: str) -> Any:
 _UNSET = object()
 
 
+def _model_dir(data: Any) -> str:
+    return posixpath.join(str(knob(data, "install_root")).rstrip("/") or "/", "models")
+
+
+# Knobs whose default follows other knobs: group_data/all.py declares them None (its comment says what
+# None means) and knob() returns this function of the host's data instead, so every reader gets the
+# derived value and an overridden install_root takes the models with it.
+DERIVED_DEFAULTS: dict[str, Callable[[Any], Any]] = {
+    "model_dir": _model_dir,  # <install_root>/models
+}
+
+
 def knob(data: Any, name: str) -> Any:
-    """The host's value of knob `name`, else its one default in group_data/all.py.
+    """The host's value of knob `name`, else its one default in group_data/all.py (for a knob in
+    DERIVED_DEFAULTS, None is derived from the host's other knobs).
 
     `data` is pyinfra's host.data or a mapping of knobs. Deploys already see every default (pyinfra
     loads group_data); partial mappings (a CLI preview, a test) get the same defaults from here, so
     no other module repeats one. An undeclared name is a programming error (KeyError)."""
     value = data.get(name, _UNSET)
-    return _declared()[name] if value is _UNSET else value
+    if value is _UNSET:
+        value = _declared()[name]
+    if value is None and name in DERIVED_DEFAULTS:
+        return DERIVED_DEFAULTS[name](data)
+    return value
 
 
 def knob_int(data: Any, name: str, minimum: int) -> int:
@@ -132,6 +151,8 @@ OPTIONAL_KNOB_TYPES: dict[str, tuple[type, ...]] = {
     "serving_health_timeout_s": (int, float),
     "model_fleet_address": (str,),
     "gateway_api_key_file": (str,),
+    "gateway_pip_index_url": (str,),
+    "model_dir": (str,),
 }
 
 # Knobs with a non-None default that still take None (group_data/all.py says what None means).
@@ -310,15 +331,16 @@ def _rule_table() -> dict[str, Rule]:
     )
     git_url = Rule("a git URL (no spaces)", lambda v: isinstance(v, str) and bool(v.strip()) and not re.search(r"\s", v))
     table.update({name: url for name in URL_KNOBS})
-    # pip prints and runs with the URL: a password in it would reach the command line and the output
+    # pip prints and runs with the URL: a password in it would reach the command line and the output.
+    # None (the default) passes no --index-url: pip's own config on the gateway host decides.
     table["gateway_pip_index_url"] = Rule(
         "a URL without credentials, scheme://host/path (e.g. https://pypi.org/simple; a private index's "
-        "credentials belong in pip's own config on the gateway host)",
+        "credentials belong in pip's own config on the gateway host), or None for pip's own config",
         lambda v: isinstance(v, str) and bool(_URL.match(v)) and "@" not in v.split("://", 1)[-1].split("/", 1)[0],
         # the value is not echoed: it may hold a password
         lambda name, v: f"{name!r} must be a URL without credentials (user:password@ is not accepted: pip would "
         "show it on its command line and in the deploy's output; put a private index's credentials in pip's own "
-        "config on the gateway host), e.g. https://pypi.org/simple",
+        "config on the gateway host), e.g. https://pypi.org/simple, or None to use pip's own config",
     )
     table.update({name: git_url for name in _defaults() if name.endswith("_git_url")})
     return table

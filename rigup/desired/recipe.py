@@ -15,7 +15,8 @@ import math
 import posixpath
 import re
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -311,10 +312,8 @@ def check_overrides(variant: str, overrides: Any) -> dict[str, Any]:
     Returns every override key's value for the variant (the catalog's, then the overrides'). Raises
     RecipeError naming the key, the value and what is allowed (an unknown variant too)."""
     catalog = load_catalog()
-    if variant not in catalog["variants"]:
-        raise RecipeError(f"unknown variant {variant!r}; known: {', '.join(sorted(catalog['variants']))}")
-    v = catalog["variants"][variant]
-    return _apply_overrides(overrides, v, catalog["models"][v["model"]])
+    entry = catalog_variant(catalog, variant)
+    return _apply_overrides(overrides, entry, catalog["models"][entry["model"]])
 
 
 def _apply_overrides(overrides: Any, variant: Mapping[str, Any], model: Mapping[str, Any]) -> dict[str, Any]:
@@ -590,177 +589,399 @@ def resolve(
     + upstream: where upstream files are read (rigup.desired.upstream; default: the git cache)
     + pod: which of the host's pods (rigup.desired.pods.host_pods); None: the host's only one (an error
       when the host lists pods)
+
+    The stages run in this order, which is also the order a host with several mistakes hears of them.
     """
-    if pod is None:
-        pods = pods_of(host_data)
-        if len(pods) != 1 or pods[0].listed:
-            raise RecipeError(f"the host lists pods ({', '.join(p.name for p in pods)}): resolve one pod at a time")
-        pod = pods[0]
+    pod = pod if pod is not None else only_pod(host_data)
     host_data = pod_data(host_data, pod)
     catalog = load_catalog()
-    name = _require(host_data, "variant")
+    variant = catalog_variant(catalog, _require(host_data, "variant"))
+    reader = upstream if upstream is not None else default_reader()
+    check_source_refs(knob(host_data, "source_refs"), catalog["sources"])
+    overrides = knob(host_data, "variant_overrides") or {}
+    override_values = _apply_overrides(overrides, variant, catalog["models"][variant["model"]])
+    paths = rig_paths(host_data, pod)
+    registry = _registry_prefix(knob(host_data, "container_registry"))
+    bind_address = serving_bind_address(host_data)
+    models = variant_models(catalog, variant, paths.model_dir, lock)
+    upstream_source, base = read_upstream(catalog, variant, host_data, paths.sources_dir, lock, reader)
+    image = _image(catalog, variant["image"], registry, lock)
+    planned = planned_interconnect(knob(host_data, "gpu_interconnect"), interconnect)
+    ctx = transform_context(
+        catalog=catalog, variant=variant, pod=pod, image=image, bind_address=bind_address, overrides=overrides,
+        override_values=override_values, models=models, paths=paths, base=base, reader=reader, planned=planned,
+    )
+    edit = apply_transforms(base, variant, ctx)
+    engine = engine_settings(edit, variant, ctx.stages, models[0], base)
+    sources = used_sources(catalog, ctx.used_sources, host_data, paths.sources_dir, lock)
+    mounts = mounts_of(edit.volumes(), models, sources, ctx.data_dirs)
+    check_model_file_mounts(mounts, models, lock, f"variant {variant['name']!r}: {base.where}")
+    return assemble_recipe(
+        catalog=catalog, variant=variant, pod=pod, image=image, bind_address=bind_address, overrides=overrides,
+        paths=paths, models=models, sources=sources, mounts=mounts, upstream_source=upstream_source, base=base,
+        edit=edit, engine=engine, ctx=ctx, planned=planned,
+    )
+
+
+# The stages of `resolve`, in the order it runs them.
+
+
+def only_pod(host_data: Mapping[str, Any]) -> Pod:
+    """The host's one pod, for a `resolve` not told which: takes the host's knobs, returns its pod in
+    the simple form; RecipeError when the host lists pods (each is resolved on its own)."""
+    pods = pods_of(host_data)
+    if len(pods) != 1 or pods[0].listed:
+        raise RecipeError(f"the host lists pods ({', '.join(p.name for p in pods)}): resolve one pod at a time")
+    return pods[0]
+
+
+def catalog_variant(catalog: Mapping[str, Any], name: Any) -> Mapping[str, Any]:
+    """The catalog's entry for variant `name` (its `name` key is the variant's name); RecipeError naming
+    the known variants when there is none."""
     if name not in catalog["variants"]:
         raise RecipeError(f"unknown variant {name!r}; known: {', '.join(sorted(catalog['variants']))}")
-    v = catalog["variants"][name]
-    main_spec = catalog["models"][v["model"]]
-    reader = upstream if upstream is not None else default_reader()
+    return catalog["variants"][name]
 
-    source_refs = knob(host_data, "source_refs") or {}
+
+def check_source_refs(source_refs: Any, catalog_sources: Mapping[str, Any]) -> None:
+    """Check the host's `source_refs` knob (None: none) against the catalog's sources: a mapping of
+    catalog source -> non-empty branch, tag or commit. Returns nothing; RecipeError on the first bad entry."""
+    source_refs = source_refs or {}
     if not isinstance(source_refs, Mapping):
         raise RecipeError(f"source_refs must be a mapping, got {type(source_refs).__name__}")
     for source, ref in source_refs.items():
-        if source not in catalog["sources"]:
-            raise RecipeError(f"unknown source_refs key {source!r}; known: {', '.join(sorted(catalog['sources']))}")
+        if source not in catalog_sources:
+            raise RecipeError(f"unknown source_refs key {source!r}; known: {', '.join(sorted(catalog_sources))}")
         if not isinstance(ref, str) or not ref.strip():
             raise RecipeError(f"source_refs[{source!r}] must be a branch, tag or commit, got {ref!r}")
 
-    overrides = knob(host_data, "variant_overrides") or {}
-    knobs = _apply_overrides(overrides, v, main_spec)
 
+def rig_paths(host_data: Mapping[str, Any], pod: Pod) -> RigPaths:
+    """Where `pod` lives on the rig, from the install_root and model_dir knobs; RecipeError when either
+    is not a plain absolute path."""
     install_root = str(_require(host_data, "install_root")).rstrip("/") or "/"
-    model_dir = str(_require(host_data, "model_dir")).rstrip("/") or "/"
+    model_dir = str(knob(host_data, "model_dir")).rstrip("/") or "/"  # unset: <install_root>/models
     for key, value in (("install_root", install_root), ("model_dir", model_dir)):
         # Rendered unquoted into the systemd unit's command lines: keep to a plain character set.
         if not _SAFE_PATH.match(value) or ".." in value.split("/"):
             raise RecipeError(f"{key} must be an absolute path of letters, digits and ._+-/, got {value!r}")
-    registry = _registry_prefix(knob(host_data, "container_registry"))
-    bind_address = str(_require(host_data, "serving_bind_address"))
-    try:
-        ipaddress.ip_address(bind_address)
-    except ValueError:
-        raise RecipeError(f"serving_bind_address must be an IP address, got {bind_address!r}") from None
-
+    state_dir = posixpath.join(install_root, "state")
     variant_dir = posixpath.join(install_root, "variants", pod.name)
-    unit_name = pod.unit
-    paths = RigPaths(
+    return RigPaths(
         install_root=install_root,
         model_dir=model_dir,
         sources_dir=posixpath.join(install_root, "sources"),
         variant_dir=variant_dir,
         compose_file=posixpath.join(variant_dir, "compose.yaml"),
         env_file=posixpath.join(variant_dir, ".env"),
-        state_dir=posixpath.join(install_root, "state"),
-        record_dir=posixpath.join(install_root, "state", "pods", pod.name) if pod.listed else posixpath.join(install_root, "state"),
+        state_dir=state_dir,
+        record_dir=posixpath.join(state_dir, "pods", pod.name) if pod.listed else state_dir,
         cache_dir=posixpath.join(install_root, "cache", pod.name),
-        unit_name=unit_name,
-        unit_file=posixpath.join(SYSTEMD_UNIT_DIR, unit_name),
+        unit_name=pod.unit,
+        unit_file=posixpath.join(SYSTEMD_UNIT_DIR, pod.unit),
     )
 
-    model_root = v.get("model_root", MODEL_ROOT)
-    models = [_model(catalog, v["model"], "main", model_dir, lock, model_root)]
-    if v.get("draft") is not None:
-        models.append(_model(catalog, v["draft"], "draft", model_dir, lock, model_root))
 
-    # The base: upstream's compose file at the locked commit.
-    up = v["upstream"]
-    up_source = _source(catalog, up["source"], host_data, paths.sources_dir, (), lock)
-    commit = _upstream_commit(up_source, reader)
+def serving_bind_address(host_data: Mapping[str, Any]) -> str:
+    """The serving_bind_address knob, checked to be an IP address (RecipeError otherwise)."""
+    bind_address = str(_require(host_data, "serving_bind_address"))
     try:
-        text = reader.read(up_source.name, up_source.git_url, commit, up["path"])
+        ipaddress.ip_address(bind_address)
+    except ValueError:
+        raise RecipeError(f"serving_bind_address must be an IP address, got {bind_address!r}") from None
+    return bind_address
+
+
+def variant_models(
+    catalog: Mapping[str, Any], variant: Mapping[str, Any], model_dir: str, lock: Lock | None
+) -> list[ModelSpec]:
+    """The variant's models under `model_dir`: the main one first, then its draft when it has one."""
+    model_root = variant.get("model_root", MODEL_ROOT)
+    models = [_model(catalog, variant["model"], "main", model_dir, lock, model_root)]
+    if variant.get("draft") is not None:
+        models.append(_model(catalog, variant["draft"], "draft", model_dir, lock, model_root))
+    return models
+
+
+def read_upstream(
+    catalog: Mapping[str, Any],
+    variant: Mapping[str, Any],
+    host_data: Mapping[str, Any],
+    sources_dir: str,
+    lock: Lock | None,
+    reader: UpstreamReader,
+) -> tuple[SourceSpec, UpstreamFile]:
+    """The base of the recipe: returns the variant's upstream recipe repository (as a source, locked
+    like one) and upstream's compose file read from it at the locked commit (else at the ref's)."""
+    up = variant["upstream"]
+    source = _source(catalog, up["source"], host_data, sources_dir, (), lock)
+    commit = _upstream_commit(source, reader)
+    try:
+        text = reader.read(source.name, source.git_url, commit, up["path"])
     except UpstreamError as exc:
-        raise RecipeError(f"variant {name!r}: {exc}") from None
+        raise RecipeError(f"variant {variant['name']!r}: {exc}") from None
     # From a local working tree ($RIGUP_UPSTREAM_TREES) the text is the tree's, not the commit's: say so.
-    local = str(reader.trees[up_source.name]) if isinstance(reader, WorkingTrees) else None
-    base = UpstreamFile(up_source.name, up_source.git_url, commit, up["path"], text, local)
+    local = str(reader.trees[source.name]) if isinstance(reader, WorkingTrees) else None
+    return source, UpstreamFile(source.name, source.git_url, commit, up["path"], text, local)
 
-    image = _image(catalog, v["image"], registry, lock)
+
+def planned_interconnect(mode: Any, detected: Interconnect | None) -> Interconnect | None:
+    """What the NCCL settings are planned for: the gpu_interconnect knob `mode` applied to what was
+    `detected` (rigup.desired.interconnect.effective); RecipeError on an unknown mode."""
     try:
-        planned = effective(knob(host_data, "gpu_interconnect"), interconnect)
+        return effective(mode, detected)
     except ValueError as exc:
         raise RecipeError(str(exc)) from None
+
+
+def transform_context(
+    *,
+    catalog: Mapping[str, Any],
+    variant: Mapping[str, Any],
+    pod: Pod,
+    image: ImageSpec,
+    bind_address: str,
+    overrides: Mapping[str, Any],
+    override_values: Mapping[str, Any],
+    models: Sequence[ModelSpec],
+    paths: RigPaths,
+    base: UpstreamFile,
+    reader: UpstreamReader,
+    planned: Interconnect | None,
+) -> Context:
+    """What the transforms are told (rigup.desired.transforms.Context): takes the stages' results so
+    far and returns the context, whose used_sources, host_dirs, interconnect_note and stages the
+    transforms fill in."""
+    name = variant["name"]
     checkouts = {s: SourceCheckout(s, posixpath.join(paths.sources_dir, s)) for s in catalog["sources"]}
-    ctx = Context(
+    mount_fixes = variant.get("mount_fixes") or {}
+    return Context(
         variant=name,
         name=pod.name,
         gpu_ids=pod.gpus,
         image_ref=image.ref,
-        image_why=f"catalog image {image.key} ({image.repository}:{image.tag})"
-        + (", digest from the catalog (upstream pins it by digest)" if catalog["images"][v["image"]].get("digest")
-           else ", digest from the lock" if image.digest else ", tag only (no digest locked)"),
+        image_why=_image_why(image, pinned_by_catalog=bool(catalog["images"][image.key].get("digest"))),
         bind_address=bind_address,
-        host_port=overrides.get("port", v.get("port")) if isinstance(overrides, Mapping) else v.get("port"),
+        host_port=override_values["port"],
         container_port_default=CONTAINER_PORT,
         model_mounts=[(m.path, m.container_path) for m in models],
         cache_dir=paths.cache_dir,
-        upstream_source=checkouts[up_source.name],
-        path_sources={prefix: checkouts[s] for prefix, s in (v.get("source_paths") or {}).items()},
-        mount_fixes={t: {**f, "checkout": checkouts[f["source"]]} for t, f in (v.get("mount_fixes") or {}).items()},
-        exists=lambda path: reader.kind(up_source.name, up_source.git_url, commit, path),
-        overrides={k: knobs[k] for k in OVERRIDE_FLAGS if k in (overrides or {})},
+        upstream_source=checkouts[base.source],
+        path_sources={prefix: checkouts[s] for prefix, s in (variant.get("source_paths") or {}).items()},
+        mount_fixes={target: {**fix, "checkout": checkouts[fix["source"]]} for target, fix in mount_fixes.items()},
+        exists=lambda path: reader.kind(base.source, base.url, base.commit, path),
+        overrides={k: override_values[k] for k in OVERRIDE_FLAGS if k in overrides},
         gpu_count=lambda edit: _int_flag(edit, "--tensor-parallel-size", 1) or 1,
         nccl=lambda tp: nccl_settings(planned, tp),
         nvlink=None if planned is None else planned.nvlink,
         labels={"rigup.variant": name, "rigup.image": image.ref, **({"rigup.pod": pod.name} if pod.listed else {})},
-        model_root=model_root,
-        data_dirs=v.get("data_dirs") or {},
-        read=lambda path: reader.read(up_source.name, up_source.git_url, commit, path),
+        model_root=variant.get("model_root", MODEL_ROOT),
+        data_dirs=variant.get("data_dirs") or {},
+        read=lambda path: reader.read(base.source, base.url, base.commit, path),
     )
+
+
+def _image_why(image: ImageSpec, pinned_by_catalog: bool) -> str:
+    """Where the image's pin comes from, for the image-pin transform's reason."""
+    pin = (
+        "digest from the catalog (upstream pins it by digest)" if pinned_by_catalog
+        else "digest from the lock" if image.digest
+        else "tag only (no digest locked)"
+    )
+    return f"catalog image {image.key} ({image.repository}:{image.tag}), {pin}"
+
+
+@contextmanager
+def _as_recipe_error(variant_name: str) -> Iterator[None]:
+    """Re-raise what upstream's file or a transform objects to as a RecipeError naming the variant."""
     try:
-        edit = ComposeEdit(base, up.get("service"))
+        yield
+    except (ComposeError, UpstreamError) as exc:
+        raise RecipeError(f"variant {variant_name!r}: {exc}") from None
+
+
+def apply_transforms(base: UpstreamFile, variant: Mapping[str, Any], ctx: Context) -> ComposeEdit:
+    """Upstream's compose file `base` (its service the catalog names, else its only one) with every
+    transform applied for `ctx`; the edit records each change."""
+    with _as_recipe_error(variant["name"]):
+        edit = ComposeEdit(base, variant["upstream"].get("service"))
         apply_all(edit, ctx)
+    return edit
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What vLLM runs with, read from the transformed compose file (and a deploy config's entry stage)."""
+
+    served_model_name: str
+    tensor_parallel_size: int
+    gpu_count: int  # GPUs the compose reserves
+    max_model_len: int
+    gpu_memory_utilization: float
+    max_num_seqs: int
+    max_num_batched_tokens: int | None
+    kv_cache_dtype: str | None
+    dtype: str
+    speculative_config: str | None
+    speculative_method: str | None
+    language_model_only: bool
+
+
+def engine_settings(
+    edit: ComposeEdit,
+    variant: Mapping[str, Any],
+    stages: list[dict[str, Any]] | None,
+    main_model: ModelSpec,
+    base: UpstreamFile,
+) -> EngineSettings:
+    """Read the engine settings off the transformed compose `edit` (`stages`: a deploy config's, from
+    the transforms). RecipeError when vLLM would not load `main_model` where the catalog mounts it, or
+    the served name, context length, sequence count or memory utilisation is not set."""
+    name = variant["name"]
+    with _as_recipe_error(name):
         model_arg = _model_argument(edit)
         # vLLM serves a model under its model argument when no --served-model-name is given.
         served = edit.flag_values("--served-model-name") or model_arg
-        tp, max_model_len, max_num_seqs, batched, util = _engine_values(edit, ctx.stages)
-        spec_json, spec_method = _speculative(edit, v)
-    except (ComposeError, UpstreamError) as exc:
-        raise RecipeError(f"variant {name!r}: {exc}") from None
-    if model_arg != [models[0].container_path]:
+        tp, max_model_len, max_num_seqs, batched, util = _engine_values(edit, stages)
+        spec_json, spec_method = _speculative(edit, variant)
+    if model_arg != [main_model.container_path]:
         raise RecipeError(f"variant {name!r}: {base.where}: the model argument is {model_arg!r}; the catalog's model "
-                          f"{models[0].name} is mounted at {models[0].container_path}")
+                          f"{main_model.name} is mounted at {main_model.container_path}")
     if not served:
         raise RecipeError(f"variant {name!r}: {base.where}: no --served-model-name")
     if max_model_len is None or max_num_seqs is None or util != util:
         raise RecipeError(f"variant {name!r}: {base.where}: --max-model-len, --max-num-seqs and "
                           f"--gpu-memory-utilization must be set (with a deploy config: in its stage 0)")
     reservation = edit.get("deploy")["resources"]["reservations"]["devices"][0]
-    gpu_count = len(reservation["device_ids"]) if "device_ids" in reservation else int(reservation["count"])
-    entrypoint = tuple(str(t) for t in (edit.get("entrypoint") or ()))
-    script = "\n".join(entrypoint)
-    env_map = edit.env()
+    return EngineSettings(
+        served_model_name=served[0],
+        tensor_parallel_size=tp,
+        gpu_count=len(reservation["device_ids"]) if "device_ids" in reservation else int(reservation["count"]),
+        max_model_len=max_model_len,
+        gpu_memory_utilization=util,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=batched,
+        kv_cache_dtype=(edit.flag_values("--kv-cache-dtype") or [None])[0],
+        dtype=(edit.flag_values("--dtype") or ["auto"])[0],
+        speculative_config=spec_json,
+        speculative_method=spec_method,
+        language_model_only="--language-model-only" in edit.command(),
+    )
 
-    used = ctx.used_sources
-    sources = tuple(
-        _source(catalog, s, host_data, paths.sources_dir, tuple(sorted(used[s])), lock)
+
+def used_sources(
+    catalog: Mapping[str, Any],
+    used: Mapping[str, set[str]],
+    host_data: Mapping[str, Any],
+    sources_dir: str,
+    lock: Lock | None,
+) -> tuple[SourceSpec, ...]:
+    """The git checkouts the rig needs: the catalog sources the transforms' mounts `used` (source ->
+    paths in it), in catalog order, each requiring its used paths (sorted)."""
+    return tuple(
+        _source(catalog, s, host_data, sources_dir, tuple(sorted(used[s])), lock)
         for s in catalog["sources"] if s in used
     )
-    mount_list: list[Mount] = []
+
+
+def mounts_of(
+    volumes: Sequence[Mapping[str, Any]],
+    models: Sequence[ModelSpec],
+    sources: Sequence[SourceSpec],
+    data_dirs: Mapping[str, str],
+) -> tuple[Mount, ...]:
+    """The transformed compose file's `volumes` as mounts, each with what it mounts: a model (by its
+    container path), a cache or data directory (by target), a source checkout (by a rig path inside
+    it), else a host path."""
     model_paths = {m.container_path: m for m in models}
-    for vol in edit.volumes():
+    mounts: list[Mount] = []
+    for vol in volumes:
         if vol["target"] in model_paths:
             kind, origin = "model", f"model:{model_paths[vol['target']].name}"
-        elif vol["target"] in CACHE_TARGETS or vol["target"] in ctx.data_dirs:
+        elif vol["target"] in CACHE_TARGETS or vol["target"] in data_dirs:
             kind, origin = "cache", "cache"
         else:
-            owner = next((s for s in sources if vol["source"] == s.path or vol["source"].startswith(s.path + "/")), None)
+            source = vol["source"]
+            owner = next((s for s in sources if source == s.path or source.startswith(s.path + "/")), None)
             kind, origin = "source", f"git:{owner.name}" if owner else "host"
-        mount_list.append(Mount(vol["source"], vol["target"], bool(vol["read_only"]), kind, origin))
+        mounts.append(Mount(vol["source"], vol["target"], bool(vol["read_only"]), kind, origin))
+    return tuple(mounts)
+
+
+def check_model_file_mounts(
+    mounts: Sequence[Mount], models: Sequence[ModelSpec], lock: Lock | None, where: str
+) -> None:
+    """A bind over a file inside the read-only model mount needs that file to exist there (the
+    mountpoint cannot be created on a read-only bind): when the lock lists the model's files, each
+    such target must be one of them. Returns nothing; RecipeError (prefixed by `where`) otherwise."""
+    for mount in mounts:
         for m in models:
-            if vol["target"].startswith(m.container_path + "/"):
-                # A bind over a file inside the read-only model mount needs that file to exist there
-                # (the mountpoint cannot be created on a read-only bind): the lock lists the model's files.
-                rel = vol["target"][len(m.container_path) + 1:]
+            if mount.target.startswith(m.container_path + "/"):
+                rel = mount.target[len(m.container_path) + 1:]
                 pin = getattr(lock, "models", {}).get(m.lock_name) if lock is not None else None
                 files = pin.files if pin is not None else ()
                 if files and rel not in {f.path for f in files}:
                     raise RecipeError(
-                        f"variant {name!r}: {base.where}: upstream mounts {vol['target']}, but {m.repo_id} at "
+                        f"{where}: upstream mounts {mount.target}, but {m.repo_id} at "
                         f"{m.revision} has no {rel}, and the verified model directory is mounted read-only"
                     )
-    documented = (
-        all(k == "port" for k in (overrides or {}))
-        and (tp, max_model_len, util, max_num_seqs, batched, "--language-model-only" in edit.command())
-        == (v["tensor_parallel_size"], v["max_model_len"], float(v["gpu_memory_utilization"]), v["max_num_seqs"],
-            v["max_num_batched_tokens"], bool(v["language_model_only"]))
+
+
+def envelope_is_documented(overrides: Mapping[str, Any], engine: EngineSettings, variant: Mapping[str, Any]) -> bool:
+    """Whether the engine runs at the envelope the catalog measured: no override but `port`, and the
+    TP, context, utilisation, sequences, batched tokens and language-model-only of the catalog entry."""
+    return (
+        all(k == "port" for k in overrides)
+        and (engine.tensor_parallel_size, engine.max_model_len, engine.gpu_memory_utilization, engine.max_num_seqs,
+             engine.max_num_batched_tokens, engine.language_model_only)
+        == (variant["tensor_parallel_size"], variant["max_model_len"], float(variant["gpu_memory_utilization"]),
+            variant["max_num_seqs"], variant["max_num_batched_tokens"], bool(variant["language_model_only"]))
     )
-    rendered_text = dump(edit.doc, _header(name, v, base, ctx.interconnect_note))
+
+
+def upstream_status(source: Mapping[str, Any], path: str) -> str:
+    """"current" when upstream's newest lineup still carries the compose file at `path`, else "archived".
+
+    `source` is the catalog entry of the recipe repository it is read from. The newest lineup is the
+    one whose catalog ref follows a branch (`rigup lock --upgrade` moves it); a source the catalog pins
+    to a full commit is a snapshot kept for recipes upstream later moved or froze, and upstream files
+    a recipe it retired under `_archive/`."""
+    if _is_full_sha(str(source["ref"])) or "/_archive/" in path:
+        return "archived"
+    return "current"
+
+
+def assemble_recipe(
+    *,
+    catalog: Mapping[str, Any],
+    variant: Mapping[str, Any],
+    pod: Pod,
+    image: ImageSpec,
+    bind_address: str,
+    overrides: Mapping[str, Any],
+    paths: RigPaths,
+    models: Sequence[ModelSpec],
+    sources: tuple[SourceSpec, ...],
+    mounts: tuple[Mount, ...],
+    upstream_source: SourceSpec,
+    base: UpstreamFile,
+    edit: ComposeEdit,
+    engine: EngineSettings,
+    ctx: Context,
+    planned: Interconnect | None,
+) -> Recipe:
+    """The Recipe from every stage's result; what is left to read off the transformed compose `edit`
+    (entrypoint, environment, published port, the rendered text) is read here."""
+    name = variant["name"]
+    entrypoint = tuple(str(t) for t in (edit.get("entrypoint") or ()))
+    script = "\n".join(entrypoint)
+    rendered_text = dump(edit.doc, _header(name, variant, base, ctx.interconnect_note))
     host_port = int(str(edit.get("ports")[0]).rsplit(":", 2)[-2])
     disk = image.approx_size_gb + sum(m.approx_size_gb for m in models) + sum(s.approx_size_gb for s in sources)
-
     return Recipe(
         variant=name,
-        description=v["description"],
-        family=main_spec["family"],
+        description=variant["description"],
+        family=catalog["models"][variant["model"]]["family"],
         pod=pod.name,
         pod_listed=pod.listed,
         gpu_ids=pod.gpus,
@@ -771,15 +992,15 @@ def resolve(
         project_name=f"rigup-{pod.name}",
         service_name=edit.service,
         container_name=str(edit.get("container_name")),
-        served_model_name=served[0],
-        tensor_parallel_size=tp,
-        gpu_count=gpu_count,
-        valid_tensor_parallel_sizes=tuple(v["tensor_parallel_sizes"]),
-        min_compute_capability=_capability(v["min_compute_capability"]),
-        min_gpu_memory_gb=float(v["min_gpu_memory_gb"]),
-        vram_per_gpu_gb=None if v.get("vram_per_gpu_gb") is None else float(v["vram_per_gpu_gb"]),
-        measured_on_gpu_mib=int(v["measured_on_gpu_mib"]),
-        envelope_is_documented=documented,
+        served_model_name=engine.served_model_name,
+        tensor_parallel_size=engine.tensor_parallel_size,
+        gpu_count=engine.gpu_count,
+        valid_tensor_parallel_sizes=tuple(variant["tensor_parallel_sizes"]),
+        min_compute_capability=_capability(variant["min_compute_capability"]),
+        min_gpu_memory_gb=float(variant["min_gpu_memory_gb"]),
+        vram_per_gpu_gb=None if variant.get("vram_per_gpu_gb") is None else float(variant["vram_per_gpu_gb"]),
+        measured_on_gpu_mib=int(variant["measured_on_gpu_mib"]),
+        envelope_is_documented=envelope_is_documented(overrides, engine, variant),
         alternative_envelopes=tuple(
             Envelope(
                 max_model_len=int(e["max_model_len"]),
@@ -787,24 +1008,24 @@ def resolve(
                 vision=bool(e.get("vision", True)),
                 note=str(e.get("note", "")),
             )
-            for e in v.get("alternative_envelopes") or ()
+            for e in variant.get("alternative_envelopes") or ()
         ),
-        max_model_len=max_model_len,
-        gpu_memory_utilization=util,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=batched,
-        kv_cache_dtype=(edit.flag_values("--kv-cache-dtype") or [None])[0],
-        dtype=(edit.flag_values("--dtype") or ["auto"])[0],
-        speculative_config=spec_json,
-        speculative_method=spec_method,
-        language_model_only="--language-model-only" in edit.command(),
+        max_model_len=engine.max_model_len,
+        gpu_memory_utilization=engine.gpu_memory_utilization,
+        max_num_seqs=engine.max_num_seqs,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        kv_cache_dtype=engine.kv_cache_dtype,
+        dtype=engine.dtype,
+        speculative_config=engine.speculative_config,
+        speculative_method=engine.speculative_method,
+        language_model_only=engine.language_model_only,
         genesis="vllm._genesis.patches.apply_all" in script,
         needs_network_at_start=bool(re.search(r"\bpip3? install\b|-m pip install", script)),
         entrypoint=entrypoint,
         vllm_args=tuple(edit.command()),
-        environment=tuple(EnvVar(k, val) for k, val in env_map.items() if val is not None),
+        environment=tuple(EnvVar(k, val) for k, val in edit.env().items() if val is not None),
         environment_refs=(EnvRef("HUGGING_FACE_HUB_TOKEN", HF_TOKEN_VAR), EnvRef("VLLM_API_KEY", API_KEY_VAR)),
-        mounts=tuple(mount_list),
+        mounts=mounts,
         shm_size=str(edit.get("shm_size") or ""),
         ipc=str(edit.get("ipc") or ""),
         sources=sources,
@@ -812,15 +1033,15 @@ def resolve(
         disk_needed_gb=math.ceil(disk * 10) / 10,
         paths=paths,
         host_dirs=tuple(ctx.host_dirs),
-        overrides=dict(overrides or {}),
-        interconnect=planned if tp > 1 else None,
+        overrides=dict(overrides),
+        interconnect=planned if engine.tensor_parallel_size > 1 else None,
         interconnect_note=ctx.interconnect_note,
         upstream=base,
-        upstream_source=up_source,
-        upstream_status="archived" if (up_source.name != "club3090" or "/_archive/" in up["path"]) else "current",
+        upstream_source=upstream_source,
+        upstream_status=upstream_status(catalog["sources"][upstream_source.name], base.path),
         compose_text=rendered_text,
         changes=tuple(edit.changes),
-        chat_request=copy.deepcopy(dict(v.get("chat_request") or {})),  # the catalog is shared: a copy
+        chat_request=copy.deepcopy(dict(variant.get("chat_request") or {})),  # the catalog is shared: a copy
     )
 
 

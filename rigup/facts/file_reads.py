@@ -1,4 +1,4 @@
-"""pyinfra's per-path file facts, for many paths in one command (part of rigup.facts.once's batch).
+"""pyinfra's per-path file facts, for many paths in one command (part of rigup.pyinfra_patches.fact_batching's batch).
 
 A converged deploy asks pyinfra's File, Directory and Link facts (one `stat` each) and Sha1File or
 Sha256File (one `sha1sum`/`sha256sum` each) of every file it owns: about forty reads of a rig, each a
@@ -38,7 +38,7 @@ class FileReadGroup:
     """Reads of one family (stat, or one hash tool) answered by one command."""
 
     tool: str  # "stat" or the hash tool's name
-    requests: list[Any] = field(default_factory=list)  # rigup.facts.once._Request
+    requests: list[Any] = field(default_factory=list)  # rigup.pyinfra_patches.fact_batching._Request
     paths: list[str] = field(default_factory=list)  # each path once, in order of first request
 
     def command(self) -> str:

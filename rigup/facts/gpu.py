@@ -1,20 +1,23 @@
 """Facts about the GPUs: what nvidia-smi and lspci report, the memory other processes use, the CUDA
-version the loaded driver supports, and the NVLink/PCIe topology. Parsing is in rigup/parsers/."""
+version the loaded driver supports, and the NVLink/PCIe topology. Parsing is in rigup/parsers/; which
+GPU processes are rigup's own (their memory counts as free) is worked out here."""
 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterable, Sequence
 
 from pyinfra.api import FactBase, FactProcessError
 
-from rigup.checks.fit import GpuState, exclude_own, own_pids
 from rigup.facts.util import _SPLIT, _absent, _guarded, _parse, _sections
 from rigup.parsers.lspci import DISPLAY_CLASSES, NVIDIA_VENDOR_ID, PciDevice, parse_lspci
 from rigup.parsers.nvidia_smi import (
     APPS_QUERY_FIELDS,
     GPU_QUERY_FIELDS,
     MEMORY_QUERY_FIELDS,
+    ComputeApp,
     FitParseError,
+    GpuState,
     SmiQuery,
     parse_compute_apps,
     parse_driver_cuda,
@@ -69,6 +72,34 @@ class PciGpus(FactBase[tuple[PciDevice, ...] | None]):
         return tuple(d for d in devices if d.vendor_id == NVIDIA_VENDOR_ID and d.class_code in DISPLAY_CLASSES)
 
 
+def own_pids(container_pids: int | Iterable[int] | None, chains: Iterable[Sequence[int]]) -> frozenset[int]:
+    """GPU processes of rigup's own containers: those whose ancestry (pid, parent, ...) holds one of
+    their init pids (a stopped container has pid 0 or none)."""
+    if isinstance(container_pids, int):
+        container_pids = (container_pids,)
+    roots = {pid for pid in container_pids or () if pid}
+    if not roots:
+        return frozenset()
+    return frozenset(chain[0] for chain in chains if chain and roots.intersection(chain))
+
+
+def exclude_own(gpus: Sequence[GpuState], apps: Iterable[ComputeApp], own: Iterable[int]) -> tuple[GpuState, ...]:
+    """memory_used_mib minus what this variant's own processes hold (a running rigup container is
+    replaced by the deploy, so its memory counts as free)."""
+    own_set = set(own)
+    by_uuid: dict[str, int] = {}
+    for app in apps:
+        if app.pid in own_set and app.used_mib is not None:
+            by_uuid[app.gpu_uuid] = by_uuid.get(app.gpu_uuid, 0) + app.used_mib
+    out = []
+    for g in gpus:
+        used = g.memory_used_mib
+        if used is not None and g.uuid in by_uuid:
+            used = max(0, used - by_uuid[g.uuid])
+        out.append(GpuState(g.index, g.name, g.memory_total_mib, used, g.compute_cap, g.uuid))
+    return tuple(out)
+
+
 # The ancestry of each GPU process ("pid parent grandparent ..." per line), to find our own containers'.
 # $apps holds the compute-apps query already printed; each parent comes from /proc/<pid>/status with
 # shell builtins (an awk per step was a fork per ancestor).
@@ -104,7 +135,7 @@ class GpuMemoryUse(FactBase[tuple[GpuState, ...] | None]):
         # nvidia-smi runs twice (its slowest part is starting), docker only when a GPU process exists.
         # `docker ps` names the running containers, and only those of ours are inspected: naming every
         # variant's container to `docker inspect` costs the engine one lookup per name.
-        own_pids = (
+        own_container_pids = (
             'own=""; for n in $(docker ps --format \'{{.Names}}\' 2>/dev/null); do '
             f'case "$n" in {names}) own="$own $n";; esac; done; '
             '[ -z "$own" ] || docker inspect --type container --format \'{{.State.Pid}}\' $own 2>/dev/null'
@@ -113,7 +144,7 @@ class GpuMemoryUse(FactBase[tuple[GpuState, ...] | None]):
             f"nvidia-smi --query-gpu={gpu_query} --format=csv,noheader,nounits 2>&1; echo {_SPLIT}; "
             f"apps=$(nvidia-smi --query-compute-apps={apps_query} --format=csv,noheader,nounits 2>/dev/null); "
             f'[ -z "$apps" ] || printf \'%s\\n\' "$apps"; echo {_SPLIT}; '
-            f'if [ -n "$apps" ]; then {own_pids}; fi; '
+            f'if [ -n "$apps" ]; then {own_container_pids}; fi; '
             f"echo {_SPLIT}; {_CHAINS}; true"
         )
 

@@ -29,6 +29,16 @@ def ctk_repo_uri(base_url: str) -> str:
     return f"{base_url.rstrip('/')}/$(ARCH)"
 
 
+# The CUDA repository names its architecture directories after NVIDIA's platforms, not Debian's
+# (developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/{x86_64,sbsa}/).
+CUDA_ARCH_DIRS = {"amd64": "x86_64", "arm64": "sbsa"}
+
+
+def cuda_repo_uri(base_url: str, distro: str, arch: str) -> str:
+    """NVIDIA's CUDA repository for one Ubuntu release ("ubuntu2404") and Debian architecture."""
+    return f"{base_url.rstrip('/')}/{distro}/{CUDA_ARCH_DIRS.get(arch, arch)}/"
+
+
 APT_ENV = "DEBIAN_FRONTEND=noninteractive"
 APT_GET = (
     "apt-get",

@@ -18,7 +18,7 @@ from rigup.facts.apt import AptPolicies
 from rigup.facts.driver import NvidiaKernelModule, NvidiaPackages
 from rigup.facts.gpu import NvidiaGpus
 from rigup.operations.apt import APT_ENV, APT_GET
-from rigup.operations.preflight import _fail_host
+from rigup.operations.preflight import fail_host_with_reasons
 from rigup.runstate import account
 
 
@@ -68,7 +68,7 @@ def reboot_and_wait(reboot_timeout: int, delay: int = 5, interval: int = 2) -> I
                     clear_askpass_cache(host)
                     return True
             if time.monotonic() > deadline:
-                return _fail_host(state, host, f"did not come back within {reboot_timeout}s after the reboot", [])
+                return fail_host_with_reasons(state, host, f"did not come back within {reboot_timeout}s after the reboot", [])
             if time.monotonic() - told >= REBOOT_PROGRESS_S:  # at default verbosity: the wait is not silent
                 told = time.monotonic()
                 host.log_styled(
@@ -83,11 +83,11 @@ def reboot_and_wait(reboot_timeout: int, delay: int = 5, interval: int = 2) -> I
 def _verify_driver(state: Any, host: Any, want: DriverWant) -> bool:
     plan = plan_driver(want, host.get_fact(NvidiaPackages), host.get_fact(NvidiaKernelModule))
     if plan.action != "none":
-        return _fail_host(state, host, "NVIDIA driver check after the reboot failed", [plan.summary])
+        return fail_host_with_reasons(state, host, "NVIDIA driver check after the reboot failed", [plan.summary])
     smi = host.get_fact(NvidiaGpus)
     if smi is None or smi.status != "ok":
         why = "nvidia-smi is missing" if smi is None else f"nvidia-smi: {smi.message}"
-        return _fail_host(state, host, "NVIDIA driver loaded but nvidia-smi fails", [why])
+        return fail_host_with_reasons(state, host, "NVIDIA driver loaded but nvidia-smi fails", [why])
     host.log_styled(
         f"driver {plan.loaded.version} ({plan.loaded.flavour}) loaded; nvidia-smi sees {len(smi.gpus)} GPU(s)",  # type: ignore[union-attr]
         fg="green",

@@ -15,19 +15,20 @@ from pyinfra.operations import files
 
 from rigup.desired.gateway import RigEndpoint, Route, config_text, current_records, route_for, routes_in_config
 from rigup.facts.gateway import GatewayVenvs, ServedRecord, TextFile, UnitAgainstFiles, VenvComplete
-from rigup.operations.streamed import streamed
+from rigup.operations.live_output import streamed
 from rigup.runstate import account
 
 
 @operation()
-def gateway_venv(venv: str, requirements: str, requirements_sha256: str, index_url: str):
+def gateway_venv(venv: str, requirements: str, requirements_sha256: str, index_url: str | None):
     """
     Build the gateway's venv from hash-pinned requirements, unless that venv is complete.
 
     + venv: directory of the venv (named by the requirements' hash)
     + requirements: the requirements file on the host (every line ``--hash`` pinned)
     + requirements_sha256: its hash, recorded in the venv once the install finished
-    + index_url: PEP 503 index pip installs from
+    + index_url: PEP 503 index pip installs from; None: no ``--index-url``, pip's own config on the host
+      (pip.conf, PIP_INDEX_URL) decides, else PyPI
 
     pip runs with ``--require-hashes --no-deps``: nothing outside the pin installs. It is built in
     place (a venv's scripts name their interpreter by path, so it cannot be moved); the marker is
@@ -36,14 +37,20 @@ def gateway_venv(venv: str, requirements: str, requirements_sha256: str, index_u
     if host.get_fact(VenvComplete, venv=venv) == requirements_sha256:
         host.noop(f"gateway venv {venv} is complete")
         return
-    # pip ignores a plain-HTTP index (a LAN mirror) unless told to trust its host; the hashes pin every byte anyway
-    url = urlsplit(index_url)
-    trusted = ["--trusted-host", QuoteString(url.hostname)] if url.scheme == "http" and url.hostname else []
+    # None: pip's configured index (a company mirror set once in pip.conf, with its credentials there, not
+    # on this command line). pip ignores a plain-HTTP index (a LAN mirror) unless told to trust its host;
+    # the hashes pin every byte anyway.
+    index: list[Any] = []
+    if index_url is not None:
+        url = urlsplit(index_url)
+        index = ["--index-url", QuoteString(index_url)]
+        if url.scheme == "http" and url.hostname:
+            index += ["--trusted-host", QuoteString(url.hostname)]
     yield streamed(
         StringCommand(
             "rm -rf", QuoteString(venv), "&& python3 -m venv", QuoteString(venv),
             "&&", QuoteString(f"{venv}/bin/pip"), "install --disable-pip-version-check --no-input --progress-bar off",
-            "--require-hashes --no-deps --index-url", QuoteString(index_url), *trusted, "-r", QuoteString(requirements),
+            "--require-hashes --no-deps", *index, "-r", QuoteString(requirements),
             "&& echo", QuoteString(requirements_sha256), ">", QuoteString(f"{venv}/.rigup-installed"),
         ),  # fmt: skip
         lambda h, ok, output, s: account(h, f"gateway venv built in {s:.0f} s" if ok else "gateway venv build failed"),

@@ -9,7 +9,7 @@ from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
 from rigup.facts.driver import NvidiaDevChar
 from rigup.facts.gpu import NvidiaGpus
-from rigup.operations.preflight import _fail_host
+from rigup.operations.preflight import fail_host_with_reasons
 
 
 @operation()
@@ -56,12 +56,12 @@ def _power_drift(smi: Any, power_cap_watts: int | None, persistence: bool) -> li
 def _verify_power(state: Any, host: Any, power_cap_watts: int | None, persistence: bool) -> bool:
     smi = host.get_fact(NvidiaGpus)
     if smi is None or smi.status != "ok":
-        return _fail_host(state, host, "nvidia-smi does not answer after applying GPU settings", [])
+        return fail_host_with_reasons(state, host, "nvidia-smi does not answer after applying GPU settings", [])
     drift = _power_drift(smi, power_cap_watts, persistence)
     if power_cap_watts is None:
         drift += [f"GPU {g.index} power limit {g.power_limit_w:g} W != its default {g.power_default_w:g} W" for g in _uncapped_drift(smi)]
     if drift:
-        return _fail_host(state, host, "GPU settings did not apply", drift)
+        return fail_host_with_reasons(state, host, "GPU settings did not apply", drift)
     return True
 
 

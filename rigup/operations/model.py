@@ -16,7 +16,7 @@ from rigup.desired.knobs import knob
 from rigup.desired.models import script_path
 from rigup.desired.secrets import SecretError, read_hf_token
 from rigup.facts.model import ModelFiles, _needs_work
-from rigup.operations.streamed import streamed
+from rigup.operations.live_output import streamed
 from rigup.rig import RIGFETCH_SCRIPT
 from rigup.rig.rigfetch import encode_manifest, human_bytes
 from rigup.runstate import account

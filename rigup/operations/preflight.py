@@ -1,8 +1,10 @@
-"""The preflight gate as operations: run the checks of rigup/checks/preflight.py and fail the host on
-any failure (again after a new driver is loaded), before anything changes."""
+"""The preflight gate: judge a host by the checks of rigup/checks/preflight.py while the deploy is
+planned and fail it on any failure before anything is planned for it; again, as an operation, after
+a new driver is loaded."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,6 @@ from rigup.checks.preflight import (
     check_capabilities,
     failures,
     gateway_host_checks,
-    gather,
     host_recipes,
     privileges_missing,
     run_host_checks,
@@ -23,9 +24,12 @@ from rigup.checks.preflight import (
 from rigup.desired.knobs import knob
 from rigup.facts.gpu import GpuTopology
 from rigup.facts.system import FreeDisk, HostCapabilities, OsReleaseInfo
+from rigup.operations.preflight_facts import gather
+from rigup.pyinfra_patches import fail_host_while_planning
+from rigup.runstate import record_preflight
 
 
-def _fail_host(state: Any, host: Any, title: str, lines: list[str]) -> bool:
+def fail_host_with_reasons(state: Any, host: Any, title: str, lines: list[str]) -> bool:
     """FunctionCommand body: log why in red and fail this host (returning False)."""
     # pyinfra passes state and host only to functions whose parameters have exactly these names.
     host.log_styled(title, fg="red", bold=True, log_func=logger.error)
@@ -63,36 +67,76 @@ def preflight_report(target: Any) -> list[Check]:
 
 
 @operation()
-def preflight_checks():
+def preflight_checks(passed: bool, summary: str, title: str, failed_lines: list[str]):
     """
-    Fail this host before anything changes when a preflight check fails; no-op when all pass.
+    Report this host's preflight verdict: a no-op when every check passed; otherwise a command that
+    fails the host (preflight_gate has already failed it, so it shows as an error and never runs).
 
-    Reads the facts rigup.checks.preflight needs (OS, GPUs, driver packages and module, Secure Boot, disk,
-    Docker, GPU memory in use, driver CUDA version, GPU topology) and the host's recipe. Failed checks
-    of severity "error" fail the host (not the run) with one line per check naming the host, the key
-    and the fix; warnings are logged.
+    + passed: whether no check of severity "error" failed
+    + summary: the no-op line ("N of M checks passed, ...")
+    + title: the failure's headline ("preflight failed (N checks)")
+    + failed_lines: one line per failed check, naming the host, the key and the fix
+    """
+    if passed:
+        host.noop(summary)
+        return
+    yield FunctionCommand(fail_host_with_reasons, (title, failed_lines), {})
+
+
+@dataclass(frozen=True)
+class PreflightVerdict:
+    """A host's preflight checks, judged: what fails it, what only warns."""
+
+    checks: list[Check]
+
+    @property
+    def failed(self) -> list[Check]:
+        return failures(self.checks)
+
+    @property
+    def warnings(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok and not c.failed]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failed
+
+    def title(self) -> str:
+        return f"preflight failed ({len(self.failed)} checks)"
+
+    def summary(self) -> str:
+        passed = len(self.checks) - len(self.warnings)
+        return f"preflight: {passed} of {len(self.checks)} checks passed, {len(self.warnings)} warned, none failed"
+
+
+def preflight_gate(name: str) -> bool:
+    """
+    Judge this host now, while pyinfra plans the deploy (with -y and --dry too), from the facts
+    rigup.checks.preflight needs (OS, GPUs, driver packages and module, Secure Boot, disk, Docker, GPU
+    memory in use, driver CUDA version, GPU topology) and the host's recipe, and add the operation
+    `name` (preflight_checks) that reports it.
+
+    Warnings are logged. A failed check of severity "error" fails the host (not the run) now, with one
+    line per check naming the host, the key and the fix: nothing after preflight is planned or run for
+    it (deploy.py reads the verdict, rigup.runstate.runs_rig_tasks), and the run, --dry included,
+    exits 1. Returns whether the host passed.
 
     **Example:**
 
     .. code:: python
 
-        preflight.preflight_checks(name="Run preflight checks")
+        preflight.preflight_gate(name="Run preflight checks")
     """
-    checks = preflight_report(host)
-    failed = failures(checks)
-    warnings = [c for c in checks if not c.ok and not c.failed]
-    if state.is_executing:
-        for check in warnings:
-            host.log_styled(f"preflight warning: {check.describe(host.name)}", fg="yellow", log_func=logger.warning)
-    if not failed:
-        host.noop(f"preflight: {len(checks) - len(warnings)} of {len(checks)} checks passed, {len(warnings)} warned, none failed")
-        return
-    lines = [c.describe(host.name) for c in failed]
-    if not state.is_executing:
-        # Shown in the change table of `pyinfra ... --dry` before anything runs.
-        for line in lines:
-            logger.warning(f"[{host.name}] preflight will fail: {line}")
-    yield FunctionCommand(_fail_host, (f"preflight failed ({len(failed)} checks)", lines), {})
+    verdict = PreflightVerdict(preflight_report(host))
+    for check in verdict.warnings:
+        host.log_styled(f"preflight warning: {check.describe(host.name)}", fg="yellow", log_func=logger.warning)
+    lines = [c.describe(host.name) for c in verdict.failed]
+    preflight_checks(name=name, passed=verdict.passed, summary=verdict.summary(), title=verdict.title(), failed_lines=lines)
+    record_preflight(host, verdict.passed)
+    if not verdict.passed:
+        fail_host_with_reasons(state, host, verdict.title(), lines)
+        fail_host_while_planning(state, host)
+    return verdict.passed
 
 
 def _preflight_now(state: Any, host: Any) -> bool:
@@ -102,7 +146,7 @@ def _preflight_now(state: Any, host: Any) -> bool:
         if not check.ok and not check.failed:
             host.log_styled(f"preflight warning: {check.describe(host.name)}", fg="yellow", log_func=logger.warning)
     if failed:
-        return _fail_host(
+        return fail_host_with_reasons(
             state, host, f"preflight failed with the driver loaded ({len(failed)} checks)", [c.describe(host.name) for c in failed]
         )
     host.log_styled(f"preflight with the driver loaded: {len(checks)} checks passed", fg="green", log_func=logger.info)

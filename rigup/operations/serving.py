@@ -14,7 +14,7 @@ from pyinfra.api.hiddenvalue import HiddenValue
 from rigup.desired.recipe import Recipe
 from rigup.facts.docker import DockerImage
 from rigup.facts.serving import RigupVariantUnits, SecretFileState, ServingStatus
-from rigup.operations.streamed import streamed
+from rigup.operations.live_output import streamed
 from rigup.runstate import account
 
 CTL_NAME = "rigup-servingctl"

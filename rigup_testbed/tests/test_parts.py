@@ -13,8 +13,9 @@ import pytest
 
 from rigup_testbed import hardware as hw
 from rigup_testbed import net
-from rigup_testbed.fleet import Testbed, url_knobs
+from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import Host
+from rigup_testbed.hub import url_knobs
 from rigup_testbed.state import Ledger, TestbedError, proc_starttime, signal_exact
 
 # The knobs the brief says the test bed must point at the hub (more may be added to all.py).
@@ -70,7 +71,8 @@ def test_url_knobs_are_read_from_group_data() -> None:
     knobs = url_knobs()
     assert EXTERNAL_KNOBS <= set(knobs)
     assert knobs["hf_endpoint"] == "https://huggingface.co"
-    assert all(v.startswith("https://") for k, v in knobs.items() if k != "container_registry")
+    assert all(v.startswith("https://") for k, v in knobs.items() if k != "container_registry" and v is not None)
+    assert knobs["gateway_pip_index_url"] is None  # pip's own configured index: the bed still points it at the hub
 
 
 def test_subnet_skips_networks_in_use(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from rigup.checks.preflight import check_capabilities, privileges_missing
 from rigup.desired.knobs import load_defaults
 from rigup.facts.system import HostCapabilities
-from rigup.operations.preflight import preflight_checks, preflight_report
+from rigup.operations.preflight import preflight_report
 from rigup.parsers.system import parse_capabilities
 from tests.support.hostlayer import fx
-from tests.support.opharness import ScriptedHost, raw_commands
+from tests.support.opharness import ScriptedHost, judge_preflight
 
 BOOTED = parse_capabilities(fx("capabilities/booted-sudo-user.txt"))
 CONTAINER = parse_capabilities(fx("capabilities/container-root-no-systemd.txt"))  # the lent H200 host's values
@@ -51,17 +53,16 @@ def test_sudo_that_asks_for_a_password_or_a_non_root_user_without_sudo_fail() ->
     assert privileges_missing(list(checks.values())) and not privileges_missing(list(by_name(BOOTED).values()))
 
 
-def test_preflight_reads_nothing_else_when_the_user_cannot_act_as_root(tmp_path: Path) -> None:
+def test_preflight_reads_nothing_else_when_the_user_cannot_act_as_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Only HostCapabilities is scripted: reading any other fact would fail this test.
     host = ScriptedHost({HostCapabilities: lambda _sudo: PASSWORD}, {**load_defaults(), "_sudo": True})
     checks = preflight_report(host)
     assert [c.name for c in checks] == ["privileges", "systemd", "apt", "docker"]
     assert host.fact_calls == [("HostCapabilities", {"_sudo": False})]  # read without sudo
-    (command,) = raw_commands(preflight_checks, host)  # the host fails before any change
-    assert command.function.__name__ == "_fail_host"
-    title, lines = command.args
-    assert title == "preflight failed (1 checks)"
-    assert lines == [
+    judged = judge_preflight(host, monkeypatch)  # the host fails while the deploy is planned
+    assert not judged.passed and judged.failed_now == [host]
+    assert judged.reported["title"] == "preflight failed (1 checks)"
+    assert judged.reported["failed_lines"] == [
         "rig-test: privileges: sudo asks uid 1000 for a password [key: _sudo] -> fix: allow the SSH user "
         "passwordless sudo (NOPASSWD in /etc/sudoers.d/), or log in as root"
     ]

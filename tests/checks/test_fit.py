@@ -17,14 +17,15 @@ from typing import Any
 
 import pytest
 
-from rigup.checks.fit import Finding, GpuState, assess, branch_for_cuda, cuda_compat, exclude_own, gpu_state, own_pids
+from rigup.checks.fit import Finding, assess, branch_for_cuda, cuda_compat, gpu_state
 from rigup.desired.knobs import load_defaults
 from rigup.desired.recipe import Recipe, RecipeError, resolve
-from rigup.facts.gpu import DriverCudaVersion, GpuMemoryUse, GpuTopology
+from rigup.facts.gpu import DriverCudaVersion, GpuMemoryUse, GpuTopology, exclude_own, own_pids
 from rigup.parsers.nvidia_smi import (
     GPU_QUERY_FIELDS,
     ComputeApp,
     FitParseError,
+    GpuState,
     parse_compute_apps,
     parse_driver_cuda,
     parse_gpu_query,

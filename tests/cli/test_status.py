@@ -21,6 +21,8 @@ from rigup.parsers.nvidia_smi import parse_gpu_query
 from tests.desired.test_release import FakeLock
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+BOOTED = (FIXTURES / "capabilities/booted-sudo-user.txt").read_text()
+NO_SYSTEMD = (FIXTURES / "capabilities/container-root-no-systemd.txt").read_text()  # the lent H200 host
 SECRET = "sk-status-secret-0123456789"
 SMI_2X3090 = (FIXTURES / "nvidia-smi" / "2x3090-580-capped.csv").read_text()
 
@@ -214,6 +216,7 @@ def test_gather_facts_hashes_files_without_their_secrets(tmp_path: Path) -> None
     state.mkdir(parents=True)
     (state / "provenance.json").write_text(provenance(release))
     runner = LocalRunner({
+        "pid1=": BOOTED,
         "rigup-*.service": f"{release['unit']} enabled active\nrigup-dual-turbo.service disabled inactive\n",
         "--query-gpu=index,name": SMI_2X3090,
         "--query-gpu=index,memory.used": "0, 22100, 24576\n1, 21900, 24576\n",
@@ -241,6 +244,25 @@ def test_gather_facts_without_provenance_or_nvidia_smi() -> None:
     gathered = S.gather_facts(runner, "/opt/rigup")
     assert gathered.provenance_text is None and gathered.units == {}
     assert gathered.file_hashes == {}
+
+
+def test_a_host_without_systemd_running_says_it_cannot_run_services(tmp_path: Path) -> None:
+    """The lent H200 host's capabilities (process 1 is not systemd): the unit is not merely "not
+    installed", the host cannot run one, in preflight's words and with its fix."""
+    target, release = rig(tmp_path)
+    runner = LocalRunner({"pid1=": NO_SYSTEMD, "provenance.json": "__RIGUP_ABSENT__\n", "rigup-*.service": "",
+                          "nvidia-smi": "__ABSENT__\n"})
+    gathered = S.gather_facts(runner, "/opt/rigup")
+    assert gathered.capabilities is not None and not gathered.capabilities.systemd_running
+    items = {i.item: i for i in S.compare(desired(target, release), gathered, HEALTHY)}
+    systemd = items["systemd"]
+    assert systemd.state == S.UNHEALTHY
+    assert systemd.actual.startswith("process 1 is 'process_api', /run/systemd/system is absent: rigup's units")
+    assert systemd.note == "fix: deploy to a host booted with systemd (a container without systemd cannot be a rig)"
+
+    runner = LocalRunner({"pid1=": BOOTED, "provenance.json": "__RIGUP_ABSENT__\n", "rigup-*.service": "",
+                          "nvidia-smi": "__ABSENT__\n"})
+    assert "systemd" not in {i.item for i in S.compare(desired(target, release), S.gather_facts(runner, "/opt/rigup"), HEALTHY)}
 
 
 def test_gather_facts_reads_a_failed_units_journal_as_root() -> None:

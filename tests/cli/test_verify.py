@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from rigup.checks.verify import CheckResult
 from rigup.cli import verify as V
 from rigup.client.openai_client import ApiClient
 from rigup.client.ssh import FileLog, RemoteError
@@ -33,38 +34,12 @@ def context(url: str, log_file: Path | None = None, **changes: object) -> V.Cont
     return ctx
 
 
-def outcomes(results: list[V.CheckResult]) -> dict[str, str]:
+def outcomes(results: list[CheckResult]) -> dict[str, str]:
     return {r.check: r.outcome for r in results}
 
 
 # --------------------------------------------------------------------------------------------
-# pure helpers
-
-
-def test_quality_flags_markup_repeated_lines_and_small_vocabulary() -> None:
-    fluent = " ".join(f"word{i}" for i in range(300))
-    assert V.quality_problems(fluent) == []
-    assert V.quality_problems("") == ["no content"]
-    assert "<tool_call> markup" in V.quality_problems(fluent + " <tool_call>{}</tool_call>")[0]
-    looping = fluent[:200] + "\n" + "\n\n".join(["The same line again."] * 5)
-    assert any("repeats 5 times in a row" in p for p in V.quality_problems(looping))
-    four = fluent + "\n" + "\n".join(["Again."] * 4)
-    assert V.quality_problems(four) == []  # 4 repeats are allowed, 5 are not
-    narrow = " ".join(["alpha", "beta", "gamma", "delta", "eps"] * 40)
-    assert "lexical variety 0.03" in V.quality_problems(narrow)[0]
-
-
-def test_acceptance_length_is_read_from_the_last_metrics_line() -> None:
-    lines = [
-        "INFO 11-30 04:00:00 [metrics.py:96] SpecDecoding metrics: Mean acceptance length: 1.90, Accepted: 9 tokens",
-        "INFO:     127.0.0.1:1 - \"POST /v1/chat/completions HTTP/1.1\" 200 OK",
-        "(APIServer pid=1) INFO 11-30 04:00:10 [metrics.py:96] SpecDecoding metrics: Mean acceptance length: 3.42, "
-        "Accepted throughput: 40.1 tokens/s",
-    ]
-    assert V.acceptance_length(lines) == 3.42
-    assert V.acceptance_length(lines[:2]) == 1.90
-    assert V.acceptance_length(["SpecDecoding metrics: Draft acceptance rate: 0.686"]) is None
-    assert V.acceptance_length(['{"mean_acceptance_length": 2.5}']) == 2.5
+# pure helpers (the verdicts' own are in tests/checks/test_verify.py)
 
 
 def test_needle_prompt_places_the_secret_at_half_depth() -> None:
@@ -72,8 +47,6 @@ def test_needle_prompt_places_the_secret_at_half_depth() -> None:
     at = prompt.index("blue otter 42")
     assert 0.45 < at / len(prompt) < 0.55
     assert 9_000 < len(prompt) / 4 < 11_000  # the seeds' scale 150 is ~10K tokens
-    assert V.needle_found("blue otter 42", "The passphrase: Blue Otter 42.")
-    assert not V.needle_found("blue otter 42", "blue otter 24")
 
 
 def test_ceiling_rungs_follow_the_seed_ladder() -> None:

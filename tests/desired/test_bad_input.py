@@ -301,7 +301,7 @@ def test_integer_knobs_reject_below_the_bound_and_bools(name):
     [
         ("install_root", "/opt/../etc", "absolute path"),
         ("install_root", "/opt/my rigup", "absolute path"),
-        ("model_dir", None, "absolute path"),  # None is not "use the default" for a path
+        ("model_dir", "/opt/../etc", "absolute path"),  # None is "<install_root>/models": tests/desired/test_derived_defaults.py
         ("model_fleet_port", 70000, "1 to 65535"),
         ("serving_bind_address", "localhost", "an IP address"),
         ("container_registry", "https://mirror.lan", "host[:port][/path]"),

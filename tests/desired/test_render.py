@@ -333,7 +333,8 @@ def test_cli_writes_what_the_deploy_renders(tmp_path: Path, monkeypatch: pytest.
     command = [str(s) for s in service["command"]]
     assert command[command.index("--max-model-len") + 1] == "100000"
     assert service["ports"] == ["0.0.0.0:9100:8000"]
-    assert service["volumes"][0]["source"] == "/opt/rigup/models/qwen3.6-27b-autoround-int4"
+    # model_dir unset follows install_root
+    assert service["volumes"][0]["source"] == "/srv/rig/models/qwen3.6-27b-autoround-int4"
 
 
 def test_cli_list_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

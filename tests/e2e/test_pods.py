@@ -11,6 +11,7 @@ status reports each pod; dropping a pod stops its unit.
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -210,3 +211,37 @@ def test_dropping_a_pod_stops_its_unit(bed: Bed) -> None:
     doc = yaml.safe_load(sh(bed.host("quad"), "cat /opt/rigup/gateway/config.yaml"))
     assert [e["model_info"]["rigup_unit"] for e in doc["model_list"] if e["model_info"]["rigup_host"] == "tri"] == [
         "rigup-pair.service"]
+
+
+# apt's own hook, run before every dpkg invocation: which rigup units were active then, in which boot
+WITNESS = "/usr/local/sbin/rigup-e2e-dpkg-witness"
+WITNESS_SCRIPT = """#!/bin/sh
+units=$(systemctl list-units --state=active --no-legend --plain 'rigup-*.service' | cut -d' ' -f1 | xargs)
+echo "$(cat /proc/sys/kernel/random/boot_id) $units" >> /var/log/rigup-e2e-dpkg-witness
+"""
+
+
+def test_a_driver_change_stops_every_pod_first_and_brings_them_back(bed: Bed) -> None:
+    """A driver swap under running pods: the driver task stops each pod's unit (not rigup-<variant>)
+    before apt touches the driver, reboots, and the pods serve again after the health gate."""
+    quad = bed.host("quad")
+    boots, boot_id = quad.boots(), sh(quad, "cat /proc/sys/kernel/random/boot_id").strip()
+    for unit in UNITS["quad"]:
+        assert unit_prop(quad, unit, "ActiveState") == "active", unit
+    script = base64.b64encode(WITNESS_SCRIPT.encode()).decode()
+    sh(quad, f"echo {script} | base64 -d | sudo tee {WITNESS} >/dev/null && sudo chmod 755 {WITNESS}")
+    sh(quad, f"echo 'DPkg::Pre-Invoke {{\"{WITNESS}\";}};' | sudo tee /etc/apt/apt.conf.d/99rigup-e2e-witness >/dev/null")
+    bed.group_data["gateway"]["nvidia_driver_flavour"] = "proprietary"  # type: ignore[attr-defined]
+    bed.write(relock=False)  # open -> proprietary: the same branch, another driver, installed and rebooted into
+    bed.deploy()
+
+    assert quad.boots() == boots + 1
+    assert "ii  nvidia-driver-580 " in sh(quad, "dpkg -l nvidia-driver-580")
+    witnessed = [line.split() for line in sh(quad, "cat /var/log/rigup-e2e-dpkg-witness").splitlines()]
+    before_reboot = [line[1:] for line in witnessed if line and line[0] == boot_id]
+    assert before_reboot, witnessed  # the driver's apt transaction ran before the reboot
+    assert all(active == [] for active in before_reboot), f"pods still running while dpkg changed the driver: {witnessed}"
+    for unit in UNITS["quad"]:
+        assert unit_prop(quad, unit, "ActiveState") == "active", unit
+    for pod in QUAD_PODS:
+        assert models_at(bed, "quad", pod["port"]) == [served_name(DUAL)]

@@ -13,21 +13,42 @@ tests/e2e/hostlayer_deploy.py`), after `python -m rigup doctor --json` read the 
              the host rebooted, then the re-run of the checks fails it before Docker is installed
   rig-nosd   fresh 2x RTX 3090 whose systemctl was taken away: the capability checks fail it (systemd)
              before anything changes on it
+  rig-container  not a booted host: a second sshd on rig-ok (port 2222) in pid and mount namespaces of
+             its own, where process 1 is sshd and /run/systemd is empty, as in a container or WSL
+             without systemd. systemctl is installed but answers "System has not been booted with
+             systemd": preflight's verdict fails it, not a fact pyinfra cannot read
+
+Before the converge, `pyinfra inventory.py hostlayer_deploy.py --dry` over the same fleet fails every
+refused host while it plans (exit 1), and plans nothing after preflight for them.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import HostSpec
-from tests.e2e.helpers import changed, converge_json, op, reboot, run_json, sh, skip_without_disk, snapshot
+from tests.e2e.helpers import (
+    HOSTLAYER_DEPLOY,
+    PYINFRA,
+    changed,
+    converge_json,
+    op,
+    reboot,
+    run_json,
+    sh,
+    skip_without_disk,
+    snapshot,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -38,6 +59,11 @@ SPECS = [
     HostSpec("rig-nosd"),
 ]
 PREFLIGHT_OP = "Run preflight checks (a failed check fails this host)"
+REFUSED = ("rig-small", "rig-nosd", "rig-container")
+CONTAINER_PORT = 2222
+# A shell's own pid and mount namespaces, /run/systemd hidden by an empty tmpfs, sshd as its process 1.
+CONTAINER_SSHD = ("unshare --pid --fork --mount --propagation private --mount-proc sh -c "
+                  f"'mount -t tmpfs tmpfs /run/systemd && exec /usr/sbin/sshd -D -p {CONTAINER_PORT}'")
 DRIVER_OP = "Install and load the NVIDIA driver (stop serving, install, reboot, verify)"
 RECHECK_OP = "Re-run the preflight checks with the new driver loaded (VRAM, CUDA, GPUs)"
 SMOKE_OP = "Check a CUDA container sees every GPU (after a driver, Docker or toolkit change)"
@@ -67,6 +93,11 @@ def prepared(bed: Testbed) -> dict[str, Any]:
     assert "CUDA Version        : 12.4" in sh(small, "nvidia-smi --version")
     nosd = bed.host("rig-nosd")
     sh(nosd, "sudo mv /usr/bin/systemctl /usr/bin/systemctl.away")  # not rebooted while it is away
+    ok = bed.host("rig-ok")
+    sh(ok, f"sudo sh -c \"setsid {CONTAINER_SSHD} >/dev/null 2>&1 < /dev/null &\"")
+    deadline = time.monotonic() + 20
+    while f":{CONTAINER_PORT} " not in sh(ok, "ss -ltn") and time.monotonic() < deadline:
+        time.sleep(0.5)
     return {
         "snapshot": snapshot(small, install_root=True),
         "nosd_snapshot": snapshot(nosd, install_root=True),
@@ -76,7 +107,22 @@ def prepared(bed: Testbed) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def fleet(bed: Testbed, prepared: dict[str, Any]) -> Path:
-    return bed.write_fleet(bed.workdir / "fit-rigs.yaml")  # no lock file next to it: hardware phases only
+    path = bed.write_fleet(bed.workdir / "fit-rigs.yaml")  # no lock file next to it: hardware phases only
+    doc = yaml.safe_load(path.read_text())
+    ok = bed.host("rig-ok")
+    known_hosts = bed.workdir / "container-known-hosts"
+    key = next(line.split()[1:] for line in ok.known_hosts.read_text().splitlines() if line.split()[0] == ok.ip)
+    known_hosts.write_text(f"[{ok.ip}]:{CONTAINER_PORT} {' '.join(key)}\n")
+    rig_ok = doc["groups"]["canary"]["hosts"]["rig-ok"]
+    doc["groups"]["rigs"]["hosts"]["rig-container"] = {**rig_ok, "ssh_port": CONTAINER_PORT,
+                                                        "ssh_known_hosts_file": str(known_hosts)}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def dry(fleet: Path, doctor: Any) -> tuple[int, dict[str, Any], str]:
+    return run_json([PYINFRA, "--dry", "--json", "inventory.py", HOSTLAYER_DEPLOY], fleet, 600)
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +131,7 @@ def doctor(fleet: Path) -> tuple[int, dict[str, Any], str]:
 
 
 @pytest.fixture(scope="module")
-def converge(bed: Testbed, fleet: Path, doctor: Any) -> Iterator[tuple[int, dict[str, Any], str]]:
+def converge(bed: Testbed, fleet: Path, doctor: Any, dry: Any) -> Iterator[tuple[int, dict[str, Any], str]]:
     yield converge_json(fleet, "hostlayer deploy over the fit bed")
 
 
@@ -101,7 +147,9 @@ def test_doctor_reports_the_fit_from_the_hosts_facts(doctor: tuple[int, dict[str
     code, doc, log = doctor
     assert code == 1, log  # rig-small fails
     ok = {h["host"]: h["ok"] for h in doc["hosts"]}
-    assert ok == {"rig-ok": True, "rig-small": False, "rig-late": True, "rig-nosd": False}, log
+    assert ok == {"rig-ok": True, "rig-small": False, "rig-late": True, "rig-nosd": False, "rig-container": False}, log
+    container = checks_of(doc, "rig-container")
+    assert not container["systemd"]["ok"] and container["systemd"]["message"].startswith("process 1 is 'sshd'"), container
     nosd = checks_of(doc, "rig-nosd")
     assert [n for n, c in nosd.items() if c["severity"] == "error" and not c["ok"]] == ["systemd", "docker"], nosd
     assert "deploy to a host booted with systemd" in nosd["systemd"]["fix"]
@@ -169,3 +217,24 @@ def test_host_without_systemctl_fails_the_capability_checks_untouched(
     nosd = bed.host("rig-nosd")
     assert snapshot(nosd, install_root=True) == prepared["nosd_snapshot"], "rig-nosd changed although preflight failed"
     assert "rig-nosd: systemd: " in log and "need systemd" in log
+
+
+def test_dry_run_fails_every_refused_host_and_plans_nothing_after_preflight(dry: Any) -> None:
+    code, doc, log = dry
+    assert code == 1, log[-4000:]  # what a real run would do: those hosts fail
+    for name in REFUSED:
+        assert re.search(rf"\[{name}\]\s+preflight failed", log), log[-4000:]  # pyinfra pads the host prefix
+    assert "rig-container: systemd: process 1 is 'sshd', /run/systemd/system is absent" in log, log[-4000:]
+    assert "could not load fact" not in log and "pyinfra error" not in log, log[-4000:]
+    later = [o for o in doc["plan"] if not o["name"].startswith("tasks/preflight.py")]
+    planned = {name for o in later for name in o["hosts_with_change"] + o["hosts_with_conditional_change"]}
+    assert {"rig-ok", "rig-late"} <= planned, doc["plan"]  # the healthy hosts' plan is still made and printed
+    assert not planned & set(REFUSED), doc["plan"]
+
+
+def test_host_whose_systemd_is_not_running_gets_the_preflight_verdict(converge: Any) -> None:
+    code, results, log = converge
+    assert code == 1
+    assert "rig-container" in op(results, PREFLIGHT_OP)["error"]
+    assert changed(results, "rig-container") == []
+    assert "rig-container: systemd: process 1 is 'sshd'" in log and "could not load fact" not in log

@@ -194,7 +194,7 @@ def test_whole_deploy_converged_rerun_has_zero_changes(bed: Bed) -> None:
     changed = {op["name"]: op["success"] for op in result["results"]["operations"] if op["success"]}
     assert changed == {}, f"operations that changed on a converged re-run: {changed}"
     # Every fact read once, the ones the last run asked for in one batch per sudo setting
-    # (rigup.facts.once): a converged rig costs a few round trips, not one per fact (issue 15's bar: 15).
+    # (rigup.pyinfra_patches.fact_batching): a converged rig costs a few round trips, not one per fact (issue 15's bar: 15).
     counts = remote_commands(proc.stderr)
     assert set(counts) == {"rig-01", "rig-02"} and all(n <= 15 for n in counts.values()), counts
 

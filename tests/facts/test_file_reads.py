@@ -13,8 +13,8 @@ import pytest
 from pyinfra.facts.files import Directory, File, Link, Sha1File, Sha256File
 from pyinfra.facts.server import Which
 
-from rigup.facts import once
 from rigup.facts.file_reads import group_file_reads
+from rigup.pyinfra_patches import fact_batching as once
 
 
 def _request(cls: type, **kwargs: str) -> once._Request:
@@ -120,10 +120,10 @@ def test_only_pyinfras_own_commands_for_plain_paths_are_grouped(tree: Path) -> N
 
 
 def test_the_batch_answers_grouped_reads(tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Through rigup.facts.once on @local: one batch, no read of its own, each value as pyinfra reads it."""
+    """Through rigup.pyinfra_patches.fact_batching on @local: one batch, no read of its own, each value as pyinfra reads it."""
     from pyinfra.api.connect import disconnect_all
 
-    from tests.facts.test_once import _state
+    from tests.pyinfra_patches.test_fact_batching import _state
 
     monkeypatch.setenv(once.RECORDS_ENV, str(tmp_path / "records"))
     wanted = [(File, "plain"), (File, "with space and 'quote'"), (Directory, "dir"), (File, "absent"),

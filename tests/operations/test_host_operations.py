@@ -42,7 +42,7 @@ from rigup.parsers.system import (
 )
 from tests.support.fit_fake import offline_lock
 from tests.support.hostlayer import GB, converged_2x3090, disk, fresh_2x3090, fx, one_3090_on_550
-from tests.support.opharness import ScriptedHost, call_function, raw_commands, run_op
+from tests.support.opharness import ScriptedHost, call_function, judge_preflight, raw_commands, run_op
 
 DPKG = "DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold"
 DRIVER_ARGS = dict(branch=580, flavour="open", source="ubuntu", stop_units=["rigup-dual.service"])
@@ -450,9 +450,11 @@ def preflight_host(facts, lock_dir: Path | None = None, **data) -> ScriptedHost:
     return ScriptedHost(scripted, values, name="rig-07")
 
 
-def test_preflight_passes_quietly(tmp_path: Path):
+def test_preflight_passes_quietly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     host = preflight_host(converged_2x3090(), tmp_path)
-    assert run_op(preflight_checks, host) == []
+    judged = judge_preflight(host, monkeypatch)
+    assert judged.passed and judged.failed_now == [] and host.logs == []
+    assert run_op(preflight_checks, host, **judged.reported) == []
     assert host.noops == ["preflight: 18 of 18 checks passed, 0 warned, none failed"]
     # memory of every rigup variant's container is free: the deploy replaces or stops them
     (names,) = [kw["container_names"] for fact, kw in host.fact_calls if fact == "GpuMemoryUse"]
@@ -460,25 +462,31 @@ def test_preflight_passes_quietly(tmp_path: Path):
     assert {"rigup-dual", "rigup-dual-turbo", "rigup-gemma-dual"} <= set(names)
 
 
-def test_preflight_without_a_lock_warns_and_checks_the_catalog_refs():
+def test_preflight_without_a_lock_warns_and_checks_the_catalog_refs(monkeypatch: pytest.MonkeyPatch):
     host = preflight_host(converged_2x3090())
-    assert run_op(preflight_checks, host) == []
+    judged = judge_preflight(host, monkeypatch)
+    assert judged.passed
+    assert run_op(preflight_checks, host, **judged.reported) == []
     assert host.noops == ["preflight: 18 of 19 checks passed, 1 warned, none failed"]
     assert host.logs[0].startswith("preflight warning: rig-07: lock: checked against the catalog's refs: /nonexistent")
 
 
-def test_preflight_fails_the_host_not_the_run(tmp_path: Path):
+def test_preflight_fails_the_host_not_the_run_while_the_deploy_is_planned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     host = preflight_host(one_3090_on_550(), tmp_path)
-    (cmd,) = raw_commands(preflight_checks, host)
-    assert isinstance(cmd, FunctionCommand)
-    # warnings are logged while the checks run (execute time)
+    judged = judge_preflight(host, monkeypatch)
+    assert not judged.passed and judged.failed_now == [host]  # this host, now: nothing after preflight is planned
+    # the warning, then why it failed: one line per check, with the key and the fix
     assert host.logs[0].startswith("preflight warning: rig-07: driver: will install: nvidia-driver-550 550.120")
+    assert host.logs[1] == "preflight failed (1 checks)"
+    assert host.logs[2].startswith("  rig-07: gpu-layout: variant 'dual' runs tensor parallel 2; this host has 1 GPU(s)")
+    assert "-> fix: use tensor parallel 1: variant single" in host.logs[2]
+    assert len(host.logs) == 3
+    # the operation it adds shows the failure in pyinfra's results (as an error: it never runs)
+    (cmd,) = raw_commands(preflight_checks, host, **judged.reported)
+    assert isinstance(cmd, FunctionCommand)
     host.logs.clear()
-    assert call_function(cmd, host) is False  # pyinfra fails this host only
-    assert host.logs[0] == "preflight failed (1 checks)"
-    assert host.logs[1].startswith("  rig-07: gpu-layout: variant 'dual' runs tensor parallel 2; this host has 1 GPU(s)")
-    assert "-> fix: use tensor parallel 1: variant single" in host.logs[1]
-    assert len(host.logs) == 2
+    assert call_function(cmd, host) is False
+    assert host.logs[0] == "preflight failed (1 checks)" and len(host.logs) == 2
 
 
 def test_preflight_builds_the_recipe_with_the_host_topology(tmp_path: Path):
@@ -501,7 +509,7 @@ def test_preflight_counts_memory_of_rigups_units_it_will_stop_as_free(tmp_path: 
     assert "rigup-oldpod" in names and "rigup-dual" in names
 
 
-def test_preflight_after_driver_rechecks_with_the_loaded_driver(tmp_path: Path):
+def test_preflight_after_driver_rechecks_with_the_loaded_driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Preflight let a fresh 2x RTX 3080 pass (10 GB and 20 GB boards share the PCI id); once the
     driver reports 20480 MiB cards, the re-check fails the host before Docker and the model."""
     from rigup.parsers.nvidia_smi import parse_memory_query
@@ -511,7 +519,7 @@ def test_preflight_after_driver_rechecks_with_the_loaded_driver(tmp_path: Path):
         "0000:02:00.0 VGA compatible controller [0300]: NVIDIA Corporation GA102 [GeForce RTX 3080] [10de:2206] (rev a1)\n"
     ))
     host = preflight_host(before, tmp_path)
-    assert run_op(preflight_checks, host) == []  # a warning, not a failure
+    assert judge_preflight(host, monkeypatch).passed  # a warning, not a failure
     assert any("vram-fit: VRAM unknown until the driver loads" in line and "re-checked after the driver's reboot" in line
                for line in host.logs)
 
@@ -531,14 +539,13 @@ def test_preflight_after_driver_rechecks_with_the_loaded_driver(tmp_path: Path):
     assert host.logs[-1] == "preflight with the driver loaded: 18 checks passed"
 
 
-def test_preflight_reads_disk_where_docker_keeps_images(tmp_path: Path):
+def test_preflight_reads_disk_where_docker_keeps_images(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     facts = converged_2x3090(
         docker=parse_docker_info(fx("docker-info/without-nvidia.json")),
         disk={**disk(300, paths=("/opt/rigup", "/opt/rigup/models")), **disk(1, mount="/srv", paths=("/srv/docker",))},
     )
     host = preflight_host(facts, tmp_path)
-    (cmd,) = raw_commands(preflight_checks, host)
-    call_function(cmd, host)
+    assert not judge_preflight(host, monkeypatch).passed
     assert any("/srv has 1.0 GB free" in line for line in host.logs)
     asked = [kw for name, kw in host.fact_calls if name == "FreeDisk"]
     assert asked == [{"paths": ["/opt/rigup", "/opt/rigup/models", "/srv/docker"]}]

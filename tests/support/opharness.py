@@ -100,3 +100,28 @@ def call_function(command: FunctionCommand, host: ScriptedHost) -> Any:
     parameters are named (state, host) get both and their return value is the status."""
     with ctx_host.use(host), ctx_state.use(ScriptedState(True)):
         return command.execute(ScriptedState(True), host, {})  # type: ignore[arg-type]
+
+
+@dataclass
+class Judged:
+    """What rigup.operations.preflight.preflight_gate did for a host while the deploy was planned."""
+
+    passed: bool
+    reported: dict[str, Any]  # the arguments of the preflight_checks operation it added
+    failed_now: list[Any]  # the hosts it failed during planning
+
+
+def judge_preflight(host: ScriptedHost, monkeypatch: Any) -> Judged:
+    """preflight_gate on `host`, planning time (is_executing False), with the operation it adds and the
+    host failure it makes recorded instead of handed to a pyinfra state."""
+    from rigup.operations import preflight as preflight_ops  # the module whose names are replaced here
+
+    reported: dict[str, Any] = {}
+    failed: list[Any] = []
+    monkeypatch.setattr(preflight_ops, "preflight_checks", lambda name, **kwargs: reported.update(kwargs))
+    monkeypatch.setattr(preflight_ops, "fail_host_while_planning",
+                        lambda state, target: failed.append(target._get_module()))  # the host behind pyinfra's proxy
+    monkeypatch.setattr(preflight_ops, "record_preflight", lambda target, passed: None)
+    with ctx_host.use(host), ctx_state.use(ScriptedState(False)):
+        passed = preflight_ops.preflight_gate(name="Run preflight checks")
+    return Judged(passed, reported, failed)

@@ -20,7 +20,7 @@ import pytest
 
 from rigup import REPO_ROOT
 from rigup.desired.knobs import load_defaults
-from rigup.facts.once import is_fact_batch
+from rigup.pyinfra_patches.fact_batching import is_fact_batch
 from tests.support.fit_fake import offline_lock
 
 NOLOCK, LOCKED = "@fake/rig-nolock", "@fake/rig-locked"
@@ -39,6 +39,8 @@ rigs = [
 ]
 """
 
+# commands that change a rig (not the capability probe, which names apt-get as a tool it looks for)
+CHANGING = r"apt-get (-y|-q|install|update|remove|purge)|apt-mark (un)?hold|sed -i|systemctl (start|stop|restart|enable)"
 EARLIER = ("tasks/preflight.py", "tasks/nvidia_driver.py", "tasks/docker.py", "tasks/container_toolkit.py")
 PINNED = ("tasks/sources.py", "tasks/model.py", "tasks/serving.py")
 
@@ -99,7 +101,7 @@ def test_dry_run_without_a_lock_plans_what_needs_no_pins_and_says_what_the_lock_
     for task in PINNED:
         assert _planned(output, task, LOCKED), task
         assert not _planned(output, task, NOLOCK), task
-    # A dry run runs facts only (a batch of them included: rigup.facts.once).
+    # A dry run runs facts only (a batch of them included: rigup.pyinfra_patches.fact_batching).
     for commands in result["commands"].values():
         assert not [c for c in commands if not is_fact_batch(c) and re.search(r"apt-get (-y .*)?install|git clone|docker pull|systemctl (start|restart)", c)]
 
@@ -115,4 +117,4 @@ def test_real_run_without_a_lock_stops_at_sources_with_the_explanation(run) -> N
     assert "SKIPPED in this dry run" not in output
     assert "Beginning operation run" not in output  # nothing ran on any rig
     for commands in result["commands"].values():
-        assert not [c for c in commands if not is_fact_batch(c) and re.search(r"apt-get|apt-mark|sed -i|systemctl (start|stop|restart|enable)", c)]
+        assert not [c for c in commands if not is_fact_batch(c) and re.search(CHANGING, c)]

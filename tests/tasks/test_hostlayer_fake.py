@@ -120,9 +120,16 @@ def run(tmp_path_factory: pytest.TempPathFactory):
     tmp_path = tmp_path_factory.mktemp("fake-rigs")
     (tmp_path / "inventory.py").write_text(textwrap.dedent(INVENTORY))
     deploy = tmp_path / "deploy.py"
+    # deploy.py's own head: the patches, the summary and the gate after preflight
     deploy.write_text(
-        "from pyinfra import local\n"
-        + "".join(f"local.include({str(REPO_ROOT / 'tasks' / f'{t}.py')!r})\n" for t in TASKS)
+        "from pyinfra import host, local, state\n"
+        "from rigup.pyinfra_patches import enable_pyinfra_patches\n"
+        "from rigup.runstate import print_summary_at_the_end, runs_rig_tasks\n"
+        "enable_pyinfra_patches(state)\n"
+        "print_summary_at_the_end(state)\n"
+        f"local.include({str(REPO_ROOT / 'tasks' / 'preflight.py')!r})\n"
+        "if runs_rig_tasks(host):\n"
+        + "".join(f"    local.include({str(REPO_ROOT / 'tasks' / f'{t}.py')!r})\n" for t in TASKS if t != "preflight")
     )
 
     def invoke(*args: str) -> dict:

@@ -1,4 +1,4 @@
-"""rigup.operations.call_order: pyinfra orders and names operations exactly as before, from frames read
+"""rigup.pyinfra_patches.call_order: pyinfra orders and names operations exactly as before, from frames read
 without their source."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pyinfra.api import arguments as pyinfra_arguments
 from pyinfra.api import facts as pyinfra_facts
 from pyinfra.api import util as pyinfra_util
 
-from rigup.operations import call_order
+from rigup.pyinfra_patches import call_order
 
 
 def _nested(depth: int, probe):

@@ -1,4 +1,4 @@
-"""rigup.facts.once on pyinfra's own machinery (@local): a fact is read once until something runs on the
+"""rigup.pyinfra_patches.fact_batching on pyinfra's own machinery (@local): a fact is read once until something runs on the
 host, and the facts a run asked for come back in one batch the next run, each answered exactly as its
 own command would have been."""
 
@@ -18,7 +18,7 @@ from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.server import Which
 from pyinfra.operations import server
 
-from rigup.facts import once
+from rigup.pyinfra_patches import fact_batching as once
 
 COUNTER = Path("/nonexistent")  # replaced per test (tmp_path)
 
@@ -172,7 +172,7 @@ def test_the_next_run_reads_what_this_one_asked_in_one_command(workdir: Path) ->
 
 
 class _SshLikeClient:
-    """What rigup.facts.once._send_early looks for on a connector: a client that runs commands (the local
+    """What rigup.pyinfra_patches.fact_batching._send_early looks for on a connector: a client that runs commands (the local
     connector, which runs them itself, never calls it)."""
 
     def exec_command(self, *args: object, **kwargs: object) -> None:
