@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rigup.client.openai_client import ApiClient, SSEParser, StreamResult, _apply_event  # noqa: E402
+from rigup.client.openai_client import ApiClient, SSEParser, StreamResult, apply_stream_event  # noqa: E402
 
 RESPONDER = REPO / "rigup_testbed" / "openai_responder.py"
 MODEL = "overhead"
@@ -63,7 +63,7 @@ def parse_cost(tokens: int, repeats: int = 20) -> float:
         started = time.perf_counter()
         for _ in range(tokens):
             for data in parser.feed(EVENT):
-                _apply_event(result, calls, data, time.perf_counter())
+                apply_stream_event(result, calls, data, time.perf_counter())
         best = min(best, (time.perf_counter() - started) / tokens)
     return best
 

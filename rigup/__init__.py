@@ -1,6 +1,8 @@
 """rigup: provision consumer-GPU Ubuntu boxes into pinned, verified vLLM serving rigs."""
 
+import compileall
 import os
+import sys
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -21,12 +23,8 @@ def _cache_own_bytecode() -> None:
     (about 45 of them, 0.2 s of a converged re-run). They are compiled here into the package's
     __pycache__ where stale, as Python itself would have done (a few ms when fresh). The user's own
     choice (-B, PYTHONDONTWRITEBYTECODE) is left alone, and a read-only package is simply skipped."""
-    import sys
-
     if not sys.dont_write_bytecode or sys.flags.dont_write_bytecode:
         return
-    import compileall
-
     compileall.compile_dir(PACKAGE_DIR, quiet=2)
 
 

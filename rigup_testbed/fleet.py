@@ -219,16 +219,7 @@ class Testbed:
         if "source_refs" in urls:  # stand-in commits for sources the catalog pins to upstream SHAs
             top["source_refs"] = dict(urls["source_refs"])
         if "container_registry" in urls:
-            # The hub's registry speaks plain HTTP, as a LAN mirror often does: Docker must be told.
-            top["docker_insecure_registries"] = [registry_host_port(urls["container_registry"])]
-        if real_engine:
-            if "engine_registry" not in urls:
-                raise TestbedError("the hub serves no real registry (engine_registry): pass real_engine=False "
-                                   "for the stand-in engine")
-            registry = urls["engine_registry"]
-            top.update(docker_apt_url=urls["engine_docker_apt_url"], docker_apt_key_url=urls["engine_docker_apt_key_url"],
-                       container_registry=registry, docker_insecure_registries=[registry],
-                       gpu_smoke_image=f"{registry}/{smoke_reference()}")
+            top.update(self.engine_data(real_engine=real_engine))
         top.update(data or {})
         groups: dict[str, dict[str, Any]] = {}
         for h in self.hosts:
@@ -247,6 +238,24 @@ class Testbed:
                 **dict(h.data),
             }
         return {"data": top, "groups": groups}
+
+    def engine_data(self, *, real_engine: bool) -> dict[str, Any]:
+        """The knobs that choose a rig's container engine, as fleet(real_engine=...) sets them: Docker's apt
+        repository, the registry (plain HTTP, as a LAN mirror often is: Docker must be told) and the GPU
+        smoke image. As group data, they put a group on the other engine than the rest of the fleet."""
+        urls = self.urls
+        if not real_engine:
+            return {"docker_apt_url": urls["docker_apt_url"], "docker_apt_key_url": urls["docker_apt_key_url"],
+                    "container_registry": urls["container_registry"],
+                    "docker_insecure_registries": [registry_host_port(urls["container_registry"])],
+                    "gpu_smoke_image": smoke_reference()}
+        if "engine_registry" not in urls:
+            raise TestbedError("the hub serves no real registry (engine_registry): pass real_engine=False "
+                               "for the stand-in engine")
+        registry = urls["engine_registry"]
+        return {"docker_apt_url": urls["engine_docker_apt_url"], "docker_apt_key_url": urls["engine_docker_apt_key_url"],
+                "container_registry": registry, "docker_insecure_registries": [registry],
+                "gpu_smoke_image": f"{registry}/{smoke_reference()}"}
 
     def write_fleet(self, path: Path, **kwargs: Any) -> Path:
         """Write `fleet(**kwargs)` as YAML to `path` (recorded, so teardown removes it)."""

@@ -51,7 +51,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rigup.desired.catalog import CATALOG_FILE
+from rigup.desired.catalog import CATALOG_FILE, load_catalog_file
+from rigup.desired.knobs import load_defaults
+from rigup.desired.recipe import resolve
+from rigup_testbed.recipes import tree_files, working_trees
 from rigup_testbed.service import BackgroundServer, run_service
 
 # Existing repos are reused only if their stamp records the same content hash (of the fast-import stream).
@@ -114,11 +117,6 @@ def catalog_mount_paths(catalog: Path = CATALOG) -> dict[str, list[str]]:
     """Catalog source key -> sorted paths some variant's rendered compose file mounts from it.
 
     Every variant is rendered from the fixture trees (rigup_testbed/recipes.py) with the default knobs."""
-    from rigup.desired.catalog import load_catalog_file
-    from rigup.desired.knobs import load_defaults
-    from rigup.desired.recipe import resolve
-    from rigup_testbed.recipes import working_trees
-
     found: dict[str, set[str]] = {}
     reader = working_trees()
     for name in load_catalog_file(catalog)["variants"] if catalog.exists() else ():
@@ -325,8 +323,6 @@ GENESIS_TAGS: dict[str, tuple[str, bool]] = {"v7.72.2": ("dev2", True), "v7.69":
 
 def _snapshot_commit(key: str, message: str, parent_tree: Mapping[str, str], source: str, parent: str) -> tuple[CommitSpec, dict[str, str]]:
     """A commit whose tree is exactly the fixture snapshot of `source` (earlier files deleted)."""
-    from rigup_testbed.recipes import tree_files
-
     tree = tree_files(source)
     files: dict[str, str | None] = {p: None for p in parent_tree if p not in tree}
     files.update(tree)

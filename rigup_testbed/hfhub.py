@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rigup.desired.catalog import load_catalog  # the product's catalog is what this sandbox serves
 from rigup_testbed.service import BackgroundServer, ThreadingServer, run_service
 
 # Bump when the byte generator changes: it keys the on-disk hash cache.
@@ -494,8 +495,6 @@ HAND_BUILT = (SANDBOX_QWEN, SANDBOX_QWEN_DFLASH, SANDBOX_GEMMA, SANDBOX_GEMMA_AS
 def catalog_standins() -> dict[str, tuple[str, bool, int]]:
     """Every other model rigup's catalog names: repo id -> (config kind, gated, seed), one small weight file
     each. The seed comes from the repo id, so a model's bytes do not change when others are added."""
-    from rigup.desired.catalog import load_catalog  # the product's catalog is what this sandbox serves
-
     standins = {}
     for model in load_catalog()["models"].values():
         repo = model["repo_id"]

@@ -42,9 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rigup.desired.catalog import load_catalog
 from rigup.desired.knobs import KNOBS_FILE
 from rigup_testbed import PACKAGE_DIR
+from rigup_testbed.aptrepo import build_repos
+from rigup_testbed.gitremotes import source_refs_of
 from rigup_testbed.image import REPO_ROOT, cache_dir
+from rigup_testbed.pypi import build_index
 from rigup_testbed.state import Ledger, TestbedError, is_same_process, spawn, stop_process
 
 # Fixed ports: the hub namespace is ours alone, so nothing else can hold them and URLs stay readable.
@@ -84,8 +88,6 @@ def url_knobs(group_data: Path = KNOBS_FILE) -> dict[str, str | None]:
 
 
 def _source_refs(remotes: dict[str, Any]) -> dict[str, str]:
-    from rigup_testbed.gitremotes import source_refs_of
-
     return source_refs_of(remotes)
 
 
@@ -106,8 +108,6 @@ def catalog_pinned_images() -> dict[str, str]:
     registry is told it holds exactly these under those tags, so a recipe's repo:tag@digest pulls from it
     and `rigup lock --image-digests` finds the digest there, while another digest of the repository is
     unknown as on the real registry."""
-    from rigup.desired.catalog import load_catalog
-
     return {f"{spec['repository']}:{spec['tag']}": str(spec["digest"])
             for spec in load_catalog()["images"].values() if spec.get("digest")}
 
@@ -210,9 +210,6 @@ class Hub:
         self.registry_images.write_text(json.dumps(catalog_pinned_images(), indent=1, sort_keys=True) + "\n")
 
     def start(self) -> None:
-        from rigup_testbed.aptrepo import build_repos
-        from rigup_testbed.pypi import build_index
-
         self.workdir.mkdir(parents=True, exist_ok=True)
         # Built once per content hash into the shared cache; served read-only.
         self.repo_info = build_repos(cache_dir() / "aptrepo")

@@ -19,6 +19,8 @@ so their digests are stable too:
                                with a Python runtime and, as `vllm`, the stand-in server
                                (standins/vllm_entry.py -> responder.py); and under rigup-testbed-rebuilt
                                the same image built again (another digest: a pin that moves)
+  vllm/vllm-omni:<tag>         the same for vLLM-Omni (no entrypoint, workdir /app): its server speaks as
+                               vLLM-Omni's does (the image kind in image.json)
   nvidia/cuda:<tag>            the GPU smoke image group_data names (gpu_smoke_image): a shell and a Python
                                runtime; nvidia-smi comes from the container toolkit's hook at start, as the
                                real one's does (the stand-in nvidia-smi is Python, hence the runtime)
@@ -46,6 +48,9 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
+from rigup.desired.catalog import load_catalog
+from rigup.desired.knobs import load_defaults
+from rigup_testbed.image import cache_dir
 from rigup_testbed.service import run_service
 
 BINARY = "/usr/bin/docker-registry"
@@ -78,8 +83,6 @@ def _digest(blob: bytes) -> str:
 
 def _compressed(diff: bytes) -> bytes:
     """gzip of a layer, kept in the test bed's cache by the layer's digest (a 37 MB layer takes seconds)."""
-    from rigup_testbed.image import cache_dir
-
     cached = cache_dir() / "engine-layers" / (hashlib.sha256(diff).hexdigest() + ".tar.gz")
     if cached.is_file():
         return cached.read_bytes()
@@ -159,6 +162,7 @@ PYTHON = "python3.11"
 STDLIB_SKIPPED = ("test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data", "__pycache__",
                   "distutils", "unittest", "site-packages", "dist-packages")
 LIB_DIRS = ("lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu")
+DLOPENED_LIBS = ("libgcc_s.so.1",)
 BASE_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"]
 SMOKE_IMAGE_ENV = ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"]  # as nvidia/cuda sets
 
@@ -186,7 +190,9 @@ def python_runtime(root: Path) -> tuple[dict[str, tuple[bytes, int]], dict[str, 
     elves = [root / "usr/bin" / PYTHON, root / "bin/bash"] + [root / p.lstrip("/") for p in files if p.endswith(".so")]
     for elf in elves:
         files["/" + str(elf.relative_to(root))] = (elf.read_bytes(), 0o755)
-    todo = [name for elf in elves for name in _needed(elf)]
+    # glibc dlopens libgcc_s at pthread_exit (a server's threads ending at shutdown): no ELF names it, and
+    # without it the process aborts ("libgcc_s.so.1 must be installed for pthread_exit to work", exit 139)
+    todo = [name for elf in elves for name in _needed(elf)] + list(DLOPENED_LIBS)
     seen: set[str] = set()
     while todo:
         name = todo.pop()
@@ -213,7 +219,21 @@ def python_runtime(root: Path) -> tuple[dict[str, tuple[bytes, int]], dict[str, 
 REBUILT_TAG = "rigup-testbed-rebuilt"  # the vLLM image built again: another digest of the same repository
 
 
-def vllm_image(runtime: tuple[dict[str, tuple[bytes, int]], dict[str, str]], tag: str) -> Image:
+# The vLLM image kinds the registry builds (standins/dockerd.image_config cites each one's upstream
+# Dockerfile): repository and image config. vLLM-Omni's image is built FROM vllm/vllm-openai with
+# WORKDIR /app and ENTRYPOINT [] (vllm-project/vllm-omni docker/Dockerfile.cuda@11a683cf): a compose's
+# command is the whole `vllm serve MODEL --omni ...`. LMCache's image is not built: the catalog pins it by
+# upstream's digest, which no image built here can have (tests/e2e/test_recipes.py serves it on the
+# stand-in engine).
+VLLM_KINDS = {
+    "vllm": ("vllm/vllm-openai", {"Entrypoint": ["vllm", "serve"], "WorkingDir": "/vllm-workspace"}),
+    "vllm-omni": ("vllm/vllm-omni", {"Entrypoint": None, "WorkingDir": "/app"}),
+}
+
+
+def vllm_image(runtime: tuple[dict[str, tuple[bytes, int]], dict[str, str]], tag: str, kind: str = "vllm") -> Image:
+    """A vLLM image of `kind` (VLLM_KINDS) whose `vllm` is the stand-in server on the rigs' Python."""
+    repository, config = VLLM_KINDS[kind]
     files, links = dict(runtime[0]), dict(runtime[1])
     lib = "/usr/lib/rigup-standin"
     for module in ("common.py", "responder.py", "container.py", "vllm_entry.py", "image_shim.py"):
@@ -228,10 +248,11 @@ def vllm_image(runtime: tuple[dict[str, tuple[bytes, int]], dict[str, str]], tag
     site = "/usr/local/lib/python3.12/dist-packages/vllm"
     files[f"{site}/__init__.py"] = (b'__version__ = "0.11.0"  # rigup test bed: the package\'s place, not vLLM\n', 0o644)
     files["/vllm-workspace/.keep"] = (b"", 0o644)
+    if config["WorkingDir"] != "/vllm-workspace":
+        files[f"{config['WorkingDir']}/.keep"] = (b"", 0o644)
     listing = sorted([*files, *links])
-    files[f"{lib}/image.json"] = (json.dumps({"kind": "vllm", "vllm_site": site, "files": listing}).encode(), 0o644)
-    return build_image("vllm/vllm-openai", tag, files, links,
-                       {"Entrypoint": ["vllm", "serve"], "WorkingDir": "/vllm-workspace", "Env": BASE_ENV})
+    files[f"{lib}/image.json"] = (json.dumps({"kind": kind, "vllm_site": site, "files": listing}).encode(), 0o644)
+    return build_image(repository, tag, files, links, {**config, "Env": BASE_ENV})
 
 
 def smoke_image(runtime: tuple[dict[str, tuple[bytes, int]], dict[str, str]], reference: str) -> Image:
@@ -239,16 +260,13 @@ def smoke_image(runtime: tuple[dict[str, tuple[bytes, int]], dict[str, str]], re
     return build_image(repository, tag, *runtime, {"Cmd": ["bash"], "Env": BASE_ENV + SMOKE_IMAGE_ENV})
 
 
-def catalog_vllm_tags() -> list[str]:
-    from rigup.desired.catalog import load_catalog
-
+def catalog_tags(repository: str) -> list[str]:
+    """Every tag the catalog names for `repository`, except images it pins by upstream's digest."""
     return sorted({str(spec["tag"]) for spec in load_catalog()["images"].values()
-                   if spec.get("repository") == "vllm/vllm-openai" and spec.get("tag")})
+                   if spec.get("repository") == repository and spec.get("tag") and not spec.get("digest")})
 
 
 def smoke_reference() -> str:
-    from rigup.desired.knobs import load_defaults
-
     return str(load_defaults()["gpu_smoke_image"])
 
 
@@ -256,8 +274,10 @@ def test_bed_images(python_root: Path | None = None) -> list[Image]:
     images = [busybox_image()]
     if python_root is not None:
         runtime = python_runtime(python_root)
-        vllm = vllm_image(runtime, "latest")  # one image, under every tag the catalog names
-        images += [dataclasses.replace(vllm, tag=tag) for tag in catalog_vllm_tags()]
+        vllm = vllm_image(runtime, "latest")  # one image per kind, under every tag the catalog names
+        images += [dataclasses.replace(vllm, tag=tag) for tag in catalog_tags("vllm/vllm-openai")]
+        omni = vllm_image(runtime, "latest", "vllm-omni")
+        images += [dataclasses.replace(omni, tag=tag) for tag in catalog_tags("vllm/vllm-omni")]
         # what a tag that moved upstream to a new build points to: another digest of the same repository
         images.append(rebuilt(vllm, REBUILT_TAG, {"org.rigup.testbed.build": "2"}))
         images.append(smoke_image(runtime, smoke_reference()))

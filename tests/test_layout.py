@@ -191,3 +191,145 @@ def test_checks_read_no_facts() -> None:
                 assert not read, f"{name} imports the facts {read} from {node.module}"
             called = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
             assert called != "get_fact", f"{name} reads facts (get_fact, line {node.lineno})"
+
+
+# -- private names and function-level imports ------------------------------------------------------
+
+
+def is_private(name: str) -> bool:
+    """`_x` belongs to its module; a dunder (`__version__`) does not."""
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_names_taken(source: str, own: str, known: set[str]) -> list[str]:
+    """Each `_`-prefixed name that code of module `own` takes from another module of `known`: imported by
+    name (`from rigup.facts.util import _parse`) or reached through an imported module (`util._parse`,
+    `rigup.facts.util._parse`)."""
+    found: list[str] = []
+    bound: dict[str, str] = {}  # a local name -> the module (or, for `import a.b`, the package a) it names
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in {k.split(".")[0] for k in known}:
+                    bound[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                if f"{node.module}.{alias.name}" in known:
+                    bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                elif node.module in known and node.module != own and is_private(alias.name):
+                    found.append(f"line {node.lineno}: from {node.module} import {alias.name}")
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and is_private(node.attr)):
+            continue
+        chain: list[str] = []
+        value: ast.expr = node.value
+        while isinstance(value, ast.Attribute):
+            chain.append(value.attr)
+            value = value.value
+        if isinstance(value, ast.Name) and value.id in bound:
+            module = ".".join([bound[value.id], *reversed(chain)])
+            if module in known and module != own:
+                found.append(f"line {node.lineno}: {module}.{node.attr}")
+    return found
+
+
+def function_level_imports(source: str, known: set[str]) -> list[tuple[int, str]]:
+    """(line, module) of each import inside a function, at any depth: `from a.b import c` gives a.b.c where
+    that is a module of `known`, else a.b."""
+    found: list[tuple[int, str]] = []
+    for function in ast.walk(ast.parse(source)):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(function):  # a nested function's imports are seen twice: deduplicated below
+            if isinstance(node, ast.Import):
+                found.extend((node.lineno, alias.name) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                subs = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in known]
+                found.extend((node.lineno, m) for m in subs or [node.module])
+    return sorted(set(found))
+
+
+def test_the_private_name_check_finds_each_form() -> None:
+    known = {"rigup.facts.util", "rigup.facts.gpu"}
+    source = (
+        "import rigup.facts.util\n"
+        "import rigup.facts.util as u\n"
+        "from rigup.facts import util\n"
+        "from rigup.facts.util import ABSENT, _parse, __doc__\n"
+        "rigup.facts.util._guarded, u._absent, util._sections, util.ABSENT, u.__name__\n"
+    )
+    assert private_names_taken(source, "rigup.facts.gpu", known) == [
+        "line 4: from rigup.facts.util import _parse",
+        "line 5: rigup.facts.util._guarded",
+        "line 5: rigup.facts.util._absent",
+        "line 5: rigup.facts.util._sections",
+    ]
+    assert private_names_taken(source, "rigup.facts.util", known) == []  # its own names
+
+
+def test_no_module_takes_another_modules_private_names() -> None:
+    """A `_` name is its module's own business: what another module needs gets a public name. The test
+    bed's and the benchmarks' code count too (tests may use the `_` names of the module they test)."""
+    known = set(modules()) | set(modules(ROOT / "rigup_testbed"))
+    importers = {name: path for name, path in modules(ROOT / "rigup_testbed").items() if ".tests" not in name}
+    importers |= modules() | {f"bench/{p.name}": p for p in (ROOT / "bench").rglob("*.py")}
+    taken = {name: found for name, path in importers.items() if (found := private_names_taken(path.read_text(), name, known))}
+    assert not taken, taken
+
+
+# Function-level imports in rigup of its own modules and of other packages (the standard library's too,
+# outside the rig scripts), each with why it is not at the top of its module: (importer, imported),
+# imported being the rigup module or the top-level name of another package.
+DEFERRED_IMPORTS: dict[tuple[str, str], str] = {
+    ("rigup.cli.bench", "matplotlib"):
+        "about 0.55 s to import, for --plot only; every rigup command imports rigup.cli.bench to build its parser",
+    ("rigup.cli.doctor", "rigup.operations.preflight"):
+        "brings rigup.runstate (rich) and the pyinfra patches, about 50 ms every rigup command would pay to "
+        "build its parser; only doctor's collect() runs it",
+    ("rigup.cli.rollout", "pyinfra_cli"): "importing pyinfra_cli monkeypatches the process for gevent (patch_all)",
+    ("rigup.cli.rollout", "pyinfra"): "the --worker process imports pyinfra only after pyinfra_cli has patched it",
+    ("rigup.cli.sandbox", "rigup_testbed"): "the product imports its test bed only when `rigup sandbox` runs",
+    ("rigup.desired.pins", "git"):
+        "GitPython: about 40 ms to import, for `rigup lock` only; every rigup command imports rigup.desired.pins "
+        "(through rigup.cli.lock) to build its parser",
+    ("rigup.desired.pins", "huggingface_hub"): "about 145 ms to import, for `rigup lock` only (as git)",
+}
+
+
+def deferred_import_key(importer: str, module: str) -> tuple[str, str]:
+    return importer, module if module.split(".")[0] == "rigup" else module.split(".")[0]
+
+
+def test_the_function_level_import_check_finds_each_form() -> None:
+    known = {"rigup.desired.catalog", "rigup.rig", "rigup.rig.servingctl"}
+    source = (
+        "import json\n"
+        "def f():\n"
+        "    from rigup.desired.catalog import load_catalog\n"
+        "    import yaml\n"
+        "    class C:\n"
+        "        def g(self):\n"
+        "            from rigup.rig import servingctl, SERVINGCTL_SCRIPT\n"
+    )
+    assert function_level_imports(source, known) == [(3, "rigup.desired.catalog"), (4, "yaml"), (7, "rigup.rig.servingctl")]
+
+
+def test_function_level_imports_are_deliberate() -> None:
+    """Imports go at the top of a module, except one listed in DEFERRED_IMPORTS with its reason. The rig
+    scripts (rigup/rig) may defer standard library modules their hot paths (`probe`, `--check`, run on
+    every converged re-run) do not need; each such import says why beside it."""
+    known = set(modules())
+    unlisted: list[str] = []
+    used: set[tuple[str, str]] = set()
+    for name, path in sorted(modules().items()):
+        for line, module in function_level_imports(path.read_text(), known):
+            if layer_of(name) == "rig" and module.split(".")[0] in sys.stdlib_module_names:
+                continue
+            key = deferred_import_key(name, module)
+            if key in DEFERRED_IMPORTS:
+                used.add(key)
+            else:
+                unlisted.append(f"{name} line {line}: {module}")
+    assert not unlisted, f"move these imports to the top of their modules, or list them in DEFERRED_IMPORTS with why: {unlisted}"
+    assert used == DEFERRED_IMPORTS.keys(), f"DEFERRED_IMPORTS lists imports no longer made: {sorted(DEFERRED_IMPORTS.keys() - used)}"

@@ -49,7 +49,7 @@ from rigup.desired.catalog import GPU_MEMORY_UTILIZATION_RANGE, load_catalog
 from rigup.desired.interconnect import pcie_summary
 from rigup.desired.knobs import VRAM_MISFIT_POLICIES
 from rigup.desired.recipe import Recipe, nearest_layout
-from rigup.parsers.nvidia_smi import GpuState, _cc
+from rigup.parsers.nvidia_smi import GpuState, parse_compute_cap
 
 Severity = Literal["fail", "warn", "info"]
 
@@ -111,7 +111,7 @@ def gpu_state(obj: Any, position: int = 0) -> GpuState:
         name=str(_get(obj, "name") or f"GPU {position}"),
         memory_total_mib=None if total is None else int(total),
         memory_used_mib=None if used is None else int(used),
-        compute_cap=_cc(_get(obj, "compute_cap", "compute_capability")),
+        compute_cap=parse_compute_cap(_get(obj, "compute_cap", "compute_capability")),
         uuid=_get(obj, "uuid"),
     )
 

@@ -7,6 +7,13 @@ import difflib
 import importlib
 import sys
 
+from rigup.desired.catalog import CatalogError, variant_names
+from rigup.desired.fleet import PYINFRA_KEYS, SSH_KEYS, FleetError
+from rigup.desired.knobs import KnobError, check_knob, load_defaults, parse_data_value
+from rigup.desired.lock import LockError
+from rigup.desired.recipe import RecipeError, check_overrides
+from rigup.desired.secrets import SecretError
+
 # Each module exposes add_parser(subparsers); the parser it adds sets `func` (args -> exit code).
 COMMAND_MODULES = (
     "rigup.cli.render",
@@ -42,24 +49,12 @@ KNOB_DATA_COMMANDS = ("render", "doctor")
 def input_errors() -> tuple[type[Exception], ...]:
     """What a bad input raises (fleet file, knob value, variant or its overrides, lock or secret file):
     the message already names the file, the host, the key, the value and what is allowed."""
-    from rigup.desired.catalog import CatalogError
-    from rigup.desired.fleet import FleetError
-    from rigup.desired.knobs import KnobError
-    from rigup.desired.lock import LockError
-    from rigup.desired.recipe import RecipeError
-    from rigup.desired.secrets import SecretError
-
     return (FleetError, KnobError, RecipeError, CatalogError, LockError, SecretError)
 
 
 def check_data_args(pairs: list[str], variant: str | None = None) -> None:
     """Check `--data KEY=VALUE` knob overrides the way the fleet file's values are checked (KnobError);
     variant_overrides too when the command names the variant (render)."""
-    from rigup.desired.catalog import variant_names
-    from rigup.desired.fleet import PYINFRA_KEYS, SSH_KEYS
-    from rigup.desired.knobs import KnobError, check_knob, load_defaults, parse_data_value
-    from rigup.desired.recipe import RecipeError, check_overrides
-
     knobs = load_defaults()
     for pair in pairs:
         key, sep, text = pair.partition("=")

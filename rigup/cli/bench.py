@@ -383,6 +383,8 @@ def plot(documents: Sequence[dict[str, Any]], path: Path) -> Path | None:
     documents = [d for d in documents if any(p["summary"]["decode_tps"] for p in d["prompts"].values())]
     if not documents:
         return None
+    # here, not at the top: matplotlib (about 0.55 s to import) serves --plot only, and every rigup command
+    # imports this module to build its parser; pyplot comes after use("Agg")
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display

@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.connect import connect_all
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.state import StateStage
+from pyinfra.context import ctx_host, ctx_state
+
 from rigup.checks.preflight import Check, HostFacts, failures
+from rigup.desired.fleet import FleetError, fleet_path, load_fleet
+from rigup.desired.knobs import parse_data_value
 
 
 @dataclass
@@ -50,12 +58,8 @@ def collect(
     with pyinfra's API and run every check on each one. The recipe is built as the deploy builds it
     (rigup.desired.plan.host_plan with the host's GPU topology); a relative lock_file is read from
     `lock_dir` (default: the fleet file's directory)."""
-    from pyinfra.api import Config, Inventory, State
-    from pyinfra.api.connect import connect_all
-    from pyinfra.api.exceptions import PyinfraError
-    from pyinfra.api.state import StateStage
-    from pyinfra.context import ctx_host, ctx_state
-
+    # here, not at the top: it brings rigup.runstate (rich) and the pyinfra patches, about 50 ms that every
+    # rigup command would pay, since each imports this module to build its parser; only doctor runs it
     from rigup.operations.preflight import host_preflight
 
     inventory = Inventory(([(name, dict(data)) for name, data in hosts], {}))
@@ -118,9 +122,6 @@ def format_table(reports: Iterable[HostReport], verbose: bool = False) -> str:
 
 
 def _fleet_hosts(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
-    from rigup.desired.fleet import load_fleet
-    from rigup.desired.knobs import parse_data_value
-
     fleet = load_fleet(args.fleet)
     overrides: dict[str, Any] = {}
     for item in args.data:
@@ -142,8 +143,6 @@ def run(
     collector: Callable[..., list[HostReport]] = collect,
 ) -> int:
     """`collector(hosts, lock_dir=DIR)` runs the checks (tests pass their own)."""
-    from rigup.desired.fleet import FleetError
-
     try:
         hosts = _fleet_hosts(args)
     except FleetError as exc:
@@ -152,8 +151,6 @@ def run(
     if not hosts:
         print("rigup doctor: no hosts match", file=sys.stderr)
         return 2
-    from rigup.desired.fleet import fleet_path
-
     fleet_file = Path(args.fleet).expanduser().resolve() if args.fleet else fleet_path()
     reports = collector(hosts, lock_dir=fleet_file.parent)
     if args.json:

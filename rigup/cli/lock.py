@@ -7,18 +7,19 @@ fleet needs is missing or stale; unused pins are listed, not a failure."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from typing import Any
 
+from rigup.desired.fleet import FleetError, load_fleet
+from rigup.desired.knobs import knob
 from rigup.desired.lock import LockError, LockFile, lock_path, need_problem
 from rigup.desired.pins import Resolver, fleet_lock_file, fleet_needs, update_lock
+from rigup.desired.recipe import RecipeError, pods_of, resolve
 from rigup.desired.secrets import SecretError, read_hf_token
 
 
 def run_lock(args: argparse.Namespace, out: Any = None) -> int:
-    from rigup.desired.fleet import FleetError, load_fleet
-    from rigup.desired.recipe import RecipeError
-
     out = out or sys.stdout
 
     def say(text: str) -> None:
@@ -100,11 +101,6 @@ def run_lock(args: argparse.Namespace, out: Any = None) -> int:
 
 def rendered_diffs(fleet: Any, old: LockFile, new: LockFile) -> list[tuple[str, list[str]]]:
     """For each variant the fleet runs whose rendered compose file the new pins change: a unified diff."""
-    import difflib
-
-    from rigup.desired.knobs import knob
-    from rigup.desired.recipe import pods_of, resolve
-
     out: list[tuple[str, list[str]]] = []
     seen: set[str] = set()
     # every pod the fleet serves: (host or host/pod, host data, pod)

@@ -103,6 +103,8 @@ class RolloutError(RuntimeError):
 
 def load_inventory(inventory: str, cwd: Path) -> Any:
     """The pyinfra inventory (group_data applied), loaded the way the CLI loads it."""
+    # here, not at the top: importing pyinfra_cli monkeypatches the process for gevent (patch_all), and
+    # this module's --worker process must import pyinfra only after that, so its top imports no pyinfra
     from pyinfra.api import State
     from pyinfra.context import ctx_state
     from pyinfra_cli.inventory import make_inventory
@@ -349,6 +351,7 @@ def format_summary(result: RolloutResult) -> str:
 
 
 def worker(report_path: Path, argv: Sequence[str]) -> int:
+    # here, not at the top: importing pyinfra_cli monkeypatches the process for gevent; pyinfra after it
     import pyinfra_cli.main
     from pyinfra.context import ctx_state
     from pyinfra.context import state as pyinfra_state

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import sys
 from pathlib import Path
@@ -70,7 +71,8 @@ SANDBOX_PODS = (
 
 
 def _testbed() -> Any:
-    from rigup_testbed.fleet import Testbed  # shipped with rigup (a product feature), imported on use
+    # here, not at the top: the product imports its test bed (shipped with rigup) only when `sandbox` runs
+    from rigup_testbed.fleet import Testbed
 
     return Testbed(SANDBOX_DIR, INSTANCE)
 
@@ -104,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
+    # here, not at the top: the product imports its test bed only when `sandbox` runs (see _testbed)
     from rigup_testbed.fleet import host_names
     from rigup_testbed.hardware import PRESETS
     from rigup_testbed.hosts import HostSpec
@@ -167,7 +170,7 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    from rigup_testbed.state import TestbedError
+    from rigup_testbed.state import TestbedError  # here, not at the top: as in _testbed
 
     bed = _testbed()
     had = bed.created
@@ -213,8 +216,6 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
 
 def _gateway_key() -> Path:
     """sandbox/gateway.key (0600): the key the sandbox gateway's clients send, made once per sandbox."""
-    import secrets
-
     path = SANDBOX_DIR / "gateway.key"
     if not path.exists():
         SANDBOX_DIR.mkdir(parents=True, exist_ok=True)

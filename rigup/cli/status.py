@@ -126,13 +126,16 @@ def desired_state(target: Target, topology: Topology | None = None) -> Desired:
 # actual state (over SSH)
 
 
+def read_capabilities(runner: Runner) -> Capabilities:
+    """What the host can run (HostCapabilities, read without sudo): whether systemd runs there at all."""
+    probe = HostCapabilities()
+    return probe.process(runner.run(probe.command, timeout=30).stdout.splitlines())
+
+
 def gather_facts(runner: Runner, install_root: str, record: str | None = None) -> Facts:
     """Everything status needs from one rig, in a few commands over one connection; `record`: the
     pod's provenance.json (default: the one of a host without pods)."""
-    facts = Facts(reachable=True)
-    capabilities = HostCapabilities()
-    result = runner.run(capabilities.command, timeout=30)
-    facts.capabilities = capabilities.process(result.stdout.splitlines())
+    facts = Facts(reachable=True, capabilities=read_capabilities(runner))
     path = record or provenance_path(install_root)
     result = runner.run(f"cat {shlex.quote(path)} 2>/dev/null || echo __RIGUP_ABSENT__", timeout=30)
     text = result.stdout
@@ -349,7 +352,7 @@ UNIT_LOG_LINES = 40  # enough to reach past systemd's and compose's own lines of
 START_LIMIT_HIT = "Start request repeated too quickly"  # systemd's words when a unit reaches StartLimitBurst
 
 
-def _systemd_items(facts: Facts) -> list[Item]:
+def systemd_items(facts: Facts) -> list[Item]:
     """A host without systemd as its init (a container, WSL without systemd) cannot run rigup's units:
     said in preflight's words, instead of a unit that is merely "not installed"."""
     if facts.capabilities is None:
@@ -359,7 +362,7 @@ def _systemd_items(facts: Facts) -> list[Item]:
 
 
 def _unit_items(desired: Desired, facts: Facts) -> list[Item]:
-    items: list[Item] = _systemd_items(facts)
+    items: list[Item] = systemd_items(facts)
     if desired.unit is not None:
         unit = facts.units.get(desired.unit)
         state = unit["state"] if unit else "not installed"
@@ -457,8 +460,16 @@ def host_status(target: Target, quiet: bool = False) -> HostStatus:
         progress(f"[{target.name}] gathering state {where} ...")
     if not knob(target.data, "serves_variant"):  # a gateway-only host
         return HostStatus(target.name, None, target.gateway_url, gateway_items(target))
-    if target.recipe is None:
-        return HostStatus(target.name, target.variant, None, [Item("recipe", "a valid variant", target.error or "-", DRIFT)])
+    if target.recipe is None:  # nothing to compare with; whether the host could run a unit at all still counts
+        items = [Item("recipe", "a valid variant", target.error or "-", DRIFT)]
+        ssh = LazySsh(target.ssh)
+        try:
+            items += systemd_items(Facts(reachable=True, capabilities=read_capabilities(ssh)))
+        except RemoteError as exc:
+            items.append(Item("reachable", "yes", str(exc), UNHEALTHY))
+        finally:
+            ssh.close()
+        return HostStatus(target.name, target.variant, None, items)
     ssh = LazySsh(target.ssh)
     try:
         facts = gather_facts(ssh, target.recipe.paths.install_root, recipe_provenance_path(target.recipe))

@@ -227,14 +227,14 @@ class ApiClient:
             try:
                 for received, chunk in _timed_reads(response):
                     for data in parser.feed(chunk):
-                        _apply_event(result, calls, data, received)
+                        apply_stream_event(result, calls, data, received)
                     if result.done:
                         break
                     if received > deadline:
                         return _finish(result, f"timed out after {timeout:g} s", calls)
                 else:
                     for data in parser.close():
-                        _apply_event(result, calls, data, time.perf_counter())
+                        apply_stream_event(result, calls, data, time.perf_counter())
             except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
                 # Reading the raw stream bypasses requests' own exception wrapping.
                 return _finish(result, f"stream broke: {_request_error(exc)}", calls)
@@ -259,7 +259,7 @@ def _timed_reads(response: requests.Response) -> Iterator[tuple[float, bytes]]:
         yield time.perf_counter(), chunk
 
 
-def _apply_event(result: StreamResult, calls: dict[int, ToolCall], data: str, received: float) -> None:
+def apply_stream_event(result: StreamResult, calls: dict[int, ToolCall], data: str, received: float) -> None:
     """Fold one event into the result."""
     if data == "[DONE]":
         result.done = True

@@ -24,6 +24,8 @@ import yaml
 from rigup import WORK_DIR
 from rigup.desired.knobs import OPTIONAL_KNOB_TYPES as OPTIONAL_KNOB_TYPES  # moved to knobs; kept importable here
 from rigup.desired.knobs import KnobError, check_knob, load_defaults, type_ok
+from rigup.desired.pods import PodError, host_pods
+from rigup.desired.recipe import RecipeError, check_overrides
 
 FLEET_ENV = "RIGUP_RIGS"
 DEFAULT_FLEET_FILE = WORK_DIR / "rigs.yaml"
@@ -175,13 +177,9 @@ def _check_host_overrides(
 ) -> None:
     """variant_overrides depend on the variant (its tensor parallel sizes, its model's context): check
     the host's merged pair with the one rule resolve() applies."""
-    from rigup.desired.recipe import RecipeError, check_overrides  # the catalog is needed only here
-
     overrides = data.get("variant_overrides")
     pods = data.get("pods")
     if pods:
-        from rigup.desired.pods import PodError, host_pods
-
         origin = next(where for where, values in reversed(sections) if "pods" in values)
         if overrides:
             set_in = next(where for where, values in reversed(sections) if "variant_overrides" in values)

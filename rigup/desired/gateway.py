@@ -27,6 +27,7 @@ import yaml
 
 from rigup import DEPLOY_ROOT
 from rigup.desired.knobs import knob, knob_int
+from rigup.desired.render import render_template
 from rigup.desired.secrets import SecretError, load_api_key, read_secret_file
 
 REQUIREMENTS_FILE = DEPLOY_ROOT / "files" / "gateway" / "requirements.txt"
@@ -245,8 +246,6 @@ def env_text(master_key: str, rig_keys: Mapping[str, str], origins: Mapping[str,
 
 
 def unit_text(paths: GatewayPaths, *, bind_address: str, port: int) -> str:
-    from rigup.desired.render import render_template
-
     return render_template(
         "rigup-gateway.service.j2", paths=paths, bind_address=bind_address, port=port, version=litellm_version()
     )

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rigup.desired.knobs import knob
-from rigup.parsers.gpu_models import _name_key
+from rigup.parsers.gpu_models import gpu_name_key
 from rigup.parsers.nvidia_smi import Gpu
 
 # Below this share of a card's default limit a cap is probably meant for another card (a 3090's
@@ -24,9 +24,9 @@ class PowerCap:
 
 
 def _by_model(table: Mapping[str, Any], name: str) -> int | None:
-    wanted = _name_key(name)
+    wanted = gpu_name_key(name)
     for model, watts in table.items():
-        if _name_key(str(model)) == wanted:
+        if gpu_name_key(str(model)) == wanted:
             return None if watts is None else int(watts)
     return None
 

@@ -17,8 +17,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, get_args
 
+import yaml
+
 from rigup import DEPLOY_ROOT
+from rigup.desired.catalog import load_catalog, variant_names
 from rigup.desired.interconnect import MODES as INTERCONNECT_MODES
+from rigup.desired.pods import pods_problem
 from rigup.parsers.dpkg import DriverSource
 from rigup.parsers.system import Flavour
 
@@ -72,8 +76,6 @@ def parse_data_value(text: str) -> Any:
     except ValueError:
         pass
     if text.strip().startswith(("{", "[")):
-        import yaml  # only for this rare form: the CLI's start stays light
-
         try:
             value = yaml.safe_load(text)
         except yaml.YAMLError:
@@ -186,7 +188,8 @@ URL_KNOBS = (
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://\S+$")
 
 
-def _is_int(value: Any) -> bool:
+def is_strict_int(value: Any) -> bool:
+    """Whether `value` is an int and not a bool (YAML's true is not a port number)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -200,7 +203,7 @@ def _one_of(values: Iterable[str]) -> Rule:
 
 
 def _int_at_least(minimum: int) -> Rule:
-    return Rule(f"an integer of at least {minimum}", lambda v: _is_int(v) and v >= minimum)
+    return Rule(f"an integer of at least {minimum}", lambda v: is_strict_int(v) and v >= minimum)
 
 
 def _text(what: str = "a non-empty string") -> Rule:
@@ -239,8 +242,6 @@ def _registry() -> Rule:
 
 
 def _source_refs() -> Rule:
-    from rigup.desired.catalog import load_catalog
-
     sources = tuple(sorted(load_catalog()["sources"]))
     return Rule(
         f"a mapping of source name ({', '.join(sources)}) to a branch, tag or commit",
@@ -250,8 +251,6 @@ def _source_refs() -> Rule:
 
 
 def _variant() -> Rule:
-    from rigup.desired.catalog import variant_names
-
     names = tuple(variant_names())
     return Rule(
         f"a catalog variant, one of {', '.join(names)}",
@@ -261,8 +260,6 @@ def _variant() -> Rule:
 
 
 def _pods() -> Rule:
-    from rigup.desired.pods import pods_problem
-
     return Rule(
         "a list of {name, variant, gpus, port, variant_overrides} mappings (see rigs.example.yaml)",
         lambda v: pods_problem(v) is None,
@@ -273,7 +270,7 @@ def _pods() -> Rule:
 @functools.cache
 def _rule_table() -> dict[str, Rule]:
     """Knob name -> what it accepts beyond its type."""
-    port = Rule("an integer port from 1 to 65535", lambda v: _is_int(v) and 1 <= v <= 65535)
+    port = Rule("an integer port from 1 to 65535", lambda v: is_strict_int(v) and 1 <= v <= 65535)
     table: dict[str, Rule] = {
         "variant": _variant(),
         "pods": _pods(),
@@ -285,7 +282,7 @@ def _rule_table() -> dict[str, Rule]:
         ),
         "preflight_disk_margin_gb": Rule("a number of GB, 0 or more", lambda v: _is_number(v) and v >= 0),
         "preflight_vram_misfit": _one_of(VRAM_MISFIT_POLICIES),
-        "nvidia_driver_branch": Rule("a driver branch number (e.g. 580)", lambda v: _is_int(v) and v >= 1),
+        "nvidia_driver_branch": Rule("a driver branch number (e.g. 580)", lambda v: is_strict_int(v) and v >= 1),
         "nvidia_driver_flavour": _one_of(get_args(Flavour)),
         "nvidia_driver_source": _one_of(get_args(DriverSource)),
         "driver_reboot": _one_of(REBOOT_POLICIES),
@@ -294,7 +291,7 @@ def _rule_table() -> dict[str, Rule]:
         "gpu_power_cap_by_model": Rule(
             "a mapping of GPU model name (as nvidia-smi names it) to watts (an integer of at least 1, or null)",
             lambda v: isinstance(v, Mapping)
-            and all(isinstance(k, str) and (w is None or (_is_int(w) and w >= 1)) for k, w in v.items()),
+            and all(isinstance(k, str) and (w is None or (is_strict_int(w) and w >= 1)) for k, w in v.items()),
         ),
         "gpu_interconnect": _one_of(INTERCONNECT_MODES),
         "docker_packages": _list_of_text("a non-empty list of apt package names", non_empty=True),

@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from rigup.desired.catalog import load_catalog
+from rigup.desired.fleet import fleet_path
 from rigup.desired.knobs import knob
 
 LOCK_VERSION = 1
@@ -186,7 +188,7 @@ class LockFile:
                 path = _text(item.get("path"), f"{ctx}.files[].path")
                 size = item.get("size")
                 digest = _text(item.get("sha256"), f"{ctx}.files[{path}].sha256")
-                if not _safe_relpath(path) or path in seen:
+                if not is_safe_relpath(path) or path in seen:
                     raise LockError(f"{ctx}: bad or duplicate file path {path!r}")
                 if not isinstance(size, int) or isinstance(size, bool) or size < 0:
                     raise LockError(f"{ctx}.files[{path}].size must be a non-negative integer")
@@ -239,7 +241,8 @@ def _text(value: Any, where: str) -> str:
     return value
 
 
-def _safe_relpath(path: str) -> bool:
+def is_safe_relpath(path: str) -> bool:
+    """Whether `path` is a non-empty relative POSIX path with no empty, `.` or `..` part and no backslash."""
     parts = path.split("/")
     return bool(path) and not path.startswith("/") and "\\" not in path and all(p not in ("", ".", "..") for p in parts)
 
@@ -276,8 +279,6 @@ Need = GitNeed | ModelNeed | ImageNeed
 
 def model_revision_wanted(model_key: str) -> str:
     """The revision the catalog asks for (a `revision:` on the model entry, else "main")."""
-    from rigup.desired.catalog import load_catalog
-
     spec = load_catalog()["models"].get(model_key) or {}
     return str(spec.get("revision") or "main")
 
@@ -334,8 +335,6 @@ def lock_problems(recipe: Any, host_data: Mapping[str, Any], lock: LockFile) -> 
 
 
 def fleet_dir() -> Path:
-    from rigup.desired.fleet import fleet_path
-
     return fleet_path().parent
 
 

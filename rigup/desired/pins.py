@@ -11,6 +11,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import requests
+
+from rigup.desired.catalog import load_catalog
 from rigup.desired.knobs import knob
 from rigup.desired.lock import (
     DIGEST,
@@ -28,10 +31,15 @@ from rigup.desired.lock import (
     ModelNeed,
     ModelPin,
     Need,
-    _safe_relpath,
+    is_safe_relpath,
     need_problem,
     needs_for,
 )
+from rigup.desired.recipe import pods_of, resolve
+
+# GitPython and huggingface_hub are imported in the methods that use them, not at the top: every rigup
+# command imports this module (rigup.cli.lock, to build its parser), and they take about 40 ms and 145 ms
+# to import, a third of the CLI's start-up, which only `rigup lock` needs.
 
 
 def _git_env() -> dict[str, str]:
@@ -49,7 +57,7 @@ class Resolver:
 
     # -- git -----------------------------------------------------------------------------------
     def git(self, need: GitNeed) -> GitPin:
-        import git as gitpython
+        import git as gitpython  # here, not at the top: see the note below the imports
 
         runner = gitpython.cmd.Git()
         env = _git_env()
@@ -79,7 +87,7 @@ class Resolver:
         raise LockError(f"{need.name}: {need.url} has no branch or tag named {need.ref!r}")
 
     def _git_fetch_all(self, need: GitNeed, workdir: str) -> Any:
-        import git as gitpython
+        import git as gitpython  # here, not at the top: see the note below the imports
 
         repo = gitpython.Repo.init(workdir, bare=True)
         with repo.git.custom_environment(**_git_env()):
@@ -87,7 +95,7 @@ class Resolver:
         return repo
 
     def _git_verify_commit(self, need: GitNeed, commit: str) -> None:
-        import git as gitpython
+        import git as gitpython  # here, not at the top: see the note below the imports
 
         with tempfile.TemporaryDirectory(prefix="rigup-lock-") as workdir:
             repo = gitpython.Repo.init(workdir, bare=True)
@@ -108,7 +116,7 @@ class Resolver:
                 ) from None
 
     def _git_expand_short(self, need: GitNeed) -> str:
-        import git as gitpython
+        import git as gitpython  # here, not at the top: see the note below the imports
 
         with tempfile.TemporaryDirectory(prefix="rigup-lock-") as workdir:
             try:
@@ -122,6 +130,7 @@ class Resolver:
 
     # -- Hugging Face ----------------------------------------------------------------------
     def model(self, need: ModelNeed) -> ModelPin:
+        # here, not at the top: see the note below the imports
         from huggingface_hub import HfApi
         from huggingface_hub.errors import HfHubHTTPError
 
@@ -147,7 +156,7 @@ class Resolver:
 
     def _file_pin(self, need: ModelNeed, commit: str, sibling: Any) -> FilePin:
         path = sibling.rfilename
-        if not _safe_relpath(path):
+        if not is_safe_relpath(path):
             raise LockError(f"{need.name}: the hub lists an unsafe file path {path!r}")
         lfs = sibling.lfs
         if lfs is not None:
@@ -171,8 +180,7 @@ class Resolver:
         return FilePin(path, len(data), hashlib.sha256(data).hexdigest())
 
     def _download(self, need: ModelNeed, commit: str, path: str) -> bytes:
-        import requests
-        from huggingface_hub.utils import build_hf_headers
+        from huggingface_hub.utils import build_hf_headers  # here, not at the top: see the note below the imports
 
         url = f"{need.endpoint}/{need.repo_id}/resolve/{commit}/{urllib.parse.quote(path)}"
         headers = build_hf_headers(token=self.hf_token or False)
@@ -211,8 +219,6 @@ class Resolver:
 
 def catalog_image_digest(repository: str, tag: str) -> str | None:
     """The digest the catalog pins repository:tag at (an `images` entry with `digest`), or None."""
-    from rigup.desired.catalog import load_catalog
-
     pinned = {
         str(spec["digest"])
         for spec in load_catalog()["images"].values()
@@ -242,8 +248,6 @@ MANIFEST_TYPES = ", ".join(
 def _manifest_head(registry: str, repository: str, reference: str, plain_http: bool = False) -> tuple[str, Any]:
     """(registry host, response) of HEAD /v2/<repository>/manifests/<tag or digest> (anonymous token).
     Over plain HTTP for loopback and for a registry the fleet lists as insecure, as Docker pulls from it."""
-    import requests
-
     host = "registry-1.docker.io" if registry in ("docker.io", "index.docker.io") else registry
     if registry in ("docker.io", "index.docker.io") and "/" not in repository:
         repository = f"library/{repository}"
@@ -290,8 +294,6 @@ def registry_has_digest(registry: str, repository: str, digest: str, plain_http:
 
 
 def _registry_token(challenge: str) -> str | None:
-    import requests
-
     if not challenge.lower().startswith("bearer "):
         return None
     params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
@@ -325,8 +327,6 @@ def fleet_needs(fleet: Any, lock: Any = None) -> tuple[dict[str, Need], str]:
 
     Recipes are rendered from upstream at `lock`'s pins where it has them (what mounts which source
     depends on the recipe repository's commit), else at the refs' current commits."""
-    from rigup.desired.recipe import pods_of, resolve
-
     needs: dict[str, Need] = {}
     owners: dict[str, str] = {}
     lock_files: set[str] = set()

@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rigup.desired.catalog import load_catalog
+
 POD_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 POD_KEYS = ("name", "variant", "gpus", "port", "variant_overrides")
 # rigup's other units: rigup-gateway.service (the fleet gateway), rigup-gpu-power.service (power cap at boot)
@@ -79,8 +81,6 @@ def host_pods(listed: Any, variant: Any, variant_overrides: Any) -> list[Pod]:
     A pod given a GPU count takes the lowest indices no listed pod names, in order. Raises PodError on
     an entry that is not a mapping, an unknown or missing key, a bad name, a name or GPU used twice, or
     a port given both as `port` and in `variant_overrides`."""
-    from rigup.desired.catalog import load_catalog
-
     if not listed:
         return [Pod(str(variant), str(variant), None, variant_overrides or {}, False)]
     if not isinstance(listed, list):

@@ -23,7 +23,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from rigup.desired.catalog import GPU_MEMORY_UTILIZATION_RANGE, CatalogError, load_catalog
 from rigup.desired.compose_doc import Change, ComposeEdit, ComposeError, UpstreamFile, dump
 from rigup.desired.interconnect import Interconnect, effective, nccl_settings
-from rigup.desired.knobs import REGISTRY, RIG_PATH, _is_int, knob
+from rigup.desired.knobs import REGISTRY, RIG_PATH, is_strict_int, knob
 from rigup.desired.pods import Pod, PodError, host_pods, pod_data
 from rigup.desired.transforms import (
     CACHE_TARGETS,
@@ -343,7 +343,7 @@ def _check_override(key: str, value: Any, variant: Mapping[str, Any], model: Map
     where = f"variant_overrides[{key!r}]"
     if key == "max_model_len":
         limit = int(model["max_context"])
-        if not _is_int(value) or not 1024 <= value <= limit:
+        if not is_strict_int(value) or not 1024 <= value <= limit:
             raise RecipeError(f"{where} must be an integer from 1024 to {limit} (model limit), got {value!r}")
         return value
     if key == "gpu_memory_utilization":
@@ -352,22 +352,22 @@ def _check_override(key: str, value: Any, variant: Mapping[str, Any], model: Map
             raise RecipeError(f"{where} must be a number from {low} to {high}, got {value!r}")
         return float(value)
     if key == "port":
-        if not _is_int(value) or not 1 <= value <= 65535:
+        if not is_strict_int(value) or not 1 <= value <= 65535:
             raise RecipeError(f"{where} must be an integer port from 1 to 65535, got {value!r}")
         return value
     if key == "max_num_seqs":
-        if not _is_int(value) or not 1 <= value <= 256:
+        if not is_strict_int(value) or not 1 <= value <= 256:
             raise RecipeError(f"{where} must be an integer from 1 to 256, got {value!r}")
         return value
     if key == "max_num_batched_tokens":
-        if not _is_int(value) or not 512 <= value <= 262144:
+        if not is_strict_int(value) or not 512 <= value <= 262144:
             raise RecipeError(f"{where} must be an integer from 512 to 262144, got {value!r}")
         return value
     if key == "tensor_parallel_size":
         sizes = tuple(variant["tensor_parallel_sizes"])
-        if not _is_int(value) or value not in sizes:
+        if not is_strict_int(value) or value not in sizes:
             hint = ""
-            if _is_int(value) and value > 0:
+            if is_strict_int(value) and value > 0:
                 model_sizes = tuple(model["valid_tensor_parallel_sizes"])
                 if value not in model_sizes:
                     hint = (

@@ -6,7 +6,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from rigup.facts.util import _parse
+from rigup.facts.util import parse_fact_output
 from rigup.parsers.apt import AptPolicy, AptSource, parse_apt_cache_policy, parse_apt_source_files
 
 
@@ -25,7 +25,7 @@ class AptPolicies(FactBase[dict[str, AptPolicy]]):
         return f"apt-cache policy {names} 2>/dev/null || true"
 
     def process(self, output: list[str]) -> dict[str, AptPolicy]:
-        return _parse(output, parse_apt_cache_policy)
+        return parse_fact_output(output, parse_apt_cache_policy)
 
 
 class AptSourceEntries(FactBase[tuple[AptSource, ...]]):
@@ -41,5 +41,5 @@ class AptSourceEntries(FactBase[tuple[AptSource, ...]]):
     )
 
     def process(self, output: list[str]) -> tuple[AptSource, ...]:
-        return _parse(output, parse_apt_source_files)
+        return parse_fact_output(output, parse_apt_source_files)
 

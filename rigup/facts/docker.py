@@ -7,7 +7,7 @@ from typing import Any
 
 from pyinfra.api import FactBase, FactProcessError, QuoteString, StringCommand
 
-from rigup.facts.util import _absent, _guarded, _parse
+from rigup.facts.util import parse_fact_output, run_if_installed, tool_absent
 from rigup.parsers.docker import DockerInfo, parse_daemon_json, parse_docker_info
 
 
@@ -17,12 +17,12 @@ class DockerEngineInfo(FactBase[DockerInfo | None]):
     driver. None when the docker CLI is not installed; server_version None when the daemon is down.
     """
 
-    command = _guarded("docker", "docker info --format '{{json .}}' 2>&1 || true")
+    command = run_if_installed("docker", "docker info --format '{{json .}}' 2>&1 || true")
 
     def process(self, output: list[str]) -> DockerInfo | None:
-        if _absent(output):
+        if tool_absent(output):
             return None
-        return _parse(output, parse_docker_info)
+        return parse_fact_output(output, parse_docker_info)
 
 
 class DockerDaemonJson(FactBase[dict[str, Any] | None]):
@@ -31,7 +31,7 @@ class DockerDaemonJson(FactBase[dict[str, Any] | None]):
     command = "cat /etc/docker/daemon.json 2>/dev/null || true"
 
     def process(self, output: list[str]) -> dict[str, Any] | None:
-        return _parse(output, parse_daemon_json)
+        return parse_fact_output(output, parse_daemon_json)
 
 
 class DockerSnap(FactBase[bool]):

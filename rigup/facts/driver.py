@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from pyinfra.api import FactBase, FactProcessError, QuoteString, StringCommand
 
-from rigup.facts.util import _parse
+from rigup.facts.util import parse_fact_output
 from rigup.parsers.apt import AptPolicy, parse_apt_cache_policy
-from rigup.parsers.common import _Jsonable
+from rigup.parsers.common import JsonDataclass
 from rigup.parsers.dpkg import DPKG_QUERY_FORMAT, DebPackage, parse_dpkg_query
 from rigup.parsers.system import DevCharState, LoadedModule, parse_dev_char, parse_nvidia_version_file
 
@@ -26,7 +26,7 @@ class NvidiaKernelModule(FactBase[LoadedModule | None]):
     command = "cat /proc/driver/nvidia/version 2>/dev/null || true"
 
     def process(self, output: list[str]) -> LoadedModule | None:
-        return _parse(output, parse_nvidia_version_file)
+        return parse_fact_output(output, parse_nvidia_version_file)
 
 
 # dpkg-query patterns for everything that belongs to an NVIDIA driver install.
@@ -64,11 +64,11 @@ class NvidiaPackages(FactBase[tuple[DebPackage, ...]]):
         )
 
     def process(self, output: list[str]) -> tuple[DebPackage, ...]:
-        return _parse(output, parse_dpkg_query)
+        return parse_fact_output(output, parse_dpkg_query)
 
 
 @dataclass(frozen=True)
-class PrebuiltModules(_Jsonable):
+class PrebuiltModules(JsonDataclass):
     """Canonical-signed prebuilt module packages for one branch/flavour and the running kernel."""
 
     kernel: str  # uname -r
@@ -143,7 +143,7 @@ class PrebuiltNvidiaModules(FactBase[PrebuiltModules | None]):
             kernel=kernel,
             abi_package=prefix + kernel,
             meta_packages=tuple(prefix + m for m in metas),
-            policy=_parse(rest, parse_apt_cache_policy),
+            policy=parse_fact_output(rest, parse_apt_cache_policy),
         )
 
 
@@ -160,5 +160,5 @@ class NvidiaDevChar(FactBase[DevCharState]):
     )
 
     def process(self, output: list[str]) -> DevCharState:
-        return _parse(output, parse_dev_char)
+        return parse_fact_output(output, parse_dev_char)
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 
 from pyinfra.api import FactBase, FactProcessError
 
-from rigup.facts.util import _SPLIT, _absent, _guarded, _parse, _sections
+from rigup.facts.util import SECTION_MARKER, parse_fact_output, run_if_installed, split_sections, tool_absent
 from rigup.parsers.lspci import DISPLAY_CLASSES, NVIDIA_VENDOR_ID, PciDevice, parse_lspci
 from rigup.parsers.nvidia_smi import (
     APPS_QUERY_FIELDS,
@@ -43,12 +43,12 @@ class NvidiaGpus(FactBase[SmiQuery | None]):
     def command(self) -> str:
         query = ",".join(GPU_QUERY_FIELDS)
         # stderr is merged: the failure text (no driver, mismatch) is the information.
-        return _guarded("nvidia-smi", f"nvidia-smi --query-gpu={query} --format=csv,noheader,nounits 2>&1 || true")
+        return run_if_installed("nvidia-smi", f"nvidia-smi --query-gpu={query} --format=csv,noheader,nounits 2>&1 || true")
 
     def process(self, output: list[str]) -> SmiQuery | None:
-        if _absent(output):
+        if tool_absent(output):
             return None
-        return _parse(output, parse_gpu_query)
+        return parse_fact_output(output, parse_gpu_query)
 
 
 class PciGpus(FactBase[tuple[PciDevice, ...] | None]):
@@ -63,12 +63,12 @@ class PciGpus(FactBase[tuple[PciDevice, ...] | None]):
     """
 
     def command(self) -> str:
-        return _guarded("lspci", "lspci -D -nn -k 2>/dev/null || true")
+        return run_if_installed("lspci", "lspci -D -nn -k 2>/dev/null || true")
 
     def process(self, output: list[str]) -> tuple[PciDevice, ...] | None:
-        if _absent(output):
+        if tool_absent(output):
             return None
-        devices = _parse(output, parse_lspci)
+        devices = parse_fact_output(output, parse_lspci)
         return tuple(d for d in devices if d.vendor_id == NVIDIA_VENDOR_ID and d.class_code in DISPLAY_CLASSES)
 
 
@@ -140,18 +140,18 @@ class GpuMemoryUse(FactBase[tuple[GpuState, ...] | None]):
             f'case "$n" in {names}) own="$own $n";; esac; done; '
             '[ -z "$own" ] || docker inspect --type container --format \'{{.State.Pid}}\' $own 2>/dev/null'
         )
-        return _guarded("nvidia-smi",
-            f"nvidia-smi --query-gpu={gpu_query} --format=csv,noheader,nounits 2>&1; echo {_SPLIT}; "
+        return run_if_installed("nvidia-smi",
+            f"nvidia-smi --query-gpu={gpu_query} --format=csv,noheader,nounits 2>&1; echo {SECTION_MARKER}; "
             f"apps=$(nvidia-smi --query-compute-apps={apps_query} --format=csv,noheader,nounits 2>/dev/null); "
-            f'[ -z "$apps" ] || printf \'%s\\n\' "$apps"; echo {_SPLIT}; '
+            f'[ -z "$apps" ] || printf \'%s\\n\' "$apps"; echo {SECTION_MARKER}; '
             f'if [ -n "$apps" ]; then {own_container_pids}; fi; '
-            f"echo {_SPLIT}; {_CHAINS}; true"
+            f"echo {SECTION_MARKER}; {_CHAINS}; true"
         )
 
     def process(self, output: list[str]) -> tuple[GpuState, ...] | None:
-        if _absent(output):
+        if tool_absent(output):
             return None
-        parts = _sections(output) + [[], [], []]
+        parts = split_sections(output) + [[], [], []]
         try:
             gpus = parse_memory_query(parts[0])
             apps = parse_compute_apps(parts[1])
@@ -168,10 +168,10 @@ class DriverCudaVersion(FactBase[str | None]):
     """The CUDA version the loaded driver supports ("13.0"), as nvidia-smi reports it; None without one."""
 
     def command(self) -> str:
-        return _guarded("nvidia-smi", "nvidia-smi --version 2>/dev/null | grep -i 'CUDA Version' || nvidia-smi 2>&1 | head -n 6 || true")
+        return run_if_installed("nvidia-smi", "nvidia-smi --version 2>/dev/null | grep -i 'CUDA Version' || nvidia-smi 2>&1 | head -n 6 || true")
 
     def process(self, output: list[str]) -> str | None:
-        if _absent(output):
+        if tool_absent(output):
             return None
         version = parse_driver_cuda(output)
         if version is None and smi_failure(output) is None:
@@ -183,12 +183,12 @@ class GpuTopology(FactBase[Topology | None]):
     """``nvidia-smi topo -m`` and ``topo -p2p r`` as a rigup.parsers.topology.Topology; None without a driver."""
 
     def command(self) -> str:
-        return _guarded("nvidia-smi", f"nvidia-smi topo -m 2>&1; echo {_SPLIT}; nvidia-smi topo -p2p r 2>&1; true")
+        return run_if_installed("nvidia-smi", f"nvidia-smi topo -m 2>&1; echo {SECTION_MARKER}; nvidia-smi topo -p2p r 2>&1; true")
 
     def process(self, output: list[str]) -> Topology | None:
-        if _absent(output):
+        if tool_absent(output):
             return None
-        parts = _sections(output) + [[]]
+        parts = split_sections(output) + [[]]
         try:
             topo = topology(parts[0])
         except TopologyError as exc:

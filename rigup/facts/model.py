@@ -62,7 +62,8 @@ class ModelFiles(FactBase[dict[str, Any]]):
         raise FactProcessError(f"rigfetch --check printed no JSON: {output[-3:]!r}")
 
 
-def _needs_work(status: Mapping[str, Any], with_prune: bool = True) -> bool:
+def model_files_need_work(status: Mapping[str, Any], with_prune: bool = True) -> bool:
+    """Whether a ModelFiles status has files to fetch or hash (or, with_prune, to remove), or the script is stale."""
     if status.get("script") == "stale":
         return True
     if status.get("work"):

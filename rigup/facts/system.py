@@ -7,7 +7,7 @@ import shlex
 
 from pyinfra.api import FactBase, FactProcessError
 
-from rigup.facts.util import ABSENT, _absent, _parse
+from rigup.facts.util import ABSENT, parse_fact_output, tool_absent
 from rigup.parsers.system import (
     CAPABILITY_TOOLS,
     Capabilities,
@@ -36,9 +36,9 @@ class SecureBoot(FactBase[SecureBootState | None]):
     )
 
     def process(self, output: list[str]) -> SecureBootState | None:
-        if _absent(output):
+        if tool_absent(output):
             return None
-        return _parse(output, parse_sb_state)
+        return parse_fact_output(output, parse_sb_state)
 
 
 class FreeDisk(FactBase[dict[str, DiskFree]]):
@@ -66,7 +66,7 @@ class FreeDisk(FactBase[dict[str, DiskFree]]):
         return "; ".join(parts) if parts else "true"
 
     def process(self, output: list[str]) -> dict[str, DiskFree]:
-        return _parse(output, parse_df_sections)
+        return parse_fact_output(output, parse_df_sections)
 
 
 class PathSizes(FactBase[dict[str, int]]):
@@ -102,7 +102,7 @@ class OsReleaseInfo(FactBase[OsInfo | None]):
     command = "cat /etc/os-release"
 
     def process(self, output: list[str]) -> OsInfo | None:
-        return _parse(output, parse_os_release)
+        return parse_fact_output(output, parse_os_release)
 
 
 class RebootPending(FactBase[PendingReboot]):
@@ -115,7 +115,7 @@ class RebootPending(FactBase[PendingReboot]):
     )
 
     def process(self, output: list[str]) -> PendingReboot:
-        return _parse(output, parse_reboot_required)
+        return parse_fact_output(output, parse_reboot_required)
 
 
 class BootId(FactBase[str | None]):
@@ -151,4 +151,4 @@ class HostCapabilities(FactBase[Capabilities]):
     )
 
     def process(self, output: list[str]) -> Capabilities:
-        return _parse(output, parse_capabilities)
+        return parse_fact_output(output, parse_capabilities)

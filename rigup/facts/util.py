@@ -9,11 +9,11 @@ from typing import Any, TypeVar
 from pyinfra.api import FactProcessError
 from pyinfra.api.command import QuoteString
 
-from rigup.parsers.common import ParseError, _Jsonable
+from rigup.parsers.common import JsonDataclass, ParseError
 
 ABSENT = "@rigup-absent"  # printed instead of output when the tool is not installed
 T = TypeVar("T")
-_SPLIT = "@rigup-section"
+SECTION_MARKER = "@rigup-section"
 
 
 # How a fact runs one of rigup's rig-side scripts (rigfetch.py, rigup-servingctl): through Python's
@@ -31,19 +31,21 @@ def python_script(script: Any, *args: Any) -> list[Any]:
     return ["python3", "-c", QuoteString(_RUN_CACHED), script, *args]
 
 
-def _guarded(tool: str, command: str) -> str:
-    """Run `command` if `tool` is on PATH, else print ABSENT; never fails."""
+def run_if_installed(tool: str, command: str) -> str:
+    """A shell command that runs `command` if `tool` is on PATH, else prints ABSENT; it never fails."""
     return f"if command -v {tool} >/dev/null 2>&1; then {command}; else echo '{ABSENT}'; fi"
 
 
-def _parse(output: list[str], parser: Callable[[list[str]], T]) -> T:
+def parse_fact_output(output: list[str], parser: Callable[[list[str]], T]) -> T:
+    """`parser(output)`, its ParseError raised as pyinfra's FactProcessError."""
     try:
         return parser(output)
     except ParseError as exc:
         raise FactProcessError(str(exc)) from exc
 
 
-def _absent(output: list[str]) -> bool:
+def tool_absent(output: list[str]) -> bool:
+    """Whether a run_if_installed command printed only ABSENT: the tool is not installed."""
     return [line.strip() for line in output if line.strip()] == [ABSENT]
 
 
@@ -51,14 +53,15 @@ def summarize(values: Iterable[Any]) -> list[Any]:
     """Facts as JSON-able values (for `rigup doctor --json`)."""
     out: list[Any] = []
     for value in values:
-        out.append(value.to_json() if isinstance(value, _Jsonable) else value)
+        out.append(value.to_json() if isinstance(value, JsonDataclass) else value)
     return out
 
 
-def _sections(output: list[str]) -> list[list[str]]:
+def split_sections(output: list[str]) -> list[list[str]]:
+    """The output of a command that echoes SECTION_MARKER between its parts, one list of lines a part."""
     parts: list[list[str]] = [[]]
     for line in output:
-        if line.strip() == _SPLIT:
+        if line.strip() == SECTION_MARKER:
             parts.append([])
         else:
             parts[-1].append(line)

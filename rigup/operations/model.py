@@ -9,13 +9,13 @@ import json
 import secrets
 from typing import Any
 
-from pyinfra import host
+from pyinfra import host, state
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 
 from rigup.desired.knobs import knob
 from rigup.desired.models import script_path
 from rigup.desired.secrets import SecretError, read_hf_token
-from rigup.facts.model import ModelFiles, _needs_work
+from rigup.facts.model import ModelFiles, model_files_need_work
 from rigup.operations.live_output import streamed
 from rigup.rig import RIGFETCH_SCRIPT
 from rigup.rig.rigfetch import encode_manifest, human_bytes
@@ -126,7 +126,7 @@ def model_files(
         return
     b64 = encode_manifest(manifest)
     status = host.get_fact(ModelFiles, script=script, script_sha256=rigfetch_sha256(), manifest_b64=b64, reverify=reverify)
-    if not _needs_work(status):
+    if not model_files_need_work(status):
         host.noop(f"{status['ok']} model files match the lock (verified stamps)")
         return
     options = _common_options(retries, reverify)
@@ -170,8 +170,6 @@ def model_fleet_share(
             peers=plan.peers, sources=plan.sources, script="/opt/rigup/bin/rigfetch.py",
         )
     """
-    from pyinfra import state
-
     sha = rigfetch_sha256()
     fetch = dict(fetch_manifest)
     fetch_work = False
@@ -187,7 +185,7 @@ def model_fleet_share(
         status = host.get_fact(
             ModelFiles, script=script, script_sha256=sha, manifest_b64=encode_manifest(fetch), reverify=reverify
         )
-        fetch_work = _needs_work(status)
+        fetch_work = model_files_need_work(status)
 
     expected = 0
     if serve_manifest["models"]:
@@ -203,7 +201,7 @@ def model_fleet_share(
                 _sudo=bool(knob(peer.data, "_sudo")),
             )
             # Count the peers that will ask for files; removals alone do not need this rig.
-            if _needs_work(peer_status, with_prune=False):
+            if model_files_need_work(peer_status, with_prune=False):
                 expected += 1
 
     if not fetch_work and expected == 0:

@@ -3,6 +3,7 @@ image pull, and the health gate that runs on the rig through rigup-servingctl (r
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -67,8 +68,6 @@ def secret_file(path: str, content: HiddenValue | str, mode: str = "600"):
             content=HiddenValue(env_text),
         )
     """
-    import hashlib
-
     text = content.unmask() if isinstance(content, HiddenValue) else content
     if not text.endswith("\n"):
         raise OperationValueError("secret_file content must end with a newline")

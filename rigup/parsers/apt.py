@@ -7,11 +7,11 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from rigup.parsers.common import ParseError, _Jsonable, _lines
+from rigup.parsers.common import JsonDataclass, ParseError, split_lines
 
 
 @dataclass(frozen=True)
-class AptPolicy(_Jsonable):
+class AptPolicy(JsonDataclass):
     installed: str | None
     candidate: str | None
 
@@ -25,7 +25,7 @@ def parse_apt_cache_policy(output: str | Iterable[str]) -> dict[str, AptPolicy]:
     current: str | None = None
     installed: str | None = None
     candidate: str | None = None
-    for line in _lines(output):
+    for line in split_lines(output):
         if not line.strip():
             continue
         if not line[0].isspace() and line.rstrip().endswith(":"):
@@ -49,7 +49,7 @@ def parse_apt_cache_policy(output: str | Iterable[str]) -> dict[str, AptPolicy]:
 
 
 @dataclass(frozen=True)
-class AptSource(_Jsonable):
+class AptSource(JsonDataclass):
     file: str
     line: int  # 1-based line of the entry (one-line) or of the stanza's first field (deb822)
     format: Literal["one-line", "deb822"]
@@ -161,7 +161,7 @@ def parse_apt_source_files(output: str | Iterable[str]) -> tuple[AptSource, ...]
     Files ending in .sources are deb822; everything else is one-line format.
     """
     files: list[tuple[str, list[str]]] = []
-    for line in _lines(output):
+    for line in split_lines(output):
         if line.startswith("==> "):
             files.append((line[4:].strip(), []))
         elif files:

@@ -7,11 +7,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rigup.parsers.common import ParseError, _Jsonable, _lines
+from rigup.parsers.common import JsonDataclass, ParseError, split_lines
 
 
 @dataclass(frozen=True)
-class DockerInfo(_Jsonable):
+class DockerInfo(JsonDataclass):
     server_version: str | None  # None when the daemon did not answer
     runtimes: tuple[str, ...]
     default_runtime: str | None
@@ -30,7 +30,7 @@ class DockerInfo(_Jsonable):
 
 def parse_docker_info(output: str | Iterable[str]) -> DockerInfo:
     """Parse `docker info --format '{{json .}}'`; a stopped daemon gives server_version None."""
-    lines = _lines(output)
+    lines = split_lines(output)
     json_line = next((line for line in lines if line.strip().startswith("{")), None)
     if json_line is None:
         text = " ".join(line.strip() for line in lines if line.strip())
@@ -56,7 +56,7 @@ def parse_docker_info(output: str | Iterable[str]) -> DockerInfo:
 
 def parse_daemon_json(output: str | Iterable[str]) -> dict[str, Any] | None:
     """Parse /etc/docker/daemon.json; None when the file is empty or absent."""
-    text = "\n".join(_lines(output)).strip()
+    text = "\n".join(split_lines(output)).strip()
     if not text:
         return None
     try:

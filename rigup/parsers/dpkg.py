@@ -7,12 +7,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from rigup.parsers.common import ParseError, _Jsonable, _lines
+from rigup.parsers.common import JsonDataclass, ParseError, split_lines
 from rigup.parsers.system import Flavour
 
 
 @dataclass(frozen=True)
-class DebPackage(_Jsonable):
+class DebPackage(JsonDataclass):
     name: str
     version: str
     want: str  # dpkg selection: install, hold, deinstall, purge, unknown
@@ -47,7 +47,7 @@ DPKG_QUERY_FORMAT = r"${binary:Package}\t${Version}\t${db:Status-Abbrev}\n"
 def parse_dpkg_query(output: str | Iterable[str]) -> tuple[DebPackage, ...]:
     """Parse `dpkg-query -W -f='${binary:Package}\\t${Version}\\t${db:Status-Abbrev}\\n'`."""
     out: list[DebPackage] = []
-    for line in _lines(output):
+    for line in split_lines(output):
         if not line.strip() or line.startswith("dpkg-query:"):
             continue  # "dpkg-query: no packages found matching X" on merged stderr
         parts = line.split("\t")
@@ -70,7 +70,7 @@ DriverSource = Literal["ubuntu", "cuda"]
 
 
 @dataclass(frozen=True)
-class DriverPackage(_Jsonable):
+class DriverPackage(JsonDataclass):
     """A driver metapackage that is installed: it says which branch and flavour the box runs."""
 
     name: str  # nvidia-driver-580-open, nvidia-open-580, cuda-drivers-580, ...

@@ -5,11 +5,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from rigup.parsers.common import _Jsonable
+from rigup.parsers.common import JsonDataclass
 
 
 @dataclass(frozen=True)
-class KnownGpu(_Jsonable):
+class KnownGpu(JsonDataclass):
     name: str  # as nvidia-smi prints it
     architecture: str
     compute_capability: tuple[int, int]
@@ -46,12 +46,13 @@ KNOWN_GPUS: dict[str, KnownGpu] = {
 }
 
 
-def _name_key(name: str) -> str:
+def gpu_name_key(name: str) -> str:
+    """A card's name compared loosely: "NVIDIA GeForce RTX 3090" and "rtx-3090" both give "rtx 3090"."""
     key = name.lower().replace("nvidia", "").replace("geforce", "")
     return re.sub(r"[^a-z0-9]+", " ", key).strip()
 
 
-_KNOWN_BY_NAME: dict[str, KnownGpu] = {_name_key(g.name): g for g in KNOWN_GPUS.values()}
+_KNOWN_BY_NAME: dict[str, KnownGpu] = {gpu_name_key(g.name): g for g in KNOWN_GPUS.values()}
 
 
 def known_gpu(name: str | None = None, device_id: str | None = None) -> KnownGpu | None:
@@ -59,6 +60,6 @@ def known_gpu(name: str | None = None, device_id: str | None = None) -> KnownGpu
     if device_id is not None and device_id.lower() in KNOWN_GPUS:
         return KNOWN_GPUS[device_id.lower()]
     if name is not None:
-        return _KNOWN_BY_NAME.get(_name_key(name))
+        return _KNOWN_BY_NAME.get(gpu_name_key(name))
     return None
 

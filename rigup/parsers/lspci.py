@@ -7,13 +7,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from rigup.parsers.common import ParseError, _Jsonable, _lines
+from rigup.parsers.common import JsonDataclass, ParseError, split_lines
 from rigup.parsers.gpu_models import known_gpu
 from rigup.parsers.nvidia_smi import Gpu, normalize_bus_id
 
 
 @dataclass(frozen=True)
-class PciDevice(_Jsonable):
+class PciDevice(JsonDataclass):
     bus_id: str  # "0000:01:00.0"
     class_code: str  # "0300" VGA, "0302" 3D controller
     vendor_id: str  # "10de"
@@ -33,7 +33,7 @@ _LSPCI_LINE = re.compile(
 def parse_lspci(output: str | Iterable[str]) -> tuple[PciDevice, ...]:
     """Parse `lspci -Dnnk` (or `lspci -Dnn`): every device line, with its kernel driver if shown."""
     devices: list[dict[str, Any]] = []
-    for line in _lines(output):
+    for line in split_lines(output):
         if not line.strip():
             continue
         if line[0] in " \t":

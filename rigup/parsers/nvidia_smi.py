@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rigup.parsers.common import ParseError, _Jsonable, _lines
+from rigup.parsers.common import JsonDataclass, ParseError, split_lines
 
 # The fields the NvidiaGpus fact asks for, in order (`--format=csv,noheader,nounits`).
 GPU_QUERY_FIELDS: tuple[str, ...] = (
@@ -32,7 +32,7 @@ SmiStatus = Literal["ok", "no-driver", "mismatch", "no-devices", "error"]
 
 
 @dataclass(frozen=True)
-class Gpu(_Jsonable):
+class Gpu(JsonDataclass):
     index: int
     name: str
     uuid: str | None
@@ -53,7 +53,7 @@ class Gpu(_Jsonable):
 
 
 @dataclass(frozen=True)
-class SmiQuery(_Jsonable):
+class SmiQuery(JsonDataclass):
     """What `nvidia-smi --query-gpu` said: GPUs when the driver answers, else why not."""
 
     status: SmiStatus
@@ -124,7 +124,7 @@ _SMI_FAILURES = (
 
 def smi_failure(output: str | Iterable[str]) -> str | None:
     """The first line of nvidia-smi's own failure text in `output`, or None when it is something else."""
-    lines = [line.strip() for line in _lines(output) if line.strip()]
+    lines = [line.strip() for line in split_lines(output) if line.strip()]
     for line in lines:
         if any(marker in line for marker in _SMI_FAILURES):
             return line
@@ -139,7 +139,7 @@ def parse_gpu_query(output: str | Iterable[str], fields: tuple[str, ...] = GPU_Q
     nvidia-smi's failures come back as a status: "no-driver" (cannot talk to a loaded driver),
     "mismatch" (userspace newer than the loaded module, i.e. a reboot is pending), "no-devices".
     """
-    lines = [line.strip() for line in _lines(output) if line.strip()]
+    lines = [line.strip() for line in split_lines(output) if line.strip()]
     if not lines:
         return SmiQuery(status="no-devices", message="nvidia-smi printed nothing")
     text = "\n".join(lines)
@@ -234,7 +234,8 @@ def _mib(value: str, what: str) -> int | None:
         raise FitParseError(f"{what}: not a number of MiB: {value!r}") from None
 
 
-def _cc(value: Any) -> tuple[int, int] | None:
+def parse_compute_cap(value: Any) -> tuple[int, int] | None:
+    """A compute capability ("8.6", or (8, 6)) as (major, minor); None when absent or not of that shape."""
     if value is None:
         return None
     if isinstance(value, (tuple, list)) and len(value) == 2:
@@ -258,7 +259,7 @@ def parse_memory_query(output: str | Iterable[str]) -> tuple[GpuState, ...]:
                 name=row["name"],
                 memory_total_mib=_mib(row["memory.total"], "memory.total"),
                 memory_used_mib=_mib(row["memory.used"], "memory.used"),
-                compute_cap=_cc(row["compute_cap"]),
+                compute_cap=parse_compute_cap(row["compute_cap"]),
                 uuid=None if row["uuid"].lower() in _NA_VALUES else row["uuid"],
             )
         )
@@ -305,7 +306,7 @@ GPU_MEMORY_QUERY = "nvidia-smi --query-gpu=index,memory.used,memory.total --form
 def parse_memory_used(output: str | Iterable[str]) -> list[tuple[int, int]]:
     """(used MiB, total MiB) per GPU from GPU_MEMORY_QUERY's output; lines that are not rows are skipped."""
     rows = []
-    for line in _lines(output):
+    for line in split_lines(output):
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == 3 and all(p.isdigit() for p in parts):
             rows.append((int(parts[1]), int(parts[2])))

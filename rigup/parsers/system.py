@@ -8,13 +8,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from rigup.parsers.common import ParseError, _Jsonable, _lines
+from rigup.parsers.common import JsonDataclass, ParseError, split_lines
 
 Flavour = Literal["open", "proprietary"]
 
 
 @dataclass(frozen=True)
-class LoadedModule(_Jsonable):
+class LoadedModule(JsonDataclass):
     version: str  # "580.95.05"
     flavour: Flavour
     gcc: str | None
@@ -32,7 +32,7 @@ _NVRM = re.compile(
 
 def parse_nvidia_version_file(output: str | Iterable[str]) -> LoadedModule | None:
     """Parse /proc/driver/nvidia/version; None when the file was empty (module not loaded)."""
-    lines = [line for line in _lines(output) if line.strip()]
+    lines = [line for line in split_lines(output) if line.strip()]
     if not lines:
         return None
     match = _NVRM.match(lines[0].strip())
@@ -54,7 +54,7 @@ SecureBootState = Literal["enabled", "disabled", "unsupported"]
 
 def parse_sb_state(output: str | Iterable[str]) -> SecureBootState:
     """Parse `mokutil --sb-state` (stderr merged); ParseError when it says none of the known states."""
-    text = "\n".join(_lines(output)).lower()
+    text = "\n".join(split_lines(output)).lower()
     if "secureboot enabled" in text:
         return "enabled"
     if "secureboot disabled" in text:
@@ -65,7 +65,7 @@ def parse_sb_state(output: str | Iterable[str]) -> SecureBootState:
 
 
 @dataclass(frozen=True)
-class DiskFree(_Jsonable):
+class DiskFree(JsonDataclass):
     path: str  # the path asked about
     existing: str  # the closest existing ancestor df was run on
     filesystem: str
@@ -83,7 +83,7 @@ def parse_df_sections(output: str | Iterable[str]) -> dict[str, DiskFree]:
     out: dict[str, DiskFree] = {}
     path: str | None = None
     existing: str | None = None
-    for line in _lines(output):
+    for line in split_lines(output):
         if line.startswith("==> "):
             parts = line[4:].split(" ", 1)
             if len(parts) != 2:
@@ -114,7 +114,7 @@ def parse_df_sections(output: str | Iterable[str]) -> dict[str, DiskFree]:
 
 
 @dataclass(frozen=True)
-class DevCharState(_Jsonable):
+class DevCharState(JsonDataclass):
     devices: dict[str, str]  # "/dev/nvidia0" -> "195:0"
     links: dict[str, str]  # "195:0" -> link target
 
@@ -130,7 +130,7 @@ def parse_dev_char(output: str | Iterable[str]) -> DevCharState:
     """Parse lines `dev HEXMAJOR HEXMINOR /dev/nvidiaX` and `link MAJOR:MINOR TARGET`."""
     devices: dict[str, str] = {}
     links: dict[str, str] = {}
-    for line in _lines(output):
+    for line in split_lines(output):
         parts = line.split()
         if not parts:
             continue
@@ -144,7 +144,7 @@ def parse_dev_char(output: str | Iterable[str]) -> DevCharState:
 
 
 @dataclass(frozen=True)
-class OsInfo(_Jsonable):
+class OsInfo(JsonDataclass):
     id: str  # "ubuntu"
     version_id: str  # "24.04"
     codename: str | None  # "noble"
@@ -163,7 +163,7 @@ class OsInfo(_Jsonable):
 
 def parse_os_release(output: str | Iterable[str]) -> OsInfo:
     values: dict[str, str] = {}
-    for line in _lines(output):
+    for line in split_lines(output):
         key, sep, value = line.partition("=")
         if sep:
             values[key.strip()] = value.strip().strip('"').strip("'")
@@ -174,7 +174,7 @@ def parse_os_release(output: str | Iterable[str]) -> OsInfo:
 
 
 @dataclass(frozen=True)
-class PendingReboot(_Jsonable):
+class PendingReboot(JsonDataclass):
     required: bool
     packages: tuple[str, ...]
 
@@ -183,7 +183,7 @@ def parse_reboot_required(output: str | Iterable[str]) -> PendingReboot:
     """Parse `reboot-required` (the flag line) and `pkg <name>` lines from reboot-required.pkgs."""
     required = False
     packages: list[str] = []
-    for line in _lines(output):
+    for line in split_lines(output):
         if line.strip() == "reboot-required":
             required = True
         elif line.startswith("pkg "):
@@ -196,7 +196,7 @@ def parse_reboot_required(output: str | Iterable[str]) -> PendingReboot:
 
 
 @dataclass(frozen=True)
-class Capabilities(_Jsonable):
+class Capabilities(JsonDataclass):
     """What the host can run, read without sudo (rigup.facts.system.HostCapabilities)."""
 
     pid1: str  # the name of process 1 ("systemd" on a booted host)
@@ -216,7 +216,7 @@ CAPABILITY_TOOLS = ("systemctl", "apt-get", "dpkg", "docker")
 def parse_capabilities(output: str | Iterable[str]) -> Capabilities:
     """Parse the key=value lines HostCapabilities prints (pid1, systemd, uid, sudo, one per tool)."""
     values: dict[str, str] = {}
-    for line in _lines(output):
+    for line in split_lines(output):
         if not line.strip():
             continue
         key, sep, value = line.strip().partition("=")

@@ -41,6 +41,7 @@ import hashlib
 import json
 import os
 import re
+import stat as stat_module
 import sys
 import threading
 import time
@@ -397,8 +398,6 @@ def plan(manifest: dict, stamps: Stamps, reverify: bool) -> tuple:
 
 
 def _is_regular(st: os.stat_result) -> bool:
-    import stat as stat_module
-
     return stat_module.S_ISREG(st.st_mode)
 
 
@@ -675,7 +674,7 @@ class Fetcher:
         return mismatched
 
     def _verify_pool(self, items: list, jobs: int) -> list:
-        import concurrent.futures
+        import concurrent.futures  # here, not at the top: see the note below the imports
 
         results = []
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -714,7 +713,7 @@ class Fetcher:
 
     # -- downloads -----------------------------------------------------------------------
     def _download_all(self, items: list) -> None:
-        import concurrent.futures
+        import concurrent.futures  # here, not at the top: see the note below the imports
 
         total = sum(item.size - min(item.part_size, item.size) for item in items)
         self.progress = Progress(total)
@@ -755,6 +754,7 @@ class Fetcher:
         return "%s://%s/" % (parts.scheme, parts.netloc)
 
     def _peer_usable(self, url: str) -> bool:
+        # here, not at the top: see the note below the imports
         import http.client
         import urllib.error
         import urllib.request
@@ -792,6 +792,7 @@ class Fetcher:
     def _tell_peers_done(self, items: list) -> None:
         """Tell each fleet source this rig needed files from that it is finished (it stops serving
         once every peer it expects said so)."""
+        # here, not at the top: see the note below the imports
         import http.client
         import urllib.error
         import urllib.request
@@ -808,7 +809,7 @@ class Fetcher:
                 pass
 
     def _request(self, url: str, kind: str, method: str = "GET", offset: int = 0) -> Any:  # urllib.request.Request
-        import urllib.request
+        import urllib.request  # here, not at the top: see the note below the imports
 
         request = urllib.request.Request(url, method=method)
         request.add_header("User-Agent", USER_AGENT)
@@ -897,6 +898,7 @@ class Fetcher:
 
     def _stream(self, item: Item, kind: str, url: str, partial: Partial) -> None:
         """Append the rest of the file to the part file, hashing as it arrives."""
+        # here, not at the top: see the note below the imports
         import http.client
         import urllib.error
         import urllib.request

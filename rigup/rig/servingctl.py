@@ -30,19 +30,22 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import glob
 import hashlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
+from urllib.parse import urlsplit
 
 TYPE_CHECKING = False  # typing's own flag: the annotations are strings, and typing is 5 ms of every start
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
-# shutil, tempfile and urllib are imported where a write, a generation or a POST needs them: `probe`,
-# which every converged re-run runs, needs none of them (urllib alone is 25 ms of its start).
+# shutil, tempfile and urllib.request are imported where a write, a generation or a POST needs them:
+# `probe`, which every converged re-run runs, needs none of them (urllib.request alone is 25 ms of its start).
 
 SCHEMA = 1
 PROVENANCE_NAME = "provenance.json"
@@ -108,7 +111,7 @@ def read_json(path: str) -> Optional[Dict[str, Any]]:
 
 def atomic_write(path: str, data: bytes, mode: int) -> None:
     """Write `data` to `path` through a temporary file in the same directory (never half-written)."""
-    import tempfile
+    import tempfile  # here, not at the top: see the note below the imports
 
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=".rigup-", dir=directory)
@@ -312,6 +315,7 @@ def _request(url: str, api_key: Optional[str], body: Optional[Dict[str, Any]], t
     if body is None and url.startswith("http://"):
         status, payload = _plain_get(url, headers, timeout)
     else:
+        # here, not at the top: see the note below the imports
         import urllib.error
         import urllib.request
 
@@ -333,9 +337,6 @@ def _request(url: str, api_key: Optional[str], body: Optional[Dict[str, Any]], t
 def _plain_get(url: str, headers: Dict[str, str], timeout: float) -> Tuple[int, bytes]:
     """A GET of an http:// URL as HTTP/1.0 (the server answers and closes, no chunked body): what the
     probe asks of the local server, without urllib's start-up cost. Raises OSError without an answer."""
-    import socket
-    from urllib.parse import urlsplit
-
     parts = urlsplit(url)
     if not parts.hostname:
         raise OSError(f"no host in {url}")
@@ -553,6 +554,7 @@ def record_generation(release: Release, keep: int, dropped_images: Optional[set]
     When the newest generation already holds this exact release, it is reused (a re-gate of a
     release that passed before is not a new generation).
     """
+    # here, not at the top: see the note below the imports
     import shutil
     import tempfile
 
@@ -603,8 +605,6 @@ def image_ref_of(release_path: str) -> Optional[str]:
 def images_in_use(install_root: str) -> set:
     """The image of every release on this host that may run again: each variant's or pod's current
     release and every generation kept for rollback."""
-    import glob
-
     base = os.path.join(install_root, "variants")
     paths = glob.glob(os.path.join(base, "*", RELEASE_NAME)) + glob.glob(os.path.join(base, "*", GENERATIONS_DIR, "*", RELEASE_NAME))
     return {ref for ref in (image_ref_of(p) for p in paths) if ref}

@@ -116,8 +116,22 @@ def test_the_vllm_image_runs_the_stand_in_server_on_the_rigs_python(tmp_path: Pa
     assert members["usr/local/bin/vllm"].linkname == "/usr/lib/rigup-standin/vllm_entry.py"
     assert members["usr/bin/python3"].linkname == "/usr/lib/rigup-standin/image_shim.py"  # vLLM's programs: simulated
     assert members["usr/bin/python3.11"].isfile() and members["lib/x86_64-linux-gnu/libc.so.6"].isfile()
+    assert members["lib/x86_64-linux-gnu/libgcc_s.so.1"].isfile()  # dlopened at thread exit: no ELF names it
     listed = json.loads(tar_file(image, "usr/lib/rigup-standin/image.json"))
     assert "/usr/local/lib/python3.12/dist-packages/vllm/__init__.py" in listed["files"]
+
+
+def test_the_vllm_omni_image_has_no_entrypoint_and_says_its_kind() -> None:
+    roots = sorted((cache_dir() / "images").glob("*/root"))
+    if not roots or not Path(registry.BUSYBOX).exists():
+        pytest.skip("no test-bed root image built yet (the e2e tests build it)")
+    image = registry.vllm_image(registry.python_runtime(roots[0]), "v0.20.0", "vllm-omni")
+    assert image.repository == "vllm/vllm-omni"
+    config = json.loads(image.config)["config"]
+    assert config["Entrypoint"] is None and config["WorkingDir"] == "/app"  # the compose command is `vllm serve ...`
+    assert json.loads(tar_file(image, "usr/lib/rigup-standin/image.json"))["kind"] == "vllm-omni"
+    assert "v0.20.0" in registry.catalog_tags("vllm/vllm-omni")
+    assert registry.catalog_tags("lmcache/vllm-openai") == []  # pinned by upstream's digest: not built here
 
 
 def tar_file(image: registry.Image, name: str) -> bytes:

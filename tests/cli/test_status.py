@@ -3,8 +3,11 @@ file-hash command run for real in a local shell."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -355,3 +358,37 @@ def test_a_crash_looping_unit_says_so_with_the_servers_last_lines(tmp_path: Path
     (service,) = [i for i in S.compare(desired(target, release), restarted, HEALTHY) if i.item == "service"]
     assert service.state == S.OK and service.actual == "active, enabled, 1 restart(s)"
     assert service.note == "systemd restarted it after its server exited"
+
+
+def test_status_on_this_machine_says_whether_it_can_run_rigups_units(tmp_path: Path) -> None:
+    """The real CLI on @local (pyinfra's local connector, no SSH), where nothing was deployed: a machine without systemd as process 1 (a
+    container, WSL, the lent H200 host) is told it cannot run rigup's units at all, with the fix."""
+    fleet = tmp_path / "rigs.yaml"
+    fleet.write_text('data:\n  variant: single\n'
+                     'groups:\n  rigs:\n    hosts:\n      "@local": {}\n')
+    proc = subprocess.run([sys.executable, "-m", "rigup", "status"], cwd=Path(__file__).resolve().parents[2],
+                          env={**os.environ, "RIGUP_RIGS": str(fleet)}, capture_output=True, text=True, timeout=120)
+    assert "[@local] gathering state here (pyinfra's local connector)" in proc.stderr
+    assert "DRIFT" in proc.stdout  # nothing was deployed here
+    booted = Path("/proc/1/comm").read_text().strip() == "systemd" and Path("/run/systemd/system").is_dir()
+    if booted:
+        assert "need systemd" not in proc.stdout, proc.stdout
+    else:
+        assert proc.returncode == S.EXIT_DRIFT | S.EXIT_UNHEALTHY, proc.stdout + proc.stderr
+        assert "rigup's units (serving, GPU power), Docker and driver reboots need systemd" in proc.stdout
+        assert "fix: deploy to a host booted with systemd" in proc.stdout
+
+
+def test_a_host_whose_recipe_fails_is_still_told_it_cannot_run_units(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target, _ = rig(tmp_path)
+    broken = dataclasses.replace(target, recipe=None, api_url=None, error="recipe: variant 'dual': upstream unreachable")
+
+    class NoSystemd(LocalRunner):
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(S, "LazySsh", lambda settings: NoSystemd({"pid1=": NO_SYSTEMD}))
+    status = S.host_status(broken, quiet=True)
+    assert [(i.item, i.state) for i in status.items] == [("recipe", S.DRIFT), ("systemd", S.UNHEALTHY)]
+    monkeypatch.setattr(S, "LazySsh", lambda settings: NoSystemd({"pid1=": BOOTED}))
+    assert [i.item for i in S.host_status(broken, quiet=True).items] == ["recipe"]

@@ -261,6 +261,17 @@ def test_a_docker_restart_under_the_serving_unit_comes_back(engine: dict[str, ob
     assert [n for n in root(rig, "docker network ls --format '{{.Name}}'").split() if n not in ("bridge", "host", "none")] == ["rigup-dual_default"]
 
 
+def test_a_stopped_unit_ends_cleanly_every_time(engine: dict[str, object], rig: Host) -> None:
+    """`systemctl stop` is a clean end (inactive, Result=success), never a failure: the server's threads
+    end at shutdown, which needs the image's libgcc_s (glibc loads it then; without it: exit 139)."""
+    for attempt in range(3):
+        root(rig, f"systemctl stop {VARIANT_UNIT}")
+        state = root(rig, f"systemctl show -p ActiveState -p Result -p ExecMainStatus {VARIANT_UNIT}").split()
+        assert set(state) == {"Result=success", "ExecMainStatus=0", "ActiveState=inactive"}, (attempt, state)
+        root(rig, f"systemctl start {VARIANT_UNIT}")
+        wait_for("the variant serves again", lambda: models(rig) == 200, 120)
+
+
 def test_a_moved_pin_leaves_only_the_kept_generations_images(engine: dict[str, object], rig: Host, fleet: Path,
                                                              bed: Testbed) -> None:
     repository = f"{bed.urls['engine_registry']}/vllm/vllm-openai"

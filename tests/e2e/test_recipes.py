@@ -41,7 +41,11 @@ pytestmark = pytest.mark.e2e
 # its tensor-parallel size, compute capability and memory per card), the most constrained first, each
 # on the least loaded rig that fits; a variant no rig fits fails test_the_lineup_covers_every_catalog_variant.
 RIGS = {"rig-1x": "1x3090", "rig-2x": "2x3090", "rig-2y": "2x3090", "rig-2z": "2x3090",
-        "rig-4x": "4x3090", "rig-8x": "8x3090", "rig-h4": "4xh200"}
+        "rig-4x": "4x3090", "rig-8x": "8x3090", "rig-h4": "4xh200", "rig-2s": "2x3090"}
+# Every rig runs Docker's real engine and pulls from the hub's real registry, except these: a variant
+# whose image the catalog pins by upstream's digest (LMCache's) can only be pulled at that digest, which
+# no image built here has, so it runs on the stand-in engine and manifest-only registry, and only there.
+STANDIN_ENGINE_RIGS = {"rig-2s"}
 LAST = {
     "rig-1x": "qwen-single-autoround-int4-minimal",  # no Genesis: the rollback target of the Genesis test
     "rig-2x": "qwen-dual-autoround-int4-fp8-mtp",  # its compose has ${MAX_NUM_SEQS:-2}: the pin-move test
@@ -55,7 +59,14 @@ def _gpus_used(name: str) -> int:
     return resolve({**load_defaults(), "variant": name}, upstream=working_trees()).gpu_count
 
 
-def _fits(name: str, variant: dict, preset: str) -> bool:
+def _digest_pinned(variant: dict) -> bool:
+    return bool(load_catalog()["images"][variant["image"]].get("digest"))
+
+
+def _fits(name: str, variant: dict, rig: str) -> bool:
+    if _digest_pinned(variant) != (rig in STANDIN_ENGINE_RIGS):
+        return False
+    preset = RIGS[rig]
     models, _ = hw.PRESETS[preset]
     card = models[0]
     return (max(variant["tensor_parallel_size"], _gpus_used(name)) <= len(models)
@@ -96,9 +107,9 @@ def _lineup() -> dict[str, tuple[str, list[str]]]:
     variants = load_catalog()["variants"]
     placed: dict[str, list[str]] = {rig: [] for rig in RIGS}
     order = sorted((name for name in variants if name not in LAST.values() and name not in DISK_SHORT),
-                   key=lambda name: sum(_fits(name, variants[name], p) for p in RIGS.values()))
+                   key=lambda name: sum(_fits(name, variants[name], rig) for rig in RIGS))
     for name in order:
-        fitting = [rig for rig, preset in RIGS.items() if _fits(name, variants[name], preset)]
+        fitting = [rig for rig in RIGS if _fits(name, variants[name], rig)]
         if fitting:
             placed[min(fitting, key=lambda rig: len(placed[rig]))].append(name)
     catalog_order = {name: i for i, name in enumerate(variants)}
@@ -106,7 +117,8 @@ def _lineup() -> dict[str, tuple[str, list[str]]]:
         placed[rig].sort(key=catalog_order.__getitem__)
     for rig, name in LAST.items():
         placed[rig].append(name)
-    return {rig: (preset, placed[rig]) for rig, preset in RIGS.items()}
+    # a rig left without variants (e.g. the stand-in engine's, when this disk cannot take LMCache's) is not booted
+    return {rig: (preset, placed[rig]) for rig, preset in RIGS.items() if placed[rig]}
 
 
 # rig -> (hardware preset, the variants it switches through, in order)
@@ -129,17 +141,22 @@ def test_the_lineup_covers_every_catalog_variant() -> None:
 def bed(testbed_factory: Callable[..., Testbed]) -> Iterator[Bed]:
     specs = [HostSpec(name, hardware=preset, group=GROUP[name]) for name, (preset, _) in LINEUP.items()]
     testbed = testbed_factory(specs, "rigrc")
-    # The stand-in engine: the lineup's images are of kinds (vLLM-Omni, LMCache, llama.cpp) the real
-    # registry does not build yet; the stand-in runs each kind's entrypoint as its image would.
-    b = Bed(testbed, testbed.workdir, real_engine=False)
+    b = Bed(testbed, testbed.workdir)  # the real engine, but for STANDIN_ENGINE_RIGS' groups
     # Gemma's drafter is gated: the hub takes any bearer token, as one that accepted the licence
     token = testbed.workdir / "hf.token"
     token.write_text("hf_rigup_e2e_recipes\n")
     token.chmod(0o600)
     b.data = {"serving_health_timeout_s": GATE_TIMEOUT_S, "hf_token_file": str(token)}
-    b.group_data = {GROUP[name]: {"variant": variants[0]} for name, (_, variants) in LINEUP.items()}
+    b.group_data = groups({name: variants[0] for name, (_, variants) in LINEUP.items()}, testbed)
     b.write()
     yield b
+
+
+def groups(active: dict[str, str], testbed: Testbed) -> dict[str, dict[str, object]]:
+    """Each rig's group data: its variant, and for STANDIN_ENGINE_RIGS the stand-in engine's knobs."""
+    standin = testbed.engine_data(real_engine=False)
+    return {GROUP[rig]: {"variant": variant, **(standin if rig in STANDIN_ENGINE_RIGS else {})}
+            for rig, variant in active.items()}
 
 
 def _verify(bed: Bed, *hosts: str) -> subprocess.CompletedProcess[str]:
@@ -178,7 +195,7 @@ def test_every_variant_comes_up_and_verifies(bed: Bed) -> None:
                     DISK_SHORT[nxt] = round(_disk_need(nxt), 1)
                     continue
                 active[name] = nxt
-            bed.group_data = {GROUP[name]: {"variant": variant} for name, variant in active.items()}
+            bed.group_data = groups(active, bed.testbed)
             bed.write()
         started = time.monotonic()
         bed.deploy()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rigup.parsers.apt import AptPolicy, AptSource, parse_apt_cache_policy, parse_apt_source_files
-from rigup.parsers.common import ParseError, _lines
+from rigup.parsers.common import ParseError, split_lines
 from rigup.parsers.docker import parse_docker_info
 from rigup.parsers.dpkg import DriverPackage, driver_packages, package_branch, parse_dpkg_query, upstream_version
 from rigup.parsers.gpu_models import known_gpu
@@ -254,7 +254,7 @@ def test_df_sections_on_two_filesystems():
 
 
 def test_docker_info():
-    with_nv = parse_docker_info(_lines(fixture("docker-info/with-nvidia.json")))
+    with_nv = parse_docker_info(split_lines(fixture("docker-info/with-nvidia.json")))
     assert with_nv.running and with_nv.has_nvidia_runtime
     assert with_nv.runtimes == ("io.containerd.runc.v2", "nvidia", "runc")
     assert with_nv.cgroup_driver == "systemd"
