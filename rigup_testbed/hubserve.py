@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import http.server
-import importlib.util
 import json
 import re
 import sys
@@ -37,21 +36,11 @@ from types import ModuleType
 from typing import Any
 
 from rigup_testbed.service import BackgroundServer, run_service
+from rigup_testbed.standin_modules import load_standin
 
 STANDINS = Path(__file__).resolve().parent / "standins"
 MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
 MANIFEST_PATH = re.compile(r"^/v2/(?P<repo>[a-z0-9._/-]+)/manifests/(?P<ref>[A-Za-z0-9_.:-]+)$")
-
-
-def _dockerclient() -> ModuleType:
-    # The stand-ins import their helpers as top-level modules (they are installed flat on the hosts).
-    if str(STANDINS) not in sys.path:
-        sys.path.insert(0, str(STANDINS))
-    spec = importlib.util.spec_from_file_location("dockerclient", STANDINS / "dockerclient.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class StaticHandler(http.server.SimpleHTTPRequestHandler):
@@ -149,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         server = BackgroundServer(args.bind, args.port, partial(StaticHandler, directory=str(args.root)), "static")
         return serve(server, args.ready_file, f"http://{args.bind}:{server.port}")
     handler = type("Handler", (RegistryHandler,), {"config_file": args.config, "images_file": args.images,
-                                                  "dockerclient": _dockerclient()})
+                                                  "dockerclient": load_standin("dockerclient")})
     server = BackgroundServer(args.bind, args.port, handler, "registry")
     handler.host_port = f"{args.bind}:{server.port}"
     return serve(server, args.ready_file, handler.host_port)

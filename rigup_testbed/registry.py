@@ -52,6 +52,7 @@ from rigup.desired.catalog import load_catalog
 from rigup.desired.knobs import load_defaults
 from rigup_testbed.image import cache_dir
 from rigup_testbed.service import run_service
+from rigup_testbed.standin_modules import load_standin
 
 BINARY = "/usr/bin/docker-registry"
 BUSYBOX = "/bin/busybox"  # Debian's busybox-static
@@ -245,8 +246,11 @@ def vllm_image(runtime: tuple[dict[str, tuple[bytes, int]], dict[str, str]], tag
     # vLLM's Python programs need torch and a GPU: python3 and pip are the stand-in's (image_shim.py)
     for command in ("/usr/bin/python3", "/usr/bin/python", "/usr/bin/python3.12", "/usr/local/bin/pip", "/usr/local/bin/pip3"):
         links[command] = f"{lib}/image_shim.py"
-    site = "/usr/local/lib/python3.12/dist-packages/vllm"
-    files[f"{site}/__init__.py"] = (b'__version__ = "0.11.0"  # rigup test bed: the package\'s place, not vLLM\n', 0o644)
+    # the vLLM package's files upstream's entrypoints look for (the overlays they patch, the chat
+    # templates in /vllm-workspace/examples), as the stand-in engine's images have them
+    container = load_standin("container")
+    site = container.VLLM_SITES[kind]
+    files.update({path: (text.encode(), 0o644) for path, text in container.image_files(kind).items()})
     files["/vllm-workspace/.keep"] = (b"", 0o644)
     if config["WorkingDir"] != "/vllm-workspace":
         files[f"{config['WorkingDir']}/.keep"] = (b"", 0o644)

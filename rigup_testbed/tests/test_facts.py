@@ -31,6 +31,7 @@ from rigup_testbed import aptrepo, gitremotes, hfhub, hubserve, pypi, registry
 from rigup_testbed.gitremotes import Remotes, git, make_remotes
 from rigup_testbed.hubserve import StaticHandler
 from rigup_testbed.service import BackgroundServer
+from rigup_testbed.standin_modules import load_standin
 
 APT_TOOLS = all(shutil.which(t) for t in ("apt-ftparchive", "dpkg-deb", "gpg"))
 
@@ -388,7 +389,7 @@ V2_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 def standin_registry(tmp_path: Path) -> Iterator[str]:
     config = tmp_path / "registry.json"
     config.write_text(json.dumps({"missing": ["gone/image:1"]}))
-    handler = type("H", (hubserve.RegistryHandler,), {"config_file": config, "dockerclient": hubserve._dockerclient()})
+    handler = type("H", (hubserve.RegistryHandler,), {"config_file": config, "dockerclient": load_standin("dockerclient")})
     server = BackgroundServer("127.0.0.1", 0, handler, "facts-registry")
     handler.host_port = f"127.0.0.1:{server.port}"
     server.start()

@@ -16,6 +16,7 @@ from rigup_testbed import net
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import Host
 from rigup_testbed.hub import url_knobs
+from rigup_testbed.standin_modules import load_standin
 from rigup_testbed.state import Ledger, TestbedError, proc_starttime, signal_exact
 
 # The knobs the brief says the test bed must point at the hub (more may be added to all.py).
@@ -197,7 +198,7 @@ def test_hub_registry_serves_the_digests_the_standin_engine_pulls(tmp_path: Path
 
     config = tmp_path / "registry.json"
     config.write_text(json.dumps({"missing": ["gone/image:1"], "digests": {"pinned/image:2": "sha256:" + "ab" * 32}}))
-    dc = hubserve._dockerclient()
+    dc = load_standin("dockerclient")
     handler = type("H", (hubserve.RegistryHandler,), {"config_file": config, "dockerclient": dc})
     server = ThreadingServer(("127.0.0.1", 0), handler)
     handler.host_port = f"127.0.0.1:{server.server_address[1]}"
@@ -243,7 +244,7 @@ def test_hub_registry_holds_the_catalogs_digest_pinned_images(tmp_path: Path) ->
     config, images = hub.registry_config, hub.registry_images
     assert json.loads(images.read_text()) == catalog_pinned_images() and json.loads(config.read_text()) == {}
     handler = type("H", (hubserve.RegistryHandler,), {"config_file": config, "images_file": images,
-                                                       "dockerclient": hubserve._dockerclient()})
+                                                       "dockerclient": load_standin("dockerclient")})
     server = ThreadingServer(("127.0.0.1", 0), handler)
     handler.host_port = f"127.0.0.1:{server.server_address[1]}"
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -119,6 +119,9 @@ def test_the_vllm_image_runs_the_stand_in_server_on_the_rigs_python(tmp_path: Pa
     assert members["lib/x86_64-linux-gnu/libgcc_s.so.1"].isfile()  # dlopened at thread exit: no ELF names it
     listed = json.loads(tar_file(image, "usr/lib/rigup-standin/image.json"))
     assert "/usr/local/lib/python3.12/dist-packages/vllm/__init__.py" in listed["files"]
+    # what upstream's entrypoints look for: the module club-3090's PR 41800 overlay patches, the chat templates
+    assert "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/utils.py" in listed["files"]
+    assert "/vllm-workspace/examples/tool_chat_template_gemma4.jinja" in listed["files"]
 
 
 def test_the_vllm_omni_image_has_no_entrypoint_and_says_its_kind() -> None:

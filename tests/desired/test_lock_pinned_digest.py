@@ -20,6 +20,7 @@ from rigup.desired.recipe import resolve
 from rigup_testbed import hubserve
 from rigup_testbed.hub import catalog_pinned_images
 from rigup_testbed.service import ThreadingServer
+from rigup_testbed.standin_modules import load_standin
 
 REPOSITORY, TAG = "lmcache/vllm-openai", "v0.4.7-cu129"
 # club-3090 models/qwen3.6-27b/vllm-lmcache/compose/dual/fp8/lmcache.yml@4a29ab57 (image default)
@@ -35,7 +36,7 @@ class Registry:
         self.config.write_text("{}")
         self.images.write_text(json.dumps(catalog_pinned_images()))
         handler = type("H", (hubserve.RegistryHandler,), {"config_file": self.config, "images_file": self.images,
-                                                           "dockerclient": hubserve._dockerclient()})
+                                                           "dockerclient": load_standin("dockerclient")})
         self.server = ThreadingServer(("127.0.0.1", 0), handler)
         self.host = f"127.0.0.1:{self.server.server_address[1]}"
         handler.host_port = self.host
@@ -107,5 +108,5 @@ def test_images_the_catalog_does_not_pin_still_lock_the_tags_digest(registry: Re
     need = ImageNeed("image:vllm/vllm-openai:v0.22.0", "vllm/vllm-openai", "v0.22.0", registry.host)
     digest = Resolver(image_digests=True).image(need, None).digest
     assert digest is not None and digest != PINNED
-    assert digest == hubserve._dockerclient().fake_digest(f"{registry.host}/vllm/vllm-openai:v0.22.0")
+    assert digest == load_standin("dockerclient").fake_digest(f"{registry.host}/vllm/vllm-openai:v0.22.0")
     assert Resolver().image(need, None).digest is None  # tag only, as before
