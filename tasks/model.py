@@ -16,26 +16,13 @@ the lock pins and how to make it; a --dry run warns so in one line and plans not
 """
 
 from pyinfra import host, state
-from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import apt, files
 
 from rigup.desired.knobs import knob
-from rigup.desired.lock import LockError
-from rigup.desired.models import plan_models
-from rigup.desired.plan import host_plans
-from rigup.desired.recipe import RecipeError
 from rigup.operations.model import RIGFETCH_SRC, model_files, model_fleet_share
-from rigup.runstate import pins_missing
+from rigup.operations.planning_errors import model_plan_or_stop
 
-try:
-    plan = plan_models(state, host)
-except RecipeError as exc:  # a pod's recipe (preflight reports it first in a whole deploy)
-    raise DeployError(f"{host.name}: {exc}") from None
-except LockError as exc:
-    previews = host_plans(host.data.dict(), host.name, read_secrets=False, require_lock=False)
-    if not any(pins_missing(host, "model", preview) for preview in previews):  # not about the lock (e.g. a bad model_fleet_source)
-        raise DeployError(str(exc)) from None
-    plan = None
+plan = model_plan_or_stop(state, host)  # None: the lock lacks the model pins (--dry warns)
 
 if plan is not None:
     reverify = bool(knob(host.data, "model_reverify"))

@@ -8,6 +8,12 @@ from typing import Any
 
 from pyinfra.api.exceptions import DeployError
 
+from rigup.desired.lock import LockError
+from rigup.desired.models import ModelPlan, plan_models
+from rigup.desired.plan import host_plans
+from rigup.desired.recipe import RecipeError
+from rigup.runstate import pins_missing
+
 
 @contextmanager
 def stop_the_run_on(host: Any, *errors: type[Exception]) -> Iterator[None]:
@@ -17,3 +23,20 @@ def stop_the_run_on(host: Any, *errors: type[Exception]) -> Iterator[None]:
         yield
     except errors as exc:
         raise DeployError(f"{host.name}: {exc}") from None
+
+
+def model_plan_or_stop(state: Any, host: Any) -> ModelPlan | None:
+    """The host's model plan (rigup.desired.models.plan_models). None when the lock lacks its pins: a
+    --dry run then warns once and the model phase plans nothing (rigup.runstate.pins_missing; a real run
+    has stopped at sources already). Any other problem stops the run naming the host: a pod's recipe
+    (preflight reports it first in a whole deploy) or a lock problem that is not about missing pins
+    (e.g. a bad model_fleet_source)."""
+    try:
+        return plan_models(state, host)
+    except RecipeError as exc:
+        raise DeployError(f"{host.name}: {exc}") from None
+    except LockError as exc:
+        previews = host_plans(host.data.dict(), host.name, read_secrets=False, require_lock=False)
+        if not any(pins_missing(host, "model", preview) for preview in previews):
+            raise DeployError(str(exc)) from None
+        return None
