@@ -284,6 +284,9 @@ class Systemd:
 
     def disable_now(self, unit: str) -> None:
         self._run("disable", "--now", unit)
+        # A unit that crashed stays "failed" after the stop; taken out of service it ends inactive, so
+        # `systemctl --failed` and the fleet's alerts name only units that should run and do not.
+        self._run("reset-failed", unit, check=False)
 
     def daemon_reload(self) -> None:
         self._run("daemon-reload")

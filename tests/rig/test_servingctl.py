@@ -10,6 +10,7 @@ import hashlib
 import http.server
 import json
 import os
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -716,3 +717,14 @@ def test_the_probes_get_imports_no_urllib_request(server):
     out = subprocess.run([sys.executable, "-c", script, ctl.__file__, url], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [f"[{MODEL!r}]", "[]"]
+
+
+def test_a_unit_taken_out_of_service_ends_inactive_not_failed(monkeypatch):
+    """On real systemd a crash-looped unit stays "failed" after `disable --now` (the real engine's lineup
+    run showed it after a rollback): servingctl resets it."""
+    calls: list[tuple[str, ...]] = []
+    monkeypatch.setattr(ctl.subprocess, "run", lambda argv, **kwargs: calls.append(tuple(argv)) or
+                        subprocess.CompletedProcess(argv, 0, "", ""))
+    ctl.Systemd().disable_now("rigup-single.service")
+    assert calls == [("systemctl", "disable", "--now", "rigup-single.service"),
+                     ("systemctl", "reset-failed", "rigup-single.service")]
