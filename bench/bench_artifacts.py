@@ -264,7 +264,7 @@ def bench_rerun(work: Path, model_gb: float) -> list[tuple[str, str, str]]:
     hub = HfHub(work / "hub", spec=sandbox_spec(sizes=sizes))
     url = hub.start()
     rem = make_remotes(work / "git")
-    git = GitServer(work / "git", http_port=None)
+    git = GitServer(work / "git")
     gurl = git.start()
     try:
         fleet = work / "rigs.yaml"

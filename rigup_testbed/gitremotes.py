@@ -4,8 +4,9 @@
 on every run) under root/<owner>/<name>.git, mirroring GitHub's URL layout:
 
   noonghunna/vllm.git                   main (fork base) + branch marlin-pad-sub-tile-n (3 commits on top)
-  Sandermage/genesis-vllm-patches.git   dev (vllm/_genesis/..., 4 commits, tags) and main (new layout,
-                                        no vllm/_genesis); dev commits are not reachable from main
+  Sandermage/genesis-vllm-patches.git   dev (vllm/_genesis/...: 3 tagged releases, the pin, 3 more) and
+                                        main (new layout, no vllm/_genesis; a lightweight tag); dev
+                                        commits are not reachable from main
   noonghunna/club-3090.git              master (its only branch here; no main): root, the spring, May and
                                         August recipe snapshots, a later commit
   noonghunna/qwen36-dual-3090.git       master: root, the frozen snapshot
@@ -13,37 +14,29 @@ on every run) under root/<owner>/<name>.git, mirroring GitHub's URL layout:
 Every path rigup/catalog.yaml mounts from a source (`source_mounts`) exists in the matching stand-in, so
 the stand-ins follow the catalog as it grows (their SHAs change with it; read them from `Remotes`).
 
-Servers (both speak to a stock git client; git:// is the primary, what the test bed inventory uses):
-  GitDaemon      git://<bind>:<port>/<owner>/<name>.git   (`git daemon --export-all --base-path`)
-  GitHttpServer  http://<bind>:<port>/<owner>/<name>.git  (smart HTTP through `git http-backend`, which
-                                                           also answers dumb clients; smart=False: a
-                                                           static dumb-HTTP server over update-server-info)
-  GitServer      both at once.
+Served over HTTP, as GitHub serves them (https; GitHub turned the unencrypted git:// protocol off on
+2022-03-15): `GitServer` answers http://<bind>:<port>/<owner>/<name>.git with smart HTTP through
+`git http-backend` (which also answers dumb clients); smart=False serves static dumb HTTP over
+update-server-info instead.
 
 Like GitHub, the repos let clients fetch any reachable commit by SHA and use partial-clone filters.
 
-Standalone: `python -m rigup_testbed.gitremotes --root DIR --bind IP --port N [--http-port M]` builds the
-repos, prints the git:// URL then the http:// URL, writes DIR/gitremotes.ready.json (URLs + every SHA),
-and stops on SIGTERM/SIGINT.
+Standalone: `python -m rigup_testbed.gitremotes --root DIR --bind IP --port N` builds the repos, prints the
+http:// URL, writes DIR/gitremotes.ready.json (the URL + every SHA), and stops on SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import fcntl
 import hashlib
 import http.server
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -277,25 +270,42 @@ sys.exit(0)
 '''
 
 
-def _genesis_commits() -> list[CommitSpec]:
-    root = {"README.md": "# Genesis vLLM patches (rigup test-bed stand-in)\n", "LICENSE": "Apache-2.0\n"}
-    dev0 = {
-        "vllm/__init__.py": "",
+def _genesis_tree(version: str) -> dict[str, str]:
+    """The patch tree every dev commit carries from upstream's first (278b10e, tagged v7.10.0) on."""
+    return {
         "vllm/_genesis/__init__.py": "",
         "vllm/_genesis/patches/__init__.py": "",
-        APPLY_ALL: _apply_all_py("v7.69"),
+        APPLY_ALL: _apply_all_py(version),
         "vllm/_genesis/guards.py": _guards_py(["0.20.1rc1.dev16+g7a1eb8ac2"]),
+    }
+
+
+def _genesis_commits() -> list[CommitSpec]:
+    """Genesis in upstream's shape: dev holds the patch tree under vllm/_genesis, from the three tagged
+    releases (v7.10.0, v7.50- and v7.51-stable-2026-04-27) to the catalog's pin (2db18df, "fix(v7.69)") and
+    three later commits (v7.72.1, release(v7.72.2), unreleased); main has the new layout (v12.0.0 on its
+    commit before the head) and never reaches a dev commit."""
+    root = {"README.md": "# Genesis vLLM patches (rigup test-bed stand-in)\n", "LICENSE": "Apache-2.0\n"}
+    pin = {
+        **_genesis_tree("v7.69"),
+        "vllm/__init__.py": "",
         "external_probe/patch_tolist_cudagraph.py": TOLIST_PY,
     }
-    dev0.update(_missing(dev0, catalog_mount_paths().get("genesis", []), GENESIS_REPO))
+    pin.update(_missing(pin, catalog_mount_paths().get("genesis", []), GENESIS_REPO))
     return [
         CommitSpec("root", "main", "Initial commit", root, None),
-        CommitSpec("dev0", "dev", "v7.69 dev: patch tree under vllm/_genesis", dev0, "root"),
-        CommitSpec("dev1", "dev", "v7.72.1", {APPLY_ALL: _apply_all_py("v7.72.1")}, "dev0"),
+        CommitSpec("v7.10", "dev", "Genesis vLLM Patches v7.10.0", _genesis_tree("v7.10"), "root"),
+        CommitSpec(
+            "v7.50", "dev", "docs(P67): record empirical rejections of num_stages=2 (Step E) + Q-hoist (Step F)",
+            {APPLY_ALL: _apply_all_py("v7.50")}, "v7.10",
+        ),
+        CommitSpec("v7.51", "dev", "v7.51: P67 softmax tl.exp2 + -FLT_MAX", {APPLY_ALL: _apply_all_py("v7.51")}, "v7.50"),
+        CommitSpec("pin", "dev", "fix(v7.69): close 3 cross-rig findings from club-3090#19", pin, "v7.51"),
+        CommitSpec("dev1", "dev", "v7.72.1", {APPLY_ALL: _apply_all_py("v7.72.1")}, "pin"),
         CommitSpec(
             "dev2",
             "dev",
-            "v7.72.2: allow-list 01d4d1ad nightly",
+            "release(v7.72.2): allow-list 01d4d1ad nightly",
             {
                 APPLY_ALL: _apply_all_py("v7.72.2"),
                 "vllm/_genesis/guards.py": _guards_py(["0.20.1rc1.dev16+g7a1eb8ac2", "0.20.2rc1.dev9+g01d4d1ad3"]),
@@ -314,11 +324,21 @@ def _genesis_commits() -> list[CommitSpec]:
             "root",
         ),
         CommitSpec("main2", "main", "Docs for the new layout", USAGE, "main1"),
-    ]
+    ]  # fmt: skip
 
 
-# Tags: name -> (commit key, annotated?)
-GENESIS_TAGS: dict[str, tuple[str, bool]] = {"v7.72.2": ("dev2", True), "v7.69": ("dev0", False)}
+# Upstream's tags, where they are relative to the stand-in's commits: name -> (commit key, the annotated tag's
+# message, None for a lightweight tag). Sandermage/genesis-vllm-patches (snapshot, git for-each-ref refs/tags):
+# v7.10.0, v7.50-stable-2026-04-27 and v7.51-stable-2026-04-27 are annotated tags on dev commits before the
+# pin 2db18df (278b10e, dev's first commit; 8fb2afb; a8c202d), each with vllm/_genesis; v12.0.0 is a
+# lightweight tag on a main commit before main's head (7aa66f9). "v7.69" and "v7.72.2" are release names in
+# commit messages, not tags.
+GENESIS_TAGS: dict[str, tuple[str, str | None]] = {
+    "v7.10.0": ("v7.10", "Genesis v7.10 — runtime dispatch detection + cross-model validation"),
+    "v7.50-stable-2026-04-27": ("v7.50", "Snapshot: stable production state before dev/public split + docs cleanup"),
+    "v7.51-stable-2026-04-27": ("v7.51", "v7.51 stable: P67 softmax exp2+FLT_MAX (+6.1% stability)"),
+    "v12.0.0": ("main1", None),
+}
 
 
 def _snapshot_commit(key: str, message: str, parent_tree: Mapping[str, str], source: str, parent: str) -> tuple[CommitSpec, dict[str, str]]:
@@ -388,7 +408,9 @@ class GenesisRemote(RemoteRepo):
     main_head: str = ""
     main_commits: tuple[str, ...] = ()  # main-only commits (after the shared root), oldest first
     root_commit: str = ""  # shared by main and dev
-    tag: str = "v7.72.2"  # annotated tag on dev_commits[2]
+    pin: str = ""  # the stand-in of the catalog's pin 2db18df: on dev after the tagged releases, not reachable from main
+    tag: str = "v7.51-stable-2026-04-27"  # annotated, on the dev commit before the pin
+    main_tag: str = "v12.0.0"  # lightweight, on main_commits[0] (main's commit before its head)
 
     @property
     def dev_head(self) -> str:
@@ -416,9 +438,9 @@ class Remotes:
 
     def source_refs(self) -> dict[str, str]:
         """The `source_refs` knob for these remotes: they cannot hold upstream's commits, so the sources
-        the catalog pins to an upstream SHA point at the stand-ins' equivalents (Genesis v7.69, a tag on a
-        dev-only commit like 2db18df; each frozen recipe snapshot). `club3090` follows the catalog's ref
-        (master, upstream's default branch)."""
+        the catalog pins to an upstream SHA point at the stand-ins' equivalent SHAs (Genesis: the pin, a
+        dev-only commit like 2db18df; each frozen recipe snapshot), fetched by SHA as production fetches
+        upstream's. `club3090` follows the catalog's ref (master, upstream's default branch)."""
         return source_refs_of(self.to_json())
 
     def git_knobs(self, base: str) -> dict[str, str]:
@@ -432,7 +454,7 @@ class Remotes:
                 "club3090-may": self.club3090, "club3090-spring": self.club3090, "qwen36-dual-3090": self.qwen_dual}
 
 
-def _fast_import_stream(commits: list[CommitSpec], tags: Mapping[str, tuple[str, bool]]) -> bytes:
+def _fast_import_stream(commits: list[CommitSpec], tags: Mapping[str, tuple[str, str | None]]) -> bytes:
     """A fast-import stream writing full trees (deleteall + every file), so SHAs depend only on the specs."""
     out: list[bytes] = []
 
@@ -462,11 +484,11 @@ def _fast_import_stream(commits: list[CommitSpec], tags: Mapping[str, tuple[str,
             out.append(f"M 100644 inline {path}\n".encode())
             data(tree[path].encode())
         out.append(b"\n")
-    for j, (name, (key, annotated)) in enumerate(sorted(tags.items())):
-        if annotated:
+    for j, (name, (key, message)) in enumerate(sorted(tags.items())):
+        if message is not None:  # annotated
             when = f"{EPOCH + (len(commits) + j) * 3600} +0000"
             out.append(f"tag {name}\nfrom :{marks[key]}\ntagger {AUTHOR} {when}\n".encode())
-            data(f"Genesis {name}\n".encode())
+            data(f"{message}\n".encode())
         else:
             out.append(f"reset refs/tags/{name}\nfrom :{marks[key]}\n\n".encode())
     return b"".join(out)
@@ -530,7 +552,7 @@ def _locked(root: Path) -> Iterator[None]:
 
 
 def _ensure(
-    root: Path, name: str, commits: list[CommitSpec], tags: Mapping[str, tuple[str, bool]], head: str
+    root: Path, name: str, commits: list[CommitSpec], tags: Mapping[str, tuple[str, str | None]], head: str
 ) -> tuple[Path, dict[str, str]]:
     """Build the repo unless its stamp matches this content and its refs are untouched; return path, shas."""
     path = root / f"{name}.git"
@@ -565,7 +587,10 @@ def _peeled_tags(path: Path) -> dict[str, str]:
 
 def source_refs_of(remotes: Mapping[str, Any]) -> dict[str, str]:
     """Remotes.source_refs from the JSON form (what the hub's ready file holds)."""
-    refs = {"genesis": "v7.69"}
+    refs: dict[str, str] = {}
+    pin = remotes.get("genesis", {}).get("pin")
+    if pin:
+        refs["genesis"] = str(pin)  # a SHA, as the catalog's ref (2db18df4…) is
     for repo in ("club3090", "qwen36_dual"):
         for source, sha in (remotes.get(repo, {}).get("snapshots") or {}).items():
             if source != "club3090":
@@ -605,7 +630,7 @@ def make_remotes(root: Path | str) -> Remotes:
         main_head=gshas["main2"],
         main_commits=(gshas["main1"], gshas["main2"]),
         root_commit=gshas["root"],
-        tag="v7.72.2",
+        pin=gshas["pin"],
     )
     club = ClubRemote(
         name=CLUB_REPO,
@@ -676,93 +701,6 @@ def _url_host(bind: str) -> str:
     if bind in ("0.0.0.0", ""):
         return "127.0.0.1"
     return f"[{bind}]" if ":" in bind else bind
-
-
-def _free_port(bind: str) -> int:
-    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((bind, 0))
-        return int(s.getsockname()[1])
-
-
-try:  # loaded here, not in the forked child: dlopen between fork and exec can deadlock
-    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6", use_errno=True)
-except OSError:
-    _LIBC = None
-
-
-def _die_with_parent() -> None:
-    # If the Python process that owns the daemon is killed outright, take the daemon down with it rather
-    # than leave it holding the port inside the hub namespace (Linux PR_SET_PDEATHSIG = 1). It fires when
-    # the *thread* that started the daemon exits, so start it from a thread that lives as long as it should.
-    if _LIBC is not None:
-        _LIBC.prctl(1, signal.SIGTERM)
-
-
-class GitDaemon:
-    """`git daemon` over root: start() -> 'git://host:port', stop()."""
-
-    def __init__(self, root: Path | str, bind: str = "127.0.0.1", port: int = 0) -> None:
-        self.root = Path(root).resolve()
-        self.bind = bind
-        self.port = port
-        self.url: str | None = None
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 10.0) -> str:
-        port = self.port or _free_port(self.bind)
-        cmd = [
-            "git",
-            "daemon",
-            "--reuseaddr",
-            "--export-all",
-            "--informative-errors",
-            f"--base-path={self.root}",
-            f"--listen={self.bind}",
-            f"--port={port}",
-            str(self.root),
-        ]
-        self.proc = subprocess.Popen(
-            cmd,
-            env={**os.environ, **GIT_ENV},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,  # stop() signals the whole group: daemon + its per-connection children
-            preexec_fn=_die_with_parent,
-        )
-        deadline = time.monotonic() + timeout
-        host = "127.0.0.1" if self.bind in ("0.0.0.0", "") else self.bind
-        while True:
-            if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
-                self.proc = None
-                raise RuntimeError(f"git daemon exited at start: {err.strip()}")
-            try:
-                with socket.create_connection((host, port), timeout=0.5):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"git daemon did not listen on {self.bind}:{port} within {timeout}s") from None
-                time.sleep(0.05)
-        self.port = port
-        self.url = f"git://{_url_host(self.bind)}:{port}"
-        return self.url
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
-        if proc.stderr is not None:
-            proc.stderr.close()
 
 
 class _GitHttpHandler(http.server.BaseHTTPRequestHandler):
@@ -861,8 +799,9 @@ class _GitHttpHandler(http.server.BaseHTTPRequestHandler):
     do_POST = _handle
 
 
-class GitHttpServer:
-    """Git over HTTP: start() -> 'http://host:port', stop(). smart=False serves dumb HTTP only."""
+class GitServer:
+    """Git over HTTP, as GitHub serves it (https; GitHub turned the git:// protocol off in 2022):
+    start() -> 'http://host:port', stop(); also a context manager. smart=False serves dumb HTTP only."""
 
     def __init__(self, root: Path | str, bind: str = "127.0.0.1", port: int = 0, smart: bool = True) -> None:
         self.root = Path(root).resolve()
@@ -886,33 +825,6 @@ class GitHttpServer:
             self._server.stop()
             self._server = None
 
-
-class GitServer:
-    """git:// on `port` (primary; start() returns its URL) and, unless http_port is None, HTTP on http_port."""
-
-    def __init__(
-        self, root: Path | str, bind: str = "127.0.0.1", port: int = 0, http_port: int | None = 0, smart_http: bool = True
-    ) -> None:
-        self.daemon = GitDaemon(root, bind, port)
-        self.http = GitHttpServer(root, bind, http_port, smart_http) if http_port is not None else None
-        self.git_url: str | None = None
-        self.http_url: str | None = None
-
-    def start(self) -> str:
-        self.git_url = self.daemon.start()
-        if self.http is not None:
-            try:
-                self.http_url = self.http.start()
-            except BaseException:
-                self.daemon.stop()
-                raise
-        return self.git_url
-
-    def stop(self) -> None:
-        if self.http is not None:
-            self.http.stop()
-        self.daemon.stop()
-
     def __enter__(self) -> GitServer:
         self.start()
         return self
@@ -925,28 +837,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rigup_testbed.gitremotes", description=__doc__.splitlines()[0])
     parser.add_argument("--root", required=True, help="directory holding <owner>/<name>.git")
     parser.add_argument("--bind", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="git:// port; 0 = pick a free port")
-    parser.add_argument("--http-port", type=int, default=0, help="HTTP port; 0 = pick a free port")
-    parser.add_argument("--no-http", action="store_true", help="serve git:// only")
+    parser.add_argument("--port", type=int, default=0, help="HTTP port; 0 = pick a free port")
     parser.add_argument("--dumb-http", action="store_true", help="serve static dumb HTTP instead of smart HTTP")
     parser.add_argument("--ready-file", help="JSON written once serving (default: ROOT/gitremotes.ready.json)")
     args = parser.parse_args(argv)
 
     root = Path(args.root)
     remotes = make_remotes(root)
-    server = GitServer(root, args.bind, args.port, None if args.no_http else args.http_port, not args.dumb_http)
+    server = GitServer(root, args.bind, args.port, not args.dumb_http)
 
     def start() -> tuple[dict[str, Any], list[str]]:
-        server.start()
-        info = {"git_url": server.git_url, "http_url": server.http_url, "remotes": remotes.to_json()}
-        return info, [url for url in (server.git_url, server.http_url) if url is not None]
-
-    def failed() -> str | None:
-        daemon = server.daemon.proc
-        return "git daemon exited" if daemon is None or daemon.poll() is not None else None
+        url = server.start()
+        return {"url": url, "remotes": remotes.to_json()}, [url]
 
     ready = Path(args.ready_file) if args.ready_file else root / "gitremotes.ready.json"
-    return run_service(ready, start, server.stop, failed)
+    return run_service(ready, start, server.stop)
 
 
 if __name__ == "__main__":

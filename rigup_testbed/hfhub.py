@@ -7,8 +7,16 @@ HTTP/1.1 from a ThreadingHTTPServer:
   GET  /api/models/{repo}/tree/{rev}[/{path}][?recursive=true&expand=true]
   POST /api/models/{repo}/paths-info/{rev}                 form or JSON: paths=..., expand=...
   GET  /api/models/{repo}/refs, /api/models/{repo}/commits/{rev}
-  HEAD|GET /{repo}/resolve/{rev}/{path}                    file bytes; Range; X-Repo-Commit, ETag, X-Linked-*
-  GET  /_lfs/{sha256}?repo=..&path=..                      "CDN" hop, only when LFS redirects are on
+  HEAD|GET /{repo}/resolve/{rev}/{path}                    file bytes; Range; X-Repo-Commit, ETag, X-Linked-*;
+                                                           an LFS file with redirect_lfs: 302 to the CDN
+
+The CDN is another origin, as the real Hub's (cdn-lfs / xethub.hf.co) is to huggingface.co: a second
+listener on another port of the same address, sharing the repos, faults and statistics:
+
+  HEAD|GET /_lfs/{sha256}?repo=..&path=..                  the LFS object's bytes; Range (nothing else)
+
+A client must not send its token there (the real CDN's URLs are signed): /_admin/stats counts CDN
+requests that carried an Authorization header ("cdn_authorized_requests").
 
 Repos come from a small spec (see `build_repos` and `sandbox_spec`); big files are generated
 deterministically on the fly (never held in memory) and their hashes are computed once and cached on
@@ -23,8 +31,9 @@ disk. Faults (cut, corrupt, slow, error) and statistics are driven through /_adm
   POST /_admin/repos {"repo", "gated"?, "private"?}
   POST /_admin/config {"tokens"?, "redirect_lfs"?, "cdn_url"?, "chunk"?}
 
-Standalone: `python -m rigup_testbed.hfhub --root DIR --bind IP --port N` prints the URL, writes
-DIR/hfhub.ready.json (or --ready-file) once it serves, and exits cleanly on SIGTERM/SIGINT.
+Standalone: `python -m rigup_testbed.hfhub --root DIR --bind IP --port N [--cdn-port M]` prints the URL,
+writes DIR/hfhub.ready.json (or --ready-file; "url", "cdn_url", "repos") once it serves, and exits cleanly
+on SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
@@ -351,7 +360,7 @@ class HubConfig:
     + lfs_patterns: fnmatch patterns on the file name that are LFS whatever their size
     + tokens: bearer tokens accepted for gated/private repos (empty: any bearer token is accepted)
     + redirect_lfs: answer LFS resolves with 302 to `cdn_url`/_lfs/<sha256> like the real Hub
-    + cdn_url: base of the redirect target; None = this server's own URL
+    + cdn_url: base of the redirect target; None = the hub's own CDN listener (another port: another origin)
     + chunk: bytes per write when streaming
     """
 
@@ -775,11 +784,16 @@ class Stats:
         self.clients: dict[str, dict[str, int]] = {}
         self.total_bytes = 0
         self.faults_fired = 0
+        self.cdn_authorized_requests = 0  # CDN requests that carried an Authorization header (a leaked token)
 
     def file(self, key: str) -> dict[str, int]:
+        # get/head/range_get/complete/bytes: requests that served the file (from the hub or the CDN);
+        # redirected: resolves answered with a 302 to the CDN
         return self.files.setdefault(
-            key, {"bytes": 0, "get": 0, "head": 0, "range_get": 0, "complete": 0, "cut": 0, "corrupted": 0, "throttled": 0}
-        )
+            key,
+            {"bytes": 0, "get": 0, "head": 0, "range_get": 0, "complete": 0, "cut": 0, "corrupted": 0, "throttled": 0,
+             "redirected": 0},
+        )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -789,6 +803,7 @@ class Stats:
             "files": {k: dict(v) for k, v in self.files.items()},
             "clients": {k: dict(v) for k, v in self.clients.items()},
             "faults_fired": self.faults_fired,
+            "cdn_authorized_requests": self.cdn_authorized_requests,
         }
 
 
@@ -821,6 +836,7 @@ class HubState:
         self.faults: list[Fault] = []
         self.next_fault_id = 1
         self.base_url = ""
+        self.cdn_url = ""  # the CDN listener's base URL (HfHub.start)
         self.by_sha256: dict[str, tuple[HubRepo, HubFile]] = {}
         for repo in repos.values():
             for commit in repo.commits:
@@ -838,6 +854,7 @@ class HubHandler(http.server.BaseHTTPRequestHandler):
     server_version = "rigup-testbed-hfhub/1"
     timeout = 120  # drop idle keep-alive connections (each holds a thread); applies per socket operation
     state: HubState  # set on the subclass made per server
+    cdn = False  # True on the CDN listener's subclass: it serves /_lfs/ only
 
     # ---- plumbing ---------------------------------------------------------------------------------
 
@@ -894,7 +911,7 @@ class HubHandler(http.server.BaseHTTPRequestHandler):
         self._body_read = False  # one handler object serves every request of a keep-alive connection
         raw_path, _, query = self.path.partition("?")
         try:
-            if raw_path.startswith("/_admin/"):
+            if raw_path.startswith("/_admin/") and not self.cdn:
                 self._admin(raw_path, urllib.parse.parse_qs(query))
                 return
             self._count(f"{self.command} {raw_path}")
@@ -964,13 +981,18 @@ class HubHandler(http.server.BaseHTTPRequestHandler):
 
     def _route(self, raw_path: str, query: dict[str, list[str]]) -> None:
         segs = [urllib.parse.unquote(s) for s in raw_path.strip("/").split("/")] if raw_path.strip("/") else []
+        if self.cdn:
+            if self.headers.get("Authorization") is not None:
+                with self.state.lock:
+                    self.state.stats.cdn_authorized_requests += 1
+            if len(segs) == 2 and segs[0] == "_lfs" and self.command in ("GET", "HEAD"):
+                self._cdn(segs[1], query)
+                return
+            raise HubError(404, "Not Found")
         if len(segs) >= 2 and segs[0] == "api" and segs[1] == "models":
             repo_id, rest = self._split_repo(segs[2:])
             self._inject_error(repo_id, None)
             self._api(repo_id, rest, query)
-            return
-        if segs and segs[0] == "_lfs" and len(segs) == 2 and self.command in ("GET", "HEAD"):
-            self._cdn(segs[1], query)
             return
         if "resolve" in segs and self.command in ("GET", "HEAD"):
             i = segs.index("resolve")
@@ -1118,10 +1140,10 @@ class HubHandler(http.server.BaseHTTPRequestHandler):
             headers["X-Linked-Etag"] = _quote_etag(f.sha256)
             headers["X-Linked-Size"] = str(f.size)
             if self.state.config.redirect_lfs:
-                base = (self.state.config.cdn_url or self.state.base_url).rstrip("/")
+                base = (self.state.config.cdn_url or self.state.cdn_url).rstrip("/")
                 q = urllib.parse.urlencode({"repo": repo.repo_id, "path": f.path})
                 headers["Location"] = f"{base}/_lfs/{f.sha256}?{q}"
-                self._file_counter(repo.repo_id, f.path, "head" if self.command == "HEAD" else "get")
+                self._file_counter(repo.repo_id, f.path, "redirected")
                 body = f"Found. Redirecting to {headers['Location']}".encode()
                 self._send(302, body, headers, "text/plain; charset=utf-8")
                 return
@@ -1274,7 +1296,7 @@ class HubHandler(http.server.BaseHTTPRequestHandler):
         st = self.state
         route = (self.command, raw_path.rstrip("/"))
         if route == ("GET", "/_admin/health"):
-            self._json(200, {"ok": True, "url": st.base_url})
+            self._json(200, {"ok": True, "url": st.base_url, "cdn_url": st.cdn_url})
         elif route == ("GET", "/_admin/stats"):
             with st.lock:
                 self._json(200, st.stats.to_json())
@@ -1406,6 +1428,7 @@ class HfHub:
 
     + root: directory for the hash cache (and relative {"file": ...} contents); created if missing
     + bind, port: address to listen on; port 0 picks a free port
+    + cdn_port: the CDN listener's port on the same address (0: a free one); `cdn_url` once started
     + spec: repo spec (default: `sandbox_spec(scale)`)
     + config: HubConfig
     """
@@ -1419,15 +1442,19 @@ class HfHub:
         spec: Mapping[str, Any] | None = None,
         scale: float = 1.0,
         config: HubConfig | None = None,
+        cdn_port: int = 0,
     ) -> None:
         self.root = Path(root)
         self.bind = bind
         self.port = port
+        self.cdn_port = cdn_port
+        self.cdn_url: str | None = None
         self.spec = spec if spec is not None else sandbox_spec(scale)
         self.config = config or HubConfig()
         self.url: str | None = None
         self.state: HubState | None = None
         self._server: BackgroundServer | None = None
+        self._cdn: BackgroundServer | None = None
 
     def start(self) -> str:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -1435,19 +1462,28 @@ class HfHub:
         repos = build_repos(self.spec, self.config, cache, self.root)
         state = HubState(repos, self.config)
         handler = type("BoundHubHandler", (HubHandler,), {"state": state})
+        cdn_handler = type("BoundHubCdnHandler", (HubHandler,), {"state": state, "cdn": True})
         server = BackgroundServer(self.bind, self.port, handler, "hfhub", _Server)
-        self._server = server
-        self.port = server.port
+        try:
+            cdn = BackgroundServer(self.bind, self.cdn_port, cdn_handler, "hfhub-cdn", _Server)
+        except BaseException:
+            server.server.server_close()
+            raise
+        self._server, self._cdn = server, cdn
+        self.port, self.cdn_port = server.port, cdn.port
         self.url = f"http://{_url_host(self.bind)}:{self.port}"
-        state.base_url = self.url
+        self.cdn_url = f"http://{_url_host(self.bind)}:{self.cdn_port}"
+        state.base_url, state.cdn_url = self.url, self.cdn_url
         self.state = state
         server.start()
+        cdn.start()
         return self.url
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
+        for server in (self._cdn, self._server):
+            if server is not None:
+                server.stop()
+        self._server = self._cdn = None
 
     def __enter__(self) -> HfHub:
         self.start()
@@ -1539,7 +1575,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lfs-threshold", type=int, default=DEFAULT_LFS_THRESHOLD)
     parser.add_argument("--token-file", help="file with accepted bearer tokens, one per line (never on the command line)")
     parser.add_argument("--redirect-lfs", action="store_true", help="answer LFS resolves with 302 like the real Hub")
-    parser.add_argument("--cdn-url", help="base URL of the 302 target (default: this server)")
+    parser.add_argument("--cdn-port", type=int, default=0, help="the CDN listener's port (another origin); 0 = pick a free port")
+    parser.add_argument("--cdn-url", help="base URL of the 302 target (default: the CDN listener)")
     parser.add_argument("--ready-file", help="JSON written once serving (default: ROOT/hfhub.ready.json)")
     args = parser.parse_args(argv)
 
@@ -1551,13 +1588,13 @@ def main(argv: list[str] | None = None) -> int:
         redirect_lfs=args.redirect_lfs,
         cdn_url=args.cdn_url,
     )
-    hub = HfHub(root, args.bind, args.port, spec=spec, config=config)
+    hub = HfHub(root, args.bind, args.port, spec=spec, config=config, cdn_port=args.cdn_port)
 
     def start() -> tuple[dict[str, Any], list[str]]:
         url = hub.start()
         repos = hub.state.repos if hub.state is not None else {}
         heads = {rid: {"branches": dict(r.refs), "commits": [c.sha for c in r.commits]} for rid, r in repos.items()}
-        return {"url": url, "repos": heads}, [url]
+        return {"url": url, "cdn_url": hub.cdn_url, "repos": heads}, [url]
 
     ready = Path(args.ready_file) if args.ready_file else root / "hfhub.ready.json"
     return run_service(ready, start, hub.stop)

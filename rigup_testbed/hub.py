@@ -19,9 +19,11 @@ namespace and the hub's cgroup, recorded in the ledger, and up once it wrote its
                      container_registry
     engine-registry :5001  the real distribution registry (Debian's docker-registry) holding images the
                      bed builds (rigup_testbed/registry.py): engine_registry, engine_registry_images
-    hf        :8082  Hugging Face endpoint (rigup_testbed/hfhub.py): hf_endpoint
-    git       :9418  git daemon (+ smart HTTP on :8081) with the fork, Genesis and club-3090 remotes
-                     (rigup_testbed/gitremotes.py): every *_git_url knob, same <owner>/<name>.git path
+    hf        :8082  Hugging Face endpoint (rigup_testbed/hfhub.py): hf_endpoint. Like the real Hub it
+                     answers an LFS file's /resolve/ with a 302 to its CDN, another origin (:8084)
+    git       :8081  smart HTTP (git http-backend; GitHub serves https and turned git:// off in 2022) with
+                     the fork, Genesis and club-3090 remotes (rigup_testbed/gitremotes.py): every
+                     *_git_url knob, same <owner>/<name>.git path, and source_refs (the stand-ins' SHAs)
     pypi      :8083  static HTTP over a PEP 503 simple index of the wheels files/gateway/requirements.txt
                      pins for the hosts' CPython 3.11 (rigup_testbed/pypi.py, built once per content hash
                      under the cache): gateway_pip_index_url (<base>/simple)
@@ -52,7 +54,7 @@ from rigup_testbed.pypi import build_index
 from rigup_testbed.state import Ledger, TestbedError, is_same_process, spawn, stop_process
 
 # Fixed ports: the hub namespace is ours alone, so nothing else can hold them and URLs stay readable.
-PORTS = {"apt": 8080, "git": 8081, "git_daemon": 9418, "hf": 8082, "pypi": 8083, "registry": 5000, "engine_registry": 5001}
+PORTS = {"apt": 8080, "git": 8081, "hf": 8082, "hf_cdn": 8084, "pypi": 8083, "registry": 5000, "engine_registry": 5001}
 GATEWAY_REQUIREMENTS = REPO_ROOT / "files" / "gateway" / "requirements.txt"
 READY_TIMEOUT_S = 60.0
 PREINSTALLED = ("pciutils", "mokutil")
@@ -171,17 +173,17 @@ class Hub:
                 name="hf",
                 module="rigup_testbed.hfhub",
                 args=["--root", str(w / "hf"), "--bind", ip, "--port", str(PORTS["hf"]),
-                      "--ready-file", str(w / "hf/ready.json")],
+                      "--redirect-lfs", "--cdn-port", str(PORTS["hf_cdn"]), "--ready-file", str(w / "hf/ready.json")],
                 ready_file=w / "hf/ready.json",
                 knobs=lambda r: {"hf_endpoint": r["url"]},
             ),
             Service(
                 name="git",
                 module="rigup_testbed.gitremotes",
-                args=["--root", str(w / "git"), "--bind", ip, "--port", str(PORTS["git_daemon"]),
-                      "--http-port", str(PORTS["git"]), "--ready-file", str(w / "git/ready.json")],
+                args=["--root", str(w / "git"), "--bind", ip, "--port", str(PORTS["git"]),
+                      "--ready-file", str(w / "git/ready.json")],
                 ready_file=w / "git/ready.json",
-                knobs=lambda r: {**_git_knobs(r["git_url"], w / "git"), "source_refs": _source_refs(r["remotes"])},
+                knobs=lambda r: {**_git_knobs(r["url"], w / "git"), "source_refs": _source_refs(r["remotes"])},
             ),
             Service(
                 name="pypi",

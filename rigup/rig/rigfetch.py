@@ -769,7 +769,7 @@ class Fetcher:
             while True:
                 try:
                     request = self._request(base + "_rigfetch/ping", "peer")
-                    with urllib.request.urlopen(request, timeout=5) as response:
+                    with _open(request, timeout=5) as response:
                         ok = response.status == 200
                 except (urllib.error.URLError, OSError, http.client.HTTPException):
                     ok = False
@@ -803,7 +803,7 @@ class Fetcher:
         for base in sorted(bases - silent):
             try:
                 request = self._request(base + "_rigfetch/done", "peer", method="POST")
-                with urllib.request.urlopen(request, timeout=5) as response:
+                with _open(request, timeout=5) as response:
                     response.read()
             except (urllib.error.URLError, OSError, http.client.HTTPException):
                 pass
@@ -818,8 +818,9 @@ class Fetcher:
             request.add_header("Range", "bytes=%d-" % offset)
         token = self.fleet_token if kind == "peer" else self.hf_token
         if token:
-            # Unredirected: the hub redirects LFS files to a CDN that must not see the token.
-            request.add_unredirected_header("Authorization", "Bearer %s" % token)
+            # Kept across a redirect on the same origin, dropped on one to another (_OriginRedirects): the
+            # hub redirects LFS files to a CDN whose signed URLs must not see the token.
+            request.add_header("Authorization", "Bearer %s" % token)
         return request
 
     def _download_one(self, item: Item) -> None:
@@ -907,7 +908,7 @@ class Fetcher:
             self.counters.add("resumes")
         request = self._request(url, kind, offset=partial.have)
         try:
-            response = urllib.request.urlopen(request, timeout=self.args.timeout)
+            response = _open(request, timeout=self.args.timeout)
         except urllib.error.HTTPError as exc:
             exc.close()
             if exc.code == 416 and partial.have:
@@ -992,6 +993,38 @@ class Fetcher:
             os.unlink(item.part)
         except FileNotFoundError:
             pass
+
+
+def _origin(url: str) -> tuple:
+    """(scheme, host, port) of a URL, the scheme's default port filled in: what a browser calls its origin."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(scheme)
+
+
+_OPENER = None
+
+
+def _open(request: Any, timeout: float) -> Any:
+    """urllib's urlopen, except that a redirect to another origin drops the Authorization header and one on
+    the same origin keeps it, as huggingface_hub and curl do: the Hub answers an LFS file with a 302 to a
+    CDN (signed URLs; the token must not leave the Hub), and a renamed repository with a redirect on the Hub
+    itself, where a gated repository still needs the token. urllib alone either forwards it to every host
+    (add_header) or to none (add_unredirected_header)."""
+    global _OPENER
+    if _OPENER is None:
+        # here, not at the top: see the note below the imports
+        import urllib.request
+
+        class _OriginRedirects(urllib.request.HTTPRedirectHandler):
+            def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+                new = super().redirect_request(req, fp, code, msg, headers, newurl)
+                if new is not None and _origin(newurl) != _origin(req.full_url):
+                    new.remove_header("Authorization")
+                return new
+
+        _OPENER = urllib.request.build_opener(_OriginRedirects)
+    return _OPENER.open(request, timeout=timeout)
 
 
 def _content_range(value: str | None) -> tuple:

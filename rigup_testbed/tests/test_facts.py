@@ -4,9 +4,9 @@ Each test names its source in a comment: a documentation page or a repository at
 boots a host: the apt tree is the one rigup_testbed/aptrepo.py builds (cached, as test_aptrepo.py uses it),
 the git remotes are built in a temporary directory, and the HTTP services run in-process on loopback.
 
-Facts that upstream has and the bed deliberately does not (Debian 12 playing Ubuntu, invented Genesis tag
-names, no LFS redirect by default, ...) are written down in FACTS.md; where a test pins such a deviation,
-its name says so, so that changing the bed also means changing FACTS.md.
+Facts that upstream has and the bed deliberately does not (Debian 12 playing Ubuntu, a Genesis main that
+shares dev's root, ...) are written down in FACTS.md; where a test pins such a deviation, its name says so,
+so that changing the bed also means changing FACTS.md.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+import types
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -256,21 +257,53 @@ def test_genesis_branches_and_layout_match_upstream(remotes: Remotes) -> None:
         proc = subprocess.run(["git", "merge-base", "--is-ancestor", sha, "main"], cwd=path, capture_output=True,
                               env={**os.environ, **gitremotes.GIT_ENV})
         assert proc.returncode == 1, sha  # not reachable from main
-    pinned = set(git("ls-tree", "-r", "--name-only", g.tags["v7.69"], cwd=path).split())
+    pinned = set(git("ls-tree", "-r", "--name-only", g.pin, cwd=path).split())
     # every file of the stand-in pin is at the same path upstream, but the stand-in's vllm/__init__.py (FACTS.md)
     assert pinned - {"README.md", "LICENSE", "vllm/__init__.py"} == UPSTREAM_GENESIS_2DB18DF_FILES
 
 
-def test_deviation_genesis_tags_are_bed_names_of_both_upstream_kinds(remotes: Remotes) -> None:
-    # Upstream has annotated tags (v7.10.0, v7.50/51-stable-2026-04-27, on dev) and a lightweight one (v12.0.0, on
-    # main). The bed's two tags are names upstream does not have (v7.69, v7.72.2 are release names in upstream's
-    # commit messages, 2db18df4 "fix(v7.69)" and 7b9fd319 "release(v7.72.2)", not tags); FACTS.md says why.
-    path = Path(remotes.genesis.path)
+def _is_ancestor(path: Path, commit: str, of: str) -> bool:
+    proc = subprocess.run(["git", "merge-base", "--is-ancestor", commit, of], cwd=path, capture_output=True,
+                          env={**os.environ, **gitremotes.GIT_ENV})
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode == 0
+
+
+def test_genesis_tags_are_upstream_s_in_upstream_s_places(remotes: Remotes) -> None:
+    # Source: Sandermage/genesis-vllm-patches snapshot (git for-each-ref refs/tags; merge-base --is-ancestor):
+    # v7.10.0 (on 278b10e, dev's first commit), v7.50-stable-2026-04-27 (8fb2afb) and v7.51-stable-2026-04-27
+    # (a8c202d) are annotated tags on dev, ancestors of the pin 2db18df, each with vllm/_genesis; v12.0.0 is a
+    # lightweight tag on main (7aa66f9, an ancestor of main's head dfffdad, not its head), without vllm/_genesis.
+    # "v7.69" and "v7.72.2" are release names in commit messages (2db18df4 "fix(v7.69)", 7b9fd319
+    # "release(v7.72.2)"), not tags.
+    g = remotes.genesis
+    path = Path(g.path)
     kinds = dict(line.split() for line in git("for-each-ref", "refs/tags", "--format=%(refname:short) %(objecttype)",
                                               cwd=path).splitlines())
-    assert kinds == {"v7.69": "commit", "v7.72.2": "tag"}
-    assert not set(kinds) & set(UPSTREAM_GENESIS_TAGS)
-    assert {k == "tag" for k in kinds.values()} == set(UPSTREAM_GENESIS_TAGS.values())  # both kinds, as upstream
+    assert kinds == {name: "tag" if annotated else "commit" for name, annotated in UPSTREAM_GENESIS_TAGS.items()}
+    for name, annotated in UPSTREAM_GENESIS_TAGS.items():
+        commit = g.tags[name]
+        files = git("ls-tree", "-r", "--name-only", commit, cwd=path).split()
+        if annotated:
+            assert _is_ancestor(path, commit, g.pin) and commit != g.pin, name  # on dev, before the pin
+            assert not _is_ancestor(path, commit, "main"), name
+            assert "vllm/_genesis/patches/apply_all.py" in files, name
+        else:
+            assert _is_ancestor(path, commit, "main") and commit != g.main_head, name  # on main, before its head
+            assert not _is_ancestor(path, commit, "dev"), name
+            assert not [f for f in files if f.startswith("vllm/_genesis/")], name
+    assert (g.tag, g.main_tag) == ("v7.51-stable-2026-04-27", "v12.0.0")
+
+
+def test_genesis_source_ref_is_the_pin_s_sha_as_production_s(remotes: Remotes) -> None:
+    # rigup/desired/catalog.yaml pins Genesis by SHA (ref: 2db18df4bc3abd4eb58a9b2e0342082fa7012c64, full_clone),
+    # not by tag: the bed's source_refs point it at the stand-in pin's SHA, so the bed fetches a SHA as a rig
+    # fetches upstream's.
+    from rigup.desired.catalog import load_catalog
+
+    assert re.fullmatch(r"[0-9a-f]{40}", load_catalog()["sources"]["genesis"]["ref"])
+    assert remotes.source_refs()["genesis"] == remotes.genesis.pin == remotes.genesis.commits["pin"]
+    assert gitremotes.source_refs_of(remotes.to_json()) == remotes.source_refs()
 
 
 def test_remotes_allow_what_github_allows(remotes: Remotes) -> None:
@@ -282,6 +315,35 @@ def test_remotes_allow_what_github_allows(remotes: Remotes) -> None:
         assert git("config", "uploadpack.allowReachableSHA1InWant", cwd=path).strip() == "true"
         assert git("config", "uploadpack.allowFilter", cwd=path).strip() == "true"
         assert path.relative_to(remotes.root).as_posix() == f"{remote.name}.git"  # github.com/<owner>/<name>.git
+
+
+def _hub_plan(workdir: Path) -> dict[str, Any]:
+    """The hub's services as rigup_testbed/hub.py would start them (nothing started)."""
+    from rigup_testbed.hub import Hub
+
+    hub = Hub(workdir, "10.213.0.1")
+    hub.repo_info = types.SimpleNamespace(root=workdir / "apt", urls=lambda url: {}, engine_urls=lambda url: {})
+    return {svc.name: svc for svc in hub._plan()}
+
+
+def test_fleet_git_knobs_speak_smart_http_as_github(remotes: Remotes, tmp_path: Path) -> None:
+    # GitHub turned off the unencrypted git:// protocol on 2022-03-15 ("If your Git remotes start with https://,
+    # nothing in this post will affect you": https://github.blog/2021-09-01-improving-git-protocol-security-github/);
+    # the product's *_git_url defaults are https://github.com/<owner>/<name>.git (group_data/all.py). The hub's git
+    # service serves smart HTTP only, and every *_git_url knob it writes points there, at the same path.
+    from rigup_testbed.hub import PORTS, url_knobs
+
+    (tmp_path / "git").symlink_to(remotes.root)
+    git_svc = _hub_plan(tmp_path)["git"]
+    assert git_svc.args[git_svc.args.index("--port") + 1] == str(PORTS["git"])
+    base = f"http://10.213.0.1:{PORTS['git']}"
+    knobs = git_svc.knobs({"url": base, "remotes": remotes.to_json()})
+    defaults = {k: v for k, v in url_knobs().items() if k.endswith("_git_url") and v}
+    assert defaults and all(v.startswith("https://github.com/") for v in defaults.values())
+    assert {k for k in knobs if k.endswith("_git_url")} == set(defaults)
+    for knob, default in defaults.items():
+        assert knobs[knob] == base + urllib.parse.urlsplit(default).path, knob
+    assert knobs["source_refs"]["genesis"] == remotes.genesis.pin
 
 
 # --------------------------------------------------------------------------------------------------
@@ -297,17 +359,14 @@ HF_SPEC = {"repos": {HF_REPO: {"commits": [{"message": "upload", "files": {
 
 @pytest.fixture()
 def hub(tmp_path: Path) -> Iterator[hfhub.HfHub]:
-    # redirect_lfs: the real Hub answers an LFS resolve with a 302 (huggingface/huggingface_hub@
-    # d6e4163139574c7f130232c48c81583782171fbe:tests/test_file_download.py, test_get_hf_file_metadata_from_a_lfs_file:
-    # metadata.location contains "cdn-lfs"; later versions of the test: "xethub.hf.co"). The bed's default does not
-    # redirect (FACTS.md). The CDN is another origin, as xethub.hf.co is to huggingface.co: huggingface_hub follows a
+    # redirect_lfs, as the hub service runs it (rigup_testbed/hub.py): the real Hub answers an LFS resolve with a 302
+    # (huggingface/huggingface_hub@d6e4163139574c7f130232c48c81583782171fbe:tests/test_file_download.py,
+    # test_get_hf_file_metadata_from_a_lfs_file: metadata.location contains "cdn-lfs"; later versions of the test:
+    # "xethub.hf.co"). The CDN is another origin, as xethub.hf.co is to huggingface.co: huggingface_hub follows a
     # redirect that stays on the Hub's origin (utils/_http.py _httpx2_follow_hub_redirects_with_backoff, installed
     # huggingface_hub 2.4.0) and stops at one that leaves it.
-    server = hfhub.HfHub(tmp_path, spec=HF_SPEC, config=hfhub.HubConfig(redirect_lfs=True))
-    url = server.start()
-    server.admin().configure(cdn_url=url.replace("127.0.0.1", "localhost"))
-    yield server
-    server.stop()
+    with hfhub.HfHub(tmp_path, spec=HF_SPEC, config=hfhub.HubConfig(redirect_lfs=True)) as server:
+        yield server
 
 
 def _commit_and_files(hub: hfhub.HfHub) -> tuple[str, dict[str, hfhub.HubFile]]:
@@ -352,7 +411,7 @@ def test_hf_client_reads_the_bed_s_headers_as_the_hub_s(hub: hfhub.HfHub) -> Non
     lfs = get_hf_file_metadata(hf_hub_url(HF_REPO, "model.safetensors", endpoint=hub.url))
     f = files["model.safetensors"]
     assert (lfs.commit_hash, lfs.etag, lfs.size) == (sha, f.sha256, f.size)
-    assert lfs.location.startswith(hub.url.replace("127.0.0.1", "localhost") + "/_lfs/")
+    assert hub.cdn_url is not None and lfs.location.startswith(f"{hub.cdn_url}/_lfs/")
     # GET /api/models/{repo_id}/revision/{revision}?blobs=true (hf_api.py model_info): siblings with blobId and lfs
     info = HfApi(endpoint=hub.url, token=False).model_info(HF_REPO, revision="main", files_metadata=True)
     sib = {s.rfilename: s for s in info.siblings}
@@ -360,6 +419,32 @@ def test_hf_client_reads_the_bed_s_headers_as_the_hub_s(hub: hfhub.HfHub) -> Non
     assert sib["config.json"].blob_id == files["config.json"].oid and sib["config.json"].lfs is None
     assert sib["model.safetensors"].lfs is not None
     assert (sib["model.safetensors"].lfs.sha256, sib["model.safetensors"].lfs.size) == (f.sha256, f.size)
+
+
+def test_hf_client_keeps_its_token_off_the_cdn(hub: hfhub.HfHub, tmp_path: Path) -> None:
+    # huggingface_hub 2.4.0 file_download.py _get_metadata_or_catch_error: "If the final location is on a Hub host
+    # ... keep auth. Otherwise it's a signed CDN url => don't send auth" (headers.pop("authorization")). The bed's
+    # CDN counts requests that carry an Authorization header; the bytes cross the hub's counters once.
+    from huggingface_hub import hf_hub_download
+
+    got = hf_hub_download(HF_REPO, "model.safetensors", cache_dir=tmp_path, endpoint=hub.url, token="hf_facts_token")
+    _, files = _commit_and_files(hub)
+    f = files["model.safetensors"]
+    assert hashlib.sha256(Path(got).read_bytes()).hexdigest() == f.sha256
+    stats = hub.admin().stats()
+    assert stats["cdn_authorized_requests"] == 0
+    assert stats["total_bytes"] == stats["files"][f"{HF_REPO}/model.safetensors"]["bytes"] == f.size
+    assert stats["files"][f"{HF_REPO}/model.safetensors"]["redirected"] >= 1
+
+
+def test_hub_service_redirects_lfs_to_a_cdn_on_another_origin(tmp_path: Path) -> None:
+    # The real Hub redirects every LFS file to another origin (cdn-lfs / xethub.hf.co, test_file_download.py above):
+    # the hub service runs hfhub with redirects on and its CDN on another port of the hub's address.
+    from rigup_testbed.hub import PORTS
+
+    args = _hub_plan(tmp_path)["hf"].args
+    assert "--redirect-lfs" in args
+    assert args[args.index("--cdn-port") + 1] == str(PORTS["hf_cdn"]) != args[args.index("--port") + 1]
 
 
 @pytest.mark.parametrize(("path", "code"), [

@@ -1,4 +1,4 @@
-"""The test bed's git remotes: deterministic bare repos served over git:// and HTTP to a stock git client."""
+"""The test bed's git remotes: deterministic bare repos served over (smart and dumb) HTTP to a stock git client."""
 
 from __future__ import annotations
 
@@ -6,16 +6,17 @@ import json
 import os
 import py_compile
 import signal
-import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from rigup_testbed import gitremotes
-from rigup_testbed.gitremotes import GitHttpServer, GitServer, Remotes, add_commit, git, make_remotes
+from rigup_testbed.gitremotes import GitServer, Remotes, add_commit, git, make_remotes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MARLIN = f"{gitremotes.MARLIN_DIR}/marlin.py"
@@ -34,14 +35,11 @@ def remotes(root: Path) -> Remotes:
 
 
 @pytest.fixture(scope="module")
-def server(root: Path, remotes: Remotes) -> Iterator[tuple[str, str]]:
-    """(git:// base URL, http:// base URL) of one GitServer over `root`."""
-    srv = GitServer(root, "127.0.0.1", 0, http_port=0)
-    git_url = srv.start()
-    if srv.http_url is None:
-        raise RuntimeError("GitServer started without HTTP")
-    yield git_url, srv.http_url
-    srv.stop()
+def server(root: Path, remotes: Remotes) -> Iterator[str]:
+    """The http:// base URL of one (smart HTTP) GitServer over `root`."""
+    with GitServer(root, "127.0.0.1", 0) as srv:
+        assert srv.url is not None
+        yield srv.url
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -77,11 +75,11 @@ def test_make_remotes_is_idempotent_and_resets_moved_branches(tmp_path: Path) ->
     assert git("rev-parse", f"refs/heads/{first.vllm.branch}", cwd=Path(first.vllm.path)).strip() == first.vllm.head
 
 
-def test_vllm_fork_branch_over_git_protocol(server: tuple[str, str], remotes: Remotes, tmp_path: Path) -> None:
+def test_vllm_fork_branch_over_smart_http(server: str, remotes: Remotes, tmp_path: Path) -> None:
     v = remotes.vllm
     assert len(v.branch_commits) == 3 and v.branch_commits[-1] == v.head
-    url = v.url(server[0])
-    assert url.startswith("git://127.0.0.1:") and url.endswith("/noonghunna/vllm.git")
+    url = v.url(server)
+    assert url.startswith("http://127.0.0.1:") and url.endswith("/noonghunna/vllm.git")
     work = tmp_path / "vllm-src"
     r = run("clone", "--quiet", "--depth", "1", "--branch", v.branch, url, str(work))
     assert r.returncode == 0, r.stderr
@@ -98,10 +96,10 @@ def test_vllm_fork_branch_over_git_protocol(server: tuple[str, str], remotes: Re
     assert "MARLIN_PAD_SUB_TILE_N = False" in main.stdout
 
 
-def test_genesis_dev_pin_not_reachable_from_main(server: tuple[str, str], remotes: Remotes, tmp_path: Path) -> None:
+def test_genesis_dev_pin_not_reachable_from_main(server: str, remotes: Remotes, tmp_path: Path) -> None:
     g = remotes.genesis
-    url = g.url(server[0])
-    pin = g.dev_commits[0]
+    url = g.url(server)
+    pin = g.pin
     shallow = tmp_path / "shallow"
     assert run("clone", "--quiet", "--depth", "1", "--branch", "main", url, str(shallow)).returncode == 0
     assert git("rev-parse", "HEAD", cwd=shallow).strip() == g.main_head
@@ -119,13 +117,14 @@ def test_genesis_dev_pin_not_reachable_from_main(server: tuple[str, str], remote
     assert (full / APPLY_ALL).is_file() and (full / "external_probe" / "patch_tolist_cudagraph.py").is_file()
     assert run("merge-base", "--is-ancestor", pin, "origin/main", cwd=full).returncode == 1
     assert run("merge-base", "--is-ancestor", pin, "origin/dev", cwd=full).returncode == 0
-    assert len(g.dev_commits) == 4 and g.dev_commits[-1] == g.dev_head
+    # dev: the three tagged releases, the pin, three later commits
+    assert len(g.dev_commits) == 7 and g.dev_commits[3] == pin and g.dev_commits[-1] == g.dev_head
 
 
-def test_genesis_apply_all_stand_in_runs(server: tuple[str, str], remotes: Remotes, tmp_path: Path) -> None:
+def test_genesis_apply_all_stand_in_runs(server: str, remotes: Remotes, tmp_path: Path) -> None:
     work = tmp_path / "genesis"
-    assert run("clone", "--quiet", remotes.genesis.url(server[0]), str(work)).returncode == 0
-    assert run("checkout", "--quiet", remotes.genesis.dev_commits[2], cwd=work).returncode == 0
+    assert run("clone", "--quiet", remotes.genesis.url(server), str(work)).returncode == 0
+    assert run("checkout", "--quiet", remotes.genesis.commits["dev2"], cwd=work).returncode == 0
     env = {**os.environ, "GENESIS_ENABLE_P64_QWEN3CODER_MTP_STREAMING": "1"}
     cmd = [sys.executable, "-m", "vllm._genesis.patches.apply_all"]
     out = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, check=True)
@@ -139,42 +138,55 @@ def _ls_remote(url: str) -> dict[str, str]:
     return {ref: sha for sha, ref in (line.split("\t") for line in r.stdout.splitlines())}
 
 
-def test_ls_remote_lists_branches_and_tags(server: tuple[str, str], remotes: Remotes) -> None:
+def test_ls_remote_lists_branches_and_tags(server: str, remotes: Remotes) -> None:
     g, v = remotes.genesis, remotes.vllm
-    for base in server:
-        refs = _ls_remote(g.url(base))
-        assert refs["refs/heads/main"] == g.main_head and refs["refs/heads/dev"] == g.dev_head
-        assert refs["refs/tags/v7.72.2^{}"] == g.dev_commits[2] == g.tags["v7.72.2"]  # annotated tag, peeled
-        assert refs["refs/tags/v7.69"] == g.dev_commits[0]  # lightweight tag
-        assert refs["HEAD"] == g.main_head
-        vrefs = _ls_remote(v.url(base))
-        assert vrefs[f"refs/heads/{v.branch}"] == v.head and vrefs["refs/heads/main"] == v.main_head
+    refs = _ls_remote(g.url(server))
+    assert refs["refs/heads/main"] == g.main_head and refs["refs/heads/dev"] == g.dev_head
+    # upstream's annotated tags on the three dev commits before the pin, peeled; its lightweight one on main
+    for name, commit in zip(("v7.10.0", "v7.50-stable-2026-04-27", "v7.51-stable-2026-04-27"), g.dev_commits, strict=False):
+        assert refs[f"refs/tags/{name}^{{}}"] == commit == g.tags[name] and refs[f"refs/tags/{name}"] != commit
+    assert g.dev_commits[2] == g.tags[g.tag] and g.dev_commits[3] == g.pin
+    assert refs[f"refs/tags/{g.main_tag}"] == g.main_commits[0] == g.tags[g.main_tag]  # lightweight: no ^{}
+    assert f"refs/tags/{g.main_tag}^{{}}" not in refs
+    assert refs["HEAD"] == g.main_head
+    vrefs = _ls_remote(v.url(server))
+    assert vrefs[f"refs/heads/{v.branch}"] == v.head and vrefs["refs/heads/main"] == v.main_head
 
 
-def test_recipe_repos_are_shaped_like_upstream(server: tuple[str, str], remotes: Remotes) -> None:
+def test_recipe_repos_are_shaped_like_upstream(server: str, remotes: Remotes) -> None:
     """club-3090 and qwen36-dual-3090 have master as HEAD and no main branch, as on GitHub (gitremotes'
     RECIPE_DEFAULT_BRANCH): a recipe source that followed `main` would not resolve against them."""
     for repo in (remotes.club3090, remotes.qwen_dual):
-        for base in server:
-            refs = _ls_remote(repo.url(base))
-            assert refs["HEAD"] == refs["refs/heads/master"] == repo.head
-            assert "refs/heads/main" not in refs
-            assert sorted(r for r in refs if r.startswith("refs/heads/")) == ["refs/heads/master"]
+        refs = _ls_remote(repo.url(server))
+        assert refs["HEAD"] == refs["refs/heads/master"] == repo.head
+        assert "refs/heads/main" not in refs
+        assert sorted(r for r in refs if r.startswith("refs/heads/")) == ["refs/heads/master"]
 
 
-def test_smart_http_clone_shallow_and_fetch_by_sha(server: tuple[str, str], remotes: Remotes, tmp_path: Path) -> None:
+def test_smart_http_clone_shallow_and_fetch_by_sha(server: str, remotes: Remotes, tmp_path: Path) -> None:
     g = remotes.genesis
     work = tmp_path / "http"
-    r = run("clone", "--quiet", "--depth", "1", "--branch", "main", g.url(server[1]), str(work))
+    r = run("clone", "--quiet", "--depth", "1", "--branch", "main", g.url(server), str(work))
     assert r.returncode == 0, r.stderr
-    assert not has_commit(work, g.dev_commits[1])
-    r = run("fetch", "--quiet", "--depth", "1", "origin", g.dev_commits[1], cwd=work)
+    assert not has_commit(work, g.pin)
+    r = run("fetch", "--quiet", "--depth", "1", "origin", g.pin, cwd=work)
     assert r.returncode == 0, r.stderr
-    assert has_commit(work, g.dev_commits[1])
+    assert has_commit(work, g.pin)
+
+
+def test_smart_http_is_what_git_negotiates(server: str, remotes: Remotes) -> None:
+    # git's smart-HTTP discovery: GET info/refs?service=git-upload-pack answers the service's own content type
+    # (gitprotocol-http(5)); a dumb server would answer plain text.
+    url = f"{remotes.vllm.url(server)}/info/refs?service=git-upload-pack"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.headers["Content-Type"] == "application/x-git-upload-pack-advertisement"
+    with pytest.raises(urllib.error.HTTPError) as err:  # no pushes, as to GitHub without credentials
+        urllib.request.urlopen(f"{remotes.vllm.url(server)}/info/refs?service=git-receive-pack", timeout=10)
+    assert err.value.code == 403
 
 
 def test_dumb_http_clone(root: Path, remotes: Remotes, tmp_path: Path) -> None:
-    srv = GitHttpServer(root, "127.0.0.1", 0, smart=False)
+    srv = GitServer(root, "127.0.0.1", 0, smart=False)
     base = srv.start()
     try:
         work = tmp_path / "dumb"
@@ -193,7 +205,7 @@ def test_every_catalog_mount_exists_at_the_pins(remotes: Remotes) -> None:
     snaps = remotes.club3090.snapshots
     pins = {
         "vllm-fork": [remotes.vllm.head, *remotes.vllm.branch_commits],
-        "genesis": list(remotes.genesis.dev_commits),
+        "genesis": list(remotes.genesis.dev_commits[3:]),  # the pin and after (the mounts follow the catalog's pin)
         "club3090-spring": [snaps["club3090-spring"]],
         "club3090-may": [snaps["club3090-may"]],
         "club3090": [snaps["club3090"], remotes.club3090.head],
@@ -207,11 +219,11 @@ def test_every_catalog_mount_exists_at_the_pins(remotes: Remotes) -> None:
     assert run("cat-file", "-e", f"{remotes.genesis.main_head}:vllm/_genesis", cwd=Path(remotes.genesis.path)).returncode != 0
 
 
-def test_club3090_clone_at_pin(server: tuple[str, str], remotes: Remotes, tmp_path: Path) -> None:
+def test_club3090_clone_at_pin(server: str, remotes: Remotes, tmp_path: Path) -> None:
     c = remotes.club3090
-    assert c.url(server[0]).endswith("/noonghunna/club-3090.git")
+    assert c.url(server).endswith("/noonghunna/club-3090.git")
     work = tmp_path / "club"
-    r = run("clone", "--quiet", c.url(server[0]), str(work))
+    r = run("clone", "--quiet", c.url(server), str(work))
     assert r.returncode == 0, r.stderr
     assert git("rev-parse", "HEAD", cwd=work).strip() == c.head
     assert git("rev-parse", "HEAD~1", cwd=work).strip() == c.snapshots["club3090"]
@@ -224,35 +236,32 @@ def test_club3090_clone_at_pin(server: tuple[str, str], remotes: Remotes, tmp_pa
     assert not (work / sidecar).exists()
 
 
-def test_unknown_repo_is_refused(server: tuple[str, str]) -> None:
-    assert run("ls-remote", f"{server[0]}/nobody/nothing.git").returncode != 0
-    assert run("ls-remote", f"{server[1]}/nobody/nothing.git").returncode != 0
+def test_unknown_repo_is_refused(server: str) -> None:
+    assert run("ls-remote", f"{server}/nobody/nothing.git").returncode != 0
 
 
 def test_subprocess_mode(tmp_path: Path) -> None:
     ready = tmp_path / "ready.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "rigup_testbed.gitremotes", "--root", str(tmp_path / "root"), "--bind", "127.0.0.1",
-         "--port", "0", "--http-port", "0", "--ready-file", str(ready)],  # fmt: skip
+         "--port", "0", "--ready-file", str(ready)],  # fmt: skip
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         assert proc.stdout is not None
-        git_url = proc.stdout.readline().strip()
-        http_url = proc.stdout.readline().strip()
+        url = proc.stdout.readline().strip()
         info = json.loads(ready.read_text())
-        assert (info["git_url"], info["http_url"]) == (git_url, http_url)
+        assert info["url"] == url and url.startswith("http://127.0.0.1:")
         genesis = info["remotes"]["genesis"]
-        refs = _ls_remote(f"{git_url}/{genesis['name']}.git")
+        refs = _ls_remote(f"{url}/{genesis['name']}.git")
         assert refs["refs/heads/dev"] == genesis["dev_commits"][-1]
-        port = int(git_url.rsplit(":", 1)[1])
+        assert gitremotes.source_refs_of(info["remotes"])["genesis"] == genesis["pin"] == genesis["commits"]["pin"]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
         assert not ready.exists()
-        with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-            pass
+        assert run("ls-remote", f"{url}/{genesis['name']}.git").returncode != 0  # stopped serving
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -439,25 +439,33 @@ def test_bad_admin_input_is_rejected(hub: hfhub.HfHub) -> None:
         hub.admin().set_ref(QWEN, "f" * 40)
 
 
-def test_lfs_redirect_mode_like_the_real_hub(api: HfApi, hub: hfhub.HfHub, hub_root: Path, tmp_path: Path) -> None:
-    # A second server plays the CDN (another origin, so the client does not follow the HEAD redirect).
-    cdn = hfhub.HfHub(hub_root, "127.0.0.1", 0, spec=_spec(), config=hfhub.HubConfig(lfs_threshold=32_768))
-    cdn_url = cdn.start()
-    try:
-        hub.admin().configure(redirect_lfs=True, cdn_url=cdn_url)
-        want = published(api, SHARD1).lfs.sha256
-        r = requests.head(resolve_url(hub, SHARD1), timeout=10, allow_redirects=False)
-        assert r.status_code == 302 and r.headers["Location"].startswith(f"{cdn_url}/_lfs/{want}")
-        assert r.headers["X-Linked-Etag"] == f'"{want}"' and r.headers["X-Linked-Size"] == "1200000"
-        followed = requests.head(resolve_url(hub, SHARD1), timeout=10, allow_redirects=True)
-        assert followed.status_code == 200 and "X-Linked-Etag" not in followed.headers  # club-3090#857's trap
-        path = hf_hub_download(QWEN, SHARD1, cache_dir=tmp_path, endpoint=hub.url, token=False)
-        assert sha256_file(path) == want
-        assert cdn.admin().stats()["files"][f"{QWEN}/{SHARD1}"]["bytes"] == 1_200_000
-        # small files are still served directly
-        assert requests.head(resolve_url(hub, "config.json"), timeout=10, allow_redirects=False).status_code == 200
-    finally:
-        cdn.stop()
+def test_lfs_redirect_mode_like_the_real_hub(api: HfApi, hub: hfhub.HfHub, tmp_path: Path) -> None:
+    # The hub's CDN listener is another origin (another port), so the client does not follow the HEAD redirect.
+    hub.admin().configure(redirect_lfs=True)
+    assert hub.cdn_url is not None and hub.cdn_url != hub.url
+    want = published(api, SHARD1).lfs.sha256
+    r = requests.head(resolve_url(hub, SHARD1), timeout=10, allow_redirects=False)
+    assert r.status_code == 302 and r.headers["Location"].startswith(f"{hub.cdn_url}/_lfs/{want}")
+    assert r.headers["X-Linked-Etag"] == f'"{want}"' and r.headers["X-Linked-Size"] == "1200000"
+    followed = requests.head(resolve_url(hub, SHARD1), timeout=10, allow_redirects=True)
+    assert followed.status_code == 200 and "X-Linked-Etag" not in followed.headers  # club-3090#857's trap
+    hub.admin().reset_stats()
+    path = hf_hub_download(QWEN, SHARD1, cache_dir=tmp_path, endpoint=hub.url, token=TOKEN)
+    assert sha256_file(path) == want
+    stats = hub.admin().stats()
+    # the bytes crossed once (from the CDN), the 302 is counted apart, and the token stayed on the hub
+    assert stats["total_bytes"] == stats["files"][f"{QWEN}/{SHARD1}"]["bytes"] == 1_200_000
+    assert stats["files"][f"{QWEN}/{SHARD1}"]["redirected"] >= 1 and stats["cdn_authorized_requests"] == 0
+    # each origin serves its own paths only
+    assert requests.get(f"{hub.url}/_lfs/{want}", timeout=10).status_code == 404
+    assert requests.get(f"{hub.cdn_url}/api/models/{QWEN}", timeout=10).status_code == 404
+    assert requests.get(f"{hub.cdn_url}/_admin/stats", timeout=10).status_code == 404
+    # small files are still served directly
+    assert requests.head(resolve_url(hub, "config.json"), timeout=10, allow_redirects=False).status_code == 200
+    # cdn_url names another CDN
+    hub.admin().configure(cdn_url="http://cdn.invalid:8000")
+    r = requests.head(resolve_url(hub, SHARD1), timeout=10, allow_redirects=False)
+    assert r.status_code == 302 and r.headers["Location"].startswith(f"http://cdn.invalid:8000/_lfs/{want}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -519,7 +527,8 @@ def test_subprocess_mode(tmp_path: Path) -> None:
     ready = tmp_path / "ready.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "rigup_testbed.hfhub", "--root", str(tmp_path / "root"), "--bind", "127.0.0.1", "--port", "0",
-         "--scale", "0.001", "--token-file", str(token_file), "--ready-file", str(ready)],  # fmt: skip
+         "--scale", "0.001", "--token-file", str(token_file), "--redirect-lfs", "--cdn-port", "0",
+         "--ready-file", str(ready)],  # fmt: skip
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         text=True,
@@ -531,8 +540,11 @@ def test_subprocess_mode(tmp_path: Path) -> None:
         assert info["url"] == url and info["pid"] == proc.pid
         assert info["repos"][QWEN]["branches"]["main"] == info["repos"][QWEN]["commits"][-1]
         gated = f"{url}/{hfhub.SANDBOX_GATED}/resolve/main/model.safetensors"
+        assert info["cdn_url"].startswith("http://127.0.0.1:") and info["cdn_url"] != url
         assert requests.head(gated, timeout=10).status_code == 401
-        assert requests.head(gated, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).status_code == 200
+        r = requests.head(gated, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+        assert r.status_code == 302 and r.headers["Location"].startswith(f"{info['cdn_url']}/_lfs/")
+        assert requests.get(r.headers["Location"], timeout=10).status_code == 200  # the CDN's URL needs no token
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
         assert not ready.exists()

@@ -57,8 +57,8 @@ def clean_hub(hub: hfhub.HfHub) -> Iterator[None]:
 def remotes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Remotes, str]]:
     root = tmp_path_factory.mktemp("git")
     rem = make_remotes(root)
-    with GitServer(root, http_port=None) as server:
-        yield rem, server.git_url
+    with GitServer(root) as server:
+        yield rem, server.url or ""
 
 
 def _need(rem_url: str, ref: str, name: str = "git:vllm-fork", full: bool = False) -> GitNeed:
@@ -78,12 +78,18 @@ def test_git_branch_resolves_to_its_head(remotes: tuple[Remotes, str]) -> None:
 def test_git_annotated_tag_resolves_to_the_commit(remotes: tuple[Remotes, str]) -> None:
     rem, base = remotes
     pin = Resolver().git(_need(rem.genesis.url(base), rem.genesis.tag, "git:genesis"))
-    assert pin.commit == rem.genesis.tags[rem.genesis.tag]
+    assert pin.commit == rem.genesis.tags[rem.genesis.tag] == rem.genesis.dev_commits[2]  # the commit, not the tag object
+
+
+def test_git_lightweight_tag_resolves_to_the_commit(remotes: tuple[Remotes, str]) -> None:
+    rem, base = remotes
+    pin = Resolver().git(_need(rem.genesis.url(base), rem.genesis.main_tag, "git:genesis"))
+    assert pin.commit == rem.genesis.tags[rem.genesis.main_tag] == rem.genesis.main_commits[0]
 
 
 def test_git_full_sha_on_a_branch_main_cannot_reach_is_verified(remotes: tuple[Remotes, str]) -> None:
     rem, base = remotes
-    dev_pin = rem.genesis.dev_commits[1]  # like Genesis 2db18df: on dev, not an ancestor of main
+    dev_pin = rem.genesis.pin  # like Genesis 2db18df: on dev, not an ancestor of main
     pin = Resolver().git(_need(rem.genesis.url(base), dev_pin, "git:genesis", full=True))
     assert pin.commit == dev_pin
 
@@ -96,7 +102,7 @@ def test_git_full_sha_that_does_not_exist_is_an_error(remotes: tuple[Remotes, st
 
 def test_git_short_sha_is_expanded(remotes: tuple[Remotes, str]) -> None:
     rem, base = remotes
-    full = rem.genesis.dev_commits[0]
+    full = rem.genesis.pin
     pin = Resolver().git(_need(rem.genesis.url(base), full[:9], "git:genesis"))
     assert pin.commit == full
 
@@ -119,7 +125,7 @@ def test_club3090_follows_upstreams_default_branch(remotes: tuple[Remotes, str])
 
 def test_git_unreachable_remote_is_an_error() -> None:
     with pytest.raises(LockError, match="ls-remote"):
-        Resolver().git(_need("git://127.0.0.1:9/nothing.git", "main"))
+        Resolver().git(_need("http://127.0.0.1:9/nothing.git", "main"))
 
 
 # ------------------------------------------------------------------------------------------
@@ -265,10 +271,10 @@ def test_deploy_refuses_a_stale_or_missing_entry(hub: hfhub.HfHub, remotes: tupl
     with pytest.raises(LockError, match=rf"rig-01 \(variant dual-dflash\): model:{DFLASH}: no entry.*rigup lock"):
         host_plan(data, "rig-01", read_secrets=False)
 
-    moved = _host_data(hub, remotes, tmp_path, vllm_fork_git_url="git://elsewhere/vllm.git")
+    moved = _host_data(hub, remotes, tmp_path, vllm_fork_git_url="https://elsewhere/vllm.git")
     lock = _lock_for(data)
     lock.save(tmp_path / "rigs.lock.yaml")
-    with pytest.raises(LockError, match="git:vllm-fork: locked from .* the host uses git://elsewhere/vllm.git"):
+    with pytest.raises(LockError, match="git:vllm-fork: locked from .* the host uses https://elsewhere/vllm.git"):
         host_plan(moved, "rig-01", read_secrets=False)
 
 
@@ -306,8 +312,8 @@ def test_upgrade_of_a_git_pin_after_the_branch_moves(
 ) -> None:
     root = tmp_path_factory.mktemp("git-moving")
     rem = make_remotes(root)
-    with GitServer(root, http_port=None) as server:
-        data = _host_data(hub, (rem, server.git_url), tmp_path)
+    with GitServer(root) as server:
+        data = _host_data(hub, (rem, server.url or ""), tmp_path)
         from rigup.desired.recipe import resolve
 
         needs = {n.name: n for n in needs_for(resolve(data, None), data)}
@@ -383,7 +389,7 @@ def test_lock_command_upgrade_shows_the_diff(hub: hfhub.HfHub, remotes: tuple[Re
 
 def test_lock_command_reports_resolution_errors(hub: hfhub.HfHub, remotes: tuple[Remotes, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fleet = _write_fleet(tmp_path / "rigs.yaml", hub, remotes)
-    fleet.write_text(fleet.read_text().replace(remotes[0].vllm.url(remotes[1]), "git://127.0.0.1:9/gone.git"))
+    fleet.write_text(fleet.read_text().replace(remotes[0].vllm.url(remotes[1]), "http://127.0.0.1:9/gone.git"))
     code, _ = _run(fleet)
     assert code == 2
     assert "git:vllm-fork" in capsys.readouterr().err
@@ -541,8 +547,8 @@ def test_lock_upgrade_of_the_recipe_repository_prints_each_rendered_diff(
     rem = make_remotes(root)
     previous = use_reader(GitCache(tmp_path / "cache"))
     try:
-        with GitServer(root, http_port=None) as server:
-            base = server.git_url
+        with GitServer(root) as server:
+            base = server.url or ""
             fleet = tmp_path / "rigs.yaml"
             fleet.write_text(
                 f"""

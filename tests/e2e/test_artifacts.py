@@ -110,6 +110,10 @@ def test_fresh_converge_fetches_each_file_from_the_hub_once(
     for repo in (QWEN, DFLASH):
         for path, pin in _locked_files(lock, repo).items():
             assert stats["files"][f"{repo}/{path}"]["bytes"] == pin.size, path
+    # LFS files came through the hub's 302 to its CDN (another origin), which saw no token
+    assert any("GET /_lfs/" in key for key in stats["requests"]), stats["requests"]
+    assert all(s["redirected"] == 1 for key, s in stats["files"].items() if key.endswith(".safetensors")), stats["files"]
+    assert stats["cdn_authorized_requests"] == 0
 
     one, two, three = bed.hosts
     assert _report(three)["bytes_from_hub"] == 0
@@ -167,7 +171,7 @@ def test_reverify_rehashes_without_downloading(bed: Testbed, fleet: Path, lock: 
 
 def test_stale_lock_stops_the_deploy_before_any_change(bed: Testbed, fleet: Path, pyinfra_run: RUN) -> None:
     proc = pyinfra_run(
-        fleet, *TASKS, opts=["--data", "vllm_fork_git_url=git://10.0.0.1/elsewhere/vllm.git"], timeout=300
+        fleet, *TASKS, opts=["--data", "vllm_fork_git_url=http://10.0.0.1/elsewhere/vllm.git"], timeout=300
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0

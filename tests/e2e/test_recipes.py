@@ -248,8 +248,11 @@ def test_an_empty_genesis_tree_fails_the_gate_with_the_cause_and_rolls_back(bed:
     _check_serving(bed, rig, good_variant)
     good = provenance(host)
     genesis = _remote(bed, "genesis")
-    # on a branch from the v7.69 tag the recipe runs, so nothing but apply_all.py differs
-    git("update-ref", "refs/heads/rigup-e2e-broken", genesis.tags["v7.69"], cwd=Path(genesis.path))
+    # on a branch from the pin's commit the recipe runs (source_refs: the stand-in of 2db18df), so nothing but
+    # apply_all.py differs
+    pin = bed.testbed.urls["source_refs"]["genesis"]
+    assert pin == genesis.commits["pin"]
+    git("update-ref", "refs/heads/rigup-e2e-broken", pin, cwd=Path(genesis.path))
     broken = add_commit(genesis, "rigup-e2e-broken", {"vllm/_genesis/patches/apply_all.py": None}, "lose apply_all")
     refs = {**bed.testbed.urls.get("source_refs", {}), "genesis": broken}
     bed.group_data = {**bed.group_data, GROUP[rig]: {"variant": "single", "source_refs": refs}}

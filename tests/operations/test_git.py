@@ -1,5 +1,5 @@
 """rigup/operations/git.py: git_checkout pins a clone to an exact commit, run for real through pyinfra's API on
-@local against local git remotes (git daemon, like the test bed's hub)."""
+@local against local git remotes (smart HTTP, like the test bed's hub and GitHub)."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ MPLINEAR = f"{MARLIN_DIR}/MPLinearKernel.py"
 def remotes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Remotes, str]]:
     root = tmp_path_factory.mktemp("git")
     rem = make_remotes(root)
-    with GitServer(root, http_port=None) as server:
-        yield rem, server.git_url or ""
+    with GitServer(root) as server:
+        yield rem, server.url or ""
 
 
 def converge(**kwargs: Any) -> tuple[bool, list[str]]:
@@ -62,7 +62,7 @@ def test_first_clone_lands_exactly_on_the_pin_and_rerun_is_a_noop(remotes: tuple
 
 def test_dev_branch_pin_that_main_cannot_reach(remotes: tuple[Remotes, str], tmp_path: Path) -> None:
     rem, base = remotes
-    pin = rem.genesis.dev_commits[1]
+    pin = rem.genesis.pin  # like Genesis 2db18df: on dev, not an ancestor of main
     for full_clone in (True, False):  # full: every branch; shallow: the one commit by sha
         dest = tmp_path / f"genesis-{full_clone}"
         changed, _ = converge(src=rem.genesis.url(base), dest=str(dest), commit=pin, full_clone=full_clone)

@@ -3,11 +3,14 @@ runs it: a subprocess with a JSON manifest, secrets on stdin, counters on stdout
 
 from __future__ import annotations
 
+import hashlib
+import http.server
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +20,6 @@ import pytest
 from rigup.rig import rigfetch
 from rigup_testbed import hfhub
 from tests.support.artifacts import (
-    DFLASH,
     GATED,
     QWEN,
     RIGFETCH,
@@ -281,13 +283,87 @@ def test_gated_repo_needs_the_token_and_never_logs_it(hub: hfhub.HfHub, tmp_path
 
 
 def test_token_is_not_sent_to_the_cdn_after_a_redirect(hub: hfhub.HfHub, tmp_path: Path) -> None:
-    # The real hub redirects LFS files to a CDN; rigfetch sends the token on the first hop only.
+    # The real hub redirects LFS files to a CDN on another origin (the fake hub's CDN listener: another port);
+    # rigfetch sends the token to the hub only, and every byte crosses once, from the CDN.
     hub.admin().configure(redirect_lfs=True, tokens=[TOKEN])
-    man = manifest(tmp_path / "state", model_entry(hub, DFLASH, tmp_path / "models" / "dflash"))
+    assert hub.cdn_url is not None and hub.cdn_url != hub.url
+    man = manifest(tmp_path / "state", model_entry(hub, GATED, tmp_path / "models" / "gated"))
     code, lines, err = run_rigfetch(man, secrets={"hf_token": TOKEN})
     assert code == 0, err
-    requests = hub.admin().stats()["requests"]
-    assert any(key.startswith("GET /_lfs/") for key in requests)
+    stats = hub.admin().stats()
+    assert any(key.startswith("GET /_lfs/") for key in stats["requests"])
+    assert stats["cdn_authorized_requests"] == 0
+    assert _report(lines)["bytes_downloaded"] == _total(man) == stats["total_bytes"]
+    lfs = [path for path, f in commit_files(hub, GATED)[1].items() if f["lfs"]]
+    assert lfs and all(_file_stats(hub, GATED, path)["redirected"] == 1 for path in lfs)
+
+
+def test_interrupted_transfer_resumes_through_the_cdn(hub: hfhub.HfHub, tmp_path: Path) -> None:
+    # The Range header survives the redirect: the resumed GET reaches the CDN as a range request.
+    hub.admin().configure(redirect_lfs=True)
+    man = _qwen(hub, tmp_path)
+    hub.admin().add_fault(kind="cut", file=SHARD1, after_bytes=1_000_000, times=1)
+    code, lines, err = run_rigfetch(man)
+    assert code == 0, err
+    report = _report(lines)
+    assert report["resumes"] == 1
+    assert report["bytes_downloaded"] == _total(man) == hub.admin().stats()["total_bytes"]
+    shard = _file_stats(hub, QWEN, SHARD1)
+    assert (shard["redirected"], shard["get"], shard["range_get"]) == (2, 2, 1)
+
+
+def test_token_follows_a_redirect_on_the_hub_s_origin_only(tmp_path: Path) -> None:
+    """The Hub redirects a renamed repository's /resolve/ on its own origin, where a gated repository still
+    needs the token (huggingface/huggingface_hub@f7c9b7df:src/huggingface_hub/file_download.py follows same-origin
+    redirects "to follow a redirection to a renamed repository without following redirection to a CDN"),
+    and an LFS file to a CDN on another origin, which must not see it (signed URLs). rigfetch keeps the Authorization header on the first and drops it on the second, as
+    huggingface_hub and curl do."""
+    data = b"rigfetch weights\n" * 4096
+    seen: list[tuple[str, str | None]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+            pass
+
+        def _reply(self, status: int, headers: dict[str, str], body: bytes = b"") -> None:
+            self.send_response(status)
+            for key, value in {**headers, "Content-Length": str(len(body))}.items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+            auth = self.headers.get("Authorization")
+            seen.append((self.path.split("/", 2)[1], auth))
+            if self.path.startswith("/old/"):  # renamed: same origin, relative Location
+                self._reply(307, {"Location": self.path.replace("/old/", "/new/", 1)})
+            elif self.path.startswith("/new/") and auth != f"Bearer {TOKEN}":
+                self._reply(401, {"X-Error-Code": "GatedRepo"})
+            elif self.path.startswith("/new/"):
+                self._reply(302, {"Location": f"http://127.0.0.1:{cdn.server_address[1]}/cdn/blob?X-Amz-Signature=x"})
+            else:
+                self._reply(200, {"Content-Type": "application/octet-stream"}, data)
+
+    hub = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    cdn = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)  # another port: another origin
+    for server in (hub, cdn):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        entry = {
+            "name": "renamed",
+            "dir": str(tmp_path / "models" / "renamed"),
+            "hub_url": f"http://127.0.0.1:{hub.server_address[1]}/old/resolve/{'a' * 40}/",
+            "peer_url": None,
+            "files": [{"path": "model.safetensors", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}],
+        }
+        code, lines, err = run_rigfetch(manifest(tmp_path / "state", entry), secrets={"hf_token": TOKEN})
+    finally:
+        for server in (hub, cdn):
+            server.shutdown()
+            server.server_close()
+    assert code == 0, err
+    assert seen == [("old", f"Bearer {TOKEN}"), ("new", f"Bearer {TOKEN}"), ("cdn", None)]
+    assert (tmp_path / "models" / "renamed" / "model.safetensors").read_bytes() == data
 
 
 def test_size_mismatch_is_refused_without_downloading_the_body(hub: hfhub.HfHub, tmp_path: Path) -> None:
