@@ -239,7 +239,7 @@ def render(result: dict) -> str:
         "",
         f"Measured {result['date']} on {result['machine']} with `python bench/converge.py --sizes "
         f"{','.join(map(str, result['sizes']))} --repeat {result['repeat']}`. One test bed of {result['hosts_total']} rigs "
-        "(Debian 12 under systemd-nspawn on this same machine, stand-in NVIDIA/Docker packages, 2x RTX 3090 "
+        "(Debian 12 under systemd-nspawn on this same machine, stand-in NVIDIA packages, Docker's real engine, 2x RTX 3090 "
         f"simulated each): bed up in {result['bed_up_s']} s, `rigup lock` {result['lock_s']} s, first converge of all "
         f"{result['hosts_total']} rigs {result['first_converge_s']} s ({result['first_converge']['commands_per_rig']} "
         "remote commands on the busiest rig); the first converged re-run sent at most "
