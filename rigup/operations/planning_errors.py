@@ -32,9 +32,8 @@ def model_plan_or_stop(state: Any, host: Any) -> ModelPlan | None:
     (preflight reports it first in a whole deploy) or a lock problem that is not about missing pins
     (e.g. a bad model_fleet_source)."""
     try:
-        return plan_models(state, host)
-    except RecipeError as exc:
-        raise DeployError(f"{host.name}: {exc}") from None
+        with stop_the_run_on(host, RecipeError):
+            return plan_models(state, host)
     except LockError as exc:
         previews = host_plans(host.data.dict(), host.name, read_secrets=False, require_lock=False)
         if not any(pins_missing(host, "model", preview) for preview in previews):

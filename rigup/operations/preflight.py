@@ -101,8 +101,16 @@ class PreflightVerdict:
     def passed(self) -> bool:
         return not self.failed
 
-    def title(self) -> str:
-        return f"preflight failed ({len(self.failed)} checks)"
+    def title(self, when: str = "") -> str:
+        return f"preflight failed{when} ({len(self.failed)} checks)"
+
+    def failed_lines(self, host_name: str) -> list[str]:
+        """One line per failed check, naming the host, the key and the fix."""
+        return [c.describe(host_name) for c in self.failed]
+
+    def log_warnings(self, host: Any) -> None:
+        for check in self.warnings:
+            host.log_styled(f"preflight warning: {check.describe(host.name)}", fg="yellow", log_func=logger.warning)
 
     def summary(self) -> str:
         passed = len(self.checks) - len(self.warnings)
@@ -128,9 +136,8 @@ def preflight_gate(name: str) -> bool:
         preflight.preflight_gate(name="Run preflight checks")
     """
     verdict = PreflightVerdict(preflight_report(host))
-    for check in verdict.warnings:
-        host.log_styled(f"preflight warning: {check.describe(host.name)}", fg="yellow", log_func=logger.warning)
-    lines = [c.describe(host.name) for c in verdict.failed]
+    verdict.log_warnings(host)
+    lines = verdict.failed_lines(host.name)
     preflight_checks(name=name, passed=verdict.passed, summary=verdict.summary(), title=verdict.title(), failed_lines=lines)
     record_preflight(host, verdict.passed)
     if not verdict.passed:
@@ -140,16 +147,11 @@ def preflight_gate(name: str) -> bool:
 
 
 def _preflight_now(state: Any, host: Any) -> bool:
-    checks = preflight_report(host)
-    failed = failures(checks)
-    for check in checks:
-        if not check.ok and not check.failed:
-            host.log_styled(f"preflight warning: {check.describe(host.name)}", fg="yellow", log_func=logger.warning)
-    if failed:
-        return fail_host_with_reasons(
-            state, host, f"preflight failed with the driver loaded ({len(failed)} checks)", [c.describe(host.name) for c in failed]
-        )
-    host.log_styled(f"preflight with the driver loaded: {len(checks)} checks passed", fg="green", log_func=logger.info)
+    verdict = PreflightVerdict(preflight_report(host))
+    verdict.log_warnings(host)
+    if not verdict.passed:
+        return fail_host_with_reasons(state, host, verdict.title(" with the driver loaded"), verdict.failed_lines(host.name))
+    host.log_styled(f"preflight with the driver loaded: {len(verdict.checks)} checks passed", fg="green", log_func=logger.info)
     return True
 
 
