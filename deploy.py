@@ -9,7 +9,9 @@ Phases, in order (each task file's docstring says what is true afterwards and wh
   sources            vLLM fork and Genesis checked out at the locked commits
   model              model (and draft) files verified against the locked SHA-256
   serving            compose/env/unit rendered; (re)started only on change; health gate
+  metrics            node_exporter with rigup's facts, the GPU exporter container (metrics_exporters)
   gateway            on gateway_group hosts: LiteLLM proxy routing to what each rig serves now
+  monitoring         on monitor_group hosts: Prometheus over every pod, GPU, node and gateway; alerts
 When the run ends, a table of what the converge did on each host.
 
 Run: pyinfra inventory.py deploy.py [--limit GROUP] [--dry]
@@ -17,8 +19,9 @@ Run: pyinfra inventory.py deploy.py [--limit GROUP] [--dry]
 
 from pyinfra import host, local, state
 
+from rigup.operations.units import every_rig_done
 from rigup.pyinfra_patches import enable_pyinfra_patches
-from rigup.runstate import print_summary_at_the_end, runs_gateway_task, runs_rig_tasks
+from rigup.runstate import print_summary_at_the_end, runs_gateway_task, runs_monitor_task, runs_rig_tasks
 
 enable_pyinfra_patches(state)  # first: facts read once, this host's batch sent while the rest loads
 print_summary_at_the_end(state)
@@ -31,5 +34,10 @@ if runs_rig_tasks(host):  # passed preflight and serves a variant
     local.include("tasks/sources.py")
     local.include("tasks/model.py")
     local.include("tasks/serving.py")
+    local.include("tasks/metrics.py")
+# One operation every host shares: what follows reads what every rig serves now, after their phases.
+every_rig_done(name="Wait until every rig of this run has served")
 if runs_gateway_task(host):  # passed preflight and is in gateway_group
     local.include("tasks/gateway.py")
+if runs_monitor_task(host):  # passed preflight and is in monitor_group
+    local.include("tasks/monitoring.py")

@@ -83,6 +83,25 @@ gateway_health_check_interval_s = 10  # seconds between the gateway's checks of 
 gateway_num_retries = 2  # a failed request is retried this many times, on another rig serving the same model
 gateway_ready_timeout_s = 180  # seconds a (re)started gateway has to answer before the host fails
 
+# --- Monitoring: Prometheus over every pod, GPU, node and the gateway, with rigup's alert rules ---
+metrics_exporters = True  # rigs run prometheus-node-exporter (OS archive, rigup's facts as a textfile) and the GPU exporter container
+node_exporter_port = 9100  # node_exporter's TCP port on each rig (the package's own default)
+gpu_exporter_image = "nvcr.io/nvidia/k8s/dcgm-exporter:4.5.3-4.8.2-ubuntu22.04"  # NVIDIA's DCGM exporter, registry/repository:tag; its digest is pinned in the lock like a variant's image
+gpu_exporter_port = 9400  # the GPU exporter's TCP port on each rig (its own default)
+monitor_group = None  # inventory group whose hosts run Prometheus over the fleet; None: gateway_group's hosts
+prometheus_listen_address = "0.0.0.0:9090"  # Prometheus' web and API address on the monitor host
+prometheus_retention = "15d"  # how long Prometheus keeps samples (its --storage.tsdb.retention.time)
+prometheus_scrape_interval_s = 15  # seconds between scrapes of every target
+alert_ttft_p95_s = 10.0  # seconds: time to first token p95 over 5 min above this, for 10 min, alerts
+alert_gpu_temp_c = 83  # degrees C: a GPU at or above this for 5 min alerts (the RTX 3090's slowdown is ~83-88 C)
+alert_disk_free_ratio = 0.10  # the model directory's filesystem with less than this fraction free alerts
+alertmanager_webhook_url_file = None  # control-machine path of a 0600 file holding a webhook URL; set: Alertmanager (OS archive) sends every alert there
+alertmanager_port = 9093  # Alertmanager's TCP port on the monitor host (its own default)
+grafana = False  # True: Grafana on the monitor host with rigup's datasource and dashboards (from grafana_apt_url)
+grafana_apt_url = "https://apt.grafana.com"  # Grafana's signed apt repository (suite stable, component main)
+grafana_apt_key_url = "https://apt.grafana.com/gpg.key"  # its signing key
+grafana_port = 3000  # Grafana's TCP port on the monitor host (its own default)
+
 # --- Rollout -------------------------------------------------------------------------------
 rollout_canary_group = "canary"  # inventory group converged and gated before the rest
 rollout_batch = 1  # hosts rebooted or restarted at a time during a rollout

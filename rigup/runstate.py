@@ -6,6 +6,7 @@ local variables. What crosses files is recorded here, per host (keyed weakly on 
   record_preflight(host, passed) tasks/preflight.py: the host's verdict, judged while the deploy is planned
   runs_rig_tasks(host)           deploy.py: include the driver..serving tasks (passed, serves a variant)
   runs_gateway_task(host)        deploy.py: include tasks/gateway.py (passed, in gateway_group)
+  runs_monitor_task(host)        deploy.py: include tasks/monitoring.py (passed, in monitor_group)
   record(host, HostDriverState)  tasks/nvidia_driver.py: the driver plan, the reboot policy and
                                  whether the driver operation changed the host (execute time)
   serving_blocked(host)          tasks/container_toolkit.py, tasks/serving.py: a driver that waits
@@ -44,6 +45,7 @@ from rigup.checks.driver_plan import DriverPlan
 from rigup.desired.gateway import is_gateway
 from rigup.desired.knobs import knob
 from rigup.desired.lock import phase_without_lock
+from rigup.desired.monitoring import is_monitor
 from rigup.pyinfra_patches.fact_batching import remote_commands
 
 
@@ -96,6 +98,11 @@ def runs_rig_tasks(host: Any) -> bool:
 def runs_gateway_task(host: Any) -> bool:
     """deploy.py's gate for tasks/gateway.py: the host passed preflight and is in gateway_group."""
     return passed_preflight(host) and is_gateway(host.data, host.groups)
+
+
+def runs_monitor_task(host: Any) -> bool:
+    """deploy.py's gate for tasks/monitoring.py: the host passed preflight and is in monitor_group."""
+    return passed_preflight(host) and is_monitor(host.data, host.groups)
 
 
 def record(host: Any, state: HostDriverState) -> None:

@@ -17,8 +17,11 @@ Layout under `out_dir` (relative URL paths; the hub serves `out_dir` over HTTP):
     stable/deb/amd64/{InRelease,Release,Release.gpg,Packages[.gz],*.deb}   (flat: "deb ... /$(ARCH) /")
   ubuntu-archive/                      stand-in for the Ubuntu archive's driver packages (+ mokutil, pciutils)
     ubuntu-archive-keyring.{asc,gpg}
-    dists/<codename>/{main,restricted}/binary-amd64/Packages[.gz]
+    dists/<codename>/{main,restricted,universe}/binary-amd64/Packages[.gz]
     pool/{main,restricted}/...
+    pool/universe/...                  REAL Debian bookworm packages, not stand-ins: Prometheus, node_exporter,
+                                       Alertmanager and what they depend on beyond the hosts' image
+                                       (rigup_testbed/debarchive.py downloads and caches them)
   compute/cuda/repos/<distro>/x86_64/  = https://developer.download.nvidia.com/compute/cuda/repos/<distro>/x86_64
     3bf863cc.pub, InRelease, Release, Release.gpg, Packages[.gz], *.deb    (flat)
 
@@ -48,9 +51,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rigup_testbed import debarchive
+
 STANDINS = Path(__file__).resolve().parent / "standins"
 RICH_RESPONDER = Path(__file__).resolve().parent / "openai_responder.py"
-BUILD_FORMAT = 1  # bump when the layout changes in a way the content hash cannot see
+BUILD_FORMAT = 2  # bump when the layout changes in a way the content hash cannot see
 
 CODENAMES = ("jammy", "noble", "bookworm")
 # Docker's version suffix per suite, e.g. 5:28.5.2-1~ubuntu.24.04~noble.
@@ -493,7 +498,7 @@ def docker_debs(codename: str) -> list[Deb]:
                   homepage="https://www.docker.com", depends=["containerd.io (>= 1.7.27)", "docker-ce-cli", "python3"],
                   recommends=["docker-ce-rootless-extras"], conflicts=["docker (<< 1.5~)", "docker-engine", "docker.io"],
                   replaces=["docker-engine"])
-        eng.add_tool("/usr/lib/docker-standin/daemon", ["dockerd.py", "dockerclient.py", "responder.py", "container.py"],
+        eng.add_tool("/usr/lib/docker-standin/daemon", ["dockerd.py", "dockerclient.py", "responder.py", "vllm_metrics.py", "container.py"],
                      {"/usr/bin/dockerd": "dockerd.py"}, {"version.json": meta})
         if RICH_RESPONDER.is_file():  # the vLLM wire behaviour the container's responder serves
             eng.add_file("/usr/lib/docker-standin/daemon/openai_responder.py", RICH_RESPONDER, 0o644)
@@ -788,7 +793,8 @@ class RepoInfo:
     nvidia_cuda_repo_key_url: str = "compute/cuda/repos/{distro}/x86_64/3bf863cc.pub"
     ubuntu_archive_url: str = "ubuntu-archive"
     ubuntu_archive_key_url: str = "ubuntu-archive/ubuntu-archive-keyring.asc"
-    ubuntu_archive_components: tuple[str, ...] = ("main", "restricted")
+    # universe as on Ubuntu's default sources (cloud-init's sources.list.ubuntu[.deb822].tmpl); no multiverse
+    ubuntu_archive_components: tuple[str, ...] = ("main", "restricted", "universe")
     cuda_distros: dict[str, str] = field(default_factory=dict)
     fingerprints: dict[str, str] = field(default_factory=dict)
     # repo -> list of "suite name version" entries, e.g. "docker noble docker-ce 5:28.5.2-1~ubuntu.24.04~noble"
@@ -835,7 +841,25 @@ def content_hash(codenames: tuple[str, ...]) -> str:
     st = compose_binary().stat()
     h.update(f"{compose_binary()}:{st.st_size}:{st.st_mtime_ns}".encode())
     h.update(json.dumps(engine_versions(), sort_keys=True).encode())
+    # universe: the real packages, by name, version and hash (resolved once per Debian index, cached)
+    h.update(json.dumps([[d.name, d.version, d.sha256] for d in debarchive.universe_manifest()]).encode())
     return h.hexdigest()[:20]
+
+
+def universe_pool(ua: Path) -> list[debarchive.ArchiveDeb]:
+    """The real packages of debarchive's manifest, hard-linked (copied across file systems) into the
+    archive's pool/universe/ at Debian's pool path (pool/main/p/prometheus/... -> pool/universe/p/prometheus/...)."""
+    archive = debarchive.DebianArchive()
+    files = {p.name: p for p in archive.debs()}
+    debs = archive.manifest()
+    for d in debs:
+        target = ua / "pool/universe" / d.filename.split("/", 2)[2]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(files[d.basename], target)
+        except OSError:
+            shutil.copyfile(files[d.basename], target)
+    return debs
 
 
 def _build(dest: Path, codenames: tuple[str, ...], digest: str) -> RepoInfo:
@@ -888,7 +912,8 @@ def _build(dest: Path, codenames: tuple[str, ...], digest: str) -> RepoInfo:
         write_release(flat, {"Origin": "https://nvidia.github.io/libnvidia-container/stable/deb",
                              "Label": "NVIDIA CORPORATION", "Architectures": "amd64"})
         keys.sign_release(fprs["nvidia_ctk"], flat)
-        # Ubuntu archive stand-in: restricted (drivers) + main (mokutil, pciutils), one pool for all suites.
+        # Ubuntu archive stand-in: restricted (drivers) + main (mokutil, pciutils), one pool for all suites;
+        # universe holds real Debian packages (hard links to debarchive's cache, at Debian's pool paths).
         ua = dest / "ubuntu-archive"
         ua.mkdir(parents=True)
         (ua / "ubuntu-archive-keyring.asc").write_bytes(keys.export(fprs["ubuntu_archive"], armor=True))
@@ -904,14 +929,18 @@ def _build(dest: Path, codenames: tuple[str, ...], digest: str) -> RepoInfo:
         mains = ubuntu_main_debs()
         for d in mains:
             build_deb(d, ua / f"pool/main/{d.name[0]}/{d.name}", work)
+        universe = universe_pool(ua)
+        write_packages(ua, "pool/universe", work / "universe")  # hashing 40 MB once, not once per suite
         for c in codenames:
             write_packages(ua, "pool/restricted", ua / f"dists/{c}/restricted/binary-amd64")
             write_packages(ua, "pool/main", ua / f"dists/{c}/main/binary-amd64")
+            shutil.copytree(work / "universe", ua / f"dists/{c}/universe/binary-amd64")
             write_release(ua / f"dists/{c}", {"Origin": "Ubuntu", "Label": "Ubuntu", "Suite": c, "Codename": c,
-                                              "Architectures": "amd64", "Components": "main restricted",
+                                              "Architectures": "amd64", "Components": "main restricted universe",
                                               "Description": f"Ubuntu archive stand-in for {c} (rigup test bed)"})
             keys.sign_release(fprs["ubuntu_archive"], ua / f"dists/{c}")
             record("ubuntu_archive", c, drivers + mains)
+            entries.extend(f"ubuntu_archive {c} {d.name} {d.version}" for d in universe)
         # CUDA repository: flat per distro, driver packages plus the nvidia-open / cuda-drivers metas.
         for c in codenames:
             distro = CUDA_DISTRO[c]

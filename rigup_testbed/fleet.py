@@ -28,7 +28,7 @@ from rigup_testbed.hosts import Host, HostSpec, create_host, start_host, wait_re
 from rigup_testbed.hub import Hub, url_knobs
 from rigup_testbed.image import ImageSpec, ensure_image, ensure_layer
 from rigup_testbed.net import Network, create_hub, pick_subnet
-from rigup_testbed.registry import smoke_reference
+from rigup_testbed.registry import DCGM_EXPORTER_REPOSITORY, DCGM_EXPORTER_TAG, smoke_reference
 from rigup_testbed.state import Ledger, TestbedError, make_cgroup, run
 
 INSTANCE_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
@@ -245,17 +245,20 @@ class Testbed:
         smoke image. As group data, they put a group on the other engine than the rest of the fleet."""
         urls = self.urls
         if not real_engine:
+            # the stand-in engine runs vLLM's images only: no GPU exporter container (node_exporter goes too)
             return {"docker_apt_url": urls["docker_apt_url"], "docker_apt_key_url": urls["docker_apt_key_url"],
                     "container_registry": urls["container_registry"],
                     "docker_insecure_registries": [registry_host_port(urls["container_registry"])],
-                    "gpu_smoke_image": smoke_reference()}
+                    "gpu_smoke_image": smoke_reference(), "metrics_exporters": False}
         if "engine_registry" not in urls:
             raise TestbedError("the hub serves no real registry (engine_registry): pass real_engine=False "
                                "for the stand-in engine")
         registry = urls["engine_registry"]
         return {"docker_apt_url": urls["engine_docker_apt_url"], "docker_apt_key_url": urls["engine_docker_apt_key_url"],
                 "container_registry": registry, "docker_insecure_registries": [registry],
-                "gpu_smoke_image": f"{registry}/{smoke_reference()}"}
+                "gpu_smoke_image": f"{registry}/{smoke_reference()}",
+                # NVIDIA's registry is not Docker Hub: the knob names the whole reference, here the hub's copy
+                "gpu_exporter_image": f"{registry}/{DCGM_EXPORTER_REPOSITORY}:{DCGM_EXPORTER_TAG}"}
 
     def write_fleet(self, path: Path, **kwargs: Any) -> Path:
         """Write `fleet(**kwargs)` as YAML to `path` (recorded, so teardown removes it)."""

@@ -89,6 +89,15 @@ def url_knobs(group_data: Path = KNOBS_FILE) -> dict[str, str | None]:
     return knobs
 
 
+def unserved_grafana(base: str) -> dict[str, str]:
+    """Grafana's apt knobs, at a path of the hub that holds nothing: no Grafana package is reachable from
+    this machine, so the bed cannot install it (the `grafana` knob stays off; its dashboards' queries are
+    run against the bed's real Prometheus instead). Pointed at the hub all the same: no knob of the bed
+    names the internet."""
+    return {"grafana_apt_url": f"{base.rstrip('/')}/grafana-not-served",
+            "grafana_apt_key_url": f"{base.rstrip('/')}/grafana-not-served/gpg.key"}
+
+
 def _source_refs(remotes: dict[str, Any]) -> dict[str, str]:
     return source_refs_of(remotes)
 
@@ -150,7 +159,8 @@ class Hub:
                 ready_file=w / "apt/ready.json",
                 # engine_*: Docker's repository with the real engine inside (Testbed.fleet points the fleet's
                 # docker_apt_url there unless real_engine=False)
-                knobs=lambda r: {**info.urls(r["url"]), **{f"engine_{k}": v for k, v in info.engine_urls(r["url"]).items()}},
+                knobs=lambda r: {**info.urls(r["url"]), **{f"engine_{k}": v for k, v in info.engine_urls(r["url"]).items()},
+                                 **unserved_grafana(r["url"])},
             ),
             Service(
                 name="registry",

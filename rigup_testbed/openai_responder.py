@@ -24,6 +24,9 @@ Protocol (as vLLM's OpenAI server implements it):
   reasoning parser is off), --eos-after (long answers stop early).
 - Logs: one access line and one "SpecDecoding metrics: ... Mean acceptance length: 3.40" line per
   request (vLLM's format) to --log-file, or stderr; --startup-log adds lines at start (patch markers).
+- GET /metrics: vLLM's engine metrics in the Prometheus text format, unauthenticated as vLLM's (its API
+  key guards /v1 only), kept by standins/vllm_metrics.py (shipped next to this file in the images) from
+  the requests served: queued, scheduled (--max-num-seqs slots), first token, each chunk, finished.
 
 The "model" is a handful of rules: a few facts (capital of France, 2+2), recall of "The <thing> is <value>."
 stated anywhere in the conversation when asked "What is the <thing>?", counting, haiku, a tool call when
@@ -50,6 +53,28 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterator
+
+
+def _load_vllm_metrics() -> Any:
+    """standins/vllm_metrics.py: beside this file in the images, under standins/ in the repository."""
+    try:
+        import vllm_metrics  # type: ignore[import-not-found]
+
+        return vllm_metrics
+    except ImportError:
+        import importlib.util
+
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standins", "vllm_metrics.py")
+        spec = importlib.util.spec_from_file_location("vllm_metrics", path)
+        if spec is None or spec.loader is None or not os.path.isfile(path):
+            return None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules.setdefault("vllm_metrics", module)
+        spec.loader.exec_module(module)
+        return module
+
+
+vllm_metrics = _load_vllm_metrics()
 
 CHARS_PER_TOKEN = 4
 # Chat-template overhead per message (role markers, separators), in characters.
@@ -131,6 +156,7 @@ class Config:
     acceptance_length: float | None = 3.40
     num_speculative_tokens: int = 3
     startup_log: list[str] = field(default_factory=list)
+    max_num_seqs: int | None = None  # the engine's batch slots (vLLM's --max-num-seqs); None: its default
 
 
 class HttpError(Exception):
@@ -165,10 +191,17 @@ def message_text(message: dict[str, Any]) -> str:
 
 
 def prompt_tokens(request: dict[str, Any]) -> int:
-    chars = sum(len(message_text(m)) + TEMPLATE_CHARS_PER_MESSAGE for m in request["messages"])
+    return math.ceil(len(prompt_text(request)) / CHARS_PER_TOKEN)
+
+
+def prompt_text(request: dict[str, Any]) -> str:
+    """The prompt as the chat template would lay it out (a marker per message, the tools after), whose
+    length makes the prompt's tokens and whose prefixes the prefix cache keys on."""
+    marker = "\0" * (TEMPLATE_CHARS_PER_MESSAGE - 1)  # and the role's initial: the template's share
+    text = "".join(f"{marker}{str(m.get('role', ''))[:1] or '?'}{message_text(m)}" for m in request["messages"])
     if request.get("tools"):
-        chars += len(json.dumps(request["tools"]))
-    return math.ceil(chars / CHARS_PER_TOKEN)
+        text += json.dumps(request["tools"])
+    return text
 
 
 class Prose:
@@ -345,15 +378,48 @@ def plan(request: dict[str, Any], config: Config, budget: int) -> Plan:
 # HTTP
 
 
+def default_metrics(config: Config) -> Any:
+    """The engine stats a standalone responder keeps (None when standins/vllm_metrics.py is missing)."""
+    if vllm_metrics is None:
+        return None
+    return vllm_metrics.EngineStats(
+        config.model, config.max_model_len, max_num_seqs=config.max_num_seqs or vllm_metrics.default_max_num_seqs(None),
+        num_speculative_tokens=config.num_speculative_tokens if config.acceptance_length else None)
+
+
+class _NoRequest:
+    """A request without engine stats (no vllm_metrics module): the same calls, nothing kept."""
+
+    def __init__(self) -> None:
+        self.arrival = time.monotonic()
+
+    def __enter__(self) -> _NoRequest:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def wait_scheduled(self) -> float:
+        return self.arrival
+
+    def emit(self, n: int = 1) -> None:
+        pass
+
+    def finish(self, reason: str) -> None:
+        pass
+
+
 class Responder(http.server.ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], config: Config) -> None:
+    def __init__(self, address: tuple[str, int], config: Config, metrics: Any = None) -> None:
         super().__init__(address, Handler)
         self.config = config
         self.created = int(time.time())
         self.log_lock = threading.Lock()
+        # vllm_metrics.EngineStats: what /metrics serves (None: no /metrics)
+        self.metrics = metrics if metrics is not None else default_metrics(config)
         for line in config.startup_log:
             self.log(line)
 
@@ -370,14 +436,26 @@ class Responder(http.server.ThreadingHTTPServer):
         """A line in vLLM's format: (APIServer pid=N) INFO MM-DD HH:MM:SS [source] message."""
         self.log(f"(APIServer pid={os.getpid()}) INFO {time.strftime('%m-%d %H:%M:%S')} [{source}] {message}")
 
-    def log_spec_decoding(self, tokens: int, seconds: float) -> None:
+    def spec_decoding(self, tokens: int) -> tuple[int, int, int] | None:
+        """(drafts, drafted tokens, accepted tokens) of a request that generated `tokens` with the
+        configured mean acceptance length; None without speculative decoding."""
         al = self.config.acceptance_length
         if al is None or tokens == 0:
-            return
-        k = self.config.num_speculative_tokens
+            return None
         steps = max(1, round(tokens / al))
-        drafted = steps * k
-        accepted = min(drafted, max(0, tokens - steps))
+        drafted = steps * self.config.num_speculative_tokens
+        return steps, drafted, min(drafted, max(0, tokens - steps))
+
+    def log_spec_decoding(self, tokens: int, seconds: float) -> None:
+        """vLLM's SpecDecoding log line for one request, and the same counts in the engine's metrics."""
+        counts = self.spec_decoding(tokens)
+        if counts is None:
+            return
+        steps, drafted, accepted = counts
+        if self.metrics is not None:
+            self.metrics.record_spec_decoding(steps, drafted, accepted)
+        al = float(self.config.acceptance_length or 0)
+        k = self.config.num_speculative_tokens
         seconds = max(seconds, 1e-3)
         per_position = ", ".join(f"{max(0.0, min(1.0, (al - 1) / k * (1.2 - 0.2 * i))):.3f}" for i in range(k))
         self.vllm_log(
@@ -429,6 +507,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
+        if self.path.split("?")[0] == "/metrics" and self.server.metrics is not None:
+            # vLLM's API key guards /v1 only (its AuthenticationMiddleware): a scraper needs none
+            body = self.server.metrics.render().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", vllm_metrics.CONTENT_TYPE)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         if not self.authorised():
             self.send_json(401, {"error": "Unauthorized"})
             return
@@ -459,6 +546,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
         arrived = time.perf_counter()
+        arrived_monotonic = time.monotonic()
         if self.path != "/v1/chat/completions":
             self.send_json(404, {"detail": "Not Found"})
             return
@@ -496,17 +584,26 @@ class Handler(http.server.BaseHTTPRequestHandler):
         budget = max_tokens if max_tokens is not None else config.max_model_len - prompt
         result = plan(request, config, budget)
         crash = config.crash_above_tokens is not None and prompt > config.crash_above_tokens
-        try:
-            if crash:
-                self.crash(request)
+        # the engine's view of the request: queued now, run when the scheduler has room; leaving the
+        # block unfinished (a client gone, the engine dead) aborts it
+        engine = self.server.metrics
+        with (engine.add_request(prompt, prompt_text(request), max_tokens, arrived_monotonic) if engine is not None
+              else _NoRequest()) as req:
+            # the answer is paced from when the engine scheduled the request: a queue delays it
+            start = arrived + (req.wait_scheduled() - req.arrival)
+            try:
+                if crash:
+                    self.crash(request)
+                    return
+                if request.get("stream"):
+                    self.stream(request, result, prompt, start, req)
+                else:
+                    self.complete(request, result, prompt, start, req)
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True
                 return
-            if request.get("stream"):
-                self.stream(request, result, prompt, arrived)
-            else:
-                self.complete(request, result, prompt, arrived)
-        except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True
-            return
+            # the engine's finish reason: a tool call ends on the model's stop token
+            req.finish("length" if result.finish_reason == "length" else "stop")
         self.access(200)
         self.server.log_spec_decoding(result.completion_tokens, time.perf_counter() - arrived)
 
@@ -566,9 +663,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
         names = ("reasoning", "reasoning_content") if which == "both" else (which,)
         return {name: text for name in names}
 
-    def complete(self, request: dict[str, Any], result: Plan, prompt: int, arrived: float) -> None:
-        if result.completion_tokens:
-            self.wait_until(self.schedule(arrived, result.completion_tokens - 1))
+    def generate(self, req: Any, arrived: float, first: int, count: int) -> None:
+        """Wait until the chunk of `count` tokens from token `first` is due, then hand it to the engine's
+        stats as one engine step."""
+        self.wait_until(self.schedule(arrived, first + count - 1))
+        req.emit(count)
+
+    def complete(self, request: dict[str, Any], result: Plan, prompt: int, arrived: float, req: Any) -> None:
+        per_chunk = self.server.config.tokens_per_chunk
+        for first in range(0, result.completion_tokens, per_chunk):
+            self.generate(req, arrived, first, min(per_chunk, result.completion_tokens - first))
         message: dict[str, Any] = {
             "role": "assistant",
             "content": "".join(result.content) if result.content or not result.tool_calls else None,
@@ -599,7 +703,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             },
         )
 
-    def stream(self, request: dict[str, Any], result: Plan, prompt: int, arrived: float) -> None:
+    def stream(self, request: dict[str, Any], result: Plan, prompt: int, arrived: float, req: Any) -> None:
         include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
         ident = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
@@ -635,7 +739,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         per_chunk = self.server.config.tokens_per_chunk
         for start in range(0, len(tokens), per_chunk):
             group = tokens[start : start + per_chunk]
-            self.wait_until(self.schedule(arrived, start + len(group) - 1))
+            self.generate(req, arrived, start, len(group))
             payload: dict[str, Any] = {}
             for kind, value in group:
                 if kind == "reasoning":
@@ -698,6 +802,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, str, int]:
     parser.add_argument("--acceptance-length", type=float, default=3.40,
                         help="mean acceptance length in the per-request SpecDecoding line; 0: no line")
     parser.add_argument("--startup-log", action="append", default=[], help="log line written at start")
+    parser.add_argument("--max-num-seqs", type=int, help="requests the engine runs at once (more wait); vLLM's default 256")
     args = parser.parse_args(argv)
     api_key = args.api_key
     if args.api_key_file:
@@ -723,6 +828,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, str, int]:
         log_file=args.log_file,
         acceptance_length=args.acceptance_length or None,
         startup_log=args.startup_log,
+        max_num_seqs=args.max_num_seqs,
     )
     return config, args.host, args.port
 

@@ -24,6 +24,12 @@ so their digests are stable too:
   nvidia/cuda:<tag>            the GPU smoke image group_data names (gpu_smoke_image): a shell and a Python
                                runtime; nvidia-smi comes from the container toolkit's hook at start, as the
                                real one's does (the stand-in nvidia-smi is Python, hence the runtime)
+  nvidia/k8s/dcgm-exporter:<dcgm>-<exporter>-ubuntu22.04
+                               NVIDIA's DCGM exporter (nvcr.io), at upstream's current release and at the tag
+                               group_data's gpu_exporter_image names: the real image's entrypoint script,
+                               environment and /etc/dcgm-exporter/default-counters.csv, with
+                               standins/dcgm_exporter.py as /usr/bin/dcgm-exporter on the Python runtime; it
+                               reads the GPUs the toolkit's hook hands the container (FACTS.md section 12)
 
 The Python runtime is the rigs' own Debian 3.11 (from the test bed's root image, --python-root): the
 interpreter, its standard library and the shared libraries they load. The GPU and vLLM stay simulated;
@@ -237,7 +243,7 @@ def vllm_image(runtime: tuple[dict[str, tuple[bytes, int]], dict[str, str]], tag
     repository, config = VLLM_KINDS[kind]
     files, links = dict(runtime[0]), dict(runtime[1])
     lib = "/usr/lib/rigup-standin"
-    for module in ("common.py", "responder.py", "container.py", "vllm_entry.py", "image_shim.py"):
+    for module in ("common.py", "responder.py", "container.py", "vllm_entry.py", "image_shim.py", "vllm_metrics.py"):
         executable = module in ("vllm_entry.py", "image_shim.py")
         files[f"{lib}/{module}"] = ((STANDIN_DIR / module).read_bytes(), 0o755 if executable else 0o644)
     if RICH_RESPONDER.is_file():
@@ -264,6 +270,45 @@ def smoke_image(runtime: tuple[dict[str, tuple[bytes, int]], dict[str, str]], re
     return build_image(repository, tag, *runtime, {"Cmd": ["bash"], "Env": BASE_ENV + SMOKE_IMAGE_ENV})
 
 
+# NVIDIA's DCGM exporter (NVIDIA/dcgm-exporter@691c92762eb551313c825f6efe4ceeee20982801, tag 4.5.3-4.8.2:
+# Makefile tags <dcgm>-<exporter>-ubuntu22.04, the Helm chart's repository nvcr.io/nvidia/k8s/dcgm-exporter,
+# docker/Dockerfile's runtime-ubuntu stage: ENTRYPOINT the entrypoint script, NVIDIA_* environment, etc/ at
+# /etc/dcgm-exporter). The registry holds it under its repository path; a rig pulls it from the hub.
+DCGM_EXPORTER_REPOSITORY = "nvidia/k8s/dcgm-exporter"
+DCGM_EXPORTER_TAG = "4.5.3-4.8.2-ubuntu22.04"
+DCGM_EXPORTER_ENTRYPOINT = "/usr/local/dcgm/dcgm-exporter-entrypoint.sh"
+DCGM_EXPORTER_ENV = ["NVIDIA_DRIVER_CAPABILITIES=compute,utility,compat32", "NVIDIA_DISABLE_REQUIRE=true",
+                     "NVIDIA_VISIBLE_DEVICES=all"]
+
+
+def dcgm_exporter_image(runtime: tuple[dict[str, tuple[bytes, int]], dict[str, str]], tag: str) -> Image:
+    """The DCGM exporter's image at `tag` (<dcgm>-<exporter>-<os>): the stand-in exporter behind the real
+    entrypoint script's path, which execs /usr/bin/dcgm-exporter with the container's arguments."""
+    files, links = dict(runtime[0]), dict(runtime[1])
+    lib = "/usr/lib/rigup-standin"
+    exporter = load_standin("dcgm_exporter")
+    files[f"{lib}/dcgm_exporter.py"] = ((STANDIN_DIR / "dcgm_exporter.py").read_bytes(), 0o755)
+    version = "-".join(tag.split("-")[:2])  # the build's version: <dcgm>-<exporter>
+    files[f"{lib}/dcgm-exporter.json"] = (json.dumps({"version": version}).encode(), 0o644)
+    links["/usr/bin/dcgm-exporter"] = f"{lib}/dcgm_exporter.py"
+    files[DCGM_EXPORTER_ENTRYPOINT] = (b'#!/bin/bash\nset -euo pipefail\nexec /usr/bin/dcgm-exporter "$@"\n', 0o755)
+    files["/etc/dcgm-exporter/default-counters.csv"] = (exporter.default_counters_csv().encode(), 0o644)
+    repository = DCGM_EXPORTER_REPOSITORY
+    return build_image(repository, tag, files, links, {
+        "Entrypoint": [DCGM_EXPORTER_ENTRYPOINT], "WorkingDir": "/", "Env": BASE_ENV + DCGM_EXPORTER_ENV,
+        "Labels": {"name": "NVIDIA DCGM Exporter", "vendor": "NVIDIA", "version": version.split("-")[1]}})
+
+
+def dcgm_exporter_tags() -> list[str]:
+    """Upstream's current tag, and the one group_data's gpu_exporter_image names (when it names one)."""
+    tags = {DCGM_EXPORTER_TAG}
+    reference = str(load_defaults().get("gpu_exporter_image") or "")
+    name, _, tag = reference.rpartition(":")
+    if name.endswith("/" + DCGM_EXPORTER_REPOSITORY) and tag:
+        tags.add(tag)
+    return sorted(tags)
+
+
 def catalog_tags(repository: str) -> list[str]:
     """Every tag the catalog names for `repository`, except images it pins by upstream's digest."""
     return sorted({str(spec["tag"]) for spec in load_catalog()["images"].values()
@@ -285,6 +330,7 @@ def test_bed_images(python_root: Path | None = None) -> list[Image]:
         # what a tag that moved upstream to a new build points to: another digest of the same repository
         images.append(rebuilt(vllm, REBUILT_TAG, {"org.rigup.testbed.build": "2"}))
         images.append(smoke_image(runtime, smoke_reference()))
+        images += [dcgm_exporter_image(runtime, tag) for tag in dcgm_exporter_tags()]
     return images
 
 

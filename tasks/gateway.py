@@ -37,15 +37,10 @@ from rigup.desired.gateway import (
 )
 from rigup.desired.knobs import KnobError
 from rigup.desired.secrets import SecretError
-from rigup.operations.gateway import (
-    gateway_config,
-    gateway_ready,
-    gateway_venv,
-    other_venvs_removed,
-    unit_runs_current_files,
-)
+from rigup.operations.gateway import gateway_config, gateway_venv, other_venvs_removed
 from rigup.operations.planning_errors import stop_the_run_on
 from rigup.operations.serving import secret_file
+from rigup.operations.units import answers_http, unit_runs_current_files
 
 with stop_the_run_on(host, GatewayError, SecretError, KnobError):
     fleet = [(other.name, other.data.dict()) for other in host.inventory]
@@ -91,10 +86,12 @@ service = unit_runs_current_files(
     unit=UNIT_NAME,
     files=[f"{paths.venv}/.rigup-installed", paths.env_file, paths.config_file, UNIT_FILE],
 )
-gateway_ready(
+answers_http(
     name="Wait for the gateway to answer",
     url=plan.readiness_url,
     timeout_s=plan.ready_timeout_s,
+    unit=UNIT_NAME,
+    what="gateway",
     _if=service.did_change,
 )
 other_venvs_removed(name="Remove the venvs of earlier gateway pins", root=paths.root, keep=paths.venv)

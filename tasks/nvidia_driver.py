@@ -17,7 +17,8 @@ Reads: nvidia_driver_branch, nvidia_driver_flavour, nvidia_driver_source, nvidia
 nvidia_cuda_repo_key_url, docker_apt_url, nvidia_ctk_apt_url, driver_reboot, driver_reboot_timeout_s, gpu_persistence_enabled,
 gpu_power_cap_watts, rollout_batch, install_root; after a driver change also every key tasks/preflight.py reads.
 Stops: every rigup variant unit installed on the host (rigup-<pod>.service: each pod's, and any an
-earlier layout left) that is running, before the driver changes. Reboots: when the installed driver is not
+earlier layout left) and the GPU exporter (rigup-gpu-exporter.service) that are running, before the
+driver changes (tasks/metrics.py starts the exporter again). Reboots: when the installed driver is not
 the loaded one and driver_reboot is auto, at most rollout_batch hosts at a time (the smallest value
 in the inventory). With driver_reboot: never it reports REBOOT REQUIRED and rigup.checks.driver_plan marks
 the host so later tasks do not start GPU containers.
@@ -34,6 +35,7 @@ from pyinfra.operations import files, server, systemd
 from rigup.checks.driver_plan import DriverWant, plan_driver, wanted_packages
 from rigup.desired.gpu_power import power_cap as power_cap_for
 from rigup.desired.knobs import knob
+from rigup.desired.monitoring import GPU_EXPORTER_UNIT
 from rigup.facts.driver import NvidiaKernelModule, NvidiaPackages, PrebuiltNvidiaModules
 from rigup.facts.gpu import NvidiaGpus, PciGpus
 from rigup.facts.serving import RigupVariantUnits
@@ -144,8 +146,10 @@ driver = nvidia_driver(
     flavour=want.flavour,
     source=want.source,
     packages=list(wanted_packages(want, prebuilt.packages if prebuilt is not None else ())),
-    # every variant unit installed here, each pod's and any left from an earlier layout: all hold GPUs
-    stop_units=sorted(host.get_fact(RigupVariantUnits, install_root=str(knob(host.data, "install_root")))),
+    # every variant unit installed here, each pod's and any left from an earlier layout, and the GPU
+    # exporter (DCGM holds every GPU open): all hold GPUs
+    stop_units=[*sorted(host.get_fact(RigupVariantUnits, install_root=str(knob(host.data, "install_root")))),
+                GPU_EXPORTER_UNIT],
     reboot=reboot,
     reboot_timeout=int(knob(host.data, "driver_reboot_timeout_s")),
     _parallel=fleet_value("rollout_batch", inventory),

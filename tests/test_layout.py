@@ -290,6 +290,9 @@ DEFERRED_IMPORTS: dict[tuple[str, str], str] = {
     ("rigup.cli.rollout", "pyinfra_cli"): "importing pyinfra_cli monkeypatches the process for gevent (patch_all)",
     ("rigup.cli.rollout", "pyinfra"): "the --worker process imports pyinfra only after pyinfra_cli has patched it",
     ("rigup.cli.sandbox", "rigup_testbed"): "the product imports its test bed only when `rigup sandbox` runs",
+    ("rigup.cli.top", "rich"):
+        "about 55 ms to import (rich.console), for `rigup top` only; every rigup command imports rigup.cli.top "
+        "to build its parser",
     ("rigup.desired.pins", "git"):
         "GitPython: about 40 ms to import, for `rigup lock` only; every rigup command imports rigup.desired.pins "
         "(through rigup.cli.lock) to build its parser",

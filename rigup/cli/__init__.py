@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "rigup.cli.verify",
     "rigup.cli.bench",
     "rigup.cli.status",
+    "rigup.cli.top",
     "rigup.cli.rollout",
     "rigup.cli.router",
 )

@@ -196,7 +196,9 @@ def config_document(routes: Iterable[Route], *, health_check_interval_s: int, nu
             "enable_health_check_routing": True,
             "health_check_staleness_threshold": 3 * health_check_interval_s,
         },
-        "litellm_settings": {"telemetry": False, "drop_params": True},
+        # prometheus: /metrics (behind the master key) for the fleet's Prometheus: each route's state,
+        # failures, cooldowns and latency
+        "litellm_settings": {"telemetry": False, "drop_params": True, "callbacks": ["prometheus"]},
     }
 
 

@@ -97,6 +97,7 @@ def _model_dir(data: Any) -> str:
 # derived value and an overridden install_root takes the models with it.
 DERIVED_DEFAULTS: dict[str, Callable[[Any], Any]] = {
     "model_dir": _model_dir,  # <install_root>/models
+    "monitor_group": lambda data: knob(data, "gateway_group"),  # Prometheus beside the gateway
 }
 
 
@@ -155,6 +156,8 @@ OPTIONAL_KNOB_TYPES: dict[str, tuple[type, ...]] = {
     "gateway_api_key_file": (str,),
     "gateway_pip_index_url": (str,),
     "model_dir": (str,),
+    "monitor_group": (str,),
+    "alertmanager_webhook_url_file": (str,),
 }
 
 # Knobs with a non-None default that still take None (group_data/all.py says what None means).
@@ -184,8 +187,20 @@ URL_KNOBS = (
     "nvidia_ctk_apt_key_url",
     "hf_endpoint",
     "gateway_pip_index_url",
+    "grafana_apt_url",
+    "grafana_apt_key_url",
 )
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://\S+$")
+# registry[:port]/repository:tag, as the GPU exporter's image is named (its registry is not Docker Hub).
+IMAGE_REFERENCE = re.compile(r"[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)+:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+
+
+def _is_listen_address(value: Any) -> bool:
+    if not isinstance(value, str) or ":" not in value:
+        return False
+    address, _, port = value.rpartition(":")
+    address = address.removeprefix("[").removesuffix("]")
+    return port.isdigit() and 1 <= int(port) <= 65535 and _is_ip(address)
 
 
 def is_strict_int(value: Any) -> bool:
@@ -317,6 +332,27 @@ def _rule_table() -> dict[str, Rule]:
         "gateway_health_check_interval_s": _int_at_least(1),
         "gateway_num_retries": _int_at_least(0),
         "gateway_ready_timeout_s": _int_at_least(1),
+        "node_exporter_port": port,
+        "gpu_exporter_image": Rule(
+            "an image reference registry/repository:tag (e.g. nvcr.io/nvidia/k8s/dcgm-exporter:4.5.3-4.8.2-ubuntu22.04)",
+            lambda v: isinstance(v, str) and bool(IMAGE_REFERENCE.fullmatch(v)),
+        ),
+        "gpu_exporter_port": port,
+        "monitor_group": _text("a group name of the fleet file"),
+        "prometheus_listen_address": Rule(
+            "host:port Prometheus listens on (e.g. 0.0.0.0:9090, 127.0.0.1:9090)", _is_listen_address
+        ),
+        "prometheus_retention": Rule(
+            "a Prometheus duration, a number and a unit of y, w, d, h, m (e.g. 15d, 4w)",
+            lambda v: isinstance(v, str) and bool(re.fullmatch(r"[1-9][0-9]*[ywdhm]", v)),
+        ),
+        "prometheus_scrape_interval_s": _int_at_least(1),
+        "alert_ttft_p95_s": Rule("a number of seconds above 0", lambda v: _is_number(v) and v > 0),
+        "alert_gpu_temp_c": Rule("a temperature in C from 40 to 110", lambda v: _is_number(v) and 40 <= v <= 110),
+        "alert_disk_free_ratio": Rule("a fraction above 0 and below 1 (e.g. 0.1)", lambda v: _is_number(v) and 0 < v < 1),
+        "alertmanager_webhook_url_file": _text("a file path on the control machine"),
+        "alertmanager_port": port,
+        "grafana_port": port,
         "rollout_canary_group": _text("a group name of the fleet file"),
         "rollout_batch": _int_at_least(1),
         "rollout_max_failures": _int_at_least(0),

@@ -15,6 +15,7 @@ import yaml
 from rigup.desired.catalog import load_catalog
 from rigup.desired.fleet import fleet_path
 from rigup.desired.knobs import knob
+from rigup.desired.monitoring import rig_exporters
 
 LOCK_VERSION = 1
 SHA40 = re.compile(r"^[0-9a-f]{40}$")
@@ -299,6 +300,18 @@ def needs_for(recipe: Any, host_data: Mapping[str, Any]) -> list[Need]:
     for model in recipe.models:
         out.append(ModelNeed(model.lock_name, model.repo_id, model_revision_wanted(model.name), endpoint, model.gated))
     return out
+
+
+def exporter_needs(host_data: Mapping[str, Any]) -> list[Need]:
+    """The rig's GPU exporter image (tasks/metrics.py), pinned like a variant's image; none when the
+    host runs no exporters. Apart from the variant's needs: a missing exporter pin never holds back
+    the variant's release."""
+    exporters = rig_exporters(host_data)
+    if exporters is None:
+        return []
+    image = exporters.image
+    insecure = {str(r).split("://", 1)[-1].rstrip("/") for r in knob(host_data, "docker_insecure_registries") or ()}
+    return [ImageNeed(image.lock_name, image.repository, image.tag, image.registry, image.registry in insecure)]
 
 
 def need_problem(need: Need, lock: LockFile) -> str | None:

@@ -31,6 +31,7 @@ from rigup.desired.lock import (
     ModelNeed,
     ModelPin,
     Need,
+    exporter_needs,
     is_safe_relpath,
     need_problem,
     needs_for,
@@ -335,7 +336,8 @@ def fleet_needs(fleet: Any, lock: Any = None) -> tuple[dict[str, Need], str]:
         lock_files.add(str(knob(data, "lock_file")))
         if not knob(data, "serves_variant"):
             continue  # a gateway-only host pins nothing
-        for need in (n for pod in pods_of(data) for n in needs_for(resolve(data, lock, pod=pod), data)):
+        host_needs = [n for pod in pods_of(data) for n in needs_for(resolve(data, lock, pod=pod), data)]
+        for need in [*host_needs, *exporter_needs(data)]:
             known = needs.get(need.name)
             if known is not None and _need_key(known) != _need_key(need):
                 raise LockError(

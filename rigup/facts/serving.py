@@ -1,5 +1,7 @@
 """Facts of the serving task: rigup's variant units as systemd sees them, the serving state the rig
-reports through rigup-servingctl, and the state of secret files (never their content)."""
+reports through rigup-servingctl, the state of secret files (never their content), and what a rig
+serves now (its provenance records and running rigup units: the gateway's routes and the monitor's
+pod targets come from it)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,9 @@ from typing import Any
 from pyinfra.api import FactBase, FactProcessError, QuoteString, StringCommand
 
 from rigup.facts.util import python_script
+
+UNITS_MARK = "--rigup-active-units--"
+RECORD_MARK = "--rigup-provenance-record--"
 
 
 class ServingStatus(FactBase[dict[str, Any]]):
@@ -123,3 +128,48 @@ class SecretFileState(FactBase[dict[str, str] | None]):
         mode, owner = output[0].split()
         return {"mode": mode, "owner": owner, "sha256": output[1].split()[0]}
 
+
+class ServedRecord(FactBase[dict[str, Any]]):
+    """
+    What a rig serves: the provenance record of each of its pods (``{install_root}/state/provenance.json``
+    for a host without pods, ``state/pods/<pod>/provenance.json`` for each pod a host lists; none before
+    a release passed the gate) and the rigup units systemd runs now:
+
+    .. code:: python
+
+        {"records": [{"variant": "dual", "unit": "rigup-dual.service", "gate": {"result": "passed"}, ...}],
+         "active_units": ["rigup-dual.service"]}
+    """
+
+    default = dict
+
+    def command(self, install_root: str) -> StringCommand:
+        state = install_root.rstrip("/") + "/state"
+        return StringCommand(
+            "for f in", QuoteString(f"{state}/provenance.json"), StringCommand(QuoteString(f"{state}/pods/"),
+                                                                                 "*/provenance.json;", _separator=""),
+            'do [ -f "$f" ] || continue; echo', RECORD_MARK, '; cat "$f"; echo; done; echo', UNITS_MARK,
+            "; systemctl list-units --type=service --state=active --no-legend --plain 'rigup-*.service' 2>/dev/null"
+            " | awk '{print $1}'",
+        )  # fmt: skip
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        mark = output.index(UNITS_MARK) if UNITS_MARK in output else len(output)
+        records: list[dict[str, Any]] = []
+        chunks: list[list[str]] = []
+        for line in output[:mark]:
+            if line == RECORD_MARK:
+                chunks.append([])
+            elif chunks:
+                chunks[-1].append(line)
+        for chunk in chunks:
+            try:
+                record = json.loads("\n".join(chunk))
+            except ValueError:
+                continue  # a torn or foreign file: no route from it
+            if isinstance(record, dict):
+                records.append(record)
+        return {
+            "records": records,
+            "active_units": [line.strip() for line in output[mark + 1 :] if line.strip().endswith(".service")],
+        }

@@ -22,6 +22,8 @@ CTK_KEYRING = f"{KEYRING_DIR}/rigup-nvidia-container-toolkit.asc"
 CTK_LIST = "/etc/apt/sources.list.d/rigup-nvidia-container-toolkit.list"
 CUDA_KEYRING = f"{KEYRING_DIR}/rigup-cuda.asc"
 CUDA_LIST = "/etc/apt/sources.list.d/rigup-cuda.list"
+GRAFANA_KEYRING = f"{KEYRING_DIR}/rigup-grafana.asc"
+GRAFANA_LIST = "/etc/apt/sources.list.d/rigup-grafana.list"
 
 
 def ctk_repo_uri(base_url: str) -> str:

@@ -1,5 +1,5 @@
-"""Operations of the gateway task: the pinned LiteLLM venv, the config from what the rigs serve (read
-when the operation runs, after every rig's serving phase), and the wait for a (re)started proxy."""
+"""Operations of the gateway task: the pinned LiteLLM venv and the config from what the rigs serve
+(read when the operation runs, after every rig's serving phase)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from urllib.parse import urlsplit
 
 from pyinfra import host
 from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
-from pyinfra.api.exceptions import PyinfraError
 from pyinfra.operations import files
 
 from rigup.desired.gateway import RigEndpoint, Route, config_text, current_records, route_for, routes_in_config
-from rigup.facts.gateway import GatewayVenvs, ServedRecord, TextFile, UnitAgainstFiles, VenvComplete
+from rigup.facts.gateway import GatewayVenvs, VenvComplete
+from rigup.facts.units import TextFile
 from rigup.operations.live_output import streamed
+from rigup.operations.serving import served_now
 from rigup.runstate import account
 
 
@@ -93,7 +94,7 @@ def gateway_config(path: str, rigs: Sequence[RigEndpoint], install_roots: dict[s
     routes: list[Route] = []
     notes: list[str] = []
     for rig in rigs:
-        served = _served(host.inventory.get_host(rig.host), install_roots[rig.host])
+        served = served_now(host.inventory.get_host(rig.host), install_roots[rig.host])
         if served is None:
             kept = [r for r in carried if r.host == rig.host]
             routes.extend(kept)
@@ -110,81 +111,3 @@ def gateway_config(path: str, rigs: Sequence[RigEndpoint], install_roots: dict[s
         models = ", ".join(sorted({r.model for r in routes})) or "none"
         account(host, f"gateway routes: {len(routes)} ({models})")
     yield from files.put._inner(src=StringIO(text), dest=path, mode="644")
-
-
-def _served(rig_host: Any, install_root: str) -> dict[str, Any] | None:
-    """The rig's ServedRecord, connecting to it first when it is not in this run; None when it cannot
-    be reached or read (its routes are then kept as they are)."""
-    if rig_host is None:
-        return None
-    if not rig_host.connected:
-        rig_host.connect(reason="to read what it serves, for the gateway", show_errors=False)
-        if not rig_host.connected:
-            return None
-    try:
-        served = rig_host.get_fact(ServedRecord, install_root=install_root)
-    except PyinfraError:
-        return None
-    return served if "records" in served else None  # {}: the read failed
-
-
-def service_steps(seen: dict[str, Any]) -> list[str]:
-    """What brings a unit seen as ``seen`` (fact UnitAgainstFiles) onto its current files: any of
-    "daemon-reload", "start" (after clearing a failed state), "restart", "enable"; [] when it is there."""
-    steps = ["daemon-reload"] if seen.get("reload") else []
-    started = seen.get("started")
-    newer = [f for f, mtime in (seen.get("mtimes") or {}).items() if started is None or mtime > started]
-    if seen.get("active") != "active":
-        steps.append("start")
-    elif newer:
-        steps.append("restart")
-    if seen.get("enabled") != "enabled":
-        steps.append("enable")
-    return steps
-
-
-@operation()
-def unit_runs_current_files(unit: str, files: Sequence[str]):
-    """
-    Run ``unit`` (enabled, active) on its current files: started when it is not running, restarted when
-    one of ``files`` changed after its main process started (systemd reloaded first when its unit file
-    changed), judged on the host, so a run interrupted between writing them and restarting is finished
-    by the next. A failed state is cleared first (a unit that hit its start limit while its files were
-    broken starts again once they are fixed).
-
-    + unit: the systemd unit, e.g. ``rigup-gateway.service``
-    + files: the files (or directories' markers) it runs from
-    """
-    steps = service_steps(host.get_fact(UnitAgainstFiles, unit=unit, paths=list(files)))
-    if not steps:
-        host.noop(f"{unit} runs on its current files")
-        return
-    for step in steps:
-        if step == "daemon-reload":
-            yield StringCommand("systemctl daemon-reload")
-        elif step == "start":
-            yield StringCommand("systemctl reset-failed", QuoteString(unit), "2>/dev/null; systemctl start", QuoteString(unit))
-        else:
-            yield StringCommand("systemctl", step, QuoteString(unit))
-
-
-@operation(is_idempotent=False)
-def gateway_ready(url: str, timeout_s: int):
-    """
-    Wait until the (re)started gateway answers ``url`` (its readiness endpoint), up to ``timeout_s``.
-
-    Not idempotent: run it only after the gateway (re)started (``_if``).
-    """
-    if timeout_s < 1:
-        raise OperationValueError("timeout_s must be at least 1")
-    yield streamed(
-        StringCommand(
-            "deadline=$(( $(date +%s) +", str(timeout_s), ")); waited=0; until curl -fs -o /dev/null --max-time 5",
-            QuoteString(url), "; do if [ $(date +%s) -ge $deadline ]; then echo", QuoteString(
-                f"rigup: the gateway did not answer {url} within {timeout_s} s; journalctl -u rigup-gateway:"),
-            "; journalctl -u rigup-gateway.service -n 30 --no-pager; exit 1; fi; sleep 1; waited=$((waited + 1));",
-            '[ $((waited % 10)) -eq 0 ] && echo "rigup: waiting for the gateway to answer ($waited s)"; done; echo',
-            QuoteString(f"rigup: the gateway answers {url}"),
-        ),  # fmt: skip
-        lambda h, ok, output, s: account(h, f"gateway ready in {s:.0f} s" if ok else "gateway did not come up"),
-    )

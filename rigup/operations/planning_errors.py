@@ -6,13 +6,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 
-from rigup.desired.lock import LockError
+from rigup.desired.lock import LockError, deploy_lock, exporter_needs, need_problem
 from rigup.desired.models import ModelPlan, plan_models
+from rigup.desired.monitoring import RigExporters, rig_exporters
 from rigup.desired.plan import host_plans
 from rigup.desired.recipe import RecipeError
-from rigup.runstate import pins_missing
+from rigup.runstate import pins_missing, pyinfra_dry_run
 
 
 @contextmanager
@@ -39,3 +41,28 @@ def model_plan_or_stop(state: Any, host: Any) -> ModelPlan | None:
         if not any(pins_missing(host, "model", preview) for preview in previews):
             raise DeployError(str(exc)) from None
         return None
+
+
+def rig_exporters_or_stop(host: Any) -> RigExporters | None:
+    """The rig's exporters (rigup.desired.monitoring.rig_exporters), the GPU exporter's image pinned by
+    the lock. None when the host runs none, or when the lock lacks that pin on a --dry run (one warning;
+    the metrics phase plans nothing); a real run stops with the same line."""
+    data = host.data.dict()
+    problem = None
+    try:
+        lock = deploy_lock(data)
+    except LockError as exc:
+        lock, problem = None, str(exc)
+    exporters = rig_exporters(data, lock)
+    if exporters is None:
+        return None
+    if lock is not None:
+        problem = next((p for p in (need_problem(n, lock) for n in exporter_needs(data)) if p is not None), None)
+    if problem is None:
+        return exporters
+    message = (f"the GPU exporter's image is not pinned ({problem}); run `python -m rigup lock` on the control "
+               "machine and commit the file")
+    if not pyinfra_dry_run():
+        raise DeployError(f"{host.name}: {message}")
+    logger.warning(f"{host.print_prefix}{message}; the metrics phase plans nothing here")
+    return None

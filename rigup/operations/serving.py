@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from pyinfra import host
 from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
+from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.hiddenvalue import HiddenValue
 
 from rigup.desired.recipe import Recipe
 from rigup.facts.docker import DockerImage
-from rigup.facts.serving import RigupVariantUnits, SecretFileState, ServingStatus
+from rigup.facts.serving import RigupVariantUnits, SecretFileState, ServedRecord, ServingStatus
 from rigup.operations.live_output import streamed
 from rigup.runstate import account
 
@@ -46,13 +48,14 @@ def ctl_path(install_root: str) -> str:
 
 
 @operation()
-def secret_file(path: str, content: HiddenValue | str, mode: str = "600"):
+def secret_file(path: str, content: HiddenValue | str, mode: str = "600", owner: str = "root"):
     """
-    Write a file holding secrets, owned by root, readable by root only.
+    Write a file holding secrets, readable by its owner only (root by default).
 
     + path: file on the rig
     + content: full text (a ``HiddenValue`` keeps it out of pyinfra's output); must end in a newline
     + mode: octal mode, ``600`` by default
+    + owner: the user owning it (and its group of that name), e.g. ``prometheus`` for a key it reads
 
     The text travels on the command's stdin into a temporary file created under ``umask 077`` in
     the target's directory, then is renamed over ``path``: unlike ``files.put`` it never sits in
@@ -76,15 +79,18 @@ def secret_file(path: str, content: HiddenValue | str, mode: str = "600"):
     wanted_mode = mode.lstrip("0") or "0"
     wanted_sha = hashlib.sha256(text.encode()).hexdigest()
     current = host.get_fact(SecretFileState, path=path)
-    if current is not None and current["sha256"] == wanted_sha and current["mode"] == wanted_mode and current["owner"] == "root:root":
+    if not re.fullmatch(r"[a-z_][a-z0-9_-]*", owner):
+        raise OperationValueError(f"owner must be a user name, got {owner!r}")
+    ownership = f"{owner}:{owner}"
+    if current is not None and current["sha256"] == wanted_sha and current["mode"] == wanted_mode and current["owner"] == ownership:
         host.noop(f"secret file {path} is up to date")
         return
     if current is not None and current["sha256"] == wanted_sha:
-        yield StringCommand("chown root:root", QuoteString(path), "&& chmod", wanted_mode, QuoteString(path))
+        yield StringCommand("chown", ownership, QuoteString(path), "&& chmod", wanted_mode, QuoteString(path))
         return
     yield StringCommand(
         "umask 077 && tmp=$(mktemp", StringCommand(QuoteString(path), ".XXXXXX)", _separator=""),
-        '&& cat > "$tmp" && chown root:root "$tmp" && chmod', wanted_mode, '"$tmp" && mv -f "$tmp"', QuoteString(path),
+        '&& cat > "$tmp" && chown', ownership, '"$tmp" && chmod', wanted_mode, '"$tmp" && mv -f "$tmp"', QuoteString(path),
         _stdin=text,
     )
 
@@ -294,3 +300,18 @@ def serving_verified(ctl: str, release: str, timeout_s: int, keep: int = 2, roll
         return
     yield _gate_command(ctl, release, timeout_s, keep, rollback)
 
+
+def served_now(rig_host: Any, install_root: str) -> dict[str, Any] | None:
+    """A rig's ServedRecord, connecting to it first when it is not in this run (--limit, a rollout
+    step); None when it cannot be reached or read (the gateway keeps its routes, the monitor its targets)."""
+    if rig_host is None:
+        return None
+    if not rig_host.connected:
+        rig_host.connect(reason="to read what it serves (gateway routes, monitor targets)", show_errors=False)
+        if not rig_host.connected:
+            return None
+    try:
+        served = rig_host.get_fact(ServedRecord, install_root=install_root)
+    except PyinfraError:
+        return None
+    return served if "records" in served else None  # {}: the read failed

@@ -13,6 +13,11 @@ rig has nothing else we can count on. Commands:
            need in every request). On success: record the generation (a copy of the files
            that passed) and write the provenance file. On failure: print the unit's last log lines
            and, when the last good generation differs, roll back to it, restart it and gate it again.
+  textfile rigup's facts for node_exporter's textfile collector, written atomically (a timer runs it,
+           and `gate` after every result): per pod the release it serves, its generation, the last
+           gate's result and time, its rollbacks, its pinned commits and whether its release file
+           still is the one that passed; the NVIDIA driver branch loaded and wanted; the filesystem
+           holding the models.
 
 Files (all under {install_root}):
   variants/<pod>/release.json             what the control machine wants to run (written by pyinfra; a
@@ -704,6 +709,8 @@ def write_provenance(
         record["pod"] = release.pod
     if previous and previous.get("last_rollback"):
         record["last_rollback"] = previous["last_rollback"]
+    if previous and previous.get("rollbacks"):
+        record["rollbacks"] = previous["rollbacks"]
     os.makedirs(release.state_dir, mode=0o755, exist_ok=True)
     atomic_write(release.provenance_path, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode(), 0o644)
     return record
@@ -719,8 +726,128 @@ def note_rollback(provenance_path: str, record: Dict[str, Any], failed: Release,
         "reason": reason,
         "outcome": outcome,
     }
+    record["rollbacks"] = _int_field(record.get("rollbacks")) + 1
     record["written_at"] = now_iso()
     atomic_write(provenance_path, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode(), 0o644)
+
+
+# ----------------------------------------------------------------------------------------------
+# metrics: rigup's facts as a node_exporter textfile (the fleet's Prometheus scrapes them with the node)
+
+
+def _int_field(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _label(value: Any) -> str:
+    """A label value in Prometheus' text format: backslash, quote and newline escaped."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _labels(**labels: Any) -> str:
+    return "{" + ",".join(f'{k}="{_label(v)}"' for k, v in labels.items()) + "}"
+
+
+def epoch_seconds(iso: Any) -> Optional[float]:
+    """Seconds since the epoch of a time now_iso() wrote (2026-12-03T16:50:00+00:00); None if it is not one."""
+    try:
+        moment = datetime.datetime.fromisoformat(str(iso).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment.timestamp() if moment.tzinfo is not None else None
+
+
+def loaded_driver_branch(version_file: str = "/proc/driver/nvidia/version") -> int:
+    """The branch (580 of 580.95.05) of the NVIDIA kernel module loaded now; 0 when none is."""
+    try:
+        with open(version_file) as f:
+            text = f.read()
+    except OSError:
+        return 0
+    for word in text.split():
+        head = word.split(".")[0]
+        if "." in word and head.isdigit() and len(head) == 3:
+            return int(head)
+    return 0
+
+
+def mountpoint_of(path: str) -> str:
+    """The mount point holding `path` (its nearest existing ancestor's)."""
+    path = os.path.realpath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    while not os.path.ismount(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def provenance_records(install_root: str) -> List[Dict[str, Any]]:
+    """Every provenance record under install_root: the one-variant host's and each listed pod's."""
+    state = os.path.join(install_root, "state")
+    paths = [os.path.join(state, PROVENANCE_NAME)] + sorted(glob.glob(os.path.join(state, "pods", "*", PROVENANCE_NAME)))
+    return [r for r in (read_json(p) for p in paths) if isinstance(r, dict)]
+
+
+def textfile_metrics(install_root: str, wanted_driver_branch: int, model_dir: str,
+                     driver_version_file: str = "/proc/driver/nvidia/version",
+                     now: Callable[[], float] = time.time) -> str:
+    """The textfile's content: see `textfile` in the module docstring. Only gauges and counters whose
+    values the rig's own files and /proc say now; a pod with no record has no series."""
+    families: Dict[str, Tuple[str, str, List[str]]] = {}
+
+    def add(name: str, kind: str, help_text: str, labels: str, value: float) -> None:
+        text = str(int(value)) if float(value).is_integer() else repr(float(value))
+        families.setdefault(name, (kind, help_text, []))[2].append(f"{name}{labels} {text}")
+
+    for record in provenance_records(install_root):
+        release = record.get("release") if isinstance(record.get("release"), dict) else {}
+        variant = str(record.get("variant") or "")
+        pod = str(record.get("pod") or variant)
+        gate = record.get("gate") if isinstance(record.get("gate"), dict) else {}
+        image = release.get("image") if isinstance(release.get("image"), dict) else {}
+        add("rigup_release_info", "gauge", "The release a pod serves: the last that passed rigup's health gate.",
+            _labels(pod=pod, variant=variant, unit=record.get("unit", ""), model=release.get("served_model_name", ""),
+                    release=str(record.get("release_sha256", ""))[:12], image=image.get("ref", "")), 1)
+        add("rigup_generation", "gauge", "The generation number of the release a pod serves.", _labels(pod=pod),
+            _int_field(record.get("generation")))
+        passed_at = epoch_seconds(gate.get("at")) if gate.get("result") == "passed" else None
+        rollback = record.get("last_rollback") if isinstance(record.get("last_rollback"), dict) else {}
+        failed_at = epoch_seconds(rollback.get("at"))
+        last_passed = passed_at is not None and (failed_at is None or passed_at >= failed_at)
+        add("rigup_gate_last_passed", "gauge", "1 when the pod's last health gate passed, 0 when it failed (and was rolled back).",
+            _labels(pod=pod, variant=variant), 1 if last_passed else 0)
+        last = max([t for t in (passed_at, failed_at) if t is not None], default=None)
+        if last is not None:
+            add("rigup_gate_last_timestamp_seconds", "gauge", "When the pod's last health gate ended.", _labels(pod=pod), last)
+        add("rigup_rollbacks_total", "counter", "Releases of the pod that failed the gate and were rolled back.",
+            _labels(pod=pod), _int_field(record.get("rollbacks")))
+        for source in release.get("sources") or []:
+            if isinstance(source, dict) and source.get("commit"):
+                add("rigup_source_info", "gauge", "A source checkout the pod's release pins.",
+                    _labels(pod=pod, source=source.get("name", ""), commit=source["commit"]), 1)
+        release_file = os.path.join(str(release.get("variant_dir") or ""), RELEASE_NAME)
+        on_disk = sha256_file(release_file) if release.get("variant_dir") else None
+        drift = on_disk is not None and on_disk != record.get("release_sha256")
+        add("rigup_release_drift", "gauge",
+            "1 when the pod's release file (what the last converge pinned) is not the release that passed the gate.",
+            _labels(pod=pod), 1 if drift else 0)
+    add("rigup_driver_loaded_branch", "gauge", "The NVIDIA driver branch loaded now (0: none).", "",
+        loaded_driver_branch(driver_version_file))
+    add("rigup_driver_wanted_branch", "gauge", "The NVIDIA driver branch the fleet file wants (nvidia_driver_branch).", "",
+        wanted_driver_branch)
+    add("rigup_model_filesystem", "gauge", "The filesystem holding the models (model_dir).",
+        _labels(mountpoint=mountpoint_of(model_dir), path=model_dir), 1)
+    add("rigup_textfile_timestamp_seconds", "gauge", "When rigup-servingctl last wrote this file.", "", round(now(), 3))
+    lines = []
+    for name, (kind, help_text, samples) in families.items():
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *samples]
+    return "\n".join(lines) + "\n"
+
+
+def write_textfile(out_path: str, install_root: str, wanted_driver_branch: int, model_dir: str) -> None:
+    """Write the textfile atomically (node_exporter never reads half of it), 0644."""
+    os.makedirs(os.path.dirname(out_path), mode=0o755, exist_ok=True)
+    atomic_write(out_path, textfile_metrics(install_root, wanted_driver_branch, model_dir).encode(), 0o644)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -924,7 +1051,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     p_gate.add_argument("--timeout", type=float, required=True, help="seconds to wait for the model")
     p_gate.add_argument("--keep", type=int, default=2, help="generations to keep")
     p_gate.add_argument("--no-rollback", action="store_true", help="fail without restoring the last good one")
+    p_text = sub.add_parser("textfile", help="write rigup's facts for node_exporter's textfile collector")
+    p_text.add_argument("--install-root", required=True)
+    p_text.add_argument("--out", required=True, help="the .prom file, in node_exporter's textfile directory")
+    p_text.add_argument("--wanted-driver-branch", type=int, required=True)
+    p_text.add_argument("--model-dir", required=True)
     args = parser.parse_args(argv)
+    if args.command == "textfile":
+        write_textfile(args.out, args.install_root, args.wanted_driver_branch, args.model_dir)
+        return 0
     systemd = Systemd()
     if args.command == "probe":
         print(json.dumps(probe(args.release, systemd), sort_keys=True))

@@ -93,6 +93,9 @@ def vllm_args(tokens: list[str]) -> dict[str, Any]:
         "--max-model-len": "max_model_len", "--speculative-config": "speculative_config",
         "--alias": "alias", "-a": "alias", "-m": "model", "--ctx-size": "max_model_len", "-c": "max_model_len",
         "--chat-template": "chat_template", "--deploy-config": "deploy_config",
+        # the engine's scheduler and KV cache (responder.py's /metrics: vllm_metrics.engine_for)
+        "--max-num-seqs": "max_num_seqs", "--block-size": "block_size",
+        "--num-gpu-blocks-override": "num_gpu_blocks_override", "--kv-cache-dtype": "kv_cache_dtype",
     }
     i = 0
     while i < len(tokens):
@@ -111,6 +114,8 @@ def vllm_args(tokens: list[str]) -> dict[str, Any]:
             out[flags_with_value[name]] = value
         elif t == "--omni":  # vLLM-Omni's switch (no value)
             out["omni"] = True
+        elif t in ("--enable-prefix-caching", "--no-enable-prefix-caching"):
+            out["enable_prefix_caching"] = t == "--enable-prefix-caching"
         elif t == "serve" and i + 1 < len(tokens) and not tokens[i + 1].startswith("-"):
             out.setdefault("model", tokens[i + 1])
             i += 1

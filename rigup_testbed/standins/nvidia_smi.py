@@ -8,6 +8,13 @@ mismatch" (exit 18) when the loaded module is another version than this userspac
 the reboot). Persistence mode and power limits set here live in /run, so they reset at reboot as on
 real hardware.
 
+The same /run state holds what a GPU reports that changes while it runs, for tests to set (a hot GPU,
+an XID error): per GPU UUID in /run/nvidia-standin/gpu-state.json, `temperature_c`, `power_draw_w`,
+`utilization_gpu`, `utilization_memory`, `clocks_event_reasons` (DCGM's bitmask) and `xid` (the last XID
+error; 0: none) override hardware.json's value of the same name (see `set_gpu_state`). GPU containers
+get /run/nvidia-standin from the toolkit's hook, so what reads it there (nvidia-smi, the DCGM exporter
+stand-in) sees a change at once.
+
 Supported: plain table, -L, -q [-d POWER|MEMORY|PERFORMANCE|TEMPERATURE], --query-gpu=... and
 --query-compute-apps=... with --format=csv[,noheader][,nounits], -i, -pm, -pl, topo -m, topo -p2p r,
 --version. Anything else exits 2 with the real tool's "invalid combination" message.
@@ -49,14 +56,31 @@ def userspace() -> dict[str, str]:
 
 def load_state() -> dict[str, Any]:
     state = common.read_json(common.spath(STATE_FILE), {})
-    # A state file from another boot is stale (only possible in test mode: /run is a tmpfs otherwise).
-    if not isinstance(state, dict) or state.get("boot_id") != common.boot_id():
+    # A state file from another boot is stale (only possible in test mode: /run is a tmpfs otherwise). In
+    # a container the hook mounted the host's live /run/nvidia-standin, and /proc's boot_id is the kernel's,
+    # not the one systemd-nspawn gives a test-bed host: there is nothing to compare.
+    comparable = common.test_mode() or not common.in_container()
+    if not isinstance(state, dict) or "gpus" not in state or (comparable and state.get("boot_id") != common.boot_id()):
         return {"boot_id": common.boot_id(), "gpus": {}}
     return state
 
 
 def save_state(state: dict[str, Any]) -> None:
     common.write_json_atomic(common.spath(STATE_FILE), state)
+
+
+def set_gpu_state(uuid: str, **values: Any) -> None:
+    """Set what GPU `uuid` reports from now on (temperature_c=92, xid=79, ...; None removes a value): how
+    a test makes a GPU hot or faulty. Lasts until the next boot, as the driver's own state does."""
+    with common.locked(common.spath(STATE_FILE) + ".lock"):
+        state = load_state()
+        gpu = state["gpus"].setdefault(uuid, {})
+        for key, value in values.items():
+            if value is None:
+                gpu.pop(key, None)
+            else:
+                gpu[key] = value
+        save_state(state)
 
 
 def processes(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -92,6 +116,11 @@ class Gpu:
     def get(self, key: str, default: Any) -> Any:
         value = self.hw.get(key)
         return default if value is None else value
+
+    def live(self, key: str, default: Any) -> Any:
+        """A value that changes while the GPU runs: the /run state's (set by a test), else hardware.json's."""
+        value = self.st.get(key)
+        return self.get(key, default) if value is None else value
 
     @property
     def index(self) -> int:
@@ -143,11 +172,47 @@ class Gpu:
 
     @property
     def temperature(self) -> int:
-        return int(self.get("temperature_c", 45 if self.busy else 35))
+        return int(self.live("temperature_c", 45 if self.busy else 35))
 
     @property
     def power_draw(self) -> float:
-        return float(self.get("power_draw_w", 110.0 if self.busy else 20.0))
+        return float(self.live("power_draw_w", 110.0 if self.busy else 20.0))
+
+    @property
+    def utilization(self) -> int:
+        return int(self.live("utilization_gpu", 0))
+
+    @property
+    def utilization_memory(self) -> int:
+        return int(self.live("utilization_memory", 0))
+
+    @property
+    def xid(self) -> int:
+        """The last XID error the driver reported for this GPU (0: none since boot)."""
+        return int(self.live("xid", 0))
+
+    @property
+    def clocks_event_reasons(self) -> int:
+        """Why the clocks are held down, as DCGM's bitmask (DCGM_CLOCKS_EVENT_REASON_*): idle (0x1) when no
+        process uses the GPU, else none unless the state says otherwise."""
+        return int(self.live("clocks_event_reasons", 0 if self.busy else 0x1))
+
+    @property
+    def sm_clock(self) -> int:
+        idle, busy = (345, 1980) if "H200" in self.name else (210, 1695)  # FACTS.md section 12
+        return int(self.live("clocks_sm_mhz", busy if self.busy else idle))
+
+    @property
+    def mem_clock(self) -> int:
+        idle, busy = (3201, 3201) if "H200" in self.name else (405, 9751)
+        return int(self.live("clocks_mem_mhz", busy if self.busy else idle))
+
+    @property
+    def memory_temperature(self) -> int | None:
+        """HBM reports its temperature; a GeForce card's GDDR does not (N/A)."""
+        if self.geforce:
+            return None
+        return int(self.live("memory_temperature_c", self.temperature + 5))
 
     @property
     def pstate(self) -> str:
@@ -253,7 +318,7 @@ def table(gpus: list[Gpu], smi_version: str, driver: str, cuda: str) -> str:
             f"| {g.index:>3}  {cut(g.name, 30):<31}{pm:<3} | {g.bus_id:>18} {g.get('display_active', 'Off'):<3} |"
             f" {('N/A' if g.ecc is None else g.ecc):>20} |"
         )
-        util = f"{g.get('utilization_gpu', 0)}%"
+        util = f"{g.utilization}%"
         lines.append(
             f"| {fan:>3}  {g.temperature:>3}C    {g.pstate:<2}{round(g.power_draw):>15}W / {round(g.power_limit):>4}W |"
             f" {g.used:>7}MiB / {g.total:>6}MiB | {util:>7}      Default |"
@@ -332,7 +397,7 @@ def query_report(gpus: list[Gpu], driver: str, cuda: str, display: set[str] | No
             ]
         if display is None:
             out += [q_line("Compute Mode", "Default", 1), "    Utilization",
-                    q_line("GPU", f"{g.get('utilization_gpu', 0)} %", 2)]
+                    q_line("GPU", f"{g.utilization} %", 2)]
         if want("TEMPERATURE"):
             out += ["    Temperature", q_line("GPU Current Temp", f"{g.temperature} C", 2)]
         if want("POWER"):
@@ -383,8 +448,8 @@ FIELDS: dict[str, tuple[str, Callable[[Gpu, dict[str, Any]], Any], str | None]] 
     "pstate": ("pstate", lambda g, c: g.pstate, None),
     "fan.speed": ("fan.speed [%]", lambda g, c: g.fan, "%"),
     "temperature.gpu": ("temperature.gpu", lambda g, c: g.temperature, None),
-    "utilization.gpu": ("utilization.gpu [%]", lambda g, c: g.get("utilization_gpu", 0), "%"),
-    "utilization.memory": ("utilization.memory [%]", lambda g, c: g.get("utilization_memory", 0), "%"),
+    "utilization.gpu": ("utilization.gpu [%]", lambda g, c: g.utilization, "%"),
+    "utilization.memory": ("utilization.memory [%]", lambda g, c: g.utilization_memory, "%"),
     "memory.total": ("memory.total [MiB]", lambda g, c: g.total, "MiB"),
     "memory.reserved": ("memory.reserved [MiB]", lambda g, c: g.reserved, "MiB"),
     "memory.used": ("memory.used [MiB]", lambda g, c: g.used, "MiB"),

@@ -23,7 +23,10 @@ An OpenAI-compatible HTTP server (stdlib http.server) that starts like vLLM does
     metrics when --speculative-config is given), wrapped with the fault modes below and /version;
     without it, a minimal built-in server (Handler below) answers /health, /version, /metrics,
     /v1/models, /v1/chat/completions and /v1/completions with deterministic text.
-    --api-key / VLLM_API_KEY: /v1/* answer 401 without "Authorization: Bearer <key>".
+    --api-key / VLLM_API_KEY: /v1/* answer 401 without "Authorization: Bearer <key>";
+  * /metrics, on both servers and unauthenticated as vLLM's: the engine's metrics (vllm_metrics.py,
+    shipped next to this file) of every request either server ran, the scheduler sized by the command
+    line (--max-num-seqs, --block-size, --num-gpu-blocks-override, --speculative-config).
 
 Faults come from /etc/rigup-testbed/responder.json, read at start and per request:
   {"mode": "ok" | "fail" | "slow" | "crash", "delay_s": 2, "startup_delay_s": 0, "check_model": true}
@@ -56,6 +59,10 @@ try:  # rigup_testbed/openai_responder.py, shipped next to this file: vLLM's wir
     import openai_responder as rich
 except ImportError:  # pragma: no cover - the package build always ships it when it exists
     rich = None
+try:  # standins/vllm_metrics.py: the engine's /metrics
+    import vllm_metrics
+except ImportError:  # pragma: no cover - an engine package built before the module existed
+    vllm_metrics = None
 
 PROCS_DIR = "/run/nvidia-standin/procs"
 VLLM_VERSION = "0.11.0"
@@ -168,6 +175,8 @@ class App:
         self.created = int(time.time())
         self.counters = {"prompt": 0, "generation": 0, "requests": 0}
         self.lock = threading.Lock()
+        self.engine: Any = None  # vllm_metrics.EngineStats, once the engine started (startup_checks)
+        self.num_speculative_tokens = 3  # vLLM's, from --speculative-config (the rich server's default)
 
     def host_path(self, container_path: str) -> Path | None:
         """Host path of a container path through the container's bind mounts (longest match)."""
@@ -248,6 +257,12 @@ class App:
         if not gpus:
             die("RuntimeError: Failed to infer device type")
         engines = self.placements(gpus)
+        if vllm_metrics is not None and self.kind == "vllm" and self.names:
+            # the engine that takes the requests (stage 0's, with a deploy config): its metrics
+            _, entry_gpus, entry_util = engines[0]
+            self.engine = vllm_metrics.engine_for(self.spec["args"], self.names[0], self.max_model_len, entry_gpus,
+                                                  entry_util)
+            self.num_speculative_tokens = self.engine.num_speculative_tokens or self.num_speculative_tokens
         used_by_others: dict[str, int] = {}
         d = common.path(PROCS_DIR)
         # In a container the pid is the container's own (often 1): the namespace tells whose it is.
@@ -326,6 +341,25 @@ def refuse_output(handler: Any, app: App, req: dict[str, Any]) -> bool:
     handler.close_connection = True
     app.engine_dead(why)
     return True
+
+
+class NoRequest:
+    """An engine request when no engine stats are kept (vllm_metrics.py missing, a llama.cpp server)."""
+
+    def __enter__(self) -> NoRequest:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def wait_scheduled(self) -> float:
+        return time.monotonic()
+
+    def emit(self, n: int = 1) -> None:
+        pass
+
+    def finish(self, reason: str) -> None:
+        pass
 
 
 def tokens_of(text: str) -> int:
@@ -463,9 +497,19 @@ class Handler(http.server.BaseHTTPRequestHandler):
         usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + n, "completion_tokens": n,
                  "prompt_tokens_details": None}
         finish = "length" if max_tokens < 16 else "stop"
-        if req.get("stream"):
-            self.stream(rid, model, chat, text, usage, finish, bool((req.get("stream_options") or {}).get("include_usage")))
-            return
+        # the engine's view: queued, scheduled, one token a step, finished (aborted if the client goes)
+        with self.app.engine.add_request(prompt_tokens, prompt, max_tokens) if self.app.engine else NoRequest() as run:
+            run.wait_scheduled()
+            if req.get("stream"):
+                self.stream(rid, model, chat, text, usage, finish,
+                            bool((req.get("stream_options") or {}).get("include_usage")), run)
+            else:
+                for _ in range(n):
+                    run.emit(1)
+                self.answer(rid, model, chat, text, usage, finish)
+            run.finish(finish)
+
+    def answer(self, rid: str, model: str, chat: bool, text: str, usage: dict[str, Any], finish: str) -> None:
         if chat:
             choice = {"index": 0, "message": {"role": "assistant", "reasoning_content": None, "content": text,
                                               "tool_calls": []}, "logprobs": None, "finish_reason": finish,
@@ -478,7 +522,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                              "choices": [choice], "usage": usage, "prompt_logprobs": None})
 
     def stream(self, rid: str, model: str, chat: bool, text: str, usage: dict[str, Any], finish: str,
-               include_usage: bool) -> None:
+               include_usage: bool, run: Any) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Connection", "close")
@@ -498,6 +542,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         for i, w in enumerate(words):
             piece = w if i == 0 else " " + w
             last = i == len(words) - 1
+            run.emit(1)
             if chat:
                 chunk([{"index": 0, "delta": {"content": piece}, "logprobs": None,
                         "finish_reason": finish if last else None}])
@@ -509,6 +554,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def metrics(self) -> str:
+        if self.app.engine is not None:
+            return self.app.engine.render()
         c = self.app.counters
         name = self.app.names[0] if self.app.names else ""
         lab = f'{{engine="0",model_name="{name}"}}'
@@ -601,9 +648,9 @@ if rich is not None:
     class BoundResponder(rich.Responder):  # type: ignore[name-defined,misc]
         """openai_responder.Responder on a socket the daemon already bound (the published port)."""
 
-        def __init__(self, sock: socket.socket, config: Any):
+        def __init__(self, sock: socket.socket, config: Any, metrics: Any = None):
             self._bound = sock
-            super().__init__(sock.getsockname()[:2], config)
+            super().__init__(sock.getsockname()[:2], config, metrics)
             self.RequestHandlerClass = FaultHandler
 
         def server_bind(self) -> None:
@@ -620,8 +667,9 @@ def tcp_server(sock: socket.socket, app: App) -> Any:
     """The HTTP server on one published socket: openai_responder's when shipped, else the minimal one."""
     if rich is not None and app.names:
         config = rich.Config(model=app.names[0], max_model_len=app.max_model_len, api_key=app.api_key,
-                             acceptance_length=3.40 if app.spec_decode else None)
-        srv = BoundResponder(sock, config)
+                             acceptance_length=3.40 if app.spec_decode else None,
+                             num_speculative_tokens=app.num_speculative_tokens)
+        srv = BoundResponder(sock, config, app.engine)
         srv.names, srv.model_path = list(app.names), app.model
         return srv
     srv = TCPServer(sock.getsockname()[:2], Handler, bind_and_activate=False)

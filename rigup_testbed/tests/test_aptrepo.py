@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from rigup_testbed import aptrepo
+from rigup_testbed import aptrepo, debarchive
 from rigup_testbed.image import cache_dir
 
 pytestmark = pytest.mark.skipif(
@@ -106,7 +106,8 @@ def configure_all(apt: Apt, repo: aptrepo.RepoInfo, base: str, codename: str) ->
     cuda_key = apt.key("cuda.asc", fetch(urls["nvidia_cuda_repo_key_url"].format(distro=distro)))
     apt.source("docker", f"deb [arch=amd64 signed-by={docker_key}] {urls['docker_apt_url']} {codename} stable")
     apt.source("nvidia-container-toolkit", f"deb [signed-by={ctk_key}] {urls['nvidia_ctk_apt_url']}/$(ARCH) /")
-    apt.source("ubuntu-archive", f"deb [signed-by={ua_key}] {urls['ubuntu_archive_url']} {codename} main restricted")
+    apt.source("ubuntu-archive", f"deb [signed-by={ua_key}] {urls['ubuntu_archive_url']} {codename} "
+               f"{' '.join(repo.ubuntu_archive_components)}")
     apt.source("cuda", f"deb [signed-by={cuda_key}] {urls['nvidia_cuda_repo_url']}/{distro}/x86_64 /")
 
 
@@ -291,3 +292,42 @@ def test_the_engine_repository_holds_the_real_programs_under_docker_ces_names(re
     assert plugin.read_bytes() == aptrepo.compose_binary().read_bytes()
     assert "Docker Compose version v2.40.3" in subprocess.run([str(plugin), "version"], capture_output=True, text=True).stdout
     assert repo.urls("http://hub", real_engine=True)["docker_apt_url"] == "http://hub/docker-engine/linux/ubuntu"
+
+
+def test_universe_serves_debian_s_real_prometheus_packages(repo: aptrepo.RepoInfo) -> None:
+    """universe: the real .debs of debarchive's manifest, at Debian's pool paths under pool/universe/, in
+    every suite's index, byte for byte what Debian's archive serves (its index's sha256)."""
+    manifest = {d.name: d for d in debarchive.universe_manifest()}
+    assert repo.ubuntu_archive_components == ("main", "restricted", "universe")
+    for c in repo.codenames:
+        release = (repo.root / f"ubuntu-archive/dists/{c}/Release").read_text()
+        assert "Components: main restricted universe\n" in release and "universe/binary-amd64/Packages" in release
+        index = debarchive.parse_control((repo.root / f"ubuntu-archive/dists/{c}/universe/binary-amd64/Packages").read_text())
+        served = {p["Package"]: p for p in index}
+        assert set(served) == set(manifest)
+        for name, d in manifest.items():
+            assert (served[name]["Version"], served[name]["SHA256"]) == (d.version, d.sha256)
+            assert served[name]["Filename"] == "pool/universe/" + d.filename.split("/", 2)[2]
+        assert repo.versions("ubuntu_archive", c, "prometheus") == [manifest["prometheus"].version]
+    node = next(repo.root.glob("ubuntu-archive/pool/universe/p/prometheus-node-exporter/prometheus-node-exporter_*.deb"))
+    assert "Maintainer: Debian Go Packaging Team" in _control(node, "control")
+    assert "prometheus-node-exporter.service" in _control(node, "postinst")
+
+
+def test_apt_installs_prometheus_from_universe_on_the_image(repo: aptrepo.RepoInfo, base_url: str, tmp_path: Path) -> None:
+    """Real apt, the hub's signed archive alone, a dpkg status holding what the image has of the relations:
+    installing the three packages takes exactly the served set, nothing the archive lacks."""
+    manifest = debarchive.universe_manifest()
+    names = {d.name for d in manifest}
+    archive = debarchive.DebianArchive()
+    image = debarchive.image_package_set(archive.index(), archive.spec)
+    needed = {rel[0] for d in manifest for group in debarchive.parse_relations(d.pre_depends + ", " + d.depends)
+              for rel in group} - names
+    apt = Apt(tmp_path, {n: {"Version": image[n]} for n in needed if n not in BASE_STATUS})
+    urls = repo.urls(base_url)
+    key = apt.key("ubuntu-archive.asc", fetch(urls["ubuntu_archive_key_url"]))
+    apt.source("ubuntu-archive", f"deb [signed-by={key}] {urls['ubuntu_archive_url']} noble main restricted universe")
+    out = apt("update")
+    assert not re.search(r"^(W|E):", out.stdout + out.stderr, re.M), out.stdout + out.stderr
+    got = installs(apt("install", "-s", *debarchive.ROOTS).stdout)
+    assert got == {d.name: d.version for d in manifest}

@@ -22,7 +22,7 @@ def host(**data: Any) -> dict[str, Any]:
 
 def test_model_dir_is_declared_unset_and_derived() -> None:
     assert load_defaults()["model_dir"] is None  # no frozen copy of install_root's default
-    assert set(DERIVED_DEFAULTS) == {"model_dir"}
+    assert set(DERIVED_DEFAULTS) == {"model_dir", "monitor_group"}
     assert knob(load_defaults(), "model_dir") == "/opt/rigup/models"
     assert knob({}, "model_dir") == "/opt/rigup/models"  # a partial mapping: the defaults, then the derivation
 
@@ -40,6 +40,16 @@ def test_model_dir_is_declared_unset_and_derived() -> None:
 def test_knob_derives_model_dir_from_install_root_unless_set(data: dict[str, Any], expected: str) -> None:
     assert knob(data, "model_dir") == expected
     assert knob(host(**data), "model_dir") == expected
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [({}, "gateway"), ({"gateway_group": "edge"}, "edge"), ({"gateway_group": "edge", "monitor_group": "ops"}, "ops")],
+)
+def test_monitor_group_follows_gateway_group_unless_set(data: dict[str, Any], expected: str) -> None:
+    assert load_defaults()["monitor_group"] is None
+    assert knob(data, "monitor_group") == expected
+    assert knob(host(**data), "monitor_group") == expected
 
 
 def test_pyinfra_host_data_gets_the_derived_value() -> None:

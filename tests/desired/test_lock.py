@@ -364,11 +364,13 @@ def test_lock_command_check_write_and_rerun(hub: hfhub.HfHub, remotes: tuple[Rem
     fleet = _write_fleet(tmp_path / "rigs.yaml", hub, remotes)
     assert _run(fleet, "--check") == (1, f"{tmp_path / 'rigs.lock.yaml'}: missing\n")
     code, out = _run(fleet)
-    assert code == 0 and "written (5 pins)" in out
+    # 2 images, 2 sources, 1 model for the variants, and the rigs' GPU exporter image (metrics_exporters)
+    assert code == 0 and "written (6 pins)" in out
     text = (tmp_path / "rigs.lock.yaml").read_text()
+    assert "nvidia/k8s/dcgm-exporter:" in text
     assert _run(fleet, "--check")[0] == 0
     code, out = _run(fleet)
-    assert code == 0 and "unchanged (5 pins)" in out
+    assert code == 0 and "unchanged (6 pins)" in out
     assert (tmp_path / "rigs.lock.yaml").read_text() == text
     code, out = _run(fleet, "--dry-run", "--upgrade")
     assert code == 0 and "unchanged (dry run)" in out

@@ -89,11 +89,11 @@ def test_lock_command_keeps_lists_and_prunes(hub: hfhub.HfHub, remotes: tuple[Re
     assert code == 0
     assert f"kept, unused: {UNUSED}\n" in out
     assert f"{lock}: kept 1 pin no host needs; `python -m rigup lock --prune` removes them" in out
-    assert out.endswith(f"{lock}: unchanged (4 pins, 1 unused)\n")
+    assert out.endswith(f"{lock}: unchanged (5 pins, 1 unused)\n")
     assert lock.read_text() == text
 
     code, out = _run(fleet, "--check")  # unused is reported, not a failure
-    assert code == 0 and f"unused: {UNUSED}\n" in out and "covers all 4 pins" in out
+    assert code == 0 and f"unused: {UNUSED}\n" in out and "covers all 5 pins" in out
 
     code, out = _run(fleet, "--dry-run", "--prune")
     assert code == 0 and f"pruned: {UNUSED}\n" in out and "would change (dry run)" in out
@@ -102,7 +102,7 @@ def test_lock_command_keeps_lists_and_prunes(hub: hfhub.HfHub, remotes: tuple[Re
     code, out = _run(fleet, "--prune")
     assert code == 0
     assert f"pruned: {UNUSED}\n" in out and f"{lock}: pruned 1 pin no host needs" in out
-    assert out.endswith(f"{lock}: written (4 pins); commit it\n")
+    assert out.endswith(f"{lock}: written (5 pins); commit it\n")
     assert UNUSED not in LockFile.load(lock).names() and f"model:{QWEN}" in LockFile.load(lock).names()
     code, out = _run(fleet, "--check")
     assert code == 0 and "unused" not in out

@@ -15,7 +15,10 @@ device request names, and the image's `vllm` is the stand-in server. Then what o
     the next converge heals it;
   * `systemctl restart docker` under the serving unit: it serves again;
   * a read-only mount is read-only; a missing long-syntax bind source fails with Docker's words;
-  * a pull by digest is checked against what the registry serves.
+  * a pull by digest is checked against what the registry serves;
+  * the fleet's metrics sources, for Prometheus: NVIDIA's DCGM exporter image (the test bed's, with the
+    stand-in exporter) run as its README runs it reports each GPU of the rig, a hot GPU and an XID error
+    injected into the GPU stand-in included; the vLLM pod's /metrics counts a chat completion it served.
 """
 
 from __future__ import annotations
@@ -28,11 +31,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from rigup.desired.lock import LockFile
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import Host, HostSpec
-from rigup_testbed.registry import REBUILT_TAG
+from rigup_testbed.registry import DCGM_EXPORTER_REPOSITORY, DCGM_EXPORTER_TAG, REBUILT_TAG
 from tests.e2e.helpers import changed, converge_json, run
 from tests.e2e.test_serving import sh as root  # a command as root on a rig; it must succeed
 
@@ -143,7 +147,9 @@ def test_the_deploy_serves_on_the_real_engine_and_a_rerun_changes_nothing(engine
     assert root(rig, "docker compose version --short").strip().lstrip("v") == "2.40.3"
     # the container runs the image the lock pins, pulled by digest from the registry
     lock = LockFile.load(fleet.with_name("engine-rigs.lock.yaml"))
-    (pin,) = lock.images.values()
+    # the variant's image and the rig's GPU exporter, each pinned by digest
+    assert sorted(p.repository for p in lock.images.values()) == [DCGM_EXPORTER_REPOSITORY, "vllm/vllm-openai"]
+    pin = vllm_pin(lock)
     assert pin.digest and pin.digest.startswith("sha256:")
     image_id = root(rig, f"docker inspect -f '{{{{.Image}}}}' {CONTAINER}").strip()
     assert any(d.endswith("@" + pin.digest) for d in json.loads(root(rig, f"docker image inspect -f '{{{{json .RepoDigests}}}}' {image_id}")))
@@ -169,6 +175,94 @@ def test_gpus_reach_containers_through_the_toolkits_hook(engine: dict[str, objec
     assert code != 0 and "nvidia-container-cli: device error: 7: unknown device" in out, out
     code, out = attempt(rig, f"docker run --rm {smoke} nvidia-smi -L")  # no GPU asked for: no driver in it
     assert code == 127, out
+
+
+def vllm_pin(lock: LockFile):  # noqa: ANN201 - rigup.desired.lock.ImagePin
+    """The variant image's pin (the lock also pins the GPU exporter's image)."""
+    (pin,) = [p for p in lock.images.values() if p.repository == "vllm/vllm-openai"]
+    return pin
+
+
+def metric_families(text: str) -> dict[str, object]:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def set_gpu_state(rig: Host, uuid: str, **values: object) -> None:
+    """What a test does to a rig's GPU (the GPU stand-in's /run state: nvidia_smi.set_gpu_state)."""
+    code = ("import json, sys; sys.path.insert(0, '/usr/lib/nvidia-standin/utils'); import nvidia_smi; "
+            f"nvidia_smi.set_gpu_state({uuid!r}, **json.loads({json.dumps(values)!r}))")
+    root(rig, f"python3 -c {shlex.quote(code)}")
+
+
+def test_the_dcgm_exporter_reports_the_rigs_gpus(engine: dict[str, object], rig: Host, bed: Testbed) -> None:
+    image = f"{bed.urls['engine_registry']}/{DCGM_EXPORTER_REPOSITORY}:{DCGM_EXPORTER_TAG}"
+    # without GPUs DCGM cannot start, and the exporter says so as the real one does
+    code, out = attempt(rig, f"docker run --rm {image}")
+    assert code == 1 and "error starting nv-hostengine: DCGM initialization error" in out, out
+    # as NVIDIA's README runs it, on another host port: the deploy's own GPU exporter may hold 9400
+    ctr, port = "rigup-test-dcgm-exporter", 19400
+    attempt(rig, f"docker rm -f {ctr}")
+    gpus = rig.hardware.gpus
+    try:
+        root(rig, f"docker run -d --name {ctr} --gpus all --cap-add SYS_ADMIN -p {port}:9400 {image}")
+
+        def scrape() -> dict[str, object]:
+            return metric_families(root(rig, f"curl -sf http://127.0.0.1:{port}/metrics"))
+
+        wait_for("the exporter's /metrics", lambda: attempt(rig, f"curl -sf -o /dev/null http://127.0.0.1:{port}/metrics")[0] == 0,
+                 60, lambda: attempt(rig, f"docker logs {ctr} 2>&1")[1])
+        fams = scrape()
+        hostname = root(rig, f"docker inspect -f '{{{{.Config.Hostname}}}}' {ctr}").strip()
+        temps = {s.labels["gpu"]: s for s in fams["DCGM_FI_DEV_GPU_TEMP"].samples}  # type: ignore[attr-defined]
+        assert set(temps) == {str(g.index) for g in gpus}
+        for gpu in gpus:
+            sample = temps[str(gpu.index)]
+            assert sample.labels == {"gpu": str(gpu.index), "UUID": gpu.uuid, "pci_bus_id": gpu.pci_bus_id,
+                                     "device": f"nvidia{gpu.index}", "modelName": gpu.name, "Hostname": hostname,
+                                     "DCGM_FI_DRIVER_VERSION": root(rig, "nvidia-smi --query-gpu=driver_version "
+                                                                         "--format=csv,noheader -i 0").strip()}
+            assert sample.value == 45  # the serving pod's engine runs on every GPU of the rig: busy, warmer
+        used = {s.labels["gpu"]: s.value for s in fams["DCGM_FI_DEV_FB_USED"].samples}  # type: ignore[attr-defined]
+        smi_used = root(rig, "nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits").split()
+        assert used == {str(i): float(v) for i, v in enumerate(smi_used)} and min(used.values()) > 1000
+        assert not [n for n in fams if n.startswith("DCGM_FI_PROF_")]  # GeForce: no profiling fields
+        xid = {s.labels["gpu"]: s for s in fams["DCGM_FI_DEV_XID_ERRORS"].samples}  # type: ignore[attr-defined]
+        assert {s.value for s in xid.values()} == {0} and xid["0"].labels["err_msg"] == "No Error"
+        # a hot GPU and an XID error, injected into the GPU stand-in, show at the next scrape
+        set_gpu_state(rig, gpus[1].uuid, temperature_c=93, xid=79)
+        fams = scrape()
+        temps = {s.labels["gpu"]: s.value for s in fams["DCGM_FI_DEV_GPU_TEMP"].samples}  # type: ignore[attr-defined]
+        assert temps == {"0": 45, "1": 93}
+        xid = {s.labels["gpu"]: s for s in fams["DCGM_FI_DEV_XID_ERRORS"].samples}  # type: ignore[attr-defined]
+        assert xid["1"].value == 79 and xid["1"].labels["err_msg"] == "GPU has fallen off the bus"
+        assert root(rig, "nvidia-smi -i 1 --query-gpu=temperature.gpu --format=csv,noheader").strip() == "93"
+    finally:
+        set_gpu_state(rig, gpus[1].uuid, temperature_c=None, xid=None)
+        attempt(rig, f"docker rm -f {ctr}")
+
+
+def test_the_vllm_pods_metrics_count_a_chat_it_served(engine: dict[str, object], rig: Host) -> None:
+    def scrape() -> dict[str, object]:
+        return metric_families(root(rig, f"curl -sf http://127.0.0.1:{PORT}/metrics"))
+
+    def total(fams: dict[str, object], family: str) -> float:
+        return sum(s.value for s in fams[family].samples if s.name == f"{family}_total")  # type: ignore[attr-defined]
+
+    before = scrape()
+    body = json.dumps({"model": "qwen3.6-27b-autoround", "max_tokens": 24,
+                       "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+    answer = json.loads(root(rig, f"curl -sf http://127.0.0.1:{PORT}/v1/chat/completions "
+                                  f"-H 'Content-Type: application/json' -d {shlex.quote(body)}"))
+    after = scrape()
+    usage = answer["usage"]
+    assert total(after, "vllm:prompt_tokens") - total(before, "vllm:prompt_tokens") == usage["prompt_tokens"]
+    assert total(after, "vllm:generation_tokens") - total(before, "vllm:generation_tokens") == usage["completion_tokens"]
+    assert total(after, "vllm:request_success") - total(before, "vllm:request_success") == 1
+    ttft = [s for s in after["vllm:time_to_first_token_seconds"].samples  # type: ignore[attr-defined]
+            if s.name == "vllm:time_to_first_token_seconds_count"]
+    assert ttft[0].value >= 1 and ttft[0].labels == {"model_name": "qwen3.6-27b-autoround", "engine": "0"}
+    running = after["vllm:num_requests_running"].samples[0]  # type: ignore[attr-defined]
+    assert running.value == 0
 
 
 def test_pull_by_digest_is_checked_by_the_engine(engine: dict[str, object], rig: Host, image: str, bed: Testbed) -> None:
@@ -256,8 +350,10 @@ def test_a_docker_restart_under_the_serving_unit_comes_back(engine: dict[str, ob
                     120)
     print(f"serving again {took:.1f} s after systemctl restart docker")
     assert root(rig, f"systemctl is-active {VARIANT_UNIT}").strip() == "active"
-    # nothing of an earlier start is left: one container, one network of the variant's project
-    assert len(root(rig, "docker ps -aq").split()) == 1
+    # nothing of an earlier start is left: one container, one network of the variant's project (beside
+    # the GPU exporter's container, which its own unit restarts with the engine)
+    assert len(root(rig, "docker ps -aq --filter label=com.docker.compose.project=rigup-dual").split()) == 1
+    assert root(rig, "docker ps -a --format '{{.Names}}'").split().count("rigup-gpu-exporter") <= 1
     assert [n for n in root(rig, "docker network ls --format '{{.Name}}'").split() if n not in ("bridge", "host", "none")] == ["rigup-dual_default"]
 
 
@@ -281,8 +377,8 @@ def test_a_moved_pin_leaves_only_the_kept_generations_images(engine: dict[str, o
 
     lock_file = fleet.with_name("engine-rigs.lock.yaml")
     lock = LockFile.load(lock_file)
-    (name,) = lock.images
-    pin = lock.images[name]
+    pin = vllm_pin(lock)
+    name = pin.name
     assert digests() == [pin.digest]
     # the tag moved upstream to a new build; one generation kept: the old image has no use left
     moved = bed.urls["engine_registry_images"][f"vllm/vllm-openai:{REBUILT_TAG}"]

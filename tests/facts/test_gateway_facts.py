@@ -9,16 +9,10 @@ import json
 import pytest
 from pyinfra.api import FactProcessError
 
-from rigup.facts.gateway import (
-    RECORD_MARK,
-    UNITS_MARK,
-    GatewayVenvs,
-    ServedRecord,
-    TextFile,
-    UnitAgainstFiles,
-    VenvComplete,
-)
-from rigup.operations.gateway import service_steps
+from rigup.facts.gateway import GatewayVenvs, VenvComplete
+from rigup.facts.serving import RECORD_MARK, UNITS_MARK, ServedRecord
+from rigup.facts.units import TextFile, UnitAgainstFiles
+from rigup.operations.units import service_steps
 
 # `systemctl show -p ActiveState -p UnitFileState -p ExecMainStartTimestampMonotonic -p NeedDaemonReload`
 # prints the properties in its own order, one Key=value per line; then the clock/mtime lines.

@@ -43,13 +43,24 @@ def fit_responses(kind: str, memory: str | None = None, cuda: str | None = None)
 
 
 def offline_lock(host_data: dict[str, Any], path: Path) -> Path:
-    """Write a lock file that satisfies every need of the host's variant, with made-up commits and
-    hashes (no network): enough for rigup.desired.plan.host_plan, which only compares names and refs."""
-    from rigup.desired.lock import SHA40, FilePin, GitNeed, GitPin, ImagePin, LockFile, ModelNeed, ModelPin, needs_for
+    """Write a lock file that satisfies every need of the host's variant and its GPU exporter, with made-up
+    commits and hashes (no network): enough for rigup.desired.plan.host_plan, which only compares names and refs."""
+    from rigup.desired.lock import (
+        SHA40,
+        FilePin,
+        GitNeed,
+        GitPin,
+        ImagePin,
+        LockFile,
+        ModelNeed,
+        ModelPin,
+        exporter_needs,
+        needs_for,
+    )
     from rigup.desired.recipe import resolve
 
     lock = LockFile()
-    for need in needs_for(resolve(host_data, None), host_data):
+    for need in [*needs_for(resolve(host_data, None), host_data), *exporter_needs(host_data)]:
         if isinstance(need, GitNeed):
             commit = need.ref if SHA40.match(need.ref) else "a" * 40
             lock.git[need.name] = GitPin(need.name, need.url, need.ref, commit)

@@ -1,0 +1,442 @@
+"""Fleet monitoring: what the control machine decides for the rigs' exporters and the monitor host.
+
+Every component already speaks Prometheus: vLLM serves /metrics on each pod's port, LiteLLM's proxy on
+the gateway's (its prometheus callback), NVIDIA's DCGM exporter (a pinned, locked container per rig)
+the GPUs' DCGM_FI_DEV_* fields, and prometheus-node-exporter (the OS package) the host, plus rigup's
+own facts as a textfile that rigup-servingctl writes on the rig. Nothing here is an exporter.
+
+The hosts of monitor_group (default: gateway_group's) run Prometheus from the OS package. Its
+prometheus.yml is fixed by the fleet file (jobs, rules, the gateway's key file); the pod targets are
+file_sd JSON files written at the end of the converge from each rig's provenance record, the same
+discovery the gateway routes use, so a variant switch moves them at once and Prometheus picks the
+change up without a reload. A pod stays a target while its rig's record names it, running or not:
+that is how "pod down" can fire.
+
+Labels on every target: host (the inventory name), and on pods pod, variant and model.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from rigup import DEPLOY_ROOT
+from rigup.desired.gateway import LOCAL_HOST, current_records, is_gateway
+from rigup.desired.knobs import knob, knob_int
+from rigup.desired.render import render_template
+from rigup.desired.secrets import SecretError, read_secret_file
+
+# Debian's and Ubuntu's prometheus packages: the unit reads ARGS from /etc/default/prometheus and
+# the configuration from /etc/prometheus (prometheus-node-exporter likewise, with the textfile
+# collector reading /var/lib/prometheus/node-exporter by default).
+PROMETHEUS_UNIT = "prometheus.service"
+PROMETHEUS_DEFAULTS_FILE = "/etc/default/prometheus"
+PROMETHEUS_CONFIG_FILE = "/etc/prometheus/prometheus.yml"
+RULES_FILE = "/etc/prometheus/rigup-alerts.yml"
+TARGETS_DIR = "/etc/prometheus/rigup-targets"  # file_sd: <job>.json
+KEYS_DIR = "/etc/prometheus/rigup-keys"  # the gateways' keys, 0600 prometheus: never in prometheus.yml
+PROMETHEUS_USER = "prometheus"
+ALERTMANAGER_UNIT = "prometheus-alertmanager.service"
+ALERTMANAGER_DEFAULTS_FILE = "/etc/default/prometheus-alertmanager"
+ALERTMANAGER_CONFIG_FILE = "/etc/prometheus/alertmanager.yml"
+NODE_EXPORTER_UNIT = "prometheus-node-exporter.service"
+NODE_EXPORTER_DEFAULTS_FILE = "/etc/default/prometheus-node-exporter"
+TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
+TEXTFILE_NAME = "rigup.prom"
+GPU_EXPORTER_UNIT = "rigup-gpu-exporter.service"
+GPU_EXPORTER_CONTAINER = "rigup-gpu-exporter"
+GPU_EXPORTER_CONTAINER_PORT = 9400  # dcgm-exporter's own default listen address :9400
+GPU_COUNTERS_FILE = DEPLOY_ROOT / "files" / "monitoring" / "dcgm-counters.csv"  # rigup's DCGM fields (-f)
+GPU_COUNTERS_IN_CONTAINER = "/etc/dcgm-exporter/rigup-counters.csv"
+FACTS_UNIT = "rigup-metrics.service"  # rigup-servingctl textfile, run by its timer
+FACTS_TIMER = "rigup-metrics.timer"
+
+JOB_PODS, JOB_GPU, JOB_NODE, JOB_GATEWAY, JOB_PROMETHEUS = "vllm", "gpu", "node", "gateway", "prometheus"
+# rigup's units, and Docker's, reported by node_exporter's systemd collector (crash loops, failed units).
+SYSTEMD_UNITS_WATCHED = r"(rigup-.+|docker|containerd|prometheus-node-exporter)\.service"
+# node_exporter's filesystem defaults (1.5) leave out /mnt and /media, where models often live, and
+# overlay, which a rig's root may be: both kept here, so the models' disk always has its series.
+# Docker's own overlay mounts stay out by their mount point.
+FILESYSTEM_MOUNTS_EXCLUDED = "^/(dev|proc|run|sys|var/lib/docker/.+|var/lib/containers/storage/.+)($|/)"
+FILESYSTEM_TYPES_EXCLUDED = (
+    "^(autofs|binfmt_misc|bpf|cgroup2?|configfs|debugfs|devpts|devtmpfs|fusectl|hugetlbfs|iso9660|mqueue|nsfs|"
+    "proc|procfs|pstore|rpc_pipefs|securityfs|selinuxfs|squashfs|sysfs|tracefs)$"
+)
+
+
+class MonitoringError(ValueError):
+    """A monitoring setting rigup cannot use; the message names the host and the knob."""
+
+
+@dataclass(frozen=True)
+class GpuExporterImage:
+    """The DCGM exporter's image: gpu_exporter_image split, plus its digest from the lock."""
+
+    registry: str  # nvcr.io
+    repository: str  # nvidia/k8s/dcgm-exporter
+    tag: str
+    digest: str | None
+
+    @property
+    def lock_name(self) -> str:
+        return f"image:{self.repository}:{self.tag}"
+
+    @property
+    def ref(self) -> str:
+        ref = f"{self.registry}/{self.repository}:{self.tag}"
+        return f"{ref}@{self.digest}" if self.digest else ref
+
+
+def gpu_exporter_image(data: Mapping[str, Any], lock: Any = None) -> GpuExporterImage:
+    reference = str(knob(data, "gpu_exporter_image"))
+    name, _, tag = reference.rpartition(":")
+    registry, _, repository = name.partition("/")
+    digest = lock.image_digest(f"image:{repository}:{tag}") if lock is not None else None
+    return GpuExporterImage(registry, repository, tag, digest)
+
+
+@dataclass(frozen=True)
+class RigExporters:
+    """What a rig runs for the monitor: node_exporter (with rigup's textfile) and the GPU exporter."""
+
+    node_port: int
+    gpu_port: int
+    image: GpuExporterImage
+    install_root: str
+
+    @property
+    def node_exporter_args(self) -> str:
+        """ARGS for /etc/default/prometheus-node-exporter: its port, the textfile directory and the
+        systemd collector over rigup's and Docker's units (restart counts show a crash loop)."""
+        return " ".join([
+            f"--web.listen-address=:{self.node_port}",
+            f"--collector.textfile.directory={TEXTFILE_DIR}",
+            "--collector.systemd",
+            f"--collector.systemd.unit-include={SYSTEMD_UNITS_WATCHED}",
+            "--collector.systemd.enable-restarts-metrics",
+            f"--collector.filesystem.mount-points-exclude={FILESYSTEM_MOUNTS_EXCLUDED}",
+            f"--collector.filesystem.fs-types-exclude={FILESYSTEM_TYPES_EXCLUDED}",
+        ])
+
+    def defaults_text(self) -> str:
+        return (
+            "# Written by rigup (tasks/metrics.py): node_exporter's flags for the fleet's Prometheus.\n"
+            f"ARGS='{self.node_exporter_args}'\n"
+        )
+
+    @property
+    def counters_file(self) -> str:
+        """rigup's DCGM fields on the rig, mounted into the exporter's container."""
+        return posixpath.join(self.install_root, "metrics", "dcgm-counters.csv")
+
+    @property
+    def textfile(self) -> str:
+        return posixpath.join(TEXTFILE_DIR, TEXTFILE_NAME)
+
+    def facts_unit_text(self, ctl: str, driver_branch: int, model_dir: str) -> str:
+        return render_template("rigup-metrics.service.j2", exporters=self, ctl=ctl, driver_branch=driver_branch,
+                               model_dir=model_dir)
+
+    def facts_timer_text(self) -> str:
+        return render_template("rigup-metrics.timer.j2")
+
+    def gpu_unit_text(self) -> str:
+        return render_template("rigup-gpu-exporter.service.j2", exporters=self, container=GPU_EXPORTER_CONTAINER,
+                               container_port=GPU_EXPORTER_CONTAINER_PORT, counters=GPU_COUNTERS_IN_CONTAINER)
+
+
+def rig_exporters(data: Mapping[str, Any], lock: Any = None) -> RigExporters | None:
+    """The exporters of a rig (None: metrics_exporters is off, or the host serves no variant)."""
+    if not knob(data, "metrics_exporters") or not knob(data, "serves_variant"):
+        return None
+    return RigExporters(
+        node_port=knob(data, "node_exporter_port"),
+        gpu_port=knob(data, "gpu_exporter_port"),
+        image=gpu_exporter_image(data, lock),
+        install_root=str(knob(data, "install_root")),
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# the monitor host
+
+
+@dataclass(frozen=True)
+class ScrapedRig:
+    """A rig of the fleet as the monitor sees it."""
+
+    host: str
+    address: str | None  # where the monitor reaches it; None: nowhere (pyinfra's @local seen from another host)
+    install_root: str  # where its provenance records are
+    node_port: int | None  # None: it runs no exporters
+    gpu_port: int | None
+
+
+@dataclass(frozen=True)
+class ScrapedGateway:
+    host: str
+    address: str
+    port: int
+    key_file: str  # on the monitor host, 0600 prometheus
+
+    @property
+    def job(self) -> str:
+        return f"{JOB_GATEWAY}-{re.sub(r'[^A-Za-z0-9_.-]', '_', self.host)}"
+
+
+@dataclass(frozen=True)
+class PodTarget:
+    host: str
+    address: str  # host:port of the pod's API (its /metrics)
+    pod: str
+    variant: str
+    model: str
+
+
+@dataclass(frozen=True)
+class MonitorPlan:
+    """What a monitor host gets: Prometheus' flags, config, rules and targets; Alertmanager when a
+    webhook is set; the gateways' keys (secrets, written 0600 for the prometheus user)."""
+
+    host: str
+    listen_address: str
+    retention: str
+    scrape_interval_s: int
+    rigs: tuple[ScrapedRig, ...]
+    gateways: tuple[ScrapedGateway, ...]
+    alertmanager_port: int | None  # None: no Alertmanager
+    rules_text: str
+    gateway_keys: dict[str, str] = field(default_factory=dict, repr=False)  # key file -> key
+    webhook_url: str | None = field(default=None, repr=False)
+    grafana_port: int | None = None  # None: no Grafana
+
+    @property
+    def port(self) -> int:
+        return int(self.listen_address.rpartition(":")[2])
+
+    @property
+    def local_url(self) -> str:
+        """Prometheus as the monitor host itself reaches it."""
+        address = self.listen_address.rpartition(":")[0].strip("[]")
+        if address in ("0.0.0.0", "::"):
+            address = "127.0.0.1"
+        return f"http://{_bracketed(address)}:{self.port}"
+
+    def defaults_text(self) -> str:
+        args = f"--web.listen-address={self.listen_address} --storage.tsdb.retention.time={self.retention}"
+        return f"# Written by rigup (tasks/monitoring.py): Prometheus' flags.\nARGS='{args}'\n"
+
+    def config_document(self) -> dict[str, Any]:
+        interval = f"{self.scrape_interval_s}s"
+
+        def file_sd(job: str) -> dict[str, Any]:
+            return {"job_name": job, "file_sd_configs": [{"files": [targets_file(job)]}]}
+
+        jobs: list[dict[str, Any]] = [
+            {"job_name": JOB_PROMETHEUS, "static_configs": [
+                {"targets": [self.local_url.removeprefix("http://")], "labels": {"host": self.host}}]},
+            file_sd(JOB_PODS),
+            file_sd(JOB_GPU),
+            file_sd(JOB_NODE),
+        ]
+        for gateway in self.gateways:
+            jobs.append({
+                "job_name": gateway.job,
+                # LiteLLM mounts its Prometheus app at /metrics/; the bare path answers with a redirect
+                "metrics_path": "/metrics/",
+                "authorization": {"credentials_file": gateway.key_file},
+                "static_configs": [{"targets": [f"{_bracketed(gateway.address)}:{gateway.port}"],
+                                    "labels": {"host": gateway.host}}],
+            })
+        document: dict[str, Any] = {
+            "global": {"scrape_interval": interval, "evaluation_interval": interval,
+                       "scrape_timeout": f"{min(self.scrape_interval_s, 10)}s"},
+            "rule_files": [RULES_FILE],
+            "scrape_configs": jobs,
+        }
+        if self.alertmanager_port is not None:
+            document["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.alertmanager_port}"]}]}]}
+        return document
+
+    def config_text(self) -> str:
+        header = "# Written by rigup (tasks/monitoring.py) from the fleet file; the pod targets are in rigup-targets/.\n"
+        return header + yaml.safe_dump(self.config_document(), sort_keys=False, default_flow_style=False)
+
+    def static_targets(self) -> dict[str, list[dict[str, Any]]]:
+        """The file_sd documents of the exporters' jobs: they follow the fleet file, not what runs."""
+        gpu, node = [], []
+        for rig in self.rigs:
+            if rig.address is None or rig.node_port is None or rig.gpu_port is None:
+                continue
+            node.append({"targets": [f"{_bracketed(rig.address)}:{rig.node_port}"], "labels": {"host": rig.host}})
+            gpu.append({"targets": [f"{_bracketed(rig.address)}:{rig.gpu_port}"], "labels": {"host": rig.host}})
+        return {JOB_GPU: gpu, JOB_NODE: node}
+
+    def alertmanager_config_text(self) -> str:
+        """alertmanager.yml, holding the webhook's URL (it may carry a token): the file is written 0600 for
+        the user Alertmanager runs as. The URL cannot move to a file of its own: webhook_config's url_file
+        needs Alertmanager 0.26 or newer, and Ubuntu 22.04 ships 0.23 (Debian 12, the test bed's, 0.25)."""
+        document = {
+            "route": {"receiver": "webhook", "group_by": ["alertname", "host"], "group_wait": "30s",
+                      "group_interval": "5m", "repeat_interval": "4h"},
+            "receivers": [{"name": "webhook", "webhook_configs": [{"url": self.webhook_url, "send_resolved": True}]}],
+        }
+        header = "# Written by rigup (tasks/monitoring.py): every alert goes to the webhook of alertmanager_webhook_url_file.\n"
+        return header + yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
+
+    def alertmanager_defaults_text(self) -> str:
+        args = f"--web.listen-address=127.0.0.1:{self.alertmanager_port}"
+        return f"# Written by rigup (tasks/monitoring.py): Alertmanager's flags.\nARGS='{args}'\n"
+
+
+def targets_file(job: str) -> str:
+    return posixpath.join(TARGETS_DIR, f"{job}.json")
+
+
+def targets_text(groups: Sequence[Mapping[str, Any]]) -> str:
+    return json.dumps(list(groups), indent=2, sort_keys=True) + "\n"
+
+
+def _bracketed(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
+
+
+def rules_text(data: Mapping[str, Any]) -> str:
+    return render_template(
+        "rigup-alerts.yml.j2",
+        ttft_p95_s=float(knob(data, "alert_ttft_p95_s")),
+        gpu_temp_c=float(knob(data, "alert_gpu_temp_c")),
+        disk_free_ratio=float(knob(data, "alert_disk_free_ratio")),
+        jobs={"pods": JOB_PODS, "gpu": JOB_GPU, "node": JOB_NODE, "gateway": JOB_GATEWAY},
+    )
+
+
+def is_monitor(data: Mapping[str, Any], groups: Iterable[str]) -> bool:
+    return knob(data, "monitor_group") in set(groups)
+
+
+def monitor_plan(
+    host_name: str,
+    data: Mapping[str, Any],
+    groups: Iterable[str],
+    fleet: Iterable[tuple[str, Mapping[str, Any], Iterable[str]]],
+    *,
+    read_secrets: bool = True,
+) -> MonitorPlan | None:
+    """The monitor plan of one host (None: it is not in monitor_group). `fleet` is every host of the
+    inventory with its data and groups, in order: the ones serving a variant are scraped as rigs, the
+    gateway_group ones as gateways."""
+    if not is_monitor(data, groups):
+        return None
+    rigs, gateways, keys = [], [], {}
+    for name, other, other_groups in fleet:
+        local = name == host_name
+        if local:
+            address: str | None = "127.0.0.1"
+        elif name == LOCAL_HOST:
+            address = None
+        else:
+            address = str(other.get("ssh_hostname") or name)
+        if knob(other, "serves_variant"):
+            exporters = knob(other, "metrics_exporters")
+            rigs.append(ScrapedRig(
+                host=name,
+                address=address,
+                install_root=str(knob(other, "install_root")),
+                node_port=knob(other, "node_exporter_port") if exporters else None,
+                gpu_port=knob(other, "gpu_exporter_port") if exporters else None,
+            ))
+        if is_gateway(other, other_groups) and address is not None:
+            key_file = posixpath.join(KEYS_DIR, f"gateway-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.key")
+            bind = str(knob(other, "gateway_bind_address"))
+            reach = address if bind in ("0.0.0.0", "::") else bind
+            if _loopback(reach) and not local:
+                continue  # a gateway bound to its own loopback: out of reach, and its own monitor scrapes it
+            gateways.append(ScrapedGateway(name, reach, knob(other, "gateway_port"), key_file))
+            if read_secrets:
+                source = knob(other, "gateway_api_key_file")
+                if source is None:
+                    raise MonitoringError(f"host {name!r}: gateway_api_key_file is not set (the monitor scrapes "
+                                          "the gateway's /metrics with that key)")
+                try:
+                    keys[key_file] = read_secret_file(source, f"gateway_api_key_file of {name!r}")
+                except SecretError as exc:
+                    raise MonitoringError(f"the gateway key of {name!r}, which the monitor scrapes with: {exc}") from None
+    webhook_file = knob(data, "alertmanager_webhook_url_file")
+    webhook = None
+    if webhook_file is not None and read_secrets:
+        try:
+            webhook = read_secret_file(webhook_file, "alertmanager_webhook_url_file")
+        except SecretError as exc:
+            raise MonitoringError(f"host {host_name!r}: {exc}") from None
+        if not re.match(r"^https?://\S+$", webhook):
+            raise MonitoringError(f"host {host_name!r}: alertmanager_webhook_url_file ({webhook_file}) must hold "
+                                  "one http(s):// URL")
+    return MonitorPlan(
+        host=host_name,
+        listen_address=str(knob(data, "prometheus_listen_address")),
+        retention=str(knob(data, "prometheus_retention")),
+        scrape_interval_s=knob_int(data, "prometheus_scrape_interval_s", minimum=1),
+        rigs=tuple(rigs),
+        gateways=tuple(gateways),
+        alertmanager_port=knob(data, "alertmanager_port") if webhook_file is not None else None,
+        rules_text=rules_text(data),
+        gateway_keys=keys,
+        webhook_url=webhook,
+        grafana_port=knob(data, "grafana_port") if knob(data, "grafana") else None,
+    )
+
+
+def _loopback(address: str) -> bool:
+    return address == "localhost" or address.startswith("127.") or address == "::1"
+
+
+def pod_targets(rig: ScrapedRig, records: Sequence[Mapping[str, Any]]) -> tuple[list[PodTarget], list[str]]:
+    """The pods a rig's provenance records name (running or not: a stopped pod is a target that is
+    down), and a note per record that gives none."""
+    targets, notes = [], []
+    for record in current_records(records):
+        release = record.get("release") if isinstance(record.get("release"), Mapping) else {}
+        unit, model, port = record.get("unit"), release.get("served_model_name"), release.get("host_port")
+        if not (isinstance(unit, str) and isinstance(model, str) and isinstance(port, int)):
+            notes.append(f"{rig.host}: a provenance record names no unit, served model or port")
+            continue
+        bind = str(release.get("bind_address") or "0.0.0.0")
+        address = rig.address if bind in ("0.0.0.0", "::") else bind
+        if address is None or (_loopback(address) and rig.address != "127.0.0.1"):
+            notes.append(f"{rig.host}: {unit} listens where the monitor cannot reach it ({bind})")
+            continue
+        pod = str(record.get("pod") or record.get("variant") or unit.removeprefix("rigup-").removesuffix(".service"))
+        targets.append(PodTarget(rig.host, f"{_bracketed(address)}:{port}", pod, str(record.get("variant")), model))
+    return targets, notes
+
+
+def pod_target_groups(targets: Iterable[PodTarget]) -> list[dict[str, Any]]:
+    """The file_sd document of the pods' job: one group per pod, with its labels."""
+    return [
+        {"targets": [t.address], "labels": {"host": t.host, "pod": t.pod, "variant": t.variant, "model": t.model}}
+        for t in sorted(targets, key=lambda t: (t.host, t.pod))
+    ]
+
+
+def pods_in_targets(text: str | None) -> list[PodTarget]:
+    """The pod targets a file_sd document rigup wrote holds (a rig outside the run keeps its own)."""
+    try:
+        groups = json.loads(text) if text else []
+    except ValueError:
+        return []
+    out = []
+    for group in groups if isinstance(groups, list) else []:
+        try:
+            labels, (address,) = group["labels"], group["targets"]
+            out.append(PodTarget(str(labels["host"]), str(address), str(labels["pod"]), str(labels["variant"]),
+                                 str(labels["model"])))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out

@@ -1,0 +1,93 @@
+"""Metrics: the rig exposes what the fleet's Prometheus scrapes, beside what vLLM serves itself.
+
+True afterwards: prometheus-node-exporter (the OS package) runs on node_exporter_port with the systemd
+collector over rigup's and Docker's units and the textfile collector reading
+/var/lib/prometheus/node-exporter (flags in /etc/default/prometheus-node-exporter);
+rigup-metrics.timer runs `rigup-servingctl textfile` every 15 s, writing rigup.prom there: per pod the
+release it serves, its generation, the last gate's result, rollbacks, pinned commits and release
+drift, the driver branch loaded and wanted, the models' filesystem; the GPU exporter image
+(gpu_exporter_image, by its locked digest) is pulled and rigup-gpu-exporter.service runs it with every
+GPU on gpu_exporter_port, at boot too, reading rigup's DCGM fields (files/monitoring/dcgm-counters.csv,
+uploaded to {install_root}/metrics/).
+Reads: metrics_exporters, serves_variant, node_exporter_port, gpu_exporter_image, gpu_exporter_port,
+install_root, model_dir, nvidia_driver_branch, lock_file, docker_insecure_registries.
+Restarts: prometheus-node-exporter when its flags changed after it started; rigup-gpu-exporter when
+its unit (the image digest, the port) or its fields file changed after it started. Nothing else.
+Without the GPU exporter's pin in the lock: a --dry run warns and plans nothing here; a real run stops.
+Included by deploy.py on hosts that passed preflight and serve a variant, after serving.
+"""
+
+import posixpath
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.facts.deb import DebPackages
+from pyinfra.operations import apt, files, systemd
+from pyinfra.operations.util import any_changed
+
+from rigup.desired.knobs import knob
+from rigup.desired.monitoring import (
+    FACTS_TIMER,
+    FACTS_UNIT,
+    GPU_COUNTERS_FILE,
+    GPU_EXPORTER_UNIT,
+    NODE_EXPORTER_DEFAULTS_FILE,
+    NODE_EXPORTER_UNIT,
+    TEXTFILE_DIR,
+)
+from rigup.operations.planning_errors import rig_exporters_or_stop
+from rigup.operations.serving import ctl_path, image_pulled
+from rigup.operations.units import unit_runs_current_files
+
+exporters = rig_exporters_or_stop(host)
+if exporters is not None:
+    if "prometheus-node-exporter" not in (host.get_fact(DebPackages) or {}):  # only then are the lists refreshed
+        apt.update(name="Update apt before installing node_exporter")
+    # without Recommends (prometheus-node-exporter-collectors' timers): rigup's textfile is the one it reads
+    apt.packages(name="Install prometheus-node-exporter", packages=["prometheus-node-exporter"], no_recommends=True)
+    files.put(
+        name="Set node_exporter's flags (port, textfile directory, systemd collector)",
+        src=StringIO(exporters.defaults_text()),
+        dest=NODE_EXPORTER_DEFAULTS_FILE,
+        mode="644",
+    )
+    unit_runs_current_files(
+        name="Run node_exporter on its current flags",
+        unit=NODE_EXPORTER_UNIT,
+        files=[NODE_EXPORTER_DEFAULTS_FILE],
+    )
+    files.directory(name="Create the textfile directory", path=TEXTFILE_DIR, mode="755")
+    facts_unit = files.put(
+        name="Write the unit that writes rigup's facts for node_exporter",
+        src=StringIO(exporters.facts_unit_text(
+            ctl_path(exporters.install_root), knob(host.data, "nvidia_driver_branch"), knob(host.data, "model_dir"))),
+        dest=f"/etc/systemd/system/{FACTS_UNIT}",
+        mode="644",
+    )
+    facts_timer = files.put(
+        name="Write its timer (every 15 s)",
+        src=StringIO(exporters.facts_timer_text()),
+        dest=f"/etc/systemd/system/{FACTS_TIMER}",
+        mode="644",
+    )
+    systemd.daemon_reload(name="Reload systemd for the facts units", _if=any_changed(facts_unit, facts_timer))
+    systemd.service(name="Run rigup's facts timer", service=FACTS_TIMER, running=True, enabled=True)
+    image_pulled(name="Pull the GPU exporter image", ref=exporters.image.ref)
+    files.directory(name="Create the metrics directory", path=posixpath.dirname(exporters.counters_file), mode="755")
+    files.put(
+        name="Upload rigup's DCGM fields for the GPU exporter",
+        src=str(GPU_COUNTERS_FILE),
+        dest=exporters.counters_file,
+        mode="644",
+    )
+    files.put(
+        name="Write the GPU exporter's systemd unit",
+        src=StringIO(exporters.gpu_unit_text()),
+        dest=f"/etc/systemd/system/{GPU_EXPORTER_UNIT}",
+        mode="644",
+    )
+    unit_runs_current_files(
+        name="Run the GPU exporter on its current unit",
+        unit=GPU_EXPORTER_UNIT,
+        files=[f"/etc/systemd/system/{GPU_EXPORTER_UNIT}", exporters.counters_file],
+    )

@@ -1,0 +1,193 @@
+"""Monitoring: on the hosts of monitor_group, Prometheus over every pod, GPU, node and gateway.
+
+True afterwards: prometheus (the OS package) runs on prometheus_listen_address, keeping
+prometheus_retention of samples (flags in /etc/default/prometheus); /etc/prometheus/prometheus.yml
+(checked by promtool before it replaces the one in use) scrapes every prometheus_scrape_interval_s:
+Prometheus itself, each rig's GPU exporter and node_exporter (file_sd rigup-targets/gpu.json and
+node.json, from the fleet file), each gateway's /metrics with its key read from a 0600 file of the
+prometheus user under /etc/prometheus/rigup-keys (never in prometheus.yml), and every pod
+(rigup-targets/vllm.json, from each rig's provenance records, read after every rig's serving phase
+in this run: a variant switch moves its target at this converge; a rig that cannot be read keeps its
+targets). Labels: host, and pod, variant, model on pods. /etc/prometheus/rigup-alerts.yml holds
+rigup's alert rules (promtool-checked), thresholds from the alert_* knobs. With
+alertmanager_webhook_url_file set, prometheus-alertmanager (OS package) listens on 127.0.0.1:
+alertmanager_port and sends every alert to that webhook (alertmanager.yml, which holds the URL, is 0600
+for the prometheus user). With grafana: True, Grafana from grafana_apt_url (signed; suite stable, main)
+listens on grafana_port with a provisioned datasource (this Prometheus) and rigup's fleet overview
+dashboard (rigup.desired.dashboards) under /var/lib/grafana/dashboards/rigup (re-read by Grafana on
+change).
+Reads: monitor_group, gateway_group, prometheus_listen_address, prometheus_retention,
+prometheus_scrape_interval_s, alert_ttft_p95_s, alert_gpu_temp_c, alert_disk_free_ratio,
+alertmanager_webhook_url_file, alertmanager_port, grafana, grafana_apt_url, grafana_apt_key_url,
+grafana_port, and every host's serves_variant, metrics_exporters,
+node_exporter_port, gpu_exporter_port, install_root, ssh_hostname, gateway_port,
+gateway_bind_address, gateway_api_key_file.
+Restarts: prometheus (and alertmanager, grafana) when its flags, config, rules or keys changed after it started;
+target changes need none (file_sd is re-read on change).
+Not idempotent: "Wait for Prometheus to answer" runs only after such a restart.
+Included by deploy.py on monitor_group hosts that passed preflight, after the gateway.
+"""
+
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.api.hiddenvalue import HiddenValue
+from pyinfra.facts.deb import DebPackages
+from pyinfra.operations import apt, files
+
+from rigup.desired.dashboards import (
+    DASHBOARDS_DIR,
+    DASHBOARDS_PROVIDER_FILE,
+    DATASOURCE_FILE,
+    GRAFANA_PACKAGE,
+    GRAFANA_PORT_DROPIN,
+    GRAFANA_UNIT,
+    OVERVIEW_FILE,
+    dashboards_provider_text,
+    datasource_text,
+    overview_text,
+    port_dropin_text,
+)
+from rigup.desired.knobs import KnobError, knob
+from rigup.desired.monitoring import (
+    ALERTMANAGER_CONFIG_FILE,
+    ALERTMANAGER_DEFAULTS_FILE,
+    ALERTMANAGER_UNIT,
+    JOB_PODS,
+    KEYS_DIR,
+    PROMETHEUS_CONFIG_FILE,
+    PROMETHEUS_DEFAULTS_FILE,
+    PROMETHEUS_UNIT,
+    PROMETHEUS_USER,
+    RULES_FILE,
+    TARGETS_DIR,
+    MonitoringError,
+    monitor_plan,
+    targets_file,
+    targets_text,
+)
+from rigup.operations.apt import GRAFANA_KEYRING, GRAFANA_LIST, signed_repository
+from rigup.operations.monitoring import checked_file, pod_targets_file
+from rigup.operations.planning_errors import stop_the_run_on
+from rigup.operations.serving import secret_file
+from rigup.operations.units import answers_http, unit_runs_current_files
+
+with stop_the_run_on(host, MonitoringError, KnobError):
+    fleet = [(other.name, other.data.dict(), other.groups) for other in host.inventory]
+    plan = monitor_plan(host.name, host.data.dict(), host.groups, fleet)
+assert plan is not None  # deploy.py includes this file on monitor_group hosts only
+
+packages = ["prometheus"] + (["prometheus-alertmanager"] if plan.alertmanager_port is not None else [])
+if any(p not in (host.get_fact(DebPackages) or {}) for p in packages):  # only then are the lists refreshed
+    apt.update(name="Update apt before installing Prometheus")
+apt.packages(name="Install Prometheus (OS archive)", packages=packages, no_recommends=True)
+
+files.put(
+    name="Set Prometheus' flags (listen address, retention)",
+    src=StringIO(plan.defaults_text()),
+    dest=PROMETHEUS_DEFAULTS_FILE,
+    mode="644",
+)
+files.directory(name="Create the directory of the gateways' keys", path=KEYS_DIR, mode="750", group=PROMETHEUS_USER)
+key_files = sorted(plan.gateway_keys)
+for key_file in host.loop(key_files):
+    secret_file(
+        name="Write a gateway's key for Prometheus (0600, prometheus)",
+        path=key_file,
+        content=HiddenValue(plan.gateway_keys[key_file] + "\n"),
+        owner=PROMETHEUS_USER,
+    )
+files.directory(name="Create the targets directory", path=TARGETS_DIR, mode="755")
+for job, groups in host.loop(sorted(plan.static_targets().items())):
+    files.put(
+        name="Write the exporters' targets from the fleet file",
+        src=StringIO(targets_text(groups)),
+        dest=targets_file(job),
+        mode="644",
+    )
+checked_file(
+    name="Write rigup's alert rules (promtool check rules)",
+    path=RULES_FILE,
+    content=plan.rules_text,
+    check="promtool check rules {} >/dev/null",
+)
+checked_file(
+    name="Write prometheus.yml (promtool check config)",
+    path=PROMETHEUS_CONFIG_FILE,
+    content=plan.config_text(),
+    check="promtool check config {} >/dev/null",
+)
+prometheus = unit_runs_current_files(
+    name="Run Prometheus on its current flags, config, rules and keys (restart only on a change)",
+    unit=PROMETHEUS_UNIT,
+    files=[PROMETHEUS_DEFAULTS_FILE, PROMETHEUS_CONFIG_FILE, RULES_FILE, *key_files],
+)
+answers_http(
+    name="Wait for Prometheus to answer",
+    url=f"{plan.local_url}/-/ready",
+    timeout_s=120,
+    unit=PROMETHEUS_UNIT,
+    what="Prometheus",
+    _if=prometheus.did_change,
+)
+pod_targets_file(
+    name="Write the pod targets from what each rig serves now",
+    path=targets_file(JOB_PODS),
+    rigs=list(plan.rigs),
+)
+
+if plan.alertmanager_port is not None:
+    files.put(
+        name="Set Alertmanager's flags (listen on loopback)",
+        src=StringIO(plan.alertmanager_defaults_text()),
+        dest=ALERTMANAGER_DEFAULTS_FILE,
+        mode="644",
+    )
+    secret_file(
+        name="Write alertmanager.yml (0600, prometheus: it holds the webhook's URL)",
+        path=ALERTMANAGER_CONFIG_FILE,
+        content=HiddenValue(plan.alertmanager_config_text()),
+        owner=PROMETHEUS_USER,
+    )
+    unit_runs_current_files(
+        name="Run Alertmanager on its current flags and config",
+        unit=ALERTMANAGER_UNIT,
+        files=[ALERTMANAGER_DEFAULTS_FILE, ALERTMANAGER_CONFIG_FILE],
+    )
+
+if plan.grafana_port is not None:
+    signed_repository(
+        name="Add Grafana's signed apt repository",
+        key_url=knob(host.data, "grafana_apt_key_url"),
+        keyring=GRAFANA_KEYRING,
+        source_list=GRAFANA_LIST,
+        uri=knob(host.data, "grafana_apt_url"),
+        suite="stable",
+        components="main",
+    )
+    apt.packages(name="Install Grafana", packages=[GRAFANA_PACKAGE], no_recommends=True)
+    port_dropin = files.put(
+        name="Set Grafana's port",
+        src=StringIO(port_dropin_text(plan.grafana_port)),
+        dest=GRAFANA_PORT_DROPIN,
+        mode="644",
+    )
+    files.put(
+        name="Provision the Prometheus datasource",
+        src=StringIO(datasource_text(plan.local_url)),
+        dest=DATASOURCE_FILE,
+        mode="644",
+    )
+    files.put(
+        name="Provision rigup's dashboards folder",
+        src=StringIO(dashboards_provider_text()),
+        dest=DASHBOARDS_PROVIDER_FILE,
+        mode="644",
+    )
+    files.directory(name="Create the dashboards directory", path=DASHBOARDS_DIR, mode="755")
+    files.put(name="Write rigup's fleet overview dashboard", src=StringIO(overview_text()), dest=OVERVIEW_FILE, mode="644")
+    unit_runs_current_files(
+        name="Run Grafana on its current port, datasource and dashboards provider",
+        unit=GRAFANA_UNIT,
+        files=[GRAFANA_PORT_DROPIN, DATASOURCE_FILE, DASHBOARDS_PROVIDER_FILE],
+    )

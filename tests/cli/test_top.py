@@ -1,0 +1,554 @@
+"""`rigup top`, used the way a person uses it: in a terminal (tmux, 160x50) against a fleet whose pods,
+GPU exporters and gateway are HTTP servers on 127.0.0.1 printing what vLLM, dcgm-exporter and LiteLLM
+print (tests/support/exporters.py), counters moving between scrapes; the screen is read and Ctrl-C
+ends it. Then the pieces: the direct reading's arithmetic over two scrapes, the Prometheus reading
+against a fake /api/v1/query answering in Prometheus' JSON (answers a real Prometheus 2.42 gave, in
+tests/fixtures/prometheus/api-query-2.42.0.json, and hand-made ones), where the fleet's Prometheus is,
+and the exit codes."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rigup.cli import main
+from rigup.cli.runner import fleet_targets
+from rigup.cli.top import (
+    NO_ROUTES,
+    UP,
+    DirectSource,
+    Endpoint,
+    FallbackSource,
+    PrometheusSource,
+    PrometheusUnreachable,
+    Scrape,
+    direct_endpoints,
+    fleet_monitor,
+    gpu_rows,
+    pod_row,
+    prometheus_queries,
+    query_prometheus,
+    route_rows,
+    scrape,
+    selection_filter,
+)
+from rigup.desired.fleet import load_fleet
+from rigup.parsers.prometheus import parse_exposition
+from tests.support.exporters import Gpu, MetricsServer, Route, VllmPod, dcgm_text, litellm_text
+from tests.support.json_http import JsonHandler
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "prometheus"
+MODEL = "qwen3.6-27b-autoround"  # dual's served model name
+GATEWAY_KEY = "sk-gw-top-test"
+DEAD_PORT = 9  # nothing listens on discard
+
+
+# --------------------------------------------------------------------------------------------------
+# a fleet of fake exporters
+
+
+@dataclass
+class FakeFleet:
+    path: Path
+    ports: dict[str, int]
+
+
+def write_fleet(tmp_path: Path, ports: dict[str, int], **gateway_data: Any) -> Path:
+    key = tmp_path / "gateway.key"
+    key.write_text(GATEWAY_KEY + "\n")
+    key.chmod(0o600)
+    document = {
+        "data": {"variant": "dual"},
+        "groups": {
+            "gateway": {
+                "data": {"gateway_api_key_file": str(key), "gateway_port": ports["gateway"], "serves_variant": False,
+                         **gateway_data},
+                "hosts": {"gw-1": {"ssh_hostname": "127.0.0.1"}},
+            },
+            "rigs": {
+                "hosts": {
+                    "rig-1": {"ssh_hostname": "127.0.0.1", "variant_overrides": {"port": ports["rig-1"]},
+                              "gpu_exporter_port": ports["rig-1 gpus"]},
+                    "rig-2": {"ssh_hostname": "127.0.0.1", "gpu_count": 4, "gpu_exporter_port": ports["rig-2 gpus"],
+                              "pods": [{"name": "left", "variant": "dual", "gpus": [0, 1], "port": ports["rig-2/left"]},
+                                       {"name": "right", "variant": "dual", "gpus": [2, 3], "port": ports["rig-2/right"]}]},
+                    # a rig whose pod and GPU exporter do not answer
+                    "rig-3": {"ssh_hostname": "127.0.0.1", "variant_overrides": {"port": DEAD_PORT},
+                              "gpu_exporter_port": DEAD_PORT},
+                },
+            },
+        },
+    }
+    path = tmp_path / "rigs.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[FakeFleet]:
+    started = time.time() - 120
+    rig1 = VllmPod(MODEL, started=started)
+    left = VllmPod(MODEL, started=started, running=1, waiting=0, kv_usage=0.105, generation_tps=400.0)
+    right = VllmPod(MODEL, started=started, running=0, waiting=0, kv_usage=0.0, generation_tps=0.0, prompt_tps=0.0,
+                    ttft_per_s=0.0)
+    routes = [
+        Route(MODEL, "rig-1/rigup-dual.service", "http://127.0.0.1:{rig-1}/v1"),
+        Route(MODEL, "rig-2/rigup-left.service", "http://127.0.0.1:{rig-2/left}/v1", state=1, success_per_s=1.0,
+              failure_per_s=0.5),
+        Route(MODEL, "rig-2/rigup-right.service", "http://127.0.0.1:{rig-2/right}/v1", state=2, success_per_s=0.0,
+              failure_per_s=1.0),
+    ]
+    with contextlib.ExitStack() as stack:
+        def serve(text: Callable[[], str], path: str = "/metrics", key: str | None = None) -> int:
+            server = MetricsServer(text, path, key)
+            stack.callback(server.close)
+            return server.port
+
+        ports = {
+            "rig-1": serve(rig1.text),
+            "rig-1 gpus": serve(lambda: dcgm_text("rig-1", [Gpu(0), Gpu(1, temp_c=71, power_w=288.02)])),
+            "rig-2/left": serve(left.text),
+            "rig-2/right": serve(right.text),
+            "rig-2 gpus": serve(lambda: dcgm_text("rig-2", [Gpu(i, temp_c=60 + i, util=40) for i in range(4)])),
+        }
+        for route in routes:
+            route.api_base = route.api_base.format_map(ports)
+        ports["gateway"] = serve(lambda: litellm_text(routes, started), "/metrics/", GATEWAY_KEY)
+        yield FakeFleet(write_fleet(tmp_path, ports), ports)
+
+
+# --------------------------------------------------------------------------------------------------
+# in a terminal
+
+
+def wait_for(read: Callable[[], str], done: Callable[[str], bool], seconds: float) -> str:
+    deadline = time.monotonic() + seconds
+    text = read()
+    while not done(text) and time.monotonic() < deadline:
+        time.sleep(0.25)
+        text = read()
+    return text
+
+
+NUMBER = r"[0-9]+(?:\.[0-9]+)?"
+DURATION = rf"{NUMBER} (?:ms|s)|-"  # "-": no first token between the scrapes
+
+
+def pod_line(screen: str, host: str, pod: str) -> re.Match[str] | None:
+    """A pod's row: host, pod, model, state, run, wait, gen tok/s, prompt tok/s, TTFT p50, p95, KV %."""
+    return re.search(
+        rf"^ *{re.escape(host)} +{re.escape(pod)} +(?P<model>\S+) +up +(?P<run>{NUMBER}) +(?P<wait>{NUMBER}) +"
+        rf"(?P<gen>{NUMBER}) +(?P<prompt>{NUMBER}) +(?P<p50>{DURATION}) +(?P<p95>{DURATION}) +(?P<kv>{NUMBER})%",
+        screen, re.MULTILINE)
+
+
+def test_top_in_a_terminal(fleet: FakeFleet) -> None:
+    tmux = shutil.which("tmux")
+    assert tmux, "tmux is not installed: run scripts/setup"
+    home = Path(tempfile.mkdtemp(prefix="rigup-top-"))  # short: a unix socket's path has ~100 characters
+    socket, config = home / "tmux.sock", home / "tmux.conf"
+    config.write_text("set -g remain-on-exit on\n")  # the pane outlives the command: what it printed last stays
+    env = {**os.environ, "TERM": os.environ.get("TERM") or "xterm-256color"}  # the server inherits this environment
+
+    def tmux_do(*args: str) -> str:
+        done = subprocess.run([tmux, "-S", str(socket), "-f", str(config), *args], capture_output=True, text=True,
+                              timeout=10, env=env)
+        assert done.returncode == 0, f"tmux {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
+    def screen() -> str:
+        return tmux_do("capture-pane", "-p", "-t", "top")
+
+    top = f"{shlex.quote(sys.executable)} -m rigup top --fleet {shlex.quote(str(fleet.path))} --direct --interval 1"
+    command = f'{top}; echo "rigup top exited with status $?"'  # the pane stays (remain-on-exit) and shows it
+    try:
+        tmux_do("new-session", "-d", "-s", "top", "-x", "160", "-y", "50", "-c", str(ROOT), command)
+        # the second frame has rates: wait for rig-1's row to show them
+        shown = wait_for(screen, lambda s: pod_line(s, "rig-1", "dual") is not None, 30)
+        assert pod_line(shown, "rig-1", "dual"), f"no rates on the screen:\n{shown}"
+        assert re.search(r"^rigup top +direct: 8 targets +\d{4}-\d\d-\d\d \d\d:\d\d:\d\d +every 1 s, Ctrl-C quits", shown,
+                         re.MULTILINE), shown
+
+        rig1, left, right = (pod_line(shown, "rig-1", "dual"), pod_line(shown, "rig-2", "left"),
+                             pod_line(shown, "rig-2", "right"))
+        assert rig1 and left and right, shown
+        assert rig1["model"] == MODEL and (rig1["run"], rig1["wait"], rig1["kv"]) == ("3", "1", "42.0")
+        assert float(rig1["gen"]) > 0 and float(rig1["prompt"]) > 0
+        assert 600 < float(rig1["gen"]) < 1100, rig1["gen"]  # 850 tokens a second, over about a second
+        assert (rig1["p50"], rig1["p95"]) == ("100 ms", "450 ms")  # TTFTs of 70, 90, 120 and 300 ms
+        assert float(left["gen"]) > 0 and left["kv"] == "10.5"
+        assert float(right["gen"]) == 0 and right["p50"] == "-"  # idle: no first token to time
+        assert re.search(r"^ *rig-3 +dual +qwen3\.6-27b-autoround +down: connection refused +- +- +- ", shown, re.MULTILINE)
+
+        gpus = re.findall(r"^ *(rig-\d) +(\d) +NVIDIA GeForce RTX 3090 +up +(\d+)% +([\d.]+/[\d.]+ GiB) +(\d+) C +(\d+) W",
+                          shown, re.MULTILINE)
+        assert ("rig-1", "0", "97", "22.3/23.5 GiB", "66", "301") in gpus
+        assert ("rig-1", "1", "97", "22.3/23.5 GiB", "71", "288") in gpus
+        assert sorted(g[4] for g in gpus if g[0] == "rig-2") == ["60", "61", "62", "63"]
+        assert re.search(r"^ *rig-3 +- +- +down: connection refused", shown, re.MULTILINE)
+
+        routes = dict(re.findall(r"^ *gw-1 +qwen3\.6-27b-autoround +(rig-\S+) +http://127\.0\.0\.1:\d+/v1 +"
+                                 r"(healthy|partial outage|complete outage) ", shown, re.MULTILINE))
+        assert routes == {"rig-1/rigup-dual.service": "healthy", "rig-2/rigup-left.service": "partial outage",
+                          "rig-2/rigup-right.service": "complete outage"}
+
+        tmux_do("send-keys", "-t", "top", "C-c")
+        dead = wait_for(lambda: tmux_do("display-message", "-p", "-t", "top", "#{pane_dead}"), lambda s: s.strip() == "1", 15)
+        after = tmux_do("capture-pane", "-p", "-S", "-100", "-t", "top")
+        assert dead.strip() == "1", f"still running after Ctrl-C:\n{after}"
+        assert "rigup top exited with status 0" in after, after
+        assert "Traceback" not in after and "Pods" not in after  # its alternate screen is gone, the shell's is back
+    finally:
+        subprocess.run([tmux, "-S", str(socket), "kill-server"], capture_output=True, timeout=10, env=env)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# the command's output and exit codes
+
+
+def run_top(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(["top", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_once_as_json_reads_twice_and_exits_1_for_a_target_that_did_not_answer(
+    fleet: FakeFleet, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_top(["--fleet", str(fleet.path), "--direct", "--json", "--interval", "0.5"], capsys)
+    assert code == 1 and err == ""
+    frame = json.loads(out)
+    assert frame["source"] == "direct: 8 targets" and frame["unanswered"] == 2 and not frame["first_scrape"]
+    pods = {(p["host"], p["pod"]): p for p in frame["pods"]}
+    assert set(pods) == {("rig-1", "dual"), ("rig-2", "left"), ("rig-2", "right"), ("rig-3", "dual")}
+    assert pods[("rig-1", "dual")]["generation_tps"] == pytest.approx(850, rel=0.15)
+    assert pods[("rig-1", "dual")]["kv_usage"] == 0.42 and pods[("rig-1", "dual")]["model"] == MODEL
+    assert pods[("rig-3", "dual")]["state"] == "down: connection refused" and pods[("rig-3", "dual")]["running"] is None
+    assert len(frame["gpus"]) == 2 + 4 + 1
+    routes = {r["route"]: r for r in frame["routes"]}
+    assert routes["rig-2/rigup-right.service"]["state"] == "complete outage"
+
+
+def test_once_prints_the_tables(fleet: FakeFleet, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_top(["--fleet", str(fleet.path), "--direct", "--once", "--interval", "0.3", "--limit", "rig-1", "gw-1"],
+                             capsys)
+    assert code == 0, out
+    assert "scraping again in 0.3 s" in err
+    assert out.startswith("rigup top  direct: 3 targets  ")
+    assert pod_line(out, "rig-1", "dual") and "rig-3" not in out and "rig-2 " not in out.replace("rig-2/", "")
+    for title in ("Pods", "GPUs", "Gateway routes"):
+        assert f"\n{title}" in out
+
+
+def test_a_bad_limit_or_fleet_file_is_one_line_and_exit_2(fleet: FakeFleet, capsys: pytest.CaptureFixture[str],
+                                                          tmp_path: Path) -> None:
+    code, out, err = run_top(["--fleet", str(fleet.path), "--once", "--limit", "rig-9"], capsys)
+    assert (code, out) == (2, "") and err.count("\n") == 1
+    assert err.startswith("rigup top: ") and "--limit 'rig-9' is neither a host nor a group" in err
+    code, out, err = run_top(["--fleet", str(tmp_path / "missing.yaml"), "--once"], capsys)
+    assert (code, out) == (2, "") and err.count("\n") == 1 and "fleet file not found" in err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("groups: {rigs: {hosts: {r: {gpu_exporter_port: 0}}}}\n")
+    code, out, err = run_top(["--fleet", str(bad), "--once"], capsys)
+    assert (code, out) == (2, "") and err.count("\n") == 1 and "gpu_exporter_port" in err
+
+
+def test_an_unreachable_fleet_prometheus_falls_back_to_direct(tmp_path: Path, fleet: FakeFleet,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_fleet(tmp_path, fleet.ports, prometheus_listen_address=f"0.0.0.0:{DEAD_PORT}")
+    code, out, _ = run_top(["--fleet", str(path), "--json", "--interval", "0.3"], capsys)
+    frame = json.loads(out)
+    assert frame["source"] == f"direct: 8 targets (Prometheus http://127.0.0.1:{DEAD_PORT}: connection refused)"
+    assert code == 1 and any(p["generation_tps"] for p in frame["pods"])
+
+
+# --------------------------------------------------------------------------------------------------
+# direct: what is scraped, and the arithmetic over two scrapes
+
+
+def test_direct_endpoints_of_the_fleet(fleet: FakeFleet) -> None:
+    endpoints = direct_endpoints(fleet_targets(fleet=load_fleet(fleet.path)))
+    got = [(e.kind, e.host, e.pod, e.url) for e in endpoints]
+    p = fleet.ports
+    assert got == [
+        ("gateway", "gw-1", None, f"http://127.0.0.1:{p['gateway']}/metrics/"),
+        ("pod", "rig-1", "dual", f"http://127.0.0.1:{p['rig-1']}/metrics"),
+        ("gpu", "rig-1", None, f"http://127.0.0.1:{p['rig-1 gpus']}/metrics"),
+        ("pod", "rig-2", "left", f"http://127.0.0.1:{p['rig-2/left']}/metrics"),
+        ("gpu", "rig-2", None, f"http://127.0.0.1:{p['rig-2 gpus']}/metrics"),
+        ("pod", "rig-2", "right", f"http://127.0.0.1:{p['rig-2/right']}/metrics"),
+        ("pod", "rig-3", "dual", f"http://127.0.0.1:{DEAD_PORT}/metrics"),
+        ("gpu", "rig-3", None, f"http://127.0.0.1:{DEAD_PORT}/metrics"),
+    ]
+    assert endpoints[0].key == GATEWAY_KEY and all(e.key is None for e in endpoints[1:])
+    assert all(e.model == MODEL for e in endpoints if e.kind == "pod")
+
+
+def test_no_gpu_exporter_without_metrics_exporters(tmp_path: Path) -> None:
+    path = tmp_path / "rigs.yaml"
+    path.write_text("data: {variant: dual, metrics_exporters: false}\ngroups: {rigs: {hosts: {r: {ssh_hostname: 10.0.0.7}}}}\n")
+    endpoints = direct_endpoints(fleet_targets(fleet=load_fleet(path)))
+    assert [(e.kind, e.url) for e in endpoints] == [("pod", "http://10.0.0.7:8010/metrics")]  # dual's port
+
+
+def test_a_gateway_that_refuses_the_key_or_whose_key_cannot_be_read(fleet: FakeFleet) -> None:
+    wrong = Endpoint("gateway", "gw-1", f"http://127.0.0.1:{fleet.ports['gateway']}/metrics/", key="sk-wrong")
+    (row,) = route_rows(scrape(wrong, 2.0), None)
+    assert (row.gateway, row.state, row.answered) == ("gw-1", "answered HTTP 401 (the key refused)", False)
+    (fleet.path.parent / "gateway.key").chmod(0o644)  # rigup reads no secret others can read
+    (gateway,) = [e for e in direct_endpoints(fleet_targets(fleet=load_fleet(fleet.path))) if e.kind == "gateway"]
+    (row,) = route_rows(scrape(gateway, 2.0), None)
+    assert row.state.startswith("not asked: gateway: ") and "readable by group or others" in row.state
+    assert not row.answered
+
+
+def scraped(kind: str, text: str | None, at: float, error: str | None = None, **endpoint: Any) -> Scrape:
+    target = Endpoint(kind, endpoint.pop("host", "rig-1"), "http://127.0.0.1:1/metrics", **endpoint)
+    return Scrape(target, at, parse_exposition(text) if text is not None else None, error)
+
+
+def test_pod_rates_and_quantiles_from_two_scrapes() -> None:
+    pod = VllmPod(MODEL, started=1000.0)
+    before = scraped("pod", pod.text(1100.0), 50.0, pod="dual", model=MODEL)
+    now = scraped("pod", pod.text(1102.0), 52.0, pod="dual", model=MODEL)
+    first = pod_row(before, None)
+    assert (first.running, first.waiting, first.kv_usage, first.model) == (3.0, 1.0, 0.42, MODEL)
+    assert first.generation_tps is None and first.ttft_p50_s is None  # one scrape: no rates yet
+    row = pod_row(now, before)
+    assert row.generation_tps == pytest.approx(850.0) and row.prompt_tps == pytest.approx(2400.0)
+    assert row.ttft_p50_s == pytest.approx(0.1) and row.ttft_p95_s == pytest.approx(0.45)
+    assert row.state == UP and row.answered
+
+
+def test_a_restarted_pod_counts_from_zero() -> None:
+    old = VllmPod(MODEL, started=0.0)
+    new = VllmPod(MODEL, started=99.0)  # restarted one second before the second scrape
+    row = pod_row(scraped("pod", new.text(100.0), 12.0, pod="dual"), scraped("pod", old.text(98.0), 10.0, pod="dual"))
+    assert row.generation_tps == pytest.approx(850.0 / 2)  # 850 tokens since the restart, over the 2 s between scrapes
+    # the 4 first tokens since the restart (70, 90, 120, 300 ms), not the 392 before it
+    assert row.ttft_p50_s == pytest.approx(0.1) and row.ttft_p95_s == pytest.approx(0.45)
+
+
+def test_no_first_tokens_between_scrapes_is_no_quantile() -> None:
+    idle = VllmPod(MODEL, started=0.0, ttft_per_s=0.0)
+    row = pod_row(scraped("pod", idle.text(12.0), 12.0, pod="dual"), scraped("pod", idle.text(10.0), 10.0, pod="dual"))
+    assert row.ttft_p50_s is None and row.ttft_p95_s is None and row.generation_tps == pytest.approx(850.0)
+
+
+def test_a_pod_that_did_not_answer() -> None:
+    row = pod_row(scraped("pod", None, 1.0, "down: connection refused", pod="dual", model=MODEL), None)
+    assert (row.state, row.answered, row.model, row.running) == ("down: connection refused", False, MODEL, None)
+
+
+def test_gpu_rows() -> None:
+    rows = gpu_rows(scraped("gpu", dcgm_text("rig-1", [Gpu(1, temp_c=71), Gpu(0, util=3, used_mib=512, free_mib=23602)]), 1.0))
+    assert [(r.gpu, r.name, r.util_pct, r.mem_used_mib, r.mem_free_mib, r.temp_c, r.power_w) for r in rows] == [
+        ("1", "NVIDIA GeForce RTX 3090", 97.0, 22850.0, 1264.0, 71.0, 301.456),
+        ("0", "NVIDIA GeForce RTX 3090", 3.0, 512.0, 23602.0, 66.0, 301.456),
+    ]
+    (silent,) = gpu_rows(scraped("gpu", "# HELP other x\nother 1\n", 1.0))
+    assert silent.gpu is None and "no DCGM_FI_DEV fields" in silent.state and silent.answered
+    (down,) = gpu_rows(scraped("gpu", None, 1.0, "answered HTTP 503"))
+    assert (down.state, down.answered) == ("answered HTTP 503", False)
+
+
+def test_route_rows_with_rates() -> None:
+    routes = [Route(MODEL, "rig-1/rigup-dual.service", "http://10.0.0.1:8000/v1", success_per_s=4.0),
+              Route(MODEL, "rig-2/rigup-dual.service", "http://10.0.0.2:8000/v1", state=1, success_per_s=1.0, failure_per_s=2.0)]
+    before = scraped("gateway", litellm_text(routes, 0.0, 100.0), 5.0, host="gw-1")
+    now = scraped("gateway", litellm_text(routes, 0.0, 105.0), 10.0, host="gw-1")
+    rows = {r.route: r for r in route_rows(now, before)}
+    one, two = rows["rig-1/rigup-dual.service"], rows["rig-2/rigup-dual.service"]
+    assert (one.gateway, one.model, one.api_base, one.state) == ("gw-1", MODEL, "http://10.0.0.1:8000/v1", "healthy")
+    assert (one.success_rps, one.failure_rps) == (pytest.approx(4.0), 0.0)  # no failure series: none failed
+    assert (two.state, two.success_rps, two.failure_rps) == ("partial outage", pytest.approx(1.0), pytest.approx(2.0))
+    (quiet,) = route_rows(scraped("gateway", "# HELP litellm_proxy_total_requests_metric x\n", 1.0, host="gw-1"), None)
+    assert (quiet.state, quiet.answered) == (NO_ROUTES, True)
+
+
+def test_direct_source_first_frame_then_rates(fleet: FakeFleet) -> None:
+    source = DirectSource(direct_endpoints(fleet_targets(["rig-1"], fleet=load_fleet(fleet.path))), timeout=2.0)
+    first = source.frame()
+    assert first.first_scrape and first.pods[0].generation_tps is None
+    time.sleep(0.3)
+    second = source.frame()
+    assert not second.first_scrape and second.pods[0].generation_tps == pytest.approx(850.0, rel=0.2)
+    assert [g.temp_c for g in second.gpus] == [66.0, 71.0]
+
+
+# --------------------------------------------------------------------------------------------------
+# Prometheus: /api/v1/query
+
+
+class FakePrometheus:
+    """/api/v1/query answered from `answers` (query -> (HTTP status, JSON body)); any other query is
+    answered as Prometheus answers a query it cannot parse."""
+
+    def __init__(self, answers: dict[str, tuple[int, Any]]) -> None:
+        self.answers = answers
+        self.asked: list[dict[str, list[str]]] = []
+        outer = self
+
+        class Handler(JsonHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                url = urllib.parse.urlsplit(self.path)
+                params = urllib.parse.parse_qs(url.query)
+                outer.asked.append(params)
+                if url.path != "/api/v1/query":
+                    self.reply(404, {"status": "error", "errorType": "not_found", "error": "404 page not found"})
+                    return
+                query = params.get("query", [""])[0]
+                status, body = outer.answers.get(query, (400, {
+                    "status": "error", "errorType": "bad_data",
+                    "error": f'invalid parameter "query": 1:1: parse error: unexpected {query[:10]!r}'}))
+                self.reply(status, body)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def prometheus() -> Iterator[Callable[[dict[str, tuple[int, Any]]], FakePrometheus]]:
+    started: list[FakePrometheus] = []
+
+    def start(answers: dict[str, tuple[int, Any]]) -> FakePrometheus:
+        started.append(FakePrometheus(answers))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.close()
+
+
+def vector(*series: tuple[dict[str, str], str], at: float = 1796314233.402) -> tuple[int, Any]:
+    """A 200 answer to an instant query, as Prometheus' HTTP API documents it."""
+    return 200, {"status": "success", "data": {"resultType": "vector",
+                                               "result": [{"metric": m, "value": [at, v]} for m, v in series]}}
+
+
+def test_a_frame_from_what_a_real_prometheus_answered(prometheus: Callable[..., FakePrometheus]) -> None:
+    """The answers Prometheus 2.42 gave to these very queries (scraping the fakes above, rig-3 down)."""
+    captured = json.loads((FIXTURES / "api-query-2.42.0.json").read_text())["responses"]
+    queries = prometheus_queries()
+    missing = sorted(set(queries.values()) - set(captured))
+    assert not missing, f"queries changed since the capture (re-capture it against a real Prometheus): {missing}"
+    server = prometheus({q: (a["status_code"], a["body"]) for q, a in captured.items()})
+    frame = PrometheusSource(server.url, timeout=2.0).frame()
+    assert frame.source == f"Prometheus {server.url}" and frame.notes == [] and not frame.first_scrape
+    assert {tuple(p["query"]) for p in server.asked} == {(q,) for q in queries.values()}
+    assert len({p["time"][0] for p in server.asked}) == 1  # one evaluation time for the whole frame
+    rig1, rig2, rig3 = frame.pods
+    assert (rig1.host, rig1.pod, rig1.model, rig1.state) == ("rig-1", "dual", MODEL, UP)
+    assert (rig1.running, rig1.waiting, rig1.kv_usage) == (3.0, 1.0, 0.42)
+    assert rig1.generation_tps == pytest.approx(850, rel=0.01) and rig1.prompt_tps == pytest.approx(2400, rel=0.01)
+    assert rig1.ttft_p50_s == pytest.approx(0.1) and rig1.ttft_p95_s == pytest.approx(0.45)
+    assert rig2.generation_tps == pytest.approx(400, rel=0.01) and rig2.kv_usage == 0.1
+    assert (rig3.host, rig3.answered, rig3.running) == ("rig-3", False, None) and rig3.state.startswith("down")
+    assert [(g.host, g.gpu, g.temp_c) for g in frame.gpus] == [
+        ("rig-1", "0", 66.0), ("rig-1", "1", 71.0), ("rig-2", "0", 58.0), ("rig-3", None, None)]
+    assert frame.gpus[0].mem_used_mib == 22850.0 and frame.gpus[0].power_w == 301.456 and not frame.gpus[3].answered
+    assert [(r.gateway, r.route, r.state) for r in frame.routes] == [
+        ("gw-1", "rig-1/rigup-dual.service", "healthy"), ("gw-1", "rig-2/rigup-dual.service", "partial outage")]
+    assert frame.routes[0].failure_rps == 0.0 and frame.routes[1].failure_rps == pytest.approx(0.5, rel=0.05)
+    assert frame.unanswered == 2
+
+
+def test_prometheus_errors_nan_and_the_selection(prometheus: Callable[..., FakePrometheus], fleet: FakeFleet) -> None:
+    q = prometheus_queries()
+    pod = {"__name__": "up", "job": "vllm", "instance": "127.0.0.1:8000", "host": "rig-1", "pod": "dual",
+           "variant": "dual", "model": MODEL}
+    other = {**pod, "host": "rig-2", "pod": "left", "instance": "127.0.0.1:8001"}
+    server = prometheus({
+        q["pod_up"]: vector((pod, "1"), (other, "1")),
+        q["running"]: vector(({"host": "rig-1", "pod": "dual"}, "2"), ({"host": "rig-2", "pod": "left"}, "7")),
+        q["ttft_p50_s"]: vector(({"host": "rig-1", "pod": "dual"}, "NaN")),  # no first token in the window
+        q["gateway_up"]: vector(({"__name__": "up", "job": "gateway-gw_1", "host": "gw-1", "instance": "x:4000"}, "1")),
+        q["gpu_up"]: vector(({"__name__": "up", "job": "gpu", "host": "rig-2", "instance": "x:9400"}, "0")),
+        # the rest: Prometheus refuses them (400 bad_data), e.g. an older Prometheus without a function
+    })
+    keep = selection_filter(load_fleet(fleet.path), ["rig-1", "gw-1"])
+    frame = PrometheusSource(server.url, timeout=2.0, keep=keep).frame()
+    assert [(p.host, p.pod, p.running, p.ttft_p50_s) for p in frame.pods] == [("rig-1", "dual", 2.0, None)]
+    assert frame.gpus == []  # rig-2 is not selected
+    assert [(r.gateway, r.state) for r in frame.routes] == [("gw-1", NO_ROUTES)]
+    assert frame.notes and all("bad_data" in note for note in frame.notes)
+    assert any(note.startswith("waiting: ") for note in frame.notes)
+
+
+def test_query_prometheus_reads_the_documented_shapes(prometheus: Callable[..., FakePrometheus]) -> None:
+    server = prometheus({
+        "up": vector(({"__name__": "up", "job": "vllm"}, "1"), ({"__name__": "up", "job": "gpu"}, "+Inf")),
+        "matrix": (200, {"status": "success", "data": {"resultType": "matrix", "result": []}}),
+        "overloaded": (503, {"status": "error", "errorType": "unavailable", "error": "too many queries"}),
+    })
+    assert query_prometheus(server.url, "up", 1.0, 2.0) == [({"__name__": "up", "job": "vllm"}, 1.0),
+                                                            ({"__name__": "up", "job": "gpu"}, math.inf)]
+    with pytest.raises(Exception, match="a 'matrix' result, not a vector"):
+        query_prometheus(server.url, "matrix", 1.0, 2.0)
+    with pytest.raises(Exception, match="HTTP 503: unavailable: too many queries"):
+        query_prometheus(server.url, "overloaded", 1.0, 2.0)
+    with pytest.raises(PrometheusUnreachable, match="connection refused"):
+        query_prometheus(f"http://127.0.0.1:{DEAD_PORT}", "up", 1.0, 2.0)
+
+
+def test_fallback_source_says_why_it_reads_directly(fleet: FakeFleet) -> None:
+    direct = DirectSource(direct_endpoints(fleet_targets(["rig-1"], fleet=load_fleet(fleet.path))), timeout=2.0)
+    source = FallbackSource(PrometheusSource(f"http://127.0.0.1:{DEAD_PORT}", timeout=1.0), direct)
+    frame = source.frame()
+    assert frame.source == f"direct: 2 targets (Prometheus http://127.0.0.1:{DEAD_PORT}: connection refused)"
+    assert frame.pods[0].running == 3.0
+
+
+# --------------------------------------------------------------------------------------------------
+# where the fleet's Prometheus is
+
+
+def monitor_of(tmp_path: Path, text: str) -> Any:
+    path = tmp_path / "rigs.yaml"
+    path.write_text(text)
+    return fleet_monitor(load_fleet(path))
+
+
+def test_the_fleet_prometheus(tmp_path: Path) -> None:
+    key = tmp_path / "gw.key"
+    key.write_text("k\n")
+    key.chmod(0o600)
+    gateway = f"  gateway:\n    data: {{gateway_api_key_file: {key}, serves_variant: false}}\n    hosts: {{gw: {{ssh_hostname: 10.0.0.5}}}}\n"
+    rigs = "  rigs:\n    hosts: {r1: {ssh_hostname: 10.0.0.7}}\n"
+    assert monitor_of(tmp_path, "groups:\n" + rigs) is None  # no gateway, no monitor: read directly
+    monitor = monitor_of(tmp_path, "groups:\n" + gateway + rigs)
+    assert (monitor.host, monitor.url, monitor.scrape_interval_s) == ("gw", "http://10.0.0.5:9090", 15)
+    monitor = monitor_of(tmp_path, "data: {monitor_group: rigs, prometheus_listen_address: '10.0.0.7:9999'}\ngroups:\n"
+                         + gateway + rigs)
+    assert (monitor.host, monitor.url) == ("r1", "http://10.0.0.7:9999")
+    loopback = monitor_of(tmp_path, "data: {prometheus_listen_address: '127.0.0.1:9090'}\ngroups:\n" + gateway + rigs)
+    assert loopback.url is None and "listens on 127.0.0.1:9090, its own loopback" in (loopback.problem or "")
+    local = monitor_of(tmp_path, "data: {prometheus_listen_address: '127.0.0.1:9090'}\ngroups:\n"
+                       f"  gateway:\n    data: {{gateway_api_key_file: {key}, serves_variant: false}}\n    hosts: {{'@local': {{}}}}\n")
+    assert local.url == "http://127.0.0.1:9090"

@@ -1,0 +1,208 @@
+"""Fleet monitoring end to end: Debian's real Prometheus and node_exporter (from the hub's archive),
+the DCGM exporter container on Docker's real engine, the real LiteLLM gateway, and the vLLM stand-in's
+/metrics in vLLM's own format.
+
+One 3-host bed: gw-01 (no GPU, serves_variant: false) runs the gateway and, by default, Prometheus;
+rig-01 and rig-02 serve. The scenarios run in file order: bring-up scrapes every target (each pod,
+GPU exporter, node, the gateway, Prometheus itself) and loads every alert rule; `rigup verify` moves
+each pod's vllm:generation_tokens_total; a stopped pod fires RigupPodDown within its `for:` window
+(and clears when it serves again); a variant switch moves its target at that converge; a converged
+re-run changes nothing; no key is in the scrape config, and the key files are 0600 prometheus.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import requests
+
+from rigup.desired.dashboards import panels
+from rigup_testbed.fleet import Testbed
+from rigup_testbed.hosts import HostSpec
+from rigup_testbed.image import REPO_ROOT
+from tests.e2e.helpers import key_files
+from tests.e2e.test_serving import API_KEY, OTHER_VARIANT, VARIANT, Bed, port_of, served_name, sh
+
+pytestmark = pytest.mark.e2e
+
+GATEWAY_KEY = "sk-rigup-gateway-e2e-5b1e7c3a9d20"
+SCRAPE_S = 5  # prometheus_scrape_interval_s: short, so targets and alerts move in seconds
+POD_DOWN_FOR_S = 60  # RigupPodDown's `for:` in templates/rigup-alerts.yml.j2
+
+
+def prometheus(bed: Bed, path: str, **params: Any) -> Any:
+    reply = requests.get(f"http://{bed.host('gw-01').ip}:9090{path}", params=params, timeout=30)
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["status"] == "success", body
+    return body["data"]
+
+
+def query(bed: Bed, promql: str) -> list[dict[str, Any]]:
+    return prometheus(bed, "/api/v1/query", query=promql)["result"]
+
+
+def targets(bed: Bed) -> list[dict[str, Any]]:
+    return prometheus(bed, "/api/v1/targets", state="active")["activeTargets"]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    started = time.monotonic()
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() - started < timeout, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def bed(testbed_factory: Callable[..., Testbed], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
+    specs = [HostSpec("gw-01", hardware="none", group="gateway", data={"serves_variant": False}),
+             HostSpec("rig-01", group="rigs"), HostSpec("rig-02", group="rigs")]
+    testbed = testbed_factory(specs, "monitor")
+    b = Bed(testbed, testbed.workdir)
+    keys = key_files(tmp_path_factory.mktemp("keys"), rig=API_KEY, gateway=GATEWAY_KEY)
+    b.data = {**b.data, "serving_api_key_file": str(keys["rig"]), "prometheus_scrape_interval_s": SCRAPE_S,
+              "gateway_health_check_interval_s": 5}
+    b.group_data = {"gateway": {"gateway_api_key_file": str(keys["gateway"])}}
+    b.write()
+    yield b
+    testbed.down()  # Prometheus, two exporters per rig and LiteLLM: not left running under later modules
+
+
+def test_bring_up_scrapes_every_target_and_loads_every_rule(bed: Bed) -> None:
+    proc = bed.deploy()
+    output = proc.stdout + proc.stderr
+    summary = output[output.index("--> What this converge did, per host:"):]
+    assert "monitor: 2 pod target(s) (rig-01/dual, rig-02/dual)" in summary, summary
+    rig1, rig2 = bed.host("rig-01").ip, bed.host("rig-02").ip
+    expected = {
+        ("prometheus", "gw-01"), ("vllm", "rig-01"), ("vllm", "rig-02"), ("gpu", "rig-01"), ("gpu", "rig-02"),
+        ("node", "rig-01"), ("node", "rig-02"), ("gateway-gw-01", "gw-01"),
+    }
+
+    seen: dict[tuple[str, str], str] = {}
+
+    def all_up() -> bool:
+        seen.clear()
+        seen.update({(t["labels"]["job"], t["labels"]["host"]): f"{t['health']} {t['lastError']}".strip()
+                     for t in targets(bed)})
+        return set(seen) == expected and all(h == "up" for h in seen.values())
+
+    try:
+        wait_for(all_up, 60, "every target up")
+    except AssertionError:
+        raise AssertionError(f"targets now: {seen}; expected up: {sorted(expected)}") from None
+    pods = {t["labels"]["host"]: t for t in targets(bed) if t["labels"]["job"] == "vllm"}
+    model = served_name(VARIANT)
+    assert {h: (t["labels"]["pod"], t["labels"]["variant"], t["labels"]["model"]) for h, t in pods.items()} == {
+        "rig-01": (VARIANT, VARIANT, model), "rig-02": (VARIANT, VARIANT, model)}
+    assert pods["rig-01"]["scrapeUrl"] == f"http://{rig1}:{port_of(VARIANT)}/metrics"
+    # the GPU exporter reports each simulated card with DCGM's names; node_exporter reads rigup's textfile
+    temps = query(bed, 'DCGM_FI_DEV_GPU_TEMP{host="rig-02"}')
+    assert len(temps) == 2 and {t["metric"]["gpu"] for t in temps} == {"0", "1"}
+    assert all("3090" in t["metric"]["modelName"] for t in temps), temps
+    gates = query(bed, "rigup_gate_last_passed")
+    assert {(g["metric"]["host"], g["metric"]["pod"], g["value"][1]) for g in gates} == {
+        ("rig-01", VARIANT, "1"), ("rig-02", VARIANT, "1")}
+    assert {s["metric"]["host"] for s in query(bed, "rigup_driver_loaded_branch == rigup_driver_wanted_branch")} == {
+        "rig-01", "rig-02"}
+    assert query(bed, 'node_systemd_unit_state{name="rigup-dual.service", state="active"} == 1')
+    # the gateway's own metrics, through its key
+    assert query(bed, 'up{job="gateway-gw-01"} == 1')
+    rules = prometheus(bed, "/api/v1/rules")["groups"]
+    loaded = sorted(r["name"] for g in rules for r in g["rules"])
+    assert len(loaded) == 15 and "RigupPodDown" in loaded and "RigupGpuXid" in loaded
+    assert all(r["health"] == "ok" for g in rules for r in g["rules"]), rules
+    assert f"http://{rig2}:9400/metrics" in {t["scrapeUrl"] for t in targets(bed)}
+
+
+def test_verify_moves_every_pods_generated_tokens(bed: Bed) -> None:
+    def generated() -> dict[str, float]:
+        return {r["metric"]["host"]: float(r["value"][1]) for r in query(bed, "sum by (host) (vllm:generation_tokens_total)")}
+
+    before = wait_for(lambda: generated() if len(generated()) == 2 else None, 30, "both pods' token counters")
+    proc = subprocess.run([sys.executable, "-m", "rigup", "verify"], cwd=REPO_ROOT, env=bed.env(),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    after = wait_for(lambda: (g := generated()) and all(g[h] > before[h] for h in before) and g, 3 * SCRAPE_S + 10,
+                     "vllm:generation_tokens_total to rise on both pods")
+    assert set(after) == {"rig-01", "rig-02"}
+    ttft = query(bed, "sum by (host) (vllm:time_to_first_token_seconds_count)")
+    assert all(float(r["value"][1]) > 0 for r in ttft) and len(ttft) == 2
+
+
+def test_every_dashboard_panel_query_returns_data(bed: Bed) -> None:
+    # Grafana cannot be installed here (no package reachable): its panels' queries run against the real
+    # Prometheus instead. One request through the gateway first, so its per-route series exist.
+    reply = requests.post(f"http://{bed.host('gw-01').ip}:4000/v1/chat/completions",
+                          headers={"Authorization": f"Bearer {GATEWAY_KEY}"}, timeout=60,
+                          json={"model": served_name(VARIANT), "max_tokens": 8,
+                                "messages": [{"role": "user", "content": "Say hello."}]})
+    assert reply.status_code == 200, reply.text
+    empty: list[str] = []
+
+    def all_answer() -> bool:
+        empty[:] = [p.title for p in panels() if not query(bed, p.expr)]
+        return not empty
+
+    try:
+        wait_for(all_answer, 4 * SCRAPE_S + 30, "every panel's query to return data")
+    except AssertionError:
+        raise AssertionError(f"panels whose query returns nothing: {empty}") from None
+
+
+def test_a_stopped_pod_fires_pod_down_within_its_window_and_clears(bed: Bed) -> None:
+    rig2 = bed.host("rig-02")
+
+    def firing() -> list[dict[str, Any]]:
+        return [a for a in prometheus(bed, "/api/v1/alerts")["alerts"]
+                if a["labels"]["alertname"] == "RigupPodDown" and a["state"] == "firing"]
+
+    sh(rig2, f"systemctl stop rigup-{VARIANT}.service")
+    stopped = time.monotonic()
+    try:
+        alerts = wait_for(firing, POD_DOWN_FOR_S + 3 * SCRAPE_S + 15, "RigupPodDown to fire")
+        took = time.monotonic() - stopped
+        assert POD_DOWN_FOR_S <= took, f"fired after {took:.0f} s, before its for: window"
+        assert [(a["labels"]["host"], a["labels"]["pod"]) for a in alerts] == [("rig-02", VARIANT)]
+        assert "does not answer /metrics" in alerts[0]["annotations"]["summary"]
+    finally:
+        sh(rig2, f"systemctl start rigup-{VARIANT}.service")
+    wait_for(lambda: not firing(), 120, "RigupPodDown to clear once the pod serves again")
+
+
+def test_a_variant_switch_moves_the_target_at_that_converge(bed: Bed) -> None:
+    bed.group_data = {**bed.group_data, "rigs": {"variant": OTHER_VARIANT}}
+    bed.write()
+    bed.deploy("--limit", "rig-02", "--limit", "gw-01")
+    other = served_name(OTHER_VARIANT)
+
+    def moved() -> bool:
+        pods = {t["labels"]["host"]: t["labels"] for t in targets(bed) if t["labels"]["job"] == "vllm"}
+        return pods.get("rig-02", {}).get("model") == other and pods.get("rig-01", {}).get("model") == served_name(VARIANT)
+
+    # file_sd: Prometheus re-reads the targets file on change, no reload
+    wait_for(moved, 30, f"rig-02's target to name {other}")
+    wait_for(lambda: query(bed, f'up{{job="vllm", host="rig-02", model="{other}"}} == 1'), 60, "the new pod up")
+
+
+def test_a_converged_rerun_changes_nothing(bed: Bed) -> None:
+    result = bed.deploy_json()
+    changed = {op["name"]: op["success"] for op in result["results"]["operations"] if op["success"]}
+    assert changed == {}, f"operations that changed on a converged re-run: {changed}"
+
+
+def test_no_key_in_the_scrape_config_and_the_key_files_are_the_prometheus_users(bed: Bed) -> None:
+    gw = bed.host("gw-01")
+    config = sh(gw, "cat /etc/prometheus/prometheus.yml /etc/prometheus/rigup-targets/*.json")
+    assert GATEWAY_KEY not in config and API_KEY not in config
+    assert sh(gw, "stat -c '%a %U:%G' /etc/prometheus/rigup-keys/gateway-gw-01.key") == "600 prometheus:prometheus"
+    assert sh(gw, "stat -c '%a %U:%G' /etc/prometheus/rigup-keys") == "750 root:prometheus"
+    assert GATEWAY_KEY not in sh(gw, "ps -eo args")
