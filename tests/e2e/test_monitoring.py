@@ -64,7 +64,7 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
 @pytest.fixture(scope="module")
 def bed(testbed_factory: Callable[..., Testbed], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
     specs = [HostSpec("gw-01", hardware="none", group="gateway", data={"serves_variant": False}),
-             HostSpec("rig-01", group="rigs"), HostSpec("rig-02", group="rigs")]
+             HostSpec("rig-01", group="rigs"), HostSpec("rig-02", group="lab")]
     testbed = testbed_factory(specs, "monitor")
     b = Bed(testbed, testbed.workdir)
     keys = key_files(tmp_path_factory.mktemp("keys"), rig=API_KEY, gateway=GATEWAY_KEY)
@@ -179,7 +179,7 @@ def test_a_stopped_pod_fires_pod_down_within_its_window_and_clears(bed: Bed) -> 
 
 
 def test_a_variant_switch_moves_the_target_at_that_converge(bed: Bed) -> None:
-    bed.group_data = {**bed.group_data, "rigs": {"variant": OTHER_VARIANT}}
+    bed.group_data = {**bed.group_data, "lab": {"variant": OTHER_VARIANT}}
     bed.write()
     bed.deploy("--limit", "rig-02", "--limit", "gw-01")
     other = served_name(OTHER_VARIANT)
