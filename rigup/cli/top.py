@@ -324,6 +324,36 @@ def answer_rates(success: float | None, failure: float | None) -> tuple[float | 
     return success or 0.0, failure or 0.0
 
 
+def route_base(api_base: str | None) -> str | None:
+    """A route's API base as rigup wrote it (http://host:port/v1): LiteLLM labels some series with the
+    endpoint it called (.../v1/chat/completions) instead."""
+    if api_base is None or "/v1/" not in api_base:
+        return api_base
+    return api_base.split("/v1/", 1)[0] + "/v1"
+
+
+def merged_routes(rows: Sequence[RouteRow]) -> list[RouteRow]:
+    """One row per gateway, model and API base. LiteLLM keeps a series of a route's state per label set
+    it saw (with and without model_id, per endpoint path): the merged row names the route, shows the
+    worst state and sums the answers."""
+    order = {name: i for i, name in enumerate(ROUTE_STATES.values())}
+    merged: dict[tuple[str, str | None, str | None], RouteRow] = {}
+    for row in rows:
+        key = (row.gateway, row.model, route_base(row.api_base))
+        known = merged.get(key)
+        if known is None or not row.answered or row.model is None:
+            merged[key] = RouteRow(row.gateway, row.model, row.route, key[2], row.state, row.answered,
+                                   row.success_rps, row.failure_rps)
+            continue
+        known.route = known.route or row.route
+        if order.get(row.state, len(order)) > order.get(known.state, len(order)):
+            known.state = row.state
+        for attr in ("success_rps", "failure_rps"):
+            values = [v for v in (getattr(known, attr), getattr(row, attr)) if v is not None]
+            setattr(known, attr, sum(values) if values else None)
+    return list(merged.values())
+
+
 def route_rows(now: Scrape, before: Scrape | None) -> list[RouteRow]:
     endpoint = now.endpoint
     if now.metrics is None:
@@ -343,7 +373,7 @@ def route_rows(now: Scrape, before: Scrape | None) -> list[RouteRow]:
                 _rate(before.metrics, metrics, ROUTE_SUCCESS, seconds, model_id=model_id),
                 _rate(before.metrics, metrics, ROUTE_FAILURE, seconds, model_id=model_id))
         rows.append(row)
-    return rows
+    return merged_routes(rows)
 
 
 class DirectSource(Source):
@@ -533,7 +563,7 @@ class PrometheusSource(Source):
                 rows.append(RouteRow(host, None, None, None, NO_ROUTES))
             else:
                 rows.append(RouteRow(host, None, None, None, "down (Prometheus: up 0)", answered=False))
-        return sorted(rows, key=lambda r: (r.gateway, r.model or "", r.route or ""))
+        return sorted(merged_routes(rows), key=lambda r: (r.gateway, r.model or "", r.route or ""))
 
 
 def _index(gpu: str | None) -> tuple[int, str]:

@@ -552,3 +552,21 @@ def test_the_fleet_prometheus(tmp_path: Path) -> None:
     local = monitor_of(tmp_path, "data: {prometheus_listen_address: '127.0.0.1:9090'}\ngroups:\n"
                        f"  gateway:\n    data: {{gateway_api_key_file: {key}, serves_variant: false}}\n    hosts: {{'@local': {{}}}}\n")
     assert local.url == "http://127.0.0.1:9090"
+
+
+def test_litellms_several_series_of_one_route_are_one_row() -> None:
+    """As the sandbox's gateway reported them: a route's state with and without model_id, one labelled
+    with the endpoint LiteLLM called; they are one route, named, at its worst state."""
+    from rigup.cli.top import RouteRow, merged_routes
+
+    rows = [
+        RouteRow("rig-03", "qwen", None, "http://10.213.0.11:8010/v1/chat/completions", "healthy"),
+        RouteRow("rig-03", "qwen", "rig-01/rigup-dual.service", "http://10.213.0.11:8010/v1", "partial outage",
+                 success_rps=2.0, failure_rps=0.5),
+        RouteRow("rig-03", "qwen", None, "http://127.0.0.1:8011/v1/chat/completions", "healthy", success_rps=1.0),
+    ]
+    merged = sorted(merged_routes(rows), key=lambda r: r.api_base or "")
+    assert [(r.route, r.api_base, r.state, r.success_rps, r.failure_rps) for r in merged] == [
+        ("rig-01/rigup-dual.service", "http://10.213.0.11:8010/v1", "partial outage", 2.0, 0.5),
+        (None, "http://127.0.0.1:8011/v1", "healthy", 1.0, None),
+    ]
