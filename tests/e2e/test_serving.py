@@ -239,8 +239,9 @@ def test_variant_switch_stops_the_old_one(bed: Bed) -> None:
     code, body = models(host, port_of(OTHER_VARIANT))
     assert code == 200 and [m["id"] for m in body["data"]] == [served_name(OTHER_VARIANT)]
     assert provenance(host)["variant"] == OTHER_VARIANT
-    # the engine keeps nothing of the old variant: one container, one network, both the new one's
-    assert sh(host, "docker ps -a --format '{{.Names}}'").split() == [f"rigup-{OTHER_VARIANT}"]
+    # the engine keeps nothing of the old variant: one container, one network, both the new one's (beside
+    # the GPU exporter's container, which no variant owns)
+    assert sorted(sh(host, "docker ps -a --format '{{.Names}}'").split()) == sorted([f"rigup-{OTHER_VARIANT}", "rigup-gpu-exporter"])
     networks = [n for n in sh(host, "docker network ls --format '{{.Name}}'").split() if n not in ("bridge", "host", "none")]
     assert networks == [f"rigup-{OTHER_VARIANT}_default"]
     # rig-01 kept its variant and was not restarted by the fleet change.
