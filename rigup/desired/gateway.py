@@ -131,7 +131,7 @@ def route_for(rig: RigEndpoint, record: Mapping[str, Any] | None, active_units: 
     if unit not in set(active_units):
         return None, f"{unit} is not running"
     bind = str(release.get("bind_address") or "0.0.0.0")
-    if _loopback(bind) and not rig.local:
+    if is_loopback(bind) and not rig.local:
         return None, f"{unit} listens on {bind} only (serving_bind_address), out of the gateway's reach"
     if bind in ("0.0.0.0", "::"):
         address = rig.address
@@ -155,11 +155,25 @@ def current_records(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, A
     return list(newest.values())
 
 
-def _loopback(address: str) -> bool:
+def is_loopback(address: str) -> bool:
+    """A loopback address (127.0.0.0/8, ::1) or the name localhost: reachable from its own host only."""
+    if address == "localhost":
+        return True
     try:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:
         return False
+
+
+def reach_address(name: str, data: Mapping[str, Any], seen_from: str) -> str | None:
+    """How host `seen_from` reaches fleet host `name`: 127.0.0.1 when it is the host itself, None for
+    pyinfra's @local seen from another host (the control machine: no address it can use), else its
+    ssh_hostname (or its name)."""
+    if name == seen_from:
+        return "127.0.0.1"
+    if name == LOCAL_HOST:
+        return None
+    return str(data.get("ssh_hostname") or name)
 
 
 def config_document(routes: Iterable[Route], *, health_check_interval_s: int, num_retries: int) -> dict[str, Any]:
@@ -311,14 +325,8 @@ def gateway_plan(
         if key is not None:
             rig_keys[key_env(name)] = key
             origins[key_env(name)] = f"serving_api_key_file of rig {name!r}"
-        local = name == host_name
-        if local:
-            address: str | None = "127.0.0.1"
-        elif name == LOCAL_HOST:
-            address = None  # the control machine, as the rig sees it: nothing another host can use
-        else:
-            address = str(rig_data.get("ssh_hostname") or name)
-        rigs.append(RigEndpoint(name, address, key_env(name) if has_key else None, local))
+        address = reach_address(name, rig_data, host_name)
+        rigs.append(RigEndpoint(name, address, key_env(name) if has_key else None, name == host_name))
         roots[name] = knob(rig_data, "install_root")
     master = read_secret_file(key_file, "gateway_api_key_file") if read_secrets else "unread"
     return GatewayPlan(

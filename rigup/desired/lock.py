@@ -284,10 +284,15 @@ def model_revision_wanted(model_key: str) -> str:
     return str(spec.get("revision") or "main")
 
 
+def insecure_registries(host_data: Mapping[str, Any]) -> set[str]:
+    """host[:port] of every registry Docker is told to reach over plain HTTP (docker_insecure_registries)."""
+    return {str(r).split("://", 1)[-1].rstrip("/") for r in knob(host_data, "docker_insecure_registries") or ()}
+
+
 def needs_for(recipe: Any, host_data: Mapping[str, Any]) -> list[Need]:
     """Everything the recipe's variant pulls from outside, as lock entries to have."""
     registry = recipe.image.registry
-    insecure = {str(r).split("://", 1)[-1].rstrip("/") for r in knob(host_data, "docker_insecure_registries") or ()}
+    insecure = insecure_registries(host_data)
     out: list[Need] = [ImageNeed(recipe.image.lock_name, recipe.image.repository, recipe.image.tag, registry,
                                  registry.split("/", 1)[0] in insecure)]
     sources = list(recipe.sources)
@@ -310,7 +315,7 @@ def exporter_needs(host_data: Mapping[str, Any]) -> list[Need]:
     if exporters is None:
         return []
     image = exporters.image
-    insecure = {str(r).split("://", 1)[-1].rstrip("/") for r in knob(host_data, "docker_insecure_registries") or ()}
+    insecure = insecure_registries(host_data)
     return [ImageNeed(image.lock_name, image.repository, image.tag, image.registry, image.registry in insecure)]
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from rigup import DEPLOY_ROOT
-from rigup.desired.gateway import LOCAL_HOST, current_records, is_gateway
+from rigup.desired.gateway import current_records, is_gateway, is_loopback, reach_address
 from rigup.desired.knobs import knob, knob_int
 from rigup.desired.render import render_template
 from rigup.desired.secrets import SecretError, read_secret_file
@@ -337,12 +337,7 @@ def monitor_plan(
     rigs, gateways, keys = [], [], {}
     for name, other, other_groups in fleet:
         local = name == host_name
-        if local:
-            address: str | None = "127.0.0.1"
-        elif name == LOCAL_HOST:
-            address = None
-        else:
-            address = str(other.get("ssh_hostname") or name)
+        address = reach_address(name, other, host_name)
         if knob(other, "serves_variant"):
             exporters = knob(other, "metrics_exporters")
             rigs.append(ScrapedRig(
@@ -356,7 +351,7 @@ def monitor_plan(
             key_file = posixpath.join(KEYS_DIR, f"gateway-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.key")
             bind = str(knob(other, "gateway_bind_address"))
             reach = address if bind in ("0.0.0.0", "::") else bind
-            if _loopback(reach) and not local:
+            if is_loopback(reach) and not local:
                 continue  # a gateway bound to its own loopback: out of reach, and its own monitor scrapes it
             gateways.append(ScrapedGateway(name, reach, knob(other, "gateway_port"), key_file))
             if read_secrets:
@@ -393,10 +388,6 @@ def monitor_plan(
     )
 
 
-def _loopback(address: str) -> bool:
-    return address == "localhost" or address.startswith("127.") or address == "::1"
-
-
 def pod_targets(rig: ScrapedRig, records: Sequence[Mapping[str, Any]]) -> tuple[list[PodTarget], list[str]]:
     """The pods a rig's provenance records name (running or not: a stopped pod is a target that is
     down), and a note per record that gives none."""
@@ -409,7 +400,7 @@ def pod_targets(rig: ScrapedRig, records: Sequence[Mapping[str, Any]]) -> tuple[
             continue
         bind = str(release.get("bind_address") or "0.0.0.0")
         address = rig.address if bind in ("0.0.0.0", "::") else bind
-        if address is None or (_loopback(address) and rig.address != "127.0.0.1"):
+        if address is None or (is_loopback(address) and rig.address != "127.0.0.1"):
             notes.append(f"{rig.host}: {unit} listens where the monitor cannot reach it ({bind})")
             continue
         pod = str(record.get("pod") or record.get("variant") or unit.removeprefix("rigup-").removesuffix(".service"))
