@@ -33,6 +33,17 @@ from rigup_testbed.state import Ledger, TestbedError, make_cgroup, run
 
 INSTANCE_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 NET_LOCK = "/run/lock/rigup-testbed-net.lock" if os.path.isdir("/run/lock") else "/tmp/rigup-testbed-net.lock"
+# instance name -> the work dir whose state.json owns it, machine-wide (namespaces and links are), so a
+# clash names the bed to tear down; /run empties at boot, as the namespaces do
+OWNERS_DIR = Path("/run/rigup-testbed/owners") if os.path.isdir("/run") else Path("/tmp/rigup-testbed-owners")
+
+
+def instance_owner(instance: str) -> Path | None:
+    """The work dir of the live bed that holds `instance` on this machine, when one is recorded."""
+    try:
+        return Path((OWNERS_DIR / instance).read_text().strip())
+    except OSError:
+        return None
 
 
 def registry_host_port(registry: str) -> str:
@@ -126,8 +137,16 @@ class Testbed:
         with open(NET_LOCK, "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             net = Network(self.instance, pick_subnet())
+            owner = instance_owner(self.instance)
+            if owner is not None and owner != self.workdir and (owner / "state.json").exists():
+                raise TestbedError(
+                    f"test-bed instance {self.instance!r} is held by the bed in {owner} (another session, or one "
+                    f"that died; tear it down with: python -c 'from pathlib import Path; from rigup_testbed.fleet "
+                    f"import Testbed; Testbed(Path(\"{owner}\"), \"{self.instance}\").down()')")
             self.ledger.set_info(instance=self.instance, subnet=str(net.subnet), hub_ip=net.hub_ip, image=img.spec.key)
             create_hub(self.ledger, net)
+            OWNERS_DIR.mkdir(parents=True, exist_ok=True)
+            (OWNERS_DIR / self.instance).write_text(f"{self.workdir}\n")
         ssh_dir = self.workdir / "ssh"
         self.ledger.add("dir", path=str(ssh_dir))
         ssh_dir.mkdir(mode=0o700)
@@ -184,6 +203,8 @@ class Testbed:
         if problems:
             raise TestbedError("teardown left problems:\n  " + "\n  ".join(problems))
         self.ledger.path.unlink(missing_ok=True)
+        if instance_owner(self.instance) == self.workdir:
+            (OWNERS_DIR / self.instance).unlink(missing_ok=True)
         try:
             self.workdir.rmdir()  # only when nothing else was put there
         except OSError:

@@ -7,10 +7,12 @@
   fleet_file        session: the default bed's fleet file (every URL knob at the hub, Debian 12 allowed)
   pyinfra_run       function: run(fleet, *args, opts=()) -> CompletedProcess of the real pyinfra CLI
 
-Beds live under <cache>/runs/<instance> (cache: RIGUP_TESTBED_CACHE or .cache/testbed); a session holds
-<runs>/<instance>.lock for each of its beds. A session first tears down the beds of crashed sessions
-(state.json present, lock free). Sessions can run side by side: each bed has its own namespaces,
-cgroups and /24.
+Beds live under <runs>/<instance>, one directory for the whole machine (RIGUP_TESTBED_RUNS, else
+/var/tmp/rigup-testbed/runs), whichever checkout the session runs from: a session holds
+<runs>/<instance>.lock for each of its beds and first tears down the beds of every crashed session on the
+machine (state.json present, lock free), so a killed run in another clone never leaves namespaces that
+a later one trips over. Sessions can run side by side: each bed has its own namespaces, cgroups and
+/24; a bed with a fixed name (a module's) that another live session holds is waited for, one at a time.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -29,7 +32,7 @@ import pytest
 from rigup.desired.upstream import TREES_ENV
 from rigup_testbed.fleet import Testbed, host_names
 from rigup_testbed.hosts import HostSpec
-from rigup_testbed.image import REPO_ROOT, cache_dir
+from rigup_testbed.image import REPO_ROOT
 
 REQUIRED_TOOLS = ("debootstrap", "systemd-nspawn", "ip", "unshare", "ssh", "ssh-keygen", "mount")
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
@@ -56,8 +59,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
+RUNS_ENV = "RIGUP_TESTBED_RUNS"
+MACHINE_RUNS = Path("/var/tmp/rigup-testbed/runs")
+NAMED_BED_WAIT_S = 45 * 60  # a whole e2e session of another checkout, at most
+
+
 def runs_dir() -> Path:
-    return cache_dir() / "runs"
+    """Machine-wide: the namespaces, links and cgroups a bed makes are machine-wide too."""
+    env = os.environ.get(RUNS_ENV)
+    return Path(env) if env else MACHINE_RUNS
 
 
 class InstanceBusy(RuntimeError):
@@ -68,17 +78,26 @@ class InstanceLock:
     """<runs>/<name>.lock, held while a bed of that name exists in this process. The kernel drops it
     when the process dies, so a crashed session's beds are recognisably stale; `release` removes it."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, wait_s: float = 0.0) -> None:
         base = runs_dir()
         base.mkdir(parents=True, exist_ok=True)
         self.path = base / f"{name}.lock"
+        deadline = time.monotonic() + wait_s
+        told = False
         while True:
             handle = open(self.path, "a")
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 handle.close()
-                raise InstanceBusy(f"test-bed instance {name!r} is in use by another session") from None
+                if time.monotonic() >= deadline:
+                    raise InstanceBusy(f"test-bed instance {name!r} is in use by another session") from None
+                if not told:
+                    print(f"\ntest-bed instance {name!r} is in use by another session: waiting for it "
+                          f"(at most {wait_s / 60:.0f} min)", file=sys.__stderr__, flush=True)
+                    told = True
+                time.sleep(5)
+                continue
             try:
                 if os.fstat(handle.fileno()).st_ino == os.stat(self.path).st_ino:
                     break  # not a file a releasing holder just unlinked
@@ -92,8 +111,8 @@ class InstanceLock:
         self.handle.close()
 
 
-def lock_instance(name: str) -> InstanceLock:
-    return InstanceLock(name)
+def lock_instance(name: str, wait_s: float = 0.0) -> InstanceLock:
+    return InstanceLock(name, wait_s)
 
 
 def clean_stale_runs() -> list[str]:
@@ -153,7 +172,7 @@ def testbed_factory(_testbed_session: None) -> Iterator[Callable[..., Testbed]]:
         sessions can run at once: each bed has its own namespaces, cgroups and subnet)."""
         name = instance or f"t{session_id}{len(beds)}"
         try:
-            lock = lock_instance(name)
+            lock = lock_instance(name, NAMED_BED_WAIT_S if instance else 0.0)
         except InstanceBusy as exc:
             pytest.fail(str(exc))
         bed = Testbed(runs_dir() / name, name, hub=hub)

@@ -255,7 +255,12 @@ def test_an_empty_genesis_tree_fails_the_gate_with_the_cause_and_rolls_back(bed:
     git("update-ref", "refs/heads/rigup-e2e-broken", pin, cwd=Path(genesis.path))
     broken = add_commit(genesis, "rigup-e2e-broken", {"vllm/_genesis/patches/apply_all.py": None}, "lose apply_all")
     refs = {**bed.testbed.urls.get("source_refs", {}), "genesis": broken}
-    bed.group_data = {**bed.group_data, GROUP[rig]: {"variant": "single", "source_refs": refs}}
+    # the lock holds one pin per source for the whole fleet: every group moves to the broken commit (what
+    # the other rigs serve may use Genesis; the lineup depends on this machine's free disk), and only
+    # this rig is deployed
+    before = bed.group_data
+    bed.group_data = {**{group: {**data, "source_refs": refs} for group, data in before.items()},
+                      GROUP[rig]: {"variant": "single", "source_refs": refs}}
     bed.write()
     try:
         proc = bed.deploy("--limit", rig, expect_ok=False)
@@ -269,7 +274,7 @@ def test_an_empty_genesis_tree_fails_the_gate_with_the_cause_and_rolls_back(bed:
         prov = provenance(host)
         assert prov["release_sha256"] == good["release_sha256"] and prov["last_rollback"]["outcome"] == "rolled back"
     finally:  # the tests after this one converge the whole lineup: the rig goes back to its good variant
-        bed.group_data = {**bed.group_data, GROUP[rig]: {"variant": good_variant}}
+        bed.group_data = {**before, GROUP[rig]: {"variant": good_variant}}
         bed.write()
 
 

@@ -19,7 +19,7 @@ from rigup_testbed import hardware as hw
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import Host
 from rigup_testbed.image import REPO_ROOT
-from rigup_testbed.state import CGROUP_TOP, cgroup_roots, is_same_process
+from rigup_testbed.state import CGROUP_TOP, TestbedError, cgroup_roots, is_same_process
 from tests.e2e.conftest import PYINFRA, lock_instance, runs_dir
 
 pytestmark = pytest.mark.e2e
@@ -193,6 +193,19 @@ def test_teardown_after_a_crashed_run_leaves_nothing(_testbed_session: None) -> 
     finally:
         Testbed(workdir, instance).down()  # a no-op after a passing run; cleans up after a failing one
         lock.release()
+
+
+def test_a_second_bed_of_a_live_instance_name_is_refused_naming_the_first(testbed: Testbed, tmp_path: Path) -> None:
+    """Two checkouts on one machine with the same bed name (a killed run in another clone, say): the
+    second is stopped before it makes anything, told which work dir holds the name, and the live bed is
+    untouched."""
+    other = Testbed(tmp_path / "other", testbed.instance, hub=False)
+    with pytest.raises(TestbedError) as refused:
+        other.up([])
+    assert str(testbed.workdir) in str(refused.value) and f"{testbed.instance!r}" in str(refused.value)
+    assert not (tmp_path / "other" / "state.json").exists()
+    host = testbed.hosts[0]
+    assert host.ssh("true", check=False).returncode == 0  # the first bed still answers
 
 
 def test_fleet_file_drives_pyinfra_through_inventory(fleet_file: Path, testbed: Testbed, pyinfra_run: Callable[..., subprocess.CompletedProcess[str]]) -> None:
