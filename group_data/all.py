@@ -101,6 +101,8 @@ grafana = False  # True: Grafana on the monitor host with rigup's datasource and
 grafana_apt_url = "https://apt.grafana.com"  # Grafana's signed apt repository (suite stable, component main)
 grafana_apt_key_url = "https://apt.grafana.com/gpg.key"  # its signing key
 grafana_port = 3000  # Grafana's TCP port on the monitor host (its own default)
+vllm_git_url = "https://github.com/vllm-project/vllm.git"  # vLLM's repository: with grafana, its official dashboards at the vLLM version of each image the fleet serves (pinned by `rigup lock`)
+vllm_dashboards_path = "examples/observability/dashboards/grafana"  # where that repository keeps them (its README there, at 0b9faa41)
 
 # --- Rollout -------------------------------------------------------------------------------
 rollout_canary_group = "canary"  # inventory group converged and gated before the rest

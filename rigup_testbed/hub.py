@@ -89,6 +89,13 @@ def url_knobs(group_data: Path = KNOBS_FILE) -> dict[str, str | None]:
     return knobs
 
 
+def unserved_vllm_repository(base: str) -> dict[str, str]:
+    """vLLM's repository, read for its Grafana dashboards only when `grafana` is on, which the bed cannot
+    install: GitHub's path on the hub's git server, which holds no repository there (the dashboards'
+    reading at a commit is unit-tested on a local repository laid out as vLLM's)."""
+    return {"vllm_git_url": f"{base.rstrip('/')}/vllm-project/vllm.git"}
+
+
 def unserved_grafana(base: str) -> dict[str, str]:
     """Grafana's apt knobs, at a path of the hub that holds nothing: no Grafana package is reachable from
     this machine, so the bed cannot install it (the `grafana` knob stays off; its dashboards' queries are
@@ -193,7 +200,8 @@ class Hub:
                 args=["--root", str(w / "git"), "--bind", ip, "--port", str(PORTS["git"]),
                       "--ready-file", str(w / "git/ready.json")],
                 ready_file=w / "git/ready.json",
-                knobs=lambda r: {**_git_knobs(r["url"], w / "git"), "source_refs": _source_refs(r["remotes"])},
+                knobs=lambda r: {**_git_knobs(r["url"], w / "git"), "source_refs": _source_refs(r["remotes"]),
+                                 **unserved_vllm_repository(r["url"])},
             ),
             Service(
                 name="pypi",

@@ -14,12 +14,15 @@ alertmanager_webhook_url_file set, prometheus-alertmanager (OS package) listens 
 alertmanager_port and sends every alert to that webhook (alertmanager.yml, which holds the URL, is 0600
 for the prometheus user). With grafana: True, Grafana from grafana_apt_url (signed; suite stable, main)
 listens on grafana_port with a provisioned datasource (this Prometheus) and rigup's fleet overview
-dashboard (rigup.desired.dashboards) under /var/lib/grafana/dashboards/rigup (re-read by Grafana on
+dashboard (rigup.desired.dashboards) under /var/lib/grafana/dashboards/rigup, and vLLM's official
+dashboards at each vLLM version the fleet's pods run (the lock's git:vllm@<ref> commits of
+vllm_git_url, read on the control machine from vllm_dashboards_path) in a folder per version under
+/var/lib/grafana/dashboards/vllm, a version no pod serves any more removed (all re-read by Grafana on
 change).
 Reads: monitor_group, gateway_group, prometheus_listen_address, prometheus_retention,
 prometheus_scrape_interval_s, alert_ttft_p95_s, alert_gpu_temp_c, alert_disk_free_ratio,
 alertmanager_webhook_url_file, alertmanager_port, grafana, grafana_apt_url, grafana_apt_key_url,
-grafana_port, and every host's serves_variant, metrics_exporters,
+grafana_port, vllm_git_url, vllm_dashboards_path, and every host's serves_variant, metrics_exporters,
 node_exporter_port, gpu_exporter_port, install_root, ssh_hostname, gateway_port,
 gateway_bind_address, gateway_api_key_file.
 Restarts: prometheus (and alertmanager, grafana) when its flags, config, rules or keys changed after it started;
@@ -30,9 +33,10 @@ Included by deploy.py on monitor_group hosts that passed preflight, after the ga
 
 from io import StringIO
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import FindDirectories
 from pyinfra.operations import apt, files
 
 from rigup.desired.dashboards import (
@@ -43,10 +47,13 @@ from rigup.desired.dashboards import (
     GRAFANA_PORT_DROPIN,
     GRAFANA_UNIT,
     OVERVIEW_FILE,
+    VLLM_DASHBOARDS_DIR,
     dashboards_provider_text,
     datasource_text,
     overview_text,
     port_dropin_text,
+    ref_label,
+    vllm_ref_dir,
 )
 from rigup.desired.knobs import KnobError, knob
 from rigup.desired.monitoring import (
@@ -68,7 +75,7 @@ from rigup.desired.monitoring import (
 )
 from rigup.operations.apt import GRAFANA_KEYRING, GRAFANA_LIST, signed_repository
 from rigup.operations.monitoring import checked_file, pod_targets_file
-from rigup.operations.planning_errors import stop_the_run_on
+from rigup.operations.planning_errors import stop_the_run_on, vllm_dashboards_or_stop
 from rigup.operations.serving import secret_file
 from rigup.operations.units import answers_http, unit_runs_current_files
 
@@ -178,14 +185,27 @@ if plan.grafana_port is not None:
         dest=DATASOURCE_FILE,
         mode="644",
     )
+    vllm_boards, vllm_notes = vllm_dashboards_or_stop(host, fleet)
+    for note in vllm_notes:
+        logger.info(f"{host.print_prefix}{note}")
+    vllm_dirs = sorted({vllm_ref_dir(board.ref) for board in vllm_boards})
     files.put(
-        name="Provision rigup's dashboards folder",
-        src=StringIO(dashboards_provider_text()),
+        name="Provision the dashboards folders (rigup's and one per vLLM version served)",
+        src=StringIO(dashboards_provider_text(board.ref for board in vllm_boards)),
         dest=DASHBOARDS_PROVIDER_FILE,
         mode="644",
     )
     files.directory(name="Create the dashboards directory", path=DASHBOARDS_DIR, mode="755")
     files.put(name="Write rigup's fleet overview dashboard", src=StringIO(overview_text()), dest=OVERVIEW_FILE, mode="644")
+    for stale in sorted(set(host.get_fact(FindDirectories, path=VLLM_DASHBOARDS_DIR, maxdepth=1) or [])
+                        - {VLLM_DASHBOARDS_DIR, *vllm_dirs}):
+        files.directory(name=f"Remove the dashboards of a vLLM version no pod serves ({stale})", path=stale,
+                        present=False)
+    for path in vllm_dirs:
+        files.directory(name=f"Create {path}", path=path, mode="755")
+    for board in vllm_boards:
+        files.put(name=f"Write vLLM {ref_label(board.ref)}'s {board.file}", src=StringIO(board.text),
+                  dest=board.dest, mode="644")
     unit_runs_current_files(
         name="Run Grafana on its current port, datasource and dashboards provider",
         unit=GRAFANA_UNIT,

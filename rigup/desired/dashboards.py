@@ -10,12 +10,17 @@ and each must return data there.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
+from rigup.desired.catalog import load_catalog
+from rigup.desired.knobs import knob
 from rigup.desired.monitoring import JOB_GPU, JOB_NODE, JOB_PODS
+from rigup.desired.recipe import pods_of
 
 GRAFANA_PACKAGE = "grafana"
 GRAFANA_UNIT = "grafana-server.service"
@@ -129,12 +134,134 @@ def datasource_text(prometheus_url: str) -> str:
     return "# Written by rigup (tasks/monitoring.py).\n" + yaml.safe_dump(document, sort_keys=False)
 
 
-def dashboards_provider_text() -> str:
-    document = {"apiVersion": 1, "providers": [{
-        "name": "rigup", "folder": "rigup", "type": "file", "disableDeletion": True, "allowUiUpdates": False,
-        "options": {"path": DASHBOARDS_DIR}}]}
+def dashboards_provider_text(vllm_refs: Iterable[str] = ()) -> str:
+    """rigup's folder, and a folder per vLLM version whose dashboards are provisioned."""
+    providers = [{"name": "rigup", "folder": "rigup", "type": "file", "disableDeletion": True,
+                  "allowUiUpdates": False, "options": {"path": DASHBOARDS_DIR}}]
+    for ref in sorted(set(vllm_refs)):
+        providers.append({"name": f"vllm-{ref_label(ref)}", "folder": f"vLLM {ref_label(ref)}", "type": "file",
+                          "disableDeletion": True, "allowUiUpdates": False, "options": {"path": vllm_ref_dir(ref)}})
+    document = {"apiVersion": 1, "providers": providers}
     return "# Written by rigup (tasks/monitoring.py).\n" + yaml.safe_dump(document, sort_keys=False)
 
 
 def port_dropin_text(port: int) -> str:
     return f"# Written by rigup (tasks/monitoring.py): grafana_port.\n[Service]\nEnvironment=GF_SERVER_HTTP_PORT={port}\n"
+
+
+# --- vLLM's official dashboards, at the vLLM version of each image the fleet serves ------------------------
+
+VLLM_DASHBOARDS_DIR = "/var/lib/grafana/dashboards/vllm"
+VLLM_SOURCE = "vllm"  # its lock entries: git:vllm@<ref>, one per vLLM version served
+_RELEASE_TAG = re.compile(r"v[0-9]+\.[0-9]+\.[0-9]+([.-][A-Za-z0-9.]+)?")
+_NIGHTLY_TAG = re.compile(r"nightly-([0-9a-f]{40})")
+_UID = re.compile(r"[^A-Za-z0-9_-]")
+UID_MAX = 40  # Grafana's limit on a dashboard uid
+_DATASOURCE_INPUT = re.compile(r"\$\{(DS_[A-Za-z0-9_]+)\}")
+
+
+class DashboardError(ValueError):
+    """A vLLM dashboard file rigup cannot provision; the message names the version and the file."""
+
+
+def image_vllm_ref(repository: str, tag: str) -> str | None:
+    """The vLLM git ref an image runs, or None when its tag does not say.
+
+    vllm/vllm-openai's release tags are vLLM's own release tags (v0.27.1); its nightly-<sha> tags are
+    built from that vLLM commit (club-3090's CHANGELOG: nightly-07351e08… is vLLM dev205+g07351e088, see
+    the catalog's provenance). Other images (vLLM-Omni, LMCache's build, a named build such as
+    gemma4-unified) name no vLLM version: their pods get no vLLM dashboards, with a note."""
+    if repository != "vllm/vllm-openai":
+        return None
+    if _RELEASE_TAG.fullmatch(tag):
+        return tag
+    nightly = _NIGHTLY_TAG.fullmatch(tag)
+    return nightly.group(1) if nightly else None
+
+
+def ref_label(ref: str) -> str:
+    """A vLLM ref as people read it: a tag as is, a commit by its first 12 digits."""
+    return ref[:12] if re.fullmatch(r"[0-9a-f]{40}", ref) else ref
+
+
+def served_vllm_refs(
+    fleet: Iterable[tuple[str, Mapping[str, Any], Iterable[str]]],
+) -> tuple[dict[str, list[str]], list[str]]:
+    """vLLM ref -> the pods ("host/pod") that serve an image of it, over every host that serves a
+    variant; and a note per pod whose image names no vLLM version."""
+    catalog = load_catalog()
+    refs: dict[str, list[str]] = {}
+    notes: list[str] = []
+    for name, data, _groups in fleet:
+        if not knob(data, "serves_variant"):
+            continue
+        for pod in pods_of(data):
+            image_key = catalog["variants"][pod.variant]["image"]
+            image = catalog["images"][image_key]
+            ref = image_vllm_ref(str(image["repository"]), str(image["tag"]))
+            if ref is None:
+                notes.append(f"{name}/{pod.name}: image {image['repository']}:{image['tag']} names no vLLM version; "
+                             "no vLLM dashboards for it")
+            else:
+                refs.setdefault(ref, []).append(f"{name}/{pod.name}")
+    return refs, notes
+
+
+@dataclass(frozen=True)
+class VllmDashboard:
+    ref: str  # the vLLM tag or commit it comes from
+    file: str  # its name in vLLM's dashboards directory
+    text: str  # as provisioned: uid and title made unique to the version
+
+    @property
+    def dest(self) -> str:
+        return f"{vllm_ref_dir(self.ref)}/{self.file}"
+
+
+def vllm_ref_dir(ref: str) -> str:
+    return f"{VLLM_DASHBOARDS_DIR}/{_UID.sub('-', ref_label(ref))}"
+
+
+def provisioned_vllm_dashboard(text: str, ref: str, file: str) -> str:
+    """vLLM's dashboard JSON as rigup provisions it. Several vLLM versions can be served at once, and
+    Grafana keeps one dashboard per uid: the uid gets the version (cut to Grafana's 40 characters), the
+    title says it, and a tag names it. A dashboard exported for import (`__inputs` with ${DS_...}) is
+    pointed at rigup's datasource, which file provisioning would otherwise leave unresolved."""
+    label = ref_label(ref)
+    inputs = set(_DATASOURCE_INPUT.findall(text))
+    for name in inputs:
+        text = text.replace("${" + name + "}", DATASOURCE_UID)
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DashboardError(f"vLLM {label}: {file} is not JSON ({exc})") from None
+    if not isinstance(document, dict) or not isinstance(document.get("panels"), list):
+        raise DashboardError(f"vLLM {label}: {file} is not a Grafana dashboard (no panels list)")
+    document.pop("__inputs", None)
+    document.pop("id", None)
+    suffix = "-" + _UID.sub("-", label)
+    base = _UID.sub("-", str(document.get("uid") or file.removesuffix(".json")))
+    document["uid"] = base[: UID_MAX - len(suffix)] + suffix
+    document["title"] = f"{document.get('title') or file.removesuffix('.json')} (vLLM {label})"
+    document["tags"] = sorted({*map(str, document.get("tags") or []), "vllm", f"vllm-{label}"})
+    return json.dumps(document, indent=2, sort_keys=True) + "\n"
+
+
+def vllm_dashboards(refs: Mapping[str, str], reader: Any, url: str, path: str) -> tuple[list[VllmDashboard], list[str]]:
+    """The dashboards of each vLLM version (ref -> its locked commit), read at that commit from `path` of
+    the vLLM repository at `url` through `reader` (rigup.desired.upstream), and a note per version that has
+    none there (older vLLM releases kept them elsewhere)."""
+    out: list[VllmDashboard] = []
+    notes: list[str] = []
+    for ref, commit in sorted(refs.items()):
+        files = [name for name in reader.names(VLLM_SOURCE, url, commit, path) if name.endswith(".json")]
+        if not files:
+            notes.append(f"vLLM {ref_label(ref)} has no dashboards under {path}")
+        for name in files:
+            text = reader.read(VLLM_SOURCE, url, commit, f"{path}/{name}")
+            out.append(VllmDashboard(ref, name, provisioned_vllm_dashboard(text, ref, name)))
+    return out, notes
+
+
+def vllm_lock_name(ref: str) -> str:
+    return f"git:{VLLM_SOURCE}@{ref}"

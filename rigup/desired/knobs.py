@@ -353,6 +353,11 @@ def _rule_table() -> dict[str, Rule]:
         "alertmanager_webhook_url_file": _text("a file path on the control machine"),
         "alertmanager_port": port,
         "grafana_port": port,
+        "vllm_dashboards_path": Rule(
+            "a directory of the vLLM repository, relative, without '..' (e.g. examples/observability/dashboards/grafana)",
+            lambda v: isinstance(v, str) and bool(re.fullmatch(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*", v))
+            and ".." not in v.split("/"),
+        ),
         "rollout_canary_group": _text("a group name of the fleet file"),
         "rollout_batch": _int_at_least(1),
         "rollout_max_failures": _int_at_least(0),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,9 +13,10 @@ from typing import Any
 import yaml
 
 from rigup.desired.catalog import load_catalog
+from rigup.desired.dashboards import served_vllm_refs, vllm_lock_name
 from rigup.desired.fleet import fleet_path
 from rigup.desired.knobs import knob
-from rigup.desired.monitoring import rig_exporters
+from rigup.desired.monitoring import is_monitor, rig_exporters
 
 LOCK_VERSION = 1
 SHA40 = re.compile(r"^[0-9a-f]{40}$")
@@ -317,6 +318,18 @@ def exporter_needs(host_data: Mapping[str, Any]) -> list[Need]:
     image = exporters.image
     insecure = insecure_registries(host_data)
     return [ImageNeed(image.lock_name, image.repository, image.tag, image.registry, image.registry in insecure)]
+
+
+def dashboard_needs(host_data: Mapping[str, Any], groups: Iterable[str],
+                    fleet: Iterable[tuple[str, Mapping[str, Any], Iterable[str]]]) -> list[Need]:
+    """A Grafana monitor host's vLLM dashboards: vLLM's repository at each vLLM version the fleet's pods
+    run (rigup.desired.dashboards); none elsewhere, or without grafana. Apart from the variants' needs,
+    like the exporter's."""
+    if not (is_monitor(host_data, groups) and knob(host_data, "grafana")):
+        return []
+    refs, _notes = served_vllm_refs(fleet)
+    url = str(knob(host_data, "vllm_git_url"))
+    return [GitNeed(vllm_lock_name(ref), url, ref, False) for ref in sorted(refs)]
 
 
 def need_problem(need: Need, lock: LockFile) -> str | None:

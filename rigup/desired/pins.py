@@ -31,6 +31,7 @@ from rigup.desired.lock import (
     ModelNeed,
     ModelPin,
     Need,
+    dashboard_needs,
     exporter_needs,
     is_safe_relpath,
     need_problem,
@@ -331,21 +332,22 @@ def fleet_needs(fleet: Any, lock: Any = None) -> tuple[dict[str, Need], str]:
     needs: dict[str, Need] = {}
     owners: dict[str, str] = {}
     lock_files: set[str] = set()
-    for host in fleet.hosts:
-        data = fleet.resolved_data(host.name)
+    resolved = [(host.name, fleet.resolved_data(host.name), [host.group]) for host in fleet.hosts]
+    for name, data, groups in resolved:
         lock_files.add(str(knob(data, "lock_file")))
-        if not knob(data, "serves_variant"):
-            continue  # a gateway-only host pins nothing
-        host_needs = [n for pod in pods_of(data) for n in needs_for(resolve(data, lock, pod=pod), data)]
-        for need in [*host_needs, *exporter_needs(data)]:
+        host_needs = dashboard_needs(data, groups, resolved)  # a monitor host's, whether it serves or not
+        if knob(data, "serves_variant"):
+            host_needs += [n for pod in pods_of(data) for n in needs_for(resolve(data, lock, pod=pod), data)]
+            host_needs += exporter_needs(data)
+        for need in host_needs:
             known = needs.get(need.name)
             if known is not None and _need_key(known) != _need_key(need):
                 raise LockError(
-                    f"hosts {owners[need.name]} and {host.name} need different things under {need.name} "
+                    f"hosts {owners[need.name]} and {name} need different things under {need.name} "
                     f"({_need_key(known)} vs {_need_key(need)}); the lock holds one pin per name"
                 )
             needs.setdefault(need.name, need)
-            owners.setdefault(need.name, host.name)
+            owners.setdefault(need.name, name)
     if len(lock_files) > 1:
         raise LockError(f"hosts disagree on lock_file ({sorted(lock_files)}); set it once for the fleet")
     return needs, (lock_files.pop() if lock_files else "rigs.lock.yaml")

@@ -45,6 +45,10 @@ class UpstreamReader(Protocol):
         """The commit a branch or tag points at now (previews without a lock)."""
         ...
 
+    def names(self, source: str, url: str, commit: str, path: str) -> list[str]:
+        """The entries of directory `path` at `commit`, sorted; [] when it does not exist there."""
+        ...
+
 
 def _git_env() -> dict[str, str]:
     env = dict(os.environ)
@@ -104,8 +108,11 @@ class GitCache:
                     raise UpstreamError(f"cannot create the upstream cache {repo}: {exc}") from None
                 tmp.rename(repo)
             if self._git(repo, "cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode != 0:
-                # By sha first (GitHub and git daemon v2 serve reachable commits); else every branch and tag.
-                fetched = self._git(repo, "fetch", "--quiet", "--filter=blob:none", url, commit, check=False)
+                # By sha first (GitHub and git daemon v2 serve reachable commits), that commit alone: files
+                # are read at exact commits, and a large repository's history (vLLM's, for its dashboards)
+                # is not fetched; else every branch and tag.
+                fetched = self._git(repo, "fetch", "--quiet", "--depth=1", "--filter=blob:none", url, commit,
+                                    check=False)
                 if fetched.returncode != 0:
                     fetched = self._git(repo, "fetch", "--quiet", "--filter=blob:none", url,
                                         "+refs/heads/*:refs/remotes/origin/*", "+refs/tags/*:refs/tags/*",
@@ -149,6 +156,11 @@ class GitCache:
                     return refs[candidate]
             raise UpstreamError(f"{source}: {url} has no branch or tag {ref!r}")
 
+    def names(self, source: str, url: str, commit: str, path: str) -> list[str]:
+        repo = self.ensure(url, commit)
+        proc = self._git(repo, "ls-tree", "-z", "--name-only", f"{commit}:{path.rstrip('/')}", check=False)
+        return sorted(name for name in proc.stdout.split("\0") if name) if proc.returncode == 0 else []
+
     def kind(self, source: str, url: str, commit: str, path: str) -> str | None:
         key = (url, commit, path.rstrip("/"))
         if key not in self._kinds:
@@ -184,6 +196,10 @@ class WorkingTrees:
     def kind(self, source: str, url: str, commit: str, path: str) -> str | None:
         p = self._path(source, path)
         return "dir" if p.is_dir() else "file" if p.is_file() else None
+
+    def names(self, source: str, url: str, commit: str, path: str) -> list[str]:
+        p = self._path(source, path)
+        return sorted(child.name for child in p.iterdir()) if p.is_dir() else []
 
 
 _default: UpstreamReader | None = None

@@ -9,11 +9,14 @@ from typing import Any
 from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 
-from rigup.desired.lock import LockError, deploy_lock, exporter_needs, need_problem
+from rigup.desired.dashboards import DashboardError, VllmDashboard, served_vllm_refs, vllm_dashboards
+from rigup.desired.knobs import knob
+from rigup.desired.lock import LockError, dashboard_needs, deploy_lock, exporter_needs, need_problem
 from rigup.desired.models import ModelPlan, plan_models
 from rigup.desired.monitoring import RigExporters, rig_exporters
 from rigup.desired.plan import host_plans
 from rigup.desired.recipe import RecipeError
+from rigup.desired.upstream import UpstreamError, default_reader
 from rigup.runstate import pins_missing, pyinfra_dry_run
 
 
@@ -66,3 +69,33 @@ def rig_exporters_or_stop(host: Any) -> RigExporters | None:
         raise DeployError(f"{host.name}: {message}")
     logger.warning(f"{host.print_prefix}{message}; the metrics phase plans nothing here")
     return None
+
+
+def vllm_dashboards_or_stop(host: Any, fleet: Any) -> tuple[list[VllmDashboard], list[str]]:
+    """A Grafana monitor host's vLLM dashboards (rigup.desired.dashboards.vllm_dashboards) at the
+    commits the lock pins for the vLLM versions the fleet serves, and notes on pods without one. Without
+    those pins a --dry run warns once and provisions none; a real run stops with the same line, as it
+    does when the repository cannot be read or a file is not a dashboard."""
+    data = host.data.dict()
+    needs = dashboard_needs(data, host.groups, fleet)
+    if not needs:
+        return [], []
+    problem = None
+    try:
+        lock = deploy_lock(data)
+        problem = next((p for p in (need_problem(n, lock) for n in needs) if p is not None), None)
+    except LockError as exc:
+        problem = str(exc)
+    if problem is not None:
+        message = (f"vLLM's dashboards are not pinned ({problem}); run `python -m rigup lock` on the control "
+                   "machine and commit the file")
+        if not pyinfra_dry_run():
+            raise DeployError(f"{host.name}: {message}")
+        logger.warning(f"{host.print_prefix}{message}; no vLLM dashboards are planned")
+        return [], []
+    refs, notes = served_vllm_refs(fleet)
+    commits = {ref: str(lock.git_commit(need.name)) for need in needs for ref in refs if need.ref == ref}
+    with stop_the_run_on(host, UpstreamError, DashboardError):
+        dashboards, missing = vllm_dashboards(commits, default_reader(), str(knob(data, "vllm_git_url")),
+                                              str(knob(data, "vllm_dashboards_path")))
+    return dashboards, notes + missing

@@ -8,17 +8,28 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from rigup.desired.dashboards import (
     DASHBOARDS_DIR,
     DATASOURCE_UID,
+    DashboardError,
     dashboards_provider_text,
     datasource_text,
+    image_vllm_ref,
     overview_text,
     panels,
     port_dropin_text,
+    provisioned_vllm_dashboard,
+    served_vllm_refs,
+    vllm_dashboards,
 )
+from rigup.desired.fleet import load_fleet
+from rigup.desired.knobs import load_defaults
+from rigup.desired.lock import dashboard_needs
+from rigup.desired.pins import fleet_needs
+from rigup.desired.upstream import GitCache
 from rigup_testbed import debarchive
 
 
@@ -60,3 +71,136 @@ def test_provisioning_files() -> None:
     provider = yaml.safe_load(dashboards_provider_text())["providers"][0]
     assert provider["type"] == "file" and provider["options"] == {"path": DASHBOARDS_DIR}
     assert "Environment=GF_SERVER_HTTP_PORT=3001" in port_dropin_text(3001)
+
+
+# --- vLLM's official dashboards ------------------------------------------------------------------------------
+
+NIGHTLY = "7a1eb8ac2ec4ea69338c51dc7afd4b15010abfa8"
+GRAFANA_DIR = "examples/observability/dashboards/grafana"
+
+
+def test_an_images_vllm_version_comes_from_its_tag() -> None:
+    assert image_vllm_ref("vllm/vllm-openai", "v0.27.1") == "v0.27.1"
+    assert image_vllm_ref("vllm/vllm-openai", f"nightly-{NIGHTLY}") == NIGHTLY
+    assert image_vllm_ref("vllm/vllm-openai", "gemma4-unified") is None  # a named build: no version in its tag
+    assert image_vllm_ref("vllm/vllm-openai", "nightly") is None  # a moving tag names no commit
+    assert image_vllm_ref("vllm/vllm-omni", "v0.20.0") is None  # vLLM-Omni's own version, not vLLM's
+    assert image_vllm_ref("lmcache/vllm-openai", "v0.4.7-cu129") is None
+
+
+def _fleet(*hosts: tuple[str, dict, list[str]]) -> list[tuple[str, dict, list[str]]]:
+    return [(name, {**load_defaults(), **data}, groups) for name, data, groups in hosts]
+
+
+def test_the_fleet_served_versions_name_their_pods_and_note_the_unknown() -> None:
+    fleet = _fleet(
+        ("rig-a", {"variant": "dual"}, ["rigs"]),
+        ("rig-b", {"pods": [{"name": "left", "variant": "qwen-dual-fp8-mtp", "gpus": [0, 1]},
+                            {"name": "right", "variant": "gemma12b-single-qat-w4a16-mtp", "gpus": [2]}]}, ["rigs"]),
+        ("gw", {"serves_variant": False}, ["gateway"]),
+    )
+    refs, notes = served_vllm_refs(fleet)
+    assert refs == {NIGHTLY: ["rig-a/dual"], "v0.27.1": ["rig-b/left"]}
+    assert notes == ["rig-b/right: image vllm/vllm-openai:gemma4-unified names no vLLM version; no vLLM dashboards for it"]
+
+
+def test_a_grafana_monitor_host_needs_vllm_at_each_served_version_and_nothing_else_does() -> None:
+    fleet = _fleet(
+        ("rig-a", {"variant": "dual"}, ["rigs"]),
+        ("rig-b", {"variant": "qwen-dual-fp8-mtp"}, ["rigs"]),
+        ("gw", {"serves_variant": False, "grafana": True}, ["gateway"]),
+    )
+    _, gw, groups = fleet[2]
+    needs = dashboard_needs(gw, groups, fleet)
+    assert [(n.name, n.url, n.ref) for n in needs] == [
+        (f"git:vllm@{NIGHTLY}", "https://github.com/vllm-project/vllm.git", NIGHTLY),
+        ("git:vllm@v0.27.1", "https://github.com/vllm-project/vllm.git", "v0.27.1"),
+    ]
+    assert dashboard_needs({**gw, "grafana": False}, groups, fleet) == []  # no Grafana, no dashboards
+    assert dashboard_needs(fleet[0][1], ["rigs"], fleet) == []  # not a monitor host
+
+
+def test_fleet_needs_pin_vllm_for_a_gateway_only_monitor_host(tmp_path: Path) -> None:
+    fleet = tmp_path / "rigs.yaml"
+    fleet.write_text(
+        "groups:\n  rigs:\n    hosts:\n"
+        "      rig-01: {ssh_hostname: 10.0.0.11, variant: qwen-dual-fp8-mtp}\n"
+        "  gateway:\n    hosts:\n"
+        "      gw-01: {ssh_hostname: 10.0.0.10, serves_variant: false, grafana: true}\n"
+    )
+    needs, _ = fleet_needs(load_fleet(fleet))
+    assert needs["git:vllm@v0.27.1"].ref == "v0.27.1"
+    assert not [name for name in needs if name.startswith("git:vllm@") and name != "git:vllm@v0.27.1"]
+
+
+def _board(uid: str = "vllm-overview", **extra: object) -> str:
+    return json.dumps({"id": 7, "uid": uid, "title": "vLLM / Overview", "tags": ["vllm"], "schemaVersion": 39,
+                       "panels": [{"type": "timeseries", "targets": [{"expr": "vllm:num_requests_running"}]}],
+                       **extra})
+
+
+def test_a_provisioned_vllm_dashboard_is_unique_to_its_version() -> None:
+    release = json.loads(provisioned_vllm_dashboard(_board(), "v0.27.1", "vllm_overview.json"))
+    nightly = json.loads(provisioned_vllm_dashboard(_board(), NIGHTLY, "vllm_overview.json"))
+    assert release["uid"] == "vllm-overview-v0-27-1" and nightly["uid"] == f"vllm-overview-{NIGHTLY[:12]}"
+    assert release["title"] == "vLLM / Overview (vLLM v0.27.1)" and "id" not in release
+    assert release["tags"] == ["vllm", "vllm-v0.27.1"]
+    assert release["panels"] == json.loads(_board())["panels"]  # the panels are vLLM's, untouched
+    long = json.loads(provisioned_vllm_dashboard(_board("x" * 40), NIGHTLY, "a.json"))
+    assert len(long["uid"]) == 40 and long["uid"].endswith(NIGHTLY[:12])  # Grafana's limit
+
+
+def test_a_dashboard_exported_for_import_is_pointed_at_rigups_datasource() -> None:
+    exported = _board(__inputs=[{"name": "DS_PROMETHEUS", "type": "datasource"}],
+                      templating={"list": [{"datasource": "${DS_PROMETHEUS}"}]})
+    provisioned = json.loads(provisioned_vllm_dashboard(exported, "v0.27.1", "grafana.json"))
+    assert "__inputs" not in provisioned and provisioned["templating"]["list"][0]["datasource"] == DATASOURCE_UID
+
+
+def test_a_file_that_is_not_a_dashboard_is_refused_naming_it() -> None:
+    with pytest.raises(DashboardError, match=r"vLLM v0.27.1: broken.json is not JSON"):
+        provisioned_vllm_dashboard("{", "v0.27.1", "broken.json")
+    with pytest.raises(DashboardError, match=r"no panels list"):
+        provisioned_vllm_dashboard('{"title": "x"}', "v0.27.1", "x.json")
+
+
+def _git(cwd: Path, *args: str) -> str:
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+           "HOME": str(cwd), "PATH": "/usr/bin:/bin"}
+    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_vllm_dashboards_are_read_at_the_locked_commit_of_each_version(tmp_path: Path) -> None:
+    """Through the control machine's git cache (a shallow, blob-less fetch of the one commit), from a
+    repository laid out as vLLM's: a version without the directory gets a note, not an error."""
+    repo = tmp_path / "vllm"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    (repo / "README.md").write_text("old\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "before the dashboards")
+    _git(repo, "tag", "v0.22.0")
+    old = _git(repo, "rev-parse", "HEAD")
+    boards = repo / GRAFANA_DIR
+    boards.mkdir(parents=True)
+    (boards / "vllm_overview.json").write_text(_board())
+    (boards / "vllm_kv_cache.json").write_text(_board("vllm-kv-cache"))
+    (boards / "README.md").write_text("not a dashboard\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "dashboards")
+    _git(repo, "tag", "v0.27.1")
+    new = _git(repo, "rev-parse", "HEAD")
+    (boards / "vllm_overview.json").write_text(_board("moved-on"))  # after the tag: must not be read
+    _git(repo, "commit", "-qam", "later")
+
+    cache = GitCache(tmp_path / "cache")
+    got, notes = vllm_dashboards({"v0.27.1": new, "v0.22.0": old}, cache, f"file://{repo}", GRAFANA_DIR)
+    assert [(b.ref, b.file, b.dest) for b in got] == [
+        ("v0.27.1", "vllm_kv_cache.json", "/var/lib/grafana/dashboards/vllm/v0-27-1/vllm_kv_cache.json"),
+        ("v0.27.1", "vllm_overview.json", "/var/lib/grafana/dashboards/vllm/v0-27-1/vllm_overview.json"),
+    ]
+    assert json.loads(got[1].text)["uid"] == "vllm-overview-v0-27-1"
+    assert notes == [f"vLLM v0.22.0 has no dashboards under {GRAFANA_DIR}"]
+    provider = yaml.safe_load(dashboards_provider_text(b.ref for b in got))["providers"]
+    assert [(p["folder"], p["options"]["path"]) for p in provider] == [
+        ("rigup", DASHBOARDS_DIR), ("vLLM v0.27.1", "/var/lib/grafana/dashboards/vllm/v0-27-1")]
