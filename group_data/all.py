@@ -9,6 +9,7 @@ _sudo = True  # pyinfra global argument: run operations through sudo (the SSH us
 variant = "dual"  # catalog variant this host serves (list: python -m rigup render --list)
 gpu_count = None  # int or None: GPUs this host must have; preflight fails on a different count
 variant_overrides = {}  # per-host recipe overrides: max_model_len, gpu_memory_utilization, port, ...
+cluster = None  # derived, never set by hand: the fleet file's `clusters` entry this host is a member of, with its rank (rigup.desired.cluster)
 pods = []  # several endpoints on GPU subsets: [{name, variant, gpus: [0, 1] or a count, port, variant_overrides}]; replaces variant/variant_overrides; [] = one pod named after variant
 
 # --- Paths on the rig ----------------------------------------------------------------------
@@ -71,6 +72,13 @@ container_network_at_start = True  # the serving container may reach PyPI at sta
 serving_api_key_file = None  # control-machine path of a 0600 file holding the API key; None: open
 serving_health_timeout_s = None  # seconds for the health gate; None scales with model size
 serving_keep_generations = 2  # rendered generations kept for rollback (current + previous)
+
+# --- Clusters: one variant across several rigs (the fleet file's `clusters`), vLLM's Ray backend ---
+cluster_ray_port = 6379  # Ray's GCS on the head, what workers join (vLLM's examples/online_serving/run_cluster.sh: --port=6379)
+cluster_ray_node_manager_port = 6380  # each member's raylet (Ray picks a random one unless pinned: pinned for the firewall)
+cluster_ray_object_manager_port = 6381  # each member's object manager
+cluster_ray_agent_port = 52365  # the first of 4 consecutive ports of each member's Ray agents: dashboard agent gRPC and HTTP, runtime-env agent, metrics export
+cluster_ray_worker_ports = [10002, 10100]  # first and last port of each member's Ray worker processes (Ray's range starts at 10002)
 
 # --- Gateway: the fleet's one OpenAI endpoint (LiteLLM's proxy, routes from what each rig serves) ---
 gateway_group = "gateway"  # inventory group whose hosts run the gateway (a rig, or a host with serves_variant: False)

@@ -22,6 +22,8 @@ from typing import Any
 import yaml
 
 from rigup import WORK_DIR
+from rigup.desired.cluster import Cluster, ClusterError, cluster_knob
+from rigup.desired.cluster_entries import parse_clusters
 from rigup.desired.knobs import OPTIONAL_KNOB_TYPES as OPTIONAL_KNOB_TYPES  # moved to knobs; kept importable here
 from rigup.desired.knobs import KnobError, check_knob, load_defaults, type_ok
 from rigup.desired.pods import PodError, host_pods
@@ -60,7 +62,7 @@ SSH_KEY_RANGES: dict[str, tuple[str, Any]] = {
 LOCAL_HOST = "@local"
 
 GROUP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-TOP_LEVEL_KEYS = frozenset({"data", "groups"})
+TOP_LEVEL_KEYS = frozenset({"data", "groups", "clusters"})
 GROUP_KEYS = frozenset({"data", "hosts"})
 
 
@@ -79,6 +81,7 @@ class FleetHost:
 class Fleet:
     path: Path
     groups: dict[str, list[FleetHost]] = field(default_factory=dict)
+    clusters: list[Cluster] = field(default_factory=list)
 
     @property
     def hosts(self) -> list[FleetHost]:
@@ -164,7 +167,26 @@ def load_fleet(path: Path | str | None = None) -> Fleet:
                 data["_sudo"] = local_sudo()
             members.append(FleetHost(host_name, group_name, data))
         groups[group_name] = members
-    return Fleet(path=path, groups=groups)
+    clusters = _clusters(path, document.get("clusters"), groups)
+    return Fleet(path=path, groups=groups, clusters=clusters)
+
+
+def _clusters(path: Path, listed: Any, groups: dict[str, list[FleetHost]]) -> list[Cluster]:
+    """The fleet file's `clusters` (rigup.desired.cluster.parse_clusters), each member's data given the
+    `cluster` knob: its entry and node rank. A member serves its cluster only: `pods` on it is refused."""
+    hosts = {host.name: host for members in groups.values() for host in members}
+    try:
+        clusters = parse_clusters(listed, list(hosts))
+    except ClusterError as exc:
+        raise FleetError(f"{path}: {exc}") from None
+    for cluster in clusters:
+        for rank, name in enumerate(cluster.hosts):
+            data = hosts[name].data
+            if data.get("pods"):
+                raise FleetError(f"{path}: host {name!r}: 'pods' is set, but the host is a member of {cluster.where}: "
+                                 "a cluster member serves its cluster only (drop its pods, or the host from the cluster)")
+            data["cluster"] = cluster_knob(cluster, rank)
+    return clusters
 
 
 def local_sudo() -> bool:

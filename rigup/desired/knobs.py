@@ -158,6 +158,7 @@ OPTIONAL_KNOB_TYPES: dict[str, tuple[type, ...]] = {
     "model_dir": (str,),
     "monitor_group": (str,),
     "alertmanager_webhook_url_file": (str,),
+    "cluster": (dict,),
 }
 
 # Knobs with a non-None default that still take None (group_data/all.py says what None means).
@@ -289,6 +290,12 @@ def _rule_table() -> dict[str, Rule]:
     table: dict[str, Rule] = {
         "variant": _variant(),
         "pods": _pods(),
+        # the fleet file's loader sets it on each member of a `clusters` entry, after these checks
+        "cluster": Rule(
+            "set from the fleet file's top-level `clusters` list, not by hand (clusters: [{name, variant, hosts, "
+            "gpus_per_host, port, variant_overrides}])",
+            lambda v: v is None,
+        ),
         "gpu_count": _int_at_least(1),
         "variant_overrides": Rule("a mapping of variant_overrides keys to values", lambda v: isinstance(v, Mapping)),
         "preflight_os_allowed": Rule(
@@ -353,6 +360,16 @@ def _rule_table() -> dict[str, Rule]:
         "alertmanager_webhook_url_file": _text("a file path on the control machine"),
         "alertmanager_port": port,
         "grafana_port": port,
+        "cluster_ray_port": port,
+        "cluster_ray_node_manager_port": port,
+        "cluster_ray_object_manager_port": port,
+        "cluster_ray_agent_port": Rule("an integer port from 1 to 65532 (it and the next 3 are used)",
+                                       lambda v: is_strict_int(v) and 1 <= v <= 65532),
+        "cluster_ray_worker_ports": Rule(
+            "[first, last]: two integer ports from 1 to 65535, first <= last, at least 16 apart (one per Ray worker process)",
+            lambda v: isinstance(v, list) and len(v) == 2 and all(is_strict_int(p) and 1 <= p <= 65535 for p in v)
+            and v[1] - v[0] >= 15,
+        ),
         "vllm_dashboards_path": Rule(
             "a directory of the vLLM repository, relative, without '..' (e.g. examples/observability/dashboards/grafana)",
             lambda v: isinstance(v, str) and bool(re.fullmatch(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*", v))

@@ -42,6 +42,7 @@ class Pod:
     gpus: tuple[int, ...] | None  # GPU indices it owns; None: the host's first GPUs (the simple form)
     overrides: Mapping[str, Any]  # variant_overrides of this pod (a `port` entry included)
     listed: bool  # from the pods knob (its own state directory and release fields) or the simple form
+    cluster: Mapping[str, Any] | None = None  # the host's `cluster` knob: this pod is its share of a cluster
 
     @property
     def unit(self) -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from rigup.desired.catalog import GPU_MEMORY_UTILIZATION_RANGE, CatalogError, load_catalog
+from rigup.desired.cluster import ClusterMember, ClusterNet, RayPorts, cluster_of, refusals
 from rigup.desired.compose_doc import Change, ComposeEdit, ComposeError, UpstreamFile, dump
 from rigup.desired.interconnect import Interconnect, effective, nccl_settings
 from rigup.desired.knobs import REGISTRY, RIG_PATH, is_strict_int, knob
@@ -293,6 +294,10 @@ class Recipe:
 def pods_of(host_data: Mapping[str, Any]) -> list[Pod]:
     """The host's pods (rigup.desired.pods.host_pods) from its knobs; a bad entry is a RecipeError (what
     every caller of a recipe or plan handles)."""
+    member = knob(host_data, "cluster")
+    if member:  # a cluster member serves its share of the cluster, on its first gpus_per_host GPUs
+        return [Pod(str(member["name"]), str(member["variant"]), tuple(range(int(member["gpus_per_host"]))),
+                    dict(member.get("variant_overrides") or {}), True, member)]
     try:
         return host_pods(knob(host_data, "pods"), knob(host_data, "variant"), knob(host_data, "variant_overrides"))
     except PodError as exc:
@@ -611,16 +616,24 @@ def resolve(
         catalog=catalog, variant=variant, pod=pod, image=image, bind_address=bind_address, overrides=overrides,
         override_values=override_values, models=models, paths=paths, base=base, reader=reader, planned=planned,
     )
+    if pod.cluster is not None:
+        ctx.cluster = cluster_member(host_data, pod.cluster)
     edit = apply_transforms(base, variant, ctx)
     engine = engine_settings(edit, variant, ctx.stages, models[0], base)
     sources = used_sources(catalog, ctx.used_sources, host_data, paths.sources_dir, lock)
     mounts = mounts_of(edit.volumes(), models, sources, ctx.data_dirs)
     check_model_file_mounts(mounts, models, lock, f"variant {variant['name']!r}: {base.where}")
-    return assemble_recipe(
+    recipe = assemble_recipe(
         catalog=catalog, variant=variant, pod=pod, image=image, bind_address=bind_address, overrides=overrides,
         paths=paths, models=models, sources=sources, mounts=mounts, upstream_source=upstream_source, base=base,
         edit=edit, engine=engine, ctx=ctx, planned=planned,
     )
+    if ctx.cluster is not None:  # what upstream's compose says (a speculative method in its command) counts too
+        refused = refusals(ctx.cluster.cluster, recipe)
+        if refused:
+            raise RecipeError(f"{ctx.cluster.cluster.where}: vLLM cannot serve variant {variant['name']!r} across "
+                              f"hosts: " + "; ".join(refused))
+    return recipe
 
 
 # The stages of `resolve`, in the order it runs them.
@@ -732,6 +745,16 @@ def planned_interconnect(mode: Any, detected: Interconnect | None) -> Interconne
         return effective(mode, detected)
     except ValueError as exc:
         raise RecipeError(str(exc)) from None
+
+
+def cluster_member(host_data: Mapping[str, Any], member: Mapping[str, Any]) -> ClusterMember:
+    """The member's share of its cluster for the `cluster` transform (rigup.desired.cluster.ClusterMember).
+    The `cluster` knob's `net` (how the member reaches the others) is read on the host by the deploy;
+    without it (a preview) the compose names it by variables."""
+    script = posixpath.join(str(knob(host_data, "install_root")), "cluster", "rigup-cluster-member")
+    net = member.get("net")
+    return ClusterMember(cluster_of(member), int(member["rank"]),
+                         ClusterNet(**net) if net else ClusterNet.unread(), RayPorts.from_knobs(host_data), script)
 
 
 def transform_context(
@@ -976,7 +999,9 @@ def assemble_recipe(
     entrypoint = tuple(str(t) for t in (edit.get("entrypoint") or ()))
     script = "\n".join(entrypoint)
     rendered_text = dump(edit.doc, _header(name, variant, base, ctx.interconnect_note))
-    host_port = int(str(edit.get("ports")[0]).rsplit(":", 2)[-2])
+    ports = edit.get("ports")
+    # published, or (a cluster member on the host's network) the port vLLM listens on itself
+    host_port = int(str(ports[0]).rsplit(":", 2)[-2]) if ports else int((edit.flag_values("--port") or ["0"])[0])
     disk = image.approx_size_gb + sum(m.approx_size_gb for m in models) + sum(s.approx_size_gb for s in sources)
     return Recipe(
         variant=name,

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from rigup.desired.cluster import ClusterMember
 from rigup.desired.compose_doc import ComposeEdit, ComposeError, interpolate, walk_strings
 from rigup.desired.interconnect import NcclSettings
 
@@ -46,6 +47,11 @@ TRANSFORMS: dict[str, str] = {
     "gpus": "the container gets exactly its tensor-parallel count of GPUs (with a vLLM-Omni deploy config: its "
             "stages' devices); a listed pod gets its own GPUs by index",
     "interconnect": "NCCL and custom all-reduce follow the GPU interconnect rigup detected",
+    "cluster": "beyond upstream (club-3090's docs/PODS.md keeps a pod on one host): a clusters entry's member "
+               "runs its share of the variant, tensor parallelism over its own GPUs times pipeline parallelism "
+               "across the members, on vLLM's Ray backend as vLLM's examples/online_serving/run_cluster.sh lays it "
+               "out (host networking; the head starts Ray and serves, a worker joins the head's Ray); upstream's "
+               "entrypoint runs unchanged up to its `exec vllm serve`, which rigup's member script takes over",
     "labels": "labels name the variant and image, for status and cleanup",
     "logging": "Docker's copy of the log is bounded (the journal has the full stream)",
 }
@@ -56,6 +62,7 @@ MODEL_ROOT = "/root/.cache/huggingface"
 CACHE_TARGETS = {"/root/.cache/vllm/torch_compile_cache": "torch_compile", "/root/.triton/cache": "triton"}
 SECRET_VARIABLES = frozenset({"HF_TOKEN", "VLLM_API_KEY"})
 VLLM_DEFAULT_PORT = 8000  # what `vllm serve` listens on without --port
+MEMBER_SCRIPT_TARGET = "/etc/rigup/cluster-member"  # where a cluster member's container sees rigup's member script
 
 # vLLM-Omni deploy configs (`--deploy-config FILE`): one engine per stage. rigup reads the file from
 # upstream's repository (it is bind-mounted unchanged) and takes the engine values from its entry stage
@@ -115,6 +122,7 @@ class Context:
     interconnect_note: str | None = None
     repo_mounts: dict[str, tuple[str, str]] = field(default_factory=dict)  # target -> (source, path in it)
     stages: list[dict[str, Any]] | None = None  # the deploy config's stages (read_deploy_config)
+    cluster: ClusterMember | None = None  # this pod is a cluster member's share (rigup.desired.cluster)
 
 
 def _fmt(value: Any) -> str:
@@ -137,6 +145,8 @@ def apply_all(edit: ComposeEdit, ctx: Context) -> None:
     secrets(edit)
     offline(edit)
     overrides(edit, ctx)
+    if ctx.cluster is not None:
+        cluster(edit, ctx, ctx.cluster)
     gpus(edit, ctx)
     interconnect(edit, ctx)
     labels = dict(edit.get("labels") or {})
@@ -457,3 +467,51 @@ def interconnect(edit: ComposeEdit, ctx: Context) -> None:
                          "custom all-reduce (CUDA IPC) cannot use expandable segments", remove=not rest)
         if edit.flag_values("--disable-custom-all-reduce") is not None:
             edit.set_flag("--disable-custom-all-reduce", None, "interconnect", note)
+
+
+# A shell script's hand-over to the server (upstream's entrypoints end in it).
+_EXEC_VLLM_SERVE = re.compile(r"\bexec\s+vllm\s+serve\b")
+_VLLM_SERVE = re.compile(r"\bvllm\s+serve\b")
+
+
+def cluster(edit: ComposeEdit, ctx: Context, member: ClusterMember) -> None:
+    """The `cluster` transform: this member's share of a cluster (see TRANSFORMS["cluster"])."""
+    c = member.cluster
+    split = f"cluster {c.name}: TP {c.tensor_parallel} on each of {c.pipeline_parallel} hosts x PP {c.pipeline_parallel}"
+    if ctx.stages is not None:
+        raise ComposeError(f"{edit.where('command ' + DEPLOY_CONFIG_FLAG)}: a deploy config's stages run on one host; "
+                           f"cluster {c.name} cannot split them")
+    edit.set_flag("--tensor-parallel-size", [str(c.tensor_parallel)], "cluster", split)
+    edit.set_flag("--pipeline-parallel-size", [str(c.pipeline_parallel)], "cluster", split)
+    edit.set_flag("--distributed-executor-backend", ["ray"], "cluster",
+                  "vLLM's Ray backend over the members' Ray cluster (run_cluster.sh)")
+    # Host networking (run_cluster.sh: --network host): Ray and NCCL open ports on the member's own address.
+    # vLLM listens on the address and port the publish transform chose.
+    published = str((edit.get("ports") or [""])[0])
+    port = published.rsplit(":", 2)[-2] if published.count(":") >= 2 else str(VLLM_DEFAULT_PORT)
+    edit.set("ports", None, "cluster", "host networking: vLLM listens on the host's port itself")
+    edit.set("network_mode", "host", "cluster", "host networking, as vLLM's run_cluster.sh runs every node")
+    edit.set_flag("--port", [port], "cluster", f"the pod's port {port}, on the host's network")
+    edit.set_flag("--host", [ctx.bind_address], "cluster", f"serving_bind_address {ctx.bind_address}")
+    for name, value in member.environment().items():
+        edit.set_env(name, value, "cluster", f"{member.role} of cluster {c.name} on interface {member.net.ifname}")
+    volumes = edit.volumes()
+    volumes.append({"type": "bind", "source": member.script, "target": MEMBER_SCRIPT_TARGET, "read_only": True,
+                    "create_host_path": False})
+    edit.set_volumes(volumes, "cluster", lambda key: "rigup's member script (Ray head or worker)")
+    entrypoint = edit.get("entrypoint")
+    why = f"the {member.role}'s part runs where upstream's entrypoint starts the server"
+    if entrypoint is None:  # the image's own: vllm/vllm-openai's ENTRYPOINT ["vllm", "serve"]
+        edit.set("entrypoint", [MEMBER_SCRIPT_TARGET, "vllm", "serve"], "cluster", why)
+        return
+    words = [str(w) for w in (entrypoint if isinstance(entrypoint, list) else [entrypoint])]
+    if words[:2] == ["vllm", "serve"]:
+        edit.set("entrypoint", [MEMBER_SCRIPT_TARGET, *words], "cluster", why)
+        return
+    scripts = [i for i, w in enumerate(words) if _VLLM_SERVE.search(w)]
+    if not scripts or any(len(_VLLM_SERVE.findall(words[i])) != len(_EXEC_VLLM_SERVE.findall(words[i])) for i in scripts):
+        raise ComposeError(f"{edit.where('entrypoint')}: rigup makes a cluster member where the entrypoint hands over "
+                           f"with `exec vllm serve`; this one does not")
+    for i in scripts:
+        words[i] = _EXEC_VLLM_SERVE.sub(f"exec {MEMBER_SCRIPT_TARGET} vllm serve", words[i])
+    edit.set("entrypoint", words, "cluster", why)

@@ -1,0 +1,169 @@
+"""A cluster member's share of its variant as rendered (the `cluster` transform), the fleet file's
+`clusters` reaching each member's data, and rigup's member script run against stand-in `ray`/`vllm`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rigup import REPO_ROOT
+from rigup.desired.fleet import FleetError, load_fleet
+from rigup.desired.knobs import load_defaults
+from rigup.desired.plan import host_plans
+from rigup.desired.recipe import RecipeError, pods_of
+from rigup.desired.transforms import MEMBER_SCRIPT_TARGET
+
+VARIANT = "qwen-multi4-autoround-int4-mtp"  # TP 4, upstream's entrypoint script ends in `exec vllm serve`
+NET = {"ifname": "lan0", "address": "10.0.0.12", "head_address": "10.0.0.11"}
+MEMBER_SCRIPT = REPO_ROOT / "files" / "cluster" / "rigup-cluster-member"
+
+
+def _fleet(tmp_path: Path, clusters: str, extra: str = "") -> Path:
+    path = tmp_path / "rigs.yaml"
+    path.write_text(
+        "groups:\n  rigs:\n    hosts:\n"
+        "      rig-a: {ssh_hostname: 10.0.0.11}\n"
+        f"      rig-b: {{ssh_hostname: 10.0.0.12{extra}}}\n"
+        "      rig-c: {ssh_hostname: 10.0.0.13}\n"
+        f"clusters:\n{clusters}"
+    )
+    return path
+
+
+def _member(tmp_path: Path, name: str, net: dict[str, str] | None = None) -> dict[str, Any]:
+    fleet = load_fleet(_fleet(tmp_path, f"  - {{name: big, variant: {VARIANT}, hosts: [rig-a, rig-b], port: 8030}}\n"))
+    data = fleet.resolved_data(name)
+    if net is not None:
+        data["cluster"] = {**data["cluster"], "net": net}
+    return data
+
+
+def _service(data: dict[str, Any]) -> dict[str, Any]:
+    (plan,) = host_plans(data, require_lock=False, read_secrets=False)
+    (service,) = yaml.safe_load(plan.compose.content)["services"].values()
+    return {"plan": plan, **service}
+
+
+def _env(service: dict[str, Any]) -> dict[str, str]:
+    return dict(str(item).partition("=")[::2] for item in service["environment"])
+
+
+def _flag(service: dict[str, Any], flag: str) -> str:
+    command = [str(w) for w in service["command"]]
+    return command[command.index(flag) + 1]
+
+
+def test_the_fleet_files_clusters_give_each_member_its_entry_and_rank(tmp_path: Path) -> None:
+    fleet = load_fleet(_fleet(tmp_path, f"  - {{name: big, variant: {VARIANT}, hosts: [rig-b, rig-a]}}\n"))
+    assert [c.name for c in fleet.clusters] == ["big"]
+    assert fleet.resolved_data("rig-b")["cluster"]["rank"] == 0  # the first listed is the head
+    assert fleet.resolved_data("rig-a")["cluster"]["rank"] == 1
+    assert fleet.resolved_data("rig-c")["cluster"] is None
+    (pod,) = pods_of(fleet.resolved_data("rig-a"))
+    assert (pod.name, pod.variant, pod.gpus, pod.listed, pod.unit) == ("big", VARIANT, (0, 1), True, "rigup-big.service")
+
+
+def test_a_cluster_entry_rigup_cannot_use_names_the_file_and_entry(tmp_path: Path) -> None:
+    with pytest.raises(FleetError, match=r"rigs.yaml: clusters\[0\] \(big\): hosts: 'rig-z' not a host of the fleet file"):
+        load_fleet(_fleet(tmp_path, f"  - {{name: big, variant: {VARIANT}, hosts: [rig-a, rig-z]}}\n"))
+    pods = ", pods: [{name: p, variant: single, gpus: [0]}]"
+    with pytest.raises(FleetError, match=r"host 'rig-b': 'pods' is set, but the host is a member of clusters\[0\] \(big\)"):
+        load_fleet(_fleet(tmp_path, f"  - {{name: big, variant: {VARIANT}, hosts: [rig-a, rig-b]}}\n", pods))
+    with pytest.raises(FleetError, match=r"host 'rig-b': .*'cluster' .*set from the fleet file's top-level `clusters` list"):
+        load_fleet(_fleet(tmp_path, f"  - {{name: big, variant: {VARIANT}, hosts: [rig-a, rig-c]}}\n",
+                          ", cluster: {name: big}"))
+
+
+def test_the_head_serves_its_share_on_the_hosts_network_and_starts_ray_first(tmp_path: Path) -> None:
+    head = _service(_member(tmp_path, "rig-a", {**NET, "address": "10.0.0.11"}))
+    recipe = head["plan"].recipe
+    assert (recipe.tensor_parallel_size, recipe.gpu_count) == (2, 2)  # this host's share: TP 2 of the TP 4 recipe
+    assert _flag(head, "--tensor-parallel-size") == "2" and _flag(head, "--pipeline-parallel-size") == "2"
+    assert _flag(head, "--distributed-executor-backend") == "ray"
+    assert head["network_mode"] == "host" and "ports" not in head
+    assert _flag(head, "--port") == "8030" and _flag(head, "--host") == "0.0.0.0"
+    assert head["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0", "1"]
+    env = _env(head)
+    assert env["VLLM_HOST_IP"] == env["RAY_NODE_IP_ADDRESS"] == "10.0.0.11"
+    assert (env["NCCL_SOCKET_IFNAME"], env["GLOO_SOCKET_IFNAME"], env["TP_SOCKET_IFNAME"]) == ("=lan0", "lan0", "lan0")
+    assert env["NCCL_IB_DISABLE"] == "1" and env["RIGUP_CLUSTER_ROLE"] == "head"
+    assert env["RIGUP_CLUSTER_HEAD"] == "10.0.0.11:6379" and env["RIGUP_RAY_PORTS"] == "6379 6380 6381 52365 10002 10100"
+    script = head["entrypoint"][2]
+    assert f"exec {MEMBER_SCRIPT_TARGET} vllm serve" in script and "exec vllm serve" not in script
+    assert {"type": "bind", "source": "/opt/rigup/cluster/rigup-cluster-member", "target": MEMBER_SCRIPT_TARGET,
+            "read_only": True, "bind": {"create_host_path": False}} in head["volumes"]
+    explained = [c for c in recipe.changes if c.transform == "cluster"]
+    assert explained and any("run_cluster.sh" in c.why for c in explained)  # `render --explain` names the transform
+
+
+def test_a_worker_joins_the_heads_ray_at_the_address_it_reaches_it_by(tmp_path: Path) -> None:
+    worker = _service(_member(tmp_path, "rig-b", NET))
+    env = _env(worker)
+    assert env["RIGUP_CLUSTER_ROLE"] == "worker" and env["VLLM_HOST_IP"] == "10.0.0.12"
+    assert env["RIGUP_CLUSTER_HEAD"] == "10.0.0.11:6379"
+    assert worker["network_mode"] == "host"
+
+
+def test_a_preview_without_the_network_read_names_it_by_variables(tmp_path: Path) -> None:
+    env = _env(_service(_member(tmp_path, "rig-b")))
+    assert env["VLLM_HOST_IP"] == "${RIGUP_CLUSTER_ADDRESS}"
+    assert env["RIGUP_CLUSTER_HEAD"] == "${RIGUP_CLUSTER_HEAD_ADDRESS}:6379"
+
+
+def _run_member(tmp_path: Path, role: str, *args: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """The member script with `ray` and `vllm` on PATH that record their argv (one line each)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    log = tmp_path / "calls"
+    for tool in ("ray", "vllm"):
+        (bin_dir / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> {log}\n')
+        (bin_dir / tool).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "VLLM_HOST_IP": "10.0.0.12", "RIGUP_CLUSTER_ROLE": role,
+           "RIGUP_CLUSTER_HEAD": "10.0.0.11:6379", "RIGUP_CLUSTER_GPUS": "2",
+           "RIGUP_RAY_PORTS": "6379 6380 6381 52365 10002 10100"}
+    proc = subprocess.run(["bash", str(MEMBER_SCRIPT), *args], env=env, capture_output=True, text=True, timeout=30)
+    return proc, log.read_text().splitlines() if log.exists() else []
+
+
+NODE_FLAGS = ("--node-ip-address=10.0.0.12 --num-gpus=2 --node-manager-port=6380 --object-manager-port=6381 "
+              "--dashboard-agent-grpc-port=52365 --dashboard-agent-listen-port=52366 --runtime-env-agent-port=52367 "
+              "--metrics-export-port=52368 --min-worker-port=10002 --max-worker-port=10100 --disable-usage-stats")
+
+
+def test_the_member_script_starts_the_ray_head_then_the_server(tmp_path: Path) -> None:
+    proc, calls = _run_member(tmp_path, "head", "vllm", "serve", "--model", "/m")
+    assert proc.returncode == 0, proc.stderr
+    assert calls == [f"ray start --head --port=6379 --include-dashboard=false {NODE_FLAGS}", "vllm serve --model /m"]
+
+
+def test_the_member_script_joins_a_worker_and_never_serves(tmp_path: Path) -> None:
+    proc, calls = _run_member(tmp_path, "worker", "vllm", "serve", "--model", "/m")
+    assert proc.returncode == 0, proc.stderr
+    assert calls == [f"ray start --block --address=10.0.0.11:6379 {NODE_FLAGS}"]
+
+
+def test_the_member_script_refuses_what_it_cannot_run(tmp_path: Path) -> None:
+    proc, calls = _run_member(tmp_path, "head", "python3", "-m", "something")
+    assert proc.returncode == 2 and "the head runs `vllm serve ...`" in proc.stderr and calls == []
+    proc, calls = _run_member(tmp_path, "observer")
+    assert proc.returncode == 2 and "must be head or worker" in proc.stderr and calls == []
+    assert os.access(MEMBER_SCRIPT, os.X_OK)
+
+
+def test_the_ray_ports_are_knobs_declared_once() -> None:
+    defaults = load_defaults()
+    assert (defaults["cluster_ray_port"], defaults["cluster_ray_worker_ports"]) == (6379, [10002, 10100])
+
+
+def test_a_speculative_method_only_upstreams_command_names_is_refused_when_the_member_renders(tmp_path: Path) -> None:
+    # dual-dflash's DFlash is in upstream's compose command, not in the catalog: the fleet file passes, the
+    # member's recipe does not
+    fleet = load_fleet(_fleet(tmp_path, "  - {name: duo, variant: dual-dflash, hosts: [rig-a, rig-b]}\n"))
+    with pytest.raises(RecipeError, match=r"clusters\[0\] \(duo\): vLLM cannot serve variant 'dual-dflash' across "
+                                          r"hosts: speculative decoding with DFlash"):
+        host_plans(fleet.resolved_data("rig-b"), require_lock=False, read_secrets=False)
