@@ -68,12 +68,13 @@ for the firewall: Ray listens on all addresses whatever --node-ip-address says.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rigup.desired.catalog import load_catalog
 from rigup.desired.knobs import knob
+from rigup.parsers.iproute import PeerRoutes, interface_for_peers, route_to
 
 CLUSTER_KEYS = ("name", "variant", "hosts", "gpus_per_host", "port", "variant_overrides")
 
@@ -428,3 +429,61 @@ class ClusterMember:
             "RIGUP_CLUSTER_GPUS": str(self.cluster.gpus_per_host),
             "RIGUP_RAY_PORTS": f"{p.gcs} {p.node_manager} {p.object_manager} {p.agent} {p.min_worker} {p.max_worker}",
         }
+
+
+# --- a member's network, decided from what it read (rigup.facts.network.ClusterPeerRoutes) -------------
+
+TEN_GBE_MBPS = 10_000
+
+
+@dataclass(frozen=True)
+class MemberNetwork:
+    """How one member reaches the others: the decision (net), or why there is none (problem), and what
+    preflight reports beside it."""
+
+    host: str
+    net: ClusterNet | None
+    problem: str | None
+    mtu: int | None = None
+    speed_mbps: int | None = None
+    warnings: tuple[str, ...] = ()
+
+
+def member_net(cluster: Cluster, host: str, read: PeerRoutes) -> MemberNetwork:
+    """`host`'s interface and address towards the other members (one interface and one private source
+    address to all of them: rigup.parsers.iproute.interface_for_peers), and the head's address as `host`
+    reaches it (the head's own source address on the head). Read, never guessed: a peer that does not
+    resolve, or is reached over another interface, is a problem naming it."""
+    others = [h for h in cluster.hosts if h != host]
+    unresolved = [p for p in others if not read.addresses.get(p)]
+    if unresolved:
+        return MemberNetwork(host, None, f"{', '.join(unresolved)} (member of {cluster.where}) does not resolve to an "
+                                         f"IPv4 address on {host}")
+    choice = interface_for_peers({p: read.routes.get(p, "") for p in others})
+    if isinstance(choice, str):
+        return MemberNetwork(host, None, f"{cluster.where} on {host}: {choice}")
+    dev, src = choice
+    head_address = src if host == cluster.head else str(read.addresses[cluster.head])
+    warnings = []
+    routed = [p for p in others if route_to(read.routes[p]).via is not None]
+    if routed:
+        warnings.append(f"{host} reaches {', '.join(routed)} through a gateway: members on one switched network "
+                        f"keep NCCL and Ray off the router")
+    speed = read.speed_mbps.get(dev)
+    if speed is None:
+        warnings.append(f"{host}'s link speed on {dev} is unknown (/sys/class/net/{dev}/speed): pipeline parallelism "
+                        f"sends each token's activations between the members")
+    elif speed < TEN_GBE_MBPS:
+        warnings.append(f"{host} reaches the members over {dev} at {speed} Mb/s, below 10 GbE: each token's "
+                        f"activations cross between pipeline stages, so time to first token grows with the prompt's "
+                        f"size (a TP2 x PP2 run used at most 25 Mb/s of 1 GbE while decoding: vllm-project/vllm#11874)")
+    return MemberNetwork(host, ClusterNet(dev, src, head_address), None, read.mtu.get(dev), speed, tuple(warnings))
+
+
+def mtu_disagreement(networks: Sequence[MemberNetwork]) -> str | None:
+    """Members whose interfaces have different MTUs (large frames dropped on the way), or None."""
+    mtus = {n.host: n.mtu for n in networks if n.mtu is not None}
+    if len(set(mtus.values())) > 1:
+        each = ", ".join(f"{host} {mtu}" for host, mtu in mtus.items())
+        return f"the members' interfaces disagree on the MTU ({each}): set one MTU on the cluster's network"
+    return None

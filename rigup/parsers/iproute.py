@@ -208,3 +208,49 @@ def link_speed_mbps(text: str | None) -> int | None:
     except ValueError:
         return None
     return speed if speed > 0 else None
+
+
+@dataclass(frozen=True)
+class PeerRoutes(JsonDataclass):
+    """What a cluster member reads about reaching its peers (rigup.facts.network.ClusterPeerRoutes): each
+    peer's IPv4 address as the member resolves it (None: it does not resolve) and the raw `ip -j route get`
+    output for it (route_to parses it), and every interface's MTU and speed (Mb/s; None: unknown)."""
+
+    addresses: Mapping[str, str | None]
+    routes: Mapping[str, str]
+    mtu: Mapping[str, int]
+    speed_mbps: Mapping[str, int | None]
+
+
+def parse_peer_routes(lines: Any) -> PeerRoutes:
+    """Sections `==> peer NAME ADDRESS` (ADDRESS "-" when it does not resolve) each followed by `ip -j route
+    get` output (or its error), then `==> links` and `IFNAME MTU SPEED` lines."""
+    addresses: dict[str, str | None] = {}
+    routes: dict[str, list[str]] = {}
+    mtu: dict[str, int] = {}
+    speed: dict[str, int | None] = {}
+    section: str | None = None
+    for raw in (lines.splitlines() if isinstance(lines, str) else lines):
+        line = raw.rstrip("\n")
+        if line.startswith("==> peer "):
+            parts = line[len("==> peer "):].split()
+            if len(parts) != 2:
+                raise IprouteError(f"bad peer section header: {line!r}")
+            section = parts[0]
+            addresses[section] = None if parts[1] == "-" else parts[1]
+            routes[section] = []
+        elif line == "==> links":
+            section = "links"
+        elif section == "links":
+            parts = line.split()
+            if not parts:
+                continue
+            if len(parts) != 3 or not parts[1].isdigit():
+                raise IprouteError(f"bad link line (IFNAME MTU SPEED): {line!r}")
+            mtu[parts[0]] = int(parts[1])
+            speed[parts[0]] = link_speed_mbps(parts[2])
+        elif section is not None:
+            routes[section].append(line)
+        elif line.strip():
+            raise IprouteError(f"output before any section: {line!r}")
+    return PeerRoutes(addresses, {peer: "\n".join(out) for peer, out in routes.items()}, mtu, speed)

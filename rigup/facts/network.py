@@ -1,0 +1,39 @@
+"""Facts about the host's network: how it reaches the other members of its cluster."""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra.api import FactBase
+
+from rigup.facts.util import parse_fact_output
+from rigup.parsers.iproute import PeerRoutes, parse_peer_routes
+
+
+class ClusterPeerRoutes(FactBase[PeerRoutes]):
+    """
+    For each peer (a fleet host's address or name): its IPv4 address as this host resolves it, and the
+    route the kernel picks to it (``ip -j route get``); then every interface's MTU and speed. The cluster
+    member's interface, address and the head's address are decided from it
+    (rigup.desired.cluster.member_net).
+
+    + peers: {name: address or hostname}
+    """
+
+    def command(self, peers: dict[str, str]) -> str:
+        parts = []
+        for name, address in peers.items():
+            q = shlex.quote(address)
+            parts.append(
+                f"a=$(getent ahostsv4 {q} | awk 'NR==1{{print $1}}'); "
+                f"printf '==> peer %s %s\\n' {shlex.quote(name)} \"${{a:--}}\"; "
+                'if [ -n "$a" ]; then ip -j route get "$a" 2>&1 || true; fi'
+            )
+        parts.append(
+            "echo '==> links'; for d in /sys/class/net/*; do "
+            'printf \'%s %s %s\\n\' "${d##*/}" "$(cat "$d/mtu")" "$(cat "$d/speed" 2>/dev/null || echo -1)"; done'
+        )
+        return "; ".join(parts)
+
+    def process(self, output: list[str]) -> PeerRoutes:
+        return parse_fact_output(output, parse_peer_routes)

@@ -1,0 +1,18 @@
+"""rigup.facts.network.ClusterPeerRoutes: its command run here (sh, as pyinfra runs it) and parsed."""
+
+from __future__ import annotations
+
+import subprocess
+
+from rigup.facts.network import ClusterPeerRoutes
+from rigup.parsers.iproute import route_to
+
+
+def test_the_command_reads_each_peers_address_and_route_and_every_links_mtu() -> None:
+    command = ClusterPeerRoutes().command({"me": "127.0.0.1", "ghost": "no-such-host.invalid"})
+    proc = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    read = ClusterPeerRoutes().process(proc.stdout.splitlines())
+    assert read.addresses == {"me": "127.0.0.1", "ghost": None}
+    assert route_to(read.routes["me"]).local and read.routes["ghost"] == ""
+    assert read.mtu["lo"] == 65536 and read.speed_mbps["lo"] is None  # loopback has no speed
