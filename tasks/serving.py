@@ -37,6 +37,7 @@ from pyinfra import host, logger
 from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.operations import apt, files
 
+from rigup.desired.cluster import FIREWALL_FILE, FIREWALL_UNIT, MEMBER_SCRIPT, firewall_text, firewall_unit_text
 from rigup.desired.knobs import knob, knob_int
 from rigup.desired.lock import LockError
 from rigup.desired.plan import host_plans
@@ -44,6 +45,7 @@ from rigup.desired.recipe import RecipeError
 from rigup.desired.release import release_path
 from rigup.desired.secrets import SecretError
 from rigup.facts.gpu import GpuTopology
+from rigup.operations.cluster import cluster_host_data, peer_routes
 from rigup.operations.planning_errors import stop_the_run_on
 from rigup.operations.serving import (
     ctl_path,
@@ -55,6 +57,7 @@ from rigup.operations.serving import (
     sole_variant,
     variant_service,
 )
+from rigup.operations.units import unit_runs_current_files
 from rigup.rig import SERVINGCTL_SCRIPT
 from rigup.runstate import driver_changed, pins_missing, serving_blocked
 
@@ -63,7 +66,7 @@ from rigup.runstate import driver_changed, pins_missing, serving_blocked
 # (no nvidia-smi yet): the gpu_interconnect knob decides, and the next run applies what is detected.
 topology = host.get_fact(GpuTopology)
 with stop_the_run_on(host, LockError, RecipeError, SecretError, ValueError):
-    plans = host_plans(host.data.dict(), host.name, topology, require_lock=False)
+    plans = host_plans(cluster_host_data(host), host.name, topology, require_lock=False)
     env_texts = [plan.env_text() for plan in plans]  # refuses quotes/newlines that would break the .env
     timeouts = [health_timeout_s(plan.recipe, knob(host.data, "serving_health_timeout_s")) for plan in plans]
     keep = knob_int(host.data, "serving_keep_generations", minimum=1)
@@ -86,6 +89,26 @@ if blocked is None and not missing_pins:
         dest=ctl,
         mode="755",
     )
+    member = plans[0].recipe.cluster  # a cluster member serves its share only (one pod)
+    if member is not None:
+        apt.packages(name="Install nftables (the cluster's firewall)", packages=["nftables"])
+        files.directory(name="Create the cluster directory", path=posixpath.dirname(member.script), mode="755")
+        files.put(name="Upload rigup's cluster member script (Ray head or worker)", src=str(MEMBER_SCRIPT),
+                  dest=member.script, mode="755")
+        files.directory(name="Create /etc/rigup", path=posixpath.dirname(FIREWALL_FILE), mode="755")
+        read = peer_routes(host)
+        files.put(
+            name=f"Write the firewall of cluster {member.cluster.name} (members only to Ray's and NCCL's ports)",
+            src=StringIO(firewall_text(member.cluster, {host.name: member.net.address, **dict(read.addresses)},
+                                       member.ports, read.local_ports, plans[0].recipe.host_port)),
+            dest=FIREWALL_FILE,
+            mode="644",
+        )
+        files.put(name="Write the firewall's unit", src=StringIO(firewall_unit_text()),
+                  dest=f"/etc/systemd/system/{FIREWALL_UNIT}", mode="644")
+        unit_runs_current_files(name="Run the cluster's firewall on its current rules", unit=FIREWALL_UNIT,
+                                files=[FIREWALL_FILE, f"/etc/systemd/system/{FIREWALL_UNIT}"])
+
     # Pull before any file changes: the old release keeps serving during the download, and a failed
     # pull leaves the rig as it was.
     for ref in host.loop(dict.fromkeys(plan.recipe.image.ref for plan in plans)):

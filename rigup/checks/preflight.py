@@ -23,6 +23,7 @@ from rigup.checks.driver_plan import (
     plan_driver,
 )
 from rigup.checks.fit import assess
+from rigup.desired.cluster import mtu_disagreement
 from rigup.desired.gpu_power import LOW_CAP_SHARE, power_cap
 from rigup.desired.knobs import REBOOT_POLICIES, knob
 from rigup.desired.plan import host_plan
@@ -757,3 +758,23 @@ def gateway_host_checks(
 
 def failures(checks: list[Check]) -> list[Check]:
     return [c for c in checks if c.failed]
+
+
+def check_cluster_network(network: Any, peers: Sequence[Any]) -> list[Check]:
+    """A cluster member's network (rigup.desired.cluster.MemberNetwork), and its MTU against the other
+    members' (`peers`: theirs, read on them): one failed check when the member cannot be wired, a warning
+    per thing that costs speed, else what was chosen."""
+    if network is None:
+        return []
+    if network.net is None:
+        return [_fail("cluster-network", str(network.problem),
+                      "put the members on one private network each reaches the others over", "clusters")]
+    out = [_fail("cluster-network", warning, "a faster, switched link between the members", "clusters",
+                 severity="warning") for warning in network.warnings]
+    mismatch = mtu_disagreement([network, *peers])
+    if mismatch is not None:
+        out.append(_fail("cluster-network", mismatch, "set one MTU on every member's interface", "clusters"))
+    speed = f"{network.speed_mbps} Mb/s" if network.speed_mbps else "speed unknown"
+    out.append(_ok("cluster-network", f"{network.net.ifname} ({speed}, MTU {network.mtu}): this member is "
+                   f"{network.net.address}, the head {network.net.head_address}", "clusters"))
+    return out

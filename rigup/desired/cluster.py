@@ -72,6 +72,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rigup import DEPLOY_ROOT
 from rigup.desired.catalog import load_catalog
 from rigup.desired.knobs import knob
 from rigup.parsers.iproute import PeerRoutes, interface_for_peers, route_to
@@ -487,3 +488,57 @@ def mtu_disagreement(networks: Sequence[MemberNetwork]) -> str | None:
         each = ", ".join(f"{host} {mtu}" for host, mtu in mtus.items())
         return f"the members' interfaces disagree on the MTU ({each}): set one MTU on the cluster's network"
     return None
+
+
+# --- the firewall every member runs (tasks/serving.py) -----------------------------------------------------
+
+MEMBER_SCRIPT = DEPLOY_ROOT / "files" / "cluster" / "rigup-cluster-member"  # uploaded to {install_root}/cluster/
+FIREWALL_TABLE = "rigup_cluster"
+FIREWALL_FILE = "/etc/rigup/cluster-firewall.nft"
+FIREWALL_UNIT = "rigup-cluster-firewall.service"
+
+
+def firewall_text(cluster: Cluster, members: Mapping[str, str], ports: RayPorts, local_ports: tuple[int, int],
+                  api_port: int) -> str:
+    """nftables rules that admit only the members (host -> address) to Ray's pinned ports and to the
+    ephemeral range, where NCCL, Gloo and vLLM's own sockets listen on unpinned ports: Ray and NCCL
+    traffic is unauthenticated, and vLLM's docs warn it allows code execution. New connections only
+    (replies to this host's own connections pass), the loopback and the API port always."""
+    addresses = ", ".join(sorted(set(members.values())))
+    first, last = local_ports
+    guarded = ", ".join([*ports.tcp(head=True), f"{first}-{last}"])
+    return (
+        f"# Written by rigup (tasks/serving.py): cluster {cluster.name}'s members ({', '.join(members)}) alone may\n"
+        f"# open Ray's ports and the ephemeral range on this host.\n"
+        f"table inet {FIREWALL_TABLE}\n"
+        f"delete table inet {FIREWALL_TABLE}\n"
+        f"table inet {FIREWALL_TABLE} {{\n"
+        f"\tset members {{\n\t\ttype ipv4_addr\n\t\telements = {{ {addresses} }}\n\t}}\n"
+        f"\tchain input {{\n"
+        f"\t\ttype filter hook input priority filter - 1; policy accept;\n"
+        f"\t\tiif \"lo\" accept\n"
+        f"\t\tip saddr @members accept\n"
+        f"\t\ttcp dport {api_port} accept\n"
+        f"\t\ttcp dport {{ {guarded} }} ct state new drop\n"
+        f"\t}}\n"
+        f"}}\n"
+    )
+
+
+def firewall_unit_text() -> str:
+    return (
+        "# Written by rigup (tasks/serving.py): the cluster's firewall (rigup.desired.cluster.firewall_text).\n"
+        "[Unit]\n"
+        "Description=rigup: admit only the cluster's members to Ray's and NCCL's ports\n"
+        "Wants=network-pre.target\n"
+        "Before=network-pre.target docker.service\n"
+        "\n"
+        "[Service]\n"
+        "Type=oneshot\n"
+        "RemainAfterExit=yes\n"
+        f"ExecStart=/usr/sbin/nft -f {FIREWALL_FILE}\n"
+        f"ExecStop=/usr/sbin/nft delete table inet {FIREWALL_TABLE}\n"
+        "\n"
+        "[Install]\n"
+        "WantedBy=multi-user.target\n"
+    )

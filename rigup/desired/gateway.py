@@ -125,6 +125,9 @@ def route_for(rig: RigEndpoint, record: Mapping[str, Any] | None, active_units: 
     if gate.get("result") != "passed":
         return None, f"its last health gate did not pass ({gate.get('result', 'no result')})"
     release = record.get("release") if isinstance(record.get("release"), Mapping) else {}
+    member = release.get("cluster") if isinstance(release.get("cluster"), Mapping) else {}
+    if member.get("role") == "worker":
+        return None, f"a worker of cluster {member.get('name')}: its head serves the cluster"
     unit, model, port = record.get("unit"), release.get("served_model_name"), release.get("host_port")
     if not (isinstance(unit, str) and isinstance(model, str) and isinstance(port, int)):
         return None, "its provenance record names no unit, served model or port"

@@ -394,6 +394,9 @@ def pod_targets(rig: ScrapedRig, records: Sequence[Mapping[str, Any]]) -> tuple[
     targets, notes = [], []
     for record in current_records(records):
         release = record.get("release") if isinstance(record.get("release"), Mapping) else {}
+        member = release.get("cluster") if isinstance(release.get("cluster"), Mapping) else {}
+        if member.get("role") == "worker":
+            continue  # its head serves (and exports the metrics of) the whole cluster
         unit, model, port = record.get("unit"), release.get("served_model_name"), release.get("host_port")
         if not (isinstance(unit, str) and isinstance(model, str) and isinstance(port, int)):
             notes.append(f"{rig.host}: a provenance record names no unit, served model or port")

@@ -250,6 +250,8 @@ class Recipe:
     # Fields every chat request to this server must carry (catalog `chat_request`, upstream's request
     # format): the health gate (through the release) and `rigup verify` add them to theirs.
     chat_request: Mapping[str, Any] = field(default_factory=dict)
+    # a cluster member's share (rigup.desired.cluster): the head serves the API, a worker's is the head's
+    cluster: ClusterMember | None = None
 
     @property
     def model(self) -> ModelSpec:
@@ -262,7 +264,11 @@ class Recipe:
 
     @property
     def base_url(self) -> str:
-        """The API's base URL as seen from the rig itself (wildcard binds are reached on loopback)."""
+        """The API's base URL as seen from the rig itself (wildcard binds are reached on loopback); a
+        cluster worker's is its head's, which serves the cluster (its gate asks the head)."""
+        if self.cluster is not None and self.cluster.role == "worker":
+            head = self.cluster.net.head_address
+            return f"http://{f'[{head}]' if ':' in head else head}:{self.host_port}"
         host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.bind_address, self.bind_address)
         if ":" in host:
             host = f"[{host}]"
@@ -1067,6 +1073,7 @@ def assemble_recipe(
         compose_text=rendered_text,
         changes=tuple(edit.changes),
         chat_request=copy.deepcopy(dict(variant.get("chat_request") or {})),  # the catalog is shared: a copy
+        cluster=ctx.cluster,
     )
 
 

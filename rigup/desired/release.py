@@ -106,6 +106,9 @@ def build_release(
         "env_file": paths.env_file,
         "files": dict(sorted(files.items())),
         "health_url": recipe.health_url,
+        **({"cluster": {"name": recipe.cluster.cluster.name, "role": recipe.cluster.role,
+                        "rank": recipe.cluster.rank, "hosts": list(recipe.cluster.cluster.hosts)}}
+           if recipe.cluster is not None else {}),
         "served_model_name": recipe.served_model_name,
         "bind_address": recipe.bind_address,
         "host_port": recipe.host_port,

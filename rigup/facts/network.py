@@ -13,7 +13,8 @@ from rigup.parsers.iproute import PeerRoutes, parse_peer_routes
 class ClusterPeerRoutes(FactBase[PeerRoutes]):
     """
     For each peer (a fleet host's address or name): its IPv4 address as this host resolves it, and the
-    route the kernel picks to it (``ip -j route get``); then every interface's MTU and speed. The cluster
+    route the kernel picks to it (``ip -j route get``); the ephemeral port range (where NCCL, Gloo and
+    vLLM's own sockets listen); then every interface's MTU and speed. The cluster
     member's interface, address and the head's address are decided from it
     (rigup.desired.cluster.member_net).
 
@@ -29,6 +30,7 @@ class ClusterPeerRoutes(FactBase[PeerRoutes]):
                 f"printf '==> peer %s %s\\n' {shlex.quote(name)} \"${{a:--}}\"; "
                 'if [ -n "$a" ]; then ip -j route get "$a" 2>&1 || true; fi'
             )
+        parts.append("printf '==> local_ports %s %s\\n' $(cat /proc/sys/net/ipv4/ip_local_port_range)")
         parts.append(
             "echo '==> links'; for d in /sys/class/net/*; do "
             'printf \'%s %s %s\\n\' "${d##*/}" "$(cat "$d/mtu")" "$(cat "$d/speed" 2>/dev/null || echo -1)"; done'

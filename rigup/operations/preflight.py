@@ -15,6 +15,7 @@ from rigup.checks.preflight import (
     Check,
     HostFacts,
     check_capabilities,
+    check_cluster_network,
     failures,
     gateway_host_checks,
     host_recipes,
@@ -24,6 +25,7 @@ from rigup.checks.preflight import (
 from rigup.desired.knobs import knob
 from rigup.facts.gpu import GpuTopology
 from rigup.facts.system import FreeDisk, HostCapabilities, OsReleaseInfo
+from rigup.operations.cluster import cluster_host_data, member_network, peer_addresses
 from rigup.operations.preflight_facts import gather
 from rigup.pyinfra_patches import fail_host_while_planning
 from rigup.runstate import record_preflight
@@ -56,9 +58,13 @@ def host_preflight(target: Any, base_dir: Path | None = None) -> tuple[list[Chec
     if privileges_missing(first):
         return first, None
     topology = target.get_fact(GpuTopology)
+    network = member_network(target)
+    data = cluster_host_data(target)  # a member's compose names the interface and addresses it read
     built = host_recipes(data, target.name, topology, base_dir)
     facts = gather(lambda cls, **kw: target.get_fact(cls, **kw), data, [b.recipe for b in built], topology)
-    return first + run_host_checks(facts, built, data), facts
+    peers = [] if network is None else [
+        n for n in (member_network(target.inventory.get_host(name)) for name in peer_addresses(target)) if n is not None]
+    return first + run_host_checks(facts, built, data) + check_cluster_network(network, peers), facts
 
 
 def preflight_report(target: Any) -> list[Check]:

@@ -220,6 +220,7 @@ class PeerRoutes(JsonDataclass):
     routes: Mapping[str, str]
     mtu: Mapping[str, int]
     speed_mbps: Mapping[str, int | None]
+    local_ports: tuple[int, int] = (32768, 60999)  # net.ipv4.ip_local_port_range (Linux's default)
 
 
 def parse_peer_routes(lines: Any) -> PeerRoutes:
@@ -230,9 +231,15 @@ def parse_peer_routes(lines: Any) -> PeerRoutes:
     mtu: dict[str, int] = {}
     speed: dict[str, int | None] = {}
     section: str | None = None
+    local_ports = (32768, 60999)
     for raw in (lines.splitlines() if isinstance(lines, str) else lines):
         line = raw.rstrip("\n")
-        if line.startswith("==> peer "):
+        if line.startswith("==> local_ports "):
+            parts = line.split()[2:]
+            if len(parts) != 2 or not all(p.isdigit() for p in parts):
+                raise IprouteError(f"bad local port range: {line!r}")
+            local_ports = (int(parts[0]), int(parts[1]))
+        elif line.startswith("==> peer "):
             parts = line[len("==> peer "):].split()
             if len(parts) != 2:
                 raise IprouteError(f"bad peer section header: {line!r}")
@@ -253,4 +260,4 @@ def parse_peer_routes(lines: Any) -> PeerRoutes:
             routes[section].append(line)
         elif line.strip():
             raise IprouteError(f"output before any section: {line!r}")
-    return PeerRoutes(addresses, {peer: "\n".join(out) for peer, out in routes.items()}, mtu, speed)
+    return PeerRoutes(addresses, {peer: "\n".join(out) for peer, out in routes.items()}, mtu, speed, local_ports)

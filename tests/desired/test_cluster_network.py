@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rigup.checks.preflight import check_cluster_network
 from rigup.desired.cluster import Cluster, ClusterNet, MemberNetwork, member_net, mtu_disagreement
 from rigup.parsers.iproute import PeerRoutes
 
@@ -68,3 +69,16 @@ def test_members_must_agree_on_the_mtu() -> None:
     assert mtu_disagreement(nets) == ("the members' interfaces disagree on the MTU (rig-a 9000, rig-b 1500): set one "
                                       "MTU on the cluster's network")
     assert mtu_disagreement(nets[:1]) is None
+
+
+def test_preflight_fails_a_member_it_cannot_wire_and_reports_what_it_chose() -> None:
+    bad = member_net(TRIO, "rig-a", _read({"rig-b": _route("fab0-peer1"), "rig-c": _route("fab1-peer")}))
+    (check,) = check_cluster_network(bad, [])
+    assert check.failed and check.key == "clusters" and "different interfaces" in check.message
+    good = member_net(TRIO, "rig-a", _read({"rig-b": _route("fab0-peer1"), "rig-c": _route("fab0-peer2")}, speed=1000))
+    checks = check_cluster_network(good, [MemberNetwork("rig-b", None, None, mtu=1500)])
+    assert [(c.ok, c.severity) for c in checks] == [(False, "warning"), (True, "info")]
+    assert checks[-1].message == "fab0 (1000 Mb/s, MTU 1500): this member is 10.250.1.1, the head 10.250.1.1"
+    jumbo = check_cluster_network(good, [MemberNetwork("rig-b", None, None, mtu=9000)])
+    assert any(c.failed and "disagree on the MTU" in c.message for c in jumbo)
+    assert check_cluster_network(None, []) == []

@@ -16,3 +16,10 @@ def test_the_command_reads_each_peers_address_and_route_and_every_links_mtu() ->
     assert read.addresses == {"me": "127.0.0.1", "ghost": None}
     assert route_to(read.routes["me"]).local and read.routes["ghost"] == ""
     assert read.mtu["lo"] == 65536 and read.speed_mbps["lo"] is None  # loopback has no speed
+
+
+def test_the_ephemeral_port_range_is_read() -> None:
+    command = ClusterPeerRoutes().command({"me": "127.0.0.1"})
+    proc = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60)
+    first, last = open("/proc/sys/net/ipv4/ip_local_port_range").read().split()
+    assert ClusterPeerRoutes().process(proc.stdout.splitlines()).local_ports == (int(first), int(last))
