@@ -45,6 +45,9 @@ PACKAGES: tuple[str, ...] = (
     "iproute2",
     # On every Ubuntu server, and what Docker CE's engine depends on for its NAT and port publishing.
     "iptables",
+    # Priority: important (Debian 12's nftables 1.0.6-2+deb12u2, as in Ubuntu), so on every server install;
+    # debootstrap's minbase leaves such packages out. A cluster member's firewall is nftables rules.
+    "nftables",
     "iputils-ping",
     "procps",
     "kmod",
