@@ -395,7 +395,7 @@ def _suggest(recipe: Recipe, used: Sequence[GpuState], catalog: Mapping[str, Any
             break
     best: tuple[int, str, float] | None = None
     for name, other in catalog["variants"].items():
-        if name == recipe.variant or other["tensor_parallel_size"] != recipe.tensor_parallel_size:
+        if name == recipe.variant or other["tensor_parallel_size"] != recipe.shards:
             continue
         if catalog["models"][other["model"]]["family"] != recipe.family:
             continue
@@ -424,8 +424,8 @@ def _unmeasured(recipe: Recipe, catalog: Mapping[str, Any]) -> list[str]:
     """Overrides that move the recipe off anything measured (beyond max_model_len / utilisation)."""
     v = catalog["variants"][recipe.variant]
     out = []
-    if recipe.tensor_parallel_size < v["tensor_parallel_size"]:
-        out.append(f"tensor parallel {recipe.tensor_parallel_size} < measured {v['tensor_parallel_size']}")
+    if recipe.shards < v["tensor_parallel_size"]:  # a cluster's TP x PP spreads the model as far as its TP alone
+        out.append(f"tensor parallel {recipe.shards} < measured {v['tensor_parallel_size']}")
     if recipe.max_num_seqs > v["max_num_seqs"]:
         out.append(f"max_num_seqs {recipe.max_num_seqs} > measured {v['max_num_seqs']}")
     if (recipe.max_num_batched_tokens or 0) > (v["max_num_batched_tokens"] or 0) and v["max_num_batched_tokens"] is not None:

@@ -202,7 +202,7 @@ class Recipe:
     container_name: str
     served_model_name: str
     # GPUs
-    tensor_parallel_size: int
+    tensor_parallel_size: int  # on this host
     gpu_count: int  # GPUs the container uses: the tensor-parallel size, or a deploy config's stage devices
     valid_tensor_parallel_sizes: tuple[int, ...]  # what variant_overrides may choose
     min_compute_capability: tuple[int, int]  # (8, 6): Ampere RTX 3090
@@ -252,6 +252,12 @@ class Recipe:
     chat_request: Mapping[str, Any] = field(default_factory=dict)
     # a cluster member's share (rigup.desired.cluster): the head serves the API, a worker's is the head's
     cluster: ClusterMember | None = None
+    pipeline_parallel_size: int = 1  # the cluster's hosts (1 on one host)
+
+    @property
+    def shards(self) -> int:
+        """GPUs the model is spread over, across a cluster's hosts too: what a measured envelope's TP means."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     @property
     def model(self) -> ModelSpec:
@@ -854,6 +860,12 @@ class EngineSettings:
     speculative_config: str | None
     speculative_method: str | None
     language_model_only: bool
+    pipeline_parallel_size: int = 1  # > 1: a cluster member's share (the cluster transform)
+
+    @property
+    def shards(self) -> int:
+        """How many GPUs the model is spread over, across hosts too: what its measured envelope's TP means."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
 def engine_settings(
@@ -895,6 +907,7 @@ def engine_settings(
         speculative_config=spec_json,
         speculative_method=spec_method,
         language_model_only="--language-model-only" in edit.command(),
+        pipeline_parallel_size=_int_flag(edit, "--pipeline-parallel-size", 1) or 1,
     )
 
 
@@ -961,7 +974,7 @@ def envelope_is_documented(overrides: Mapping[str, Any], engine: EngineSettings,
     TP, context, utilisation, sequences, batched tokens and language-model-only of the catalog entry."""
     return (
         all(k == "port" for k in overrides)
-        and (engine.tensor_parallel_size, engine.max_model_len, engine.gpu_memory_utilization, engine.max_num_seqs,
+        and (engine.shards, engine.max_model_len, engine.gpu_memory_utilization, engine.max_num_seqs,
              engine.max_num_batched_tokens, engine.language_model_only)
         == (variant["tensor_parallel_size"], variant["max_model_len"], float(variant["gpu_memory_utilization"]),
             variant["max_num_seqs"], variant["max_num_batched_tokens"], bool(variant["language_model_only"]))
@@ -1074,6 +1087,7 @@ def assemble_recipe(
         changes=tuple(edit.changes),
         chat_request=copy.deepcopy(dict(variant.get("chat_request") or {})),  # the catalog is shared: a copy
         cluster=ctx.cluster,
+        pipeline_parallel_size=engine.pipeline_parallel_size,
     )
 
 

@@ -167,3 +167,10 @@ def test_a_speculative_method_only_upstreams_command_names_is_refused_when_the_m
     with pytest.raises(RecipeError, match=r"clusters\[0\] \(duo\): vLLM cannot serve variant 'dual-dflash' across "
                                           r"hosts: speculative decoding with DFlash"):
         host_plans(fleet.resolved_data("rig-b"), require_lock=False, read_secrets=False)
+
+
+def test_a_members_share_keeps_the_variants_measured_envelope(tmp_path: Path) -> None:
+    # TP 2 on each of 2 hosts spreads the model over 4 GPUs, as the catalog measured it at TP 4
+    recipe = _service(_member(tmp_path, "rig-b", NET))["plan"].recipe
+    assert (recipe.tensor_parallel_size, recipe.pipeline_parallel_size, recipe.shards) == (2, 2, 4)
+    assert recipe.envelope_is_documented
