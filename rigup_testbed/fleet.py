@@ -221,10 +221,12 @@ class Testbed:
         group_data: Mapping[str, Mapping[str, Any]] | None = None,
         require_all_urls: bool = True,
         real_engine: bool = True,
+        clusters: Sequence[Mapping[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """The fleet document (CONTRACT.md format) for this bed: every URL knob at the hub, Debian 12
         allowed, the hub's plain-HTTP registry in docker_insecure_registries (as a LAN mirror user
-        sets it), each host with pinned SSH settings and its GPU count. `data` overrides any of it.
+        sets it), each host with pinned SSH settings and its GPU count. `data` overrides any of it;
+        `clusters` is the fleet file's list of them, as given.
 
         With `real_engine` (the default), the rigs install Docker's real engine (the hub's engine repository)
         and pull from the hub's real registry, the GPU smoke image included, as from a LAN mirror of Docker
@@ -258,7 +260,7 @@ class Testbed:
                 **({"gpu_count": len(h.hardware.gpus)} if h.hardware.gpus else {}),
                 **dict(h.data),
             }
-        return {"data": top, "groups": groups}
+        return {"data": top, "groups": groups, **({"clusters": [dict(c) for c in clusters]} if clusters else {})}
 
     def engine_data(self, *, real_engine: bool) -> dict[str, Any]:
         """The knobs that choose a rig's container engine, as fleet(real_engine=...) sets them: Docker's apt

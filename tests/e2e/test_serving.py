@@ -48,10 +48,12 @@ class Bed:
         self.lock = workdir / "rigs.lock.yaml"
         self.data: dict[str, Any] = {"variant": VARIANT, "serving_health_timeout_s": GATE_TIMEOUT_S}
         self.group_data: dict[str, dict[str, Any]] = {}
+        self.clusters: list[dict[str, Any]] = []
 
     def write(self, *, relock: bool = True) -> None:
         # (the hub's registries speak plain HTTP, as a LAN mirror often does: the fleet tells Docker)
-        self.testbed.write_fleet(self.fleet, data=self.data, group_data=self.group_data, real_engine=self.real_engine)
+        self.testbed.write_fleet(self.fleet, data=self.data, group_data=self.group_data, real_engine=self.real_engine,
+                                 clusters=self.clusters)
         if relock:
             proc = subprocess.run(
                 [sys.executable, "-m", "rigup", "lock"], cwd=REPO_ROOT, env=self.env(),

@@ -1,0 +1,141 @@
+"""One model across two rigs (issue 29): a `clusters` entry serves a 4-GPU recipe as TP 2 x PP 2 on two
+2x RTX 3090 rigs, through vLLM's Ray backend with a real Ray rendezvous (the stand-in engine's `vllm
+serve` joins the members' real Ray cluster and places a worker on each simulated GPU before it answers).
+
+One bed: rig-a (the head; group gateway, so it also runs the fleet gateway) and rig-b (the worker). In
+file order: bring-up, with each member's gate passing only once the whole cluster serves; the gateway
+routes to the head alone; the firewall admits the members alone to Ray's ports and the ephemeral range;
+a converged re-run changes nothing; a stopped worker takes the cluster down and the next converge heals it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import requests
+
+from rigup_testbed.fleet import Testbed
+from rigup_testbed.hosts import HostSpec
+from tests.e2e.helpers import key_files
+from tests.e2e.test_serving import API_KEY, Bed, _tail, served_name, sh, unit_prop
+
+pytestmark = pytest.mark.e2e
+
+VARIANT = "qwen-multi4-autoround-int4-mtp"  # TP 4 on one host upstream; vllm/vllm-openai:v0.27.1
+PORT = 8040
+UNIT = "rigup-big.service"
+CLUSTER = {"name": "big", "variant": VARIANT, "hosts": ["rig-a", "rig-b"], "port": PORT}
+GATEWAY_KEY = "sk-rigup-cluster-e2e-0b7d5e11c2a4"
+GATEWAY_PORT = 4000
+
+
+def record(bed: Bed, host: str) -> dict:
+    return json.loads(sh(bed.testbed.host(host), "cat /opt/rigup/state/pods/big/provenance.json"))
+
+
+def served(bed: Bed, host: str, port: int = PORT) -> list[str]:
+    reply = requests.get(f"http://{bed.testbed.host(host).ip}:{port}/v1/models",
+                         headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)
+    assert reply.status_code == 200, reply.text
+    return [m["id"] for m in reply.json()["data"]]
+
+
+@pytest.fixture(scope="module")
+def bed(testbed_factory: Callable[..., Testbed], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
+    testbed = testbed_factory([HostSpec("rig-a", group="gateway"), HostSpec("rig-b", group="rigs")], "rigcl")
+    b = Bed(testbed, testbed.workdir)
+    keys = key_files(tmp_path_factory.mktemp("keys"), rig=API_KEY, gateway=GATEWAY_KEY)
+    b.data = {"serving_api_key_file": str(keys["rig"]), "serving_health_timeout_s": 240,
+              "gateway_api_key_file": str(keys["gateway"]), "gateway_health_check_interval_s": 3}
+    b.clusters = [CLUSTER]
+    b.write()
+    yield b
+    testbed.down()
+
+
+def test_two_rigs_serve_one_model_as_one_endpoint(bed: Bed) -> None:
+    proc = bed.deploy()
+    output = proc.stdout + proc.stderr
+    assert "Traceback" not in output
+    for host, role in (("rig-a", "head"), ("rig-b", "worker")):
+        rig = bed.testbed.host(host)
+        assert unit_prop(rig, UNIT, "ActiveState") == "active", host
+        rec = record(bed, host)
+        assert rec["gate"]["result"] == "passed", (host, rec["gate"])
+        assert rec["release"]["cluster"] == {"name": "big", "role": role, "rank": 0 if role == "head" else 1,
+                                             "hosts": ["rig-a", "rig-b"]}
+    assert served(bed, "rig-a") == [served_name(VARIANT)]
+    # the worker's gate asked the head: its completion came from the whole cluster
+    assert record(bed, "rig-b")["release"]["health_url"] == f"http://{bed.testbed.host('rig-a').ip}:{PORT}/v1/models"
+    logs = sh(bed.testbed.host("rig-a"), "docker logs rigup-big 2>&1 | tail -n 200")
+    assert "rigup cluster member: starting the Ray head" in logs
+    assert "cluster-network" in output  # preflight reported the interface it chose
+
+
+def test_the_gateway_routes_to_the_head_alone(bed: Bed) -> None:
+    url = f"http://{bed.testbed.host('rig-a').ip}:{GATEWAY_PORT}/v1/models"
+    deadline = time.monotonic() + 60
+    while True:
+        reply = requests.get(url, headers={"Authorization": f"Bearer {GATEWAY_KEY}"}, timeout=30)
+        if reply.status_code == 200 and reply.json()["data"] or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert [m["id"] for m in reply.json()["data"]] == [served_name(VARIANT)]
+    routes = json.loads(sh(bed.testbed.host("rig-a"), "cat /opt/rigup/gateway/routes.json 2>/dev/null || echo '[]'"))
+    assert all("rig-b" not in json.dumps(r) for r in routes), routes
+
+
+def _reaches(bed: Bed, from_host: str | None, to_host: str, port: int) -> bool:
+    """Whether a TCP connection from `from_host` (None: the hub, on the same LAN outside the cluster) to
+    `to_host`:`port` is accepted."""
+    address = bed.testbed.host(to_host).ip
+    probe = f"timeout 3 bash -c '</dev/tcp/{address}/{port}' && echo open || echo closed"
+    if from_host is None:  # the hub: a machine on the same LAN outside the cluster
+        out = sh_hub(bed, probe)
+    else:
+        out = sh(bed.testbed.host(from_host), probe, check=False)
+    return out.strip().endswith("open")
+
+
+def sh_hub(bed: Bed, command: str) -> str:
+    netns = bed.testbed.network.hub_netns
+    proc = subprocess.run(["ip", "netns", "exec", netns, "bash", "-c", command], capture_output=True, text=True,
+                          timeout=60)
+    return proc.stdout
+
+
+def test_outside_the_cluster_no_ray_port_answers(bed: Bed) -> None:
+    assert _reaches(bed, "rig-b", "rig-a", 6379)  # the worker reaches the head's GCS
+    assert not _reaches(bed, None, "rig-a", 6379)  # a host outside the cluster does not
+    assert not _reaches(bed, None, "rig-b", 6380)  # nor a member's raylet
+    assert _reaches(bed, None, "rig-a", PORT)  # the API stays open
+
+
+def test_a_converged_rerun_changes_nothing(bed: Bed) -> None:
+    proc = bed.pyinfra("--json", "deploy.py")
+    assert proc.returncode == 0, _tail(proc)
+    result = json.loads(proc.stdout)
+    changed = {op["name"]: op["success"] for op in result["results"]["operations"] if op["success"]}
+    assert changed == {}, f"operations that changed on a converged re-run: {changed}"
+
+
+def test_a_stopped_worker_takes_the_cluster_down_and_the_next_converge_heals_it(bed: Bed) -> None:
+    head, worker = bed.testbed.host("rig-a"), bed.testbed.host("rig-b")
+    before = unit_prop(head, UNIT, "NRestarts")
+    sh(worker, f"systemctl stop {UNIT}")
+    started = time.monotonic()
+    while time.monotonic() - started < 120:
+        if unit_prop(head, UNIT, "NRestarts") != before or unit_prop(head, UNIT, "ActiveState") != "active":
+            break
+        time.sleep(1)
+    detected = time.monotonic() - started
+    assert detected < 120, "the head kept serving without its worker"
+    print(f"the head noticed the stopped worker after {detected:.1f} s")
+    bed.deploy()
+    for host in ("rig-a", "rig-b"):
+        assert unit_prop(bed.testbed.host(host), UNIT, "ActiveState") == "active"
+    assert served(bed, "rig-a") == [served_name(VARIANT)]
