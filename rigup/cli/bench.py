@@ -300,6 +300,9 @@ def bench_target(
     if target.error is not None or target.api_url is None:
         document["error"] = target.error or "no API URL"
         return document
+    if target.cluster_head is not None:
+        document["skipped"] = f"a worker of its cluster: benchmarked as {target.cluster_head}, which serves it"
+        return document
     client = ApiClient(target.api_url, target.api_key)
     ssh = LazySsh(target.ssh)
     try:
@@ -443,6 +446,9 @@ def render_table(documents: Sequence[dict[str, Any]]) -> str:
     for d in documents:
         if d.get("error"):
             lines.append(f"{d['host']:<14} {d.get('variant') or '-':<18} ERROR  {d['error']}")
+            continue
+        if d.get("skipped"):
+            lines.append(f"{d['host']:<14} {d.get('variant') or '-':<18} -      {d['skipped']}")
             continue
         for prompt, p in d["prompts"].items():
             s = p["summary"]

@@ -43,6 +43,7 @@ class Target:
     host: str | None = None  # the fleet host (name is "<host>/<pod>" for a pod the host lists)
     pod: Pod | None = None  # which of the host's pods (rigup.desired.pods); None: a bare URL, a gateway-only host
     host_units: tuple[str, ...] = ()  # the units of every pod of the host (none of them is "another variant")
+    cluster_head: str | None = None  # a cluster worker: the head's target name, which serves the cluster
 
     @property
     def variant(self) -> str | None:
@@ -128,8 +129,15 @@ def fleet_targets(limit: Sequence[str] | None = None, fleet: Fleet | None = None
                                       host_units=units))
                 continue
             url = f"http://{api_host(ssh.hostname)}:{recipe.host_port}"
+            head = None
+            if recipe.cluster is not None and recipe.cluster.role == "worker":
+                # a worker answers nothing itself: the cluster's endpoint is its head's
+                head_name = recipe.cluster.cluster.head
+                head_ssh = SshSettings.from_data(head_name, fleet.resolved_data(head_name))
+                url = f"http://{api_host(head_ssh.hostname)}:{recipe.host_port}"
+                head = f"{head_name}/{pod.name}"
             targets.append(Target(label, url, api_key, data, recipe, key_error, ssh, *gateway, host=name, pod=pod,
-                                  host_units=units))
+                                  host_units=units, cluster_head=head))
     return targets
 
 

@@ -545,6 +545,10 @@ def verify_target(
     if target.error is not None or target.api_url is None:
         return HostReport(target.name, target.api_url, target.variant, target.served_model,
                           [CheckResult("setup", FAIL, target.error or "no API URL")])
+    if target.cluster_head is not None:
+        return HostReport(target.name, target.api_url, target.variant, target.served_model,
+                          [CheckResult("cluster", SKIP, f"a worker of its cluster: verified as {target.cluster_head}, "
+                                                        "which serves it")])
     client = ApiClient(target.api_url, target.api_key)
     ssh = LazySsh(target.ssh)
     try:

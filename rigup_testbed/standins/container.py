@@ -90,6 +90,7 @@ def vllm_args(tokens: list[str]) -> dict[str, Any]:
     flags_with_value = {
         "--model": "model", "--port": "port", "--host": "host", "--api-key": "api_key",
         "--tensor-parallel-size": "tp", "-tp": "tp", "--gpu-memory-utilization": "gpu_util",
+        "--pipeline-parallel-size": "pp", "-pp": "pp", "--distributed-executor-backend": "distributed_executor_backend",
         "--max-model-len": "max_model_len", "--speculative-config": "speculative_config",
         "--alias": "alias", "-a": "alias", "-m": "model", "--ctx-size": "max_model_len", "-c": "max_model_len",
         "--chat-template": "chat_template", "--deploy-config": "deploy_config",

@@ -19,6 +19,13 @@ so that a wrong VLLM_HOST_IP, a blocked port or a missing member fails as it wou
                "EngineCore encountered a fatal error.", "RuntimeError: Executor failed.") and Ray's own error.
   worker(...)  `ray start --address HEAD:PORT --block` with the same pins; returns its exit status.
 
+The driver's steps are shared with the stand-in `vllm serve --distributed-executor-backend ray`
+(vllm_entry.py, inside the image whose second layer holds Ray): connect() (vLLM's ray.init(address=None)
+joins the cluster this node's `ray start` recorded), create_placement_group(), place_workers() (with
+`standin_lib`, each rank reads its own node's simulated GPUs, takes the one Ray's GPU id names, fails as
+vLLM's worker would when the id is beyond them, and registers a GPU process there) and watch();
+start_executor() is the first three as the engine runs them, rendezvous() all four as head() runs them.
+
 Facts (vLLM 0.27.1 wheel, `vllm/_version.py` commit g6e448d0ea): RayExecutorV2 is the default
 (`VLLM_USE_RAY_V2_EXECUTOR_BACKEND` defaults to "1" in vllm/envs.py; vllm/v1/executor/abstract.py), and it calls
 `initialize_ray_cluster(parallel_config, require_gpu_on_driver=False)`, so the "Current node has no GPU
@@ -276,29 +283,28 @@ def _wait_gcs(ip: str, port: int, node: Node, deadline: float) -> None:
     raise HeadFailure(EXIT_RAY_START, f"the GCS did not listen on {ip}:{port}")
 
 
-def rendezvous(
-    *,
-    ip: str,
-    gcs_port: int,
-    tp: int,
-    pp: int,
-    timeout: float,
-    instance_id: str = "rigup",
-    expect_nodes: int | None = None,
-    on_ready=None,
-    watch: bool = True,
-    head_node: Node | None = None,
-) -> dict:
-    """The driver's part (what `vllm serve` does in its engine core): ray.init to the running cluster,
-    the placement group, the actors and their round trip, then the watch. Returns the ready report when
-    watch is False; otherwise returns only by raising HeadFailure."""
+def connect(address: str | None, node_ip: str | None = None, local_gpus: int | None = None) -> None:
+    """ray.init as the engine does. vLLM 0.27.1 (`initialize_ray_cluster`, CUDA) calls
+    `ray.init(address=ray_address)` with ray_address None: Ray then joins the cluster the last `ray start` on
+    this node recorded (<temp dir>/ray/ray_current_cluster, or $RAY_ADDRESS), else starts a local instance
+    with the node's detected GPUs; `local_gpus` stands for that detection (CPU-only Ray finds none)."""
     import ray
-    from ray.util.placement_group import placement_group, placement_group_table
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    from ray._private import services
 
-    world_size = tp * pp
-    t0 = time.monotonic()
-    ray.init(address=f"{ip}:{gcs_port}", _node_ip_address=ip, logging_level=logging.WARNING, log_to_driver=False)
+    kwargs: dict = {"logging_level": logging.WARNING, "log_to_driver": False}
+    if node_ip:
+        kwargs["_node_ip_address"] = node_ip
+    if address is None and local_gpus is not None and services.canonicalize_bootstrap_address(None) is None:
+        kwargs["num_gpus"] = local_gpus
+    ray.init(address=address, **kwargs)
+
+
+def create_placement_group(world_size: int, timeout: float):
+    """`initialize_ray_cluster`'s new placement group (world_size bundles {"GPU": 1.0}, PACK) and
+    `_wait_until_pg_ready`: its log lines while waiting, its ValueError past `timeout` (HeadFailure)."""
+    import ray
+    from ray.util.placement_group import placement_group
+
     log("INFO", "No current placement group found. Creating a new placement group.")
     if ray.cluster_resources().get("GPU", 0) < world_size:
         log("WARNING", "The number of required GPUs exceeds the total number of available GPUs in the placement group.")
@@ -325,7 +331,32 @@ def rendezvous(
         ray.get(ready_ref, timeout=0)
     except ray.exceptions.GetTimeoutError:
         raise HeadFailure(EXIT_PG_TIMEOUT, "ValueError: " + pg_timeout_message(pg.bundle_specs, timeout)) from None
+    return pg
 
+
+def place_workers(
+    pg,
+    *,
+    tp: int,
+    pp: int,
+    timeout: float,
+    instance_id: str = "rigup",
+    expect_nodes: int | None = None,
+    standin_lib: str | None = None,
+    gpu_memory_utilization: float = 0.9,
+) -> tuple[list, dict]:
+    """One actor per bundle of `pg` (RayExecutorV2's RayWorkerProc: num_cpus=0, one GPU, its bundle,
+    named by `build_actor_name`), ranks in bundle order sorted driver node first, and a round trip to
+    each. With `standin_lib` (the directory holding common.py on every node: the image's
+    /usr/lib/rigup-standin), each rank reads its own node's simulated GPUs (hardware.json: the GPUs its
+    container was given), takes the one Ray's GPU id names (an id beyond them fails as vLLM's worker
+    would) and registers a GPU process there as a vLLM worker does. Returns (actors, ready report)."""
+    import ray
+    from ray.util.placement_group import placement_group_table
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    world_size = tp * pp
+    t0 = time.monotonic()
     table = placement_group_table(pg)
     bundle_node = table["bundles_to_node_id"]
     nodes = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
@@ -347,13 +378,43 @@ def rendezvous(
     class RayWorkerProc:
         """Stands for vLLM's RayWorkerProc: `where` is the init barrier, `run` the busy loop."""
 
-        def where(self):
+        def where(self, standin_lib=None, gpu_util=0.9, name="ray::RayWorkerProc"):
             import os as _os
 
             import ray as _ray
 
             ctx = _ray.get_runtime_context()
-            return {"ip": _ray.util.get_node_ip_address(), "pid": _os.getpid(), "node_id": ctx.get_node_id()}
+            ip = _ray.util.get_node_ip_address()
+            out = {"ip": ip, "pid": _os.getpid(), "node_id": ctx.get_node_id(),
+                   "ray_gpu_ids": [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])]}
+            if standin_lib is None:
+                return out
+            import sys as _sys
+
+            if standin_lib not in _sys.path:
+                _sys.path.insert(0, standin_lib)
+            import common  # the stand-in's, installed on every node as vLLM is
+
+            visible = _os.environ.get("NVIDIA_VISIBLE_DEVICES", "void") not in ("", "void", "none")
+            gpus = common.hardware().get("gpus", []) if visible else []
+            mine = []
+            for gid in out["ray_gpu_ids"]:
+                if not gid.isdigit() or int(gid) >= len(gpus):
+                    out["error"] = (f"RuntimeError: CUDA error: invalid device ordinal (Ray GPU id(s) "
+                                    f"{out['ray_gpu_ids']} on node {ip}, which has {len(gpus)} GPU(s): the node "
+                                    "declared more GPUs to Ray (ray start --num-gpus) than it has)")
+                    return out
+                mine.append(gpus[int(gid)])
+            out["gpus"] = [{"uuid": g["uuid"], "name": g.get("name"), "index": g.get("index")} for g in mine]
+            procs = common.path("/run/nvidia-standin/procs")  # the toolkit's hook mounts it in GPU containers
+            if mine and procs.is_dir():  # a vLLM worker's CUDA context and weights: nvidia-smi on this node shows it
+                pidns = common.own_pidns()
+                tag = "".join(ch for ch in pidns if ch.isdigit())
+                common.write_json_atomic(
+                    procs / f"{tag}-{_os.getpid()}.json",
+                    {"pid": _os.getpid(), "pidns": pidns, "starttime": common.proc_starttime(), "name": name,
+                     "gpus": [g["uuid"] for g in mine], "used_mib": int(gpu_util * int(mine[0]["memory_total_mib"]))})
+            return out
 
         def run(self):
             import time as _time
@@ -381,16 +442,18 @@ def rendezvous(
         )
     remaining = max(1.0, timeout - (time.monotonic() - t0))
     try:
-        wheres = ray.get([a.where.remote() for a in actors], timeout=remaining)
+        wheres = ray.get([a.where.remote(standin_lib, gpu_memory_utilization) for a in actors], timeout=remaining)
     except ray.exceptions.GetTimeoutError:
         raise HeadFailure(EXIT_PG_TIMEOUT, "RuntimeError: Ray workers did not answer within the timeout") from None
     except ray.exceptions.RayError as e:
         raise HeadFailure(EXIT_NODE_DIED, f"RuntimeError: Worker failed to initialize: {e}") from None
     ranks = []
     for rank, (b, w) in enumerate(zip(order, wheres)):
+        if w.get("error"):
+            raise HeadFailure(EXIT_NODE_DIED, w["error"])
         if w["node_id"] != bundle_node[b]:
             raise HeadFailure(EXIT_PG_TIMEOUT, f"rank {rank} answered from node {w['node_id']}, not its bundle's")
-        ranks.append({"rank": rank, "bundle": b, "ip": w["ip"], "pid": w["pid"], "node_id": w["node_id"]})
+        ranks.append({"rank": rank, "bundle": b, **{k: v for k, v in w.items() if k != "error"}})
     report = {
         "ready": True,
         "world_size": world_size,
@@ -401,16 +464,25 @@ def rendezvous(
         "bundles": ranks,
         "seconds": round(time.monotonic() - t0, 3),
     }
-    if on_ready:
-        on_ready(report)
-    if not watch:
-        return report
+    return actors, report
+
+
+def watch(actors: list, head_node: Node | None = None, poll_s: float = 1.0, should_stop=None) -> None:
+    """RayExecutorV2's worker monitor (`start_worker_monitor`: ray.wait on the actors' run() refs) plus
+    ray.nodes() as a second signal; returns None once `should_stop()` says so, else raises HeadFailure
+    with vLLM's lines when a rank (its node) dies. vLLM polls with a 5 s timeout; `poll_s` is how often
+    the node table and `should_stop` are looked at."""
+    import ray
 
     run_refs = [a.run.remote() for a in actors]
     ref_rank = {r: i for i, r in enumerate(run_refs)}
-    members = set(per_node)
+    members = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
     while True:
-        done, _ = ray.wait(run_refs, num_returns=1, timeout=1.0)
+        if should_stop is not None and should_stop():
+            return
+        done, _ = ray.wait(run_refs, num_returns=1, timeout=poll_s)
+        if should_stop is not None and should_stop():
+            return
         gone = [n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] in members and not n["Alive"]]
         if head_node is not None and head_node.proc.poll() is not None:
             raise HeadFailure(EXIT_NODE_DIED, f"the head's ray start exited with status {head_node.proc.returncode}")
@@ -439,6 +511,66 @@ def rendezvous(
             "RuntimeError: Executor failed.",
         ]
         raise HeadFailure(EXIT_NODE_DIED, "\n".join(lines))
+
+
+def start_executor(
+    *,
+    tp: int,
+    pp: int,
+    timeout: float = PG_WAIT_TIMEOUT,
+    standin_lib: str | None = None,
+    gpu_memory_utilization: float = 0.9,
+    local_gpus: int | None = None,
+    instance_id: str | None = None,
+) -> tuple[dict, list]:
+    """`vllm serve --distributed-executor-backend ray`'s executor start (RayExecutorV2._init_executor up
+    to its workers' ready barrier): connect as vLLM does (`connect(None)`), the placement group, one
+    RayWorkerProc per bundle on its node's simulated GPUs. Returns (ready report, actors) for `watch`;
+    raises HeadFailure as the engine core fails to start."""
+    import uuid
+
+    t0 = time.monotonic()
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # initialize_ray_cluster sets it unless "1"
+    connect(None, local_gpus=local_gpus)
+    pg = create_placement_group(tp * pp, timeout)
+    actors, report = place_workers(pg, tp=tp, pp=pp, timeout=max(1.0, timeout - (time.monotonic() - t0)),
+                                   instance_id=instance_id or uuid.uuid4().hex[:5], standin_lib=standin_lib,
+                                   gpu_memory_utilization=gpu_memory_utilization)
+    report["seconds"] = round(time.monotonic() - t0, 3)
+    return report, actors
+
+
+def rendezvous(
+    *,
+    ip: str,
+    gcs_port: int,
+    tp: int,
+    pp: int,
+    timeout: float,
+    instance_id: str = "rigup",
+    expect_nodes: int | None = None,
+    on_ready=None,
+    watch: bool = True,
+    head_node: Node | None = None,
+) -> dict:
+    """The driver's part (what `vllm serve` does in its engine core): ray.init to the running cluster,
+    the placement group, the actors and their round trip, then the watch. Returns the ready report when
+    watch is False; otherwise returns only by raising HeadFailure."""
+    t0 = time.monotonic()
+    connect(f"{ip}:{gcs_port}", node_ip=ip)
+    pg = create_placement_group(tp * pp, timeout)
+    actors, report = place_workers(pg, tp=tp, pp=pp, timeout=max(1.0, timeout - (time.monotonic() - t0)),
+                                   instance_id=instance_id, expect_nodes=expect_nodes)
+    report["seconds"] = round(time.monotonic() - t0, 3)
+    if on_ready:
+        on_ready(report)
+    if not watch:
+        return report
+    _watch(actors, head_node=head_node)
+    raise HeadFailure(EXIT_NODE_DIED, "the watch ended")  # not reached: _watch returns only when told to stop
+
+
+_watch = watch  # rendezvous' parameter `watch` shadows the function
 
 
 def head(

@@ -256,6 +256,16 @@ class App:
         gpus = [by_uuid[u] for u in self.spec.get("gpus", []) if u in by_uuid]
         if not gpus:
             die("RuntimeError: Failed to infer device type")
+        ray_world = self.spec.get("ray_world")
+        if ray_world is not None:
+            # RayExecutorV2 (vllm_entry.py): the engine core holds no GPU (require_gpu_on_driver=False); each
+            # rank took one on its own node and registered it there (ray_cluster.place_workers), so the
+            # world's size is no bound on this container's GPUs and nothing is registered here
+            if vllm_metrics is not None and self.kind == "vllm" and self.names:
+                self.engine = vllm_metrics.engine_for(self.spec["args"], self.names[0], self.max_model_len, gpus,
+                                                      self.gpu_util)
+                self.num_speculative_tokens = self.engine.num_speculative_tokens or self.num_speculative_tokens
+            return
         engines = self.placements(gpus)
         if vllm_metrics is not None and self.kind == "vllm" and self.names:
             # the engine that takes the requests (stage 0's, with a deploy config): its metrics
