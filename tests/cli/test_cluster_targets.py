@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rigup.checks.verify import SKIP
-from rigup.cli.bench import bench_target, render_table
+from rigup.cli.bench import BenchSettings, bench_target, render_table
 from rigup.cli.runner import fleet_targets
 from rigup.cli.verify import verify_target
 from rigup.desired.fleet import load_fleet
@@ -38,6 +38,6 @@ def test_verify_and_bench_take_the_cluster_once_through_its_head(tmp_path: Path)
     report = verify_target(worker, options=None, quiet=True)  # type: ignore[arg-type]
     assert [(r.check, r.outcome) for r in report.results] == [("cluster", SKIP)]
     assert "verified as rig-a/big" in report.results[0].detail
-    document = bench_target(worker, settings=None, quiet=True)  # type: ignore[arg-type]
+    document = bench_target(worker, settings=BenchSettings(), quiet=True)
     assert document["skipped"].startswith("a worker of its cluster: benchmarked as rig-a/big")
     assert "benchmarked as rig-a/big" in render_table([document])
