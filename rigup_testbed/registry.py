@@ -8,7 +8,7 @@ bed's images through the Registry HTTP API v2 (the same calls `docker push` make
 layer and config, then the manifest), writes the ready file
 ({"url": "IP:N", "images": {"repo:tag": "sha256:..."}}) and stops the registry on SIGTERM.
 
-The images are real: a gzip'd tar layer, an image config and a schema-2 manifest, so the digests are the
+The images are real: gzip'd tar layers, an image config and a schema-2 manifest, so the digests are the
 SHA-256 of what the registry serves and a pull by digest is checked by the engine that pulls it. They are
 built from files of this machine, byte for byte the same on every run (fixed mtimes, owners and order),
 so their digests are stable too:
@@ -17,8 +17,10 @@ so their digests are stable too:
   vllm/vllm-openai:<tag>       for every tag the catalog names: vLLM's image layout (entrypoint `vllm
                                serve`, workdir /vllm-workspace, /usr/local/lib/python3.12/dist-packages/vllm)
                                with a Python runtime and, as `vllm`, the stand-in server
-                               (standins/vllm_entry.py -> responder.py); and under rigup-testbed-rebuilt
-                               the same image built again (another digest: a pin that moves)
+                               (standins/vllm_entry.py -> responder.py), and a second layer with Ray
+                               (ray_layer: `ray` for vLLM's Ray backend and rigup's cluster member script);
+                               and under rigup-testbed-rebuilt the same image built again (another digest:
+                               a pin that moves)
   vllm/vllm-omni:<tag>         the same for vLLM-Omni (no entrypoint, workdir /app): its server speaks as
                                vLLM-Omni's does (the image kind in image.json)
   nvidia/cuda:<tag>            the GPU smoke image group_data names (gpu_smoke_image): a shell and a Python
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fcntl
 import gzip
 import hashlib
 import http.client
@@ -48,7 +51,9 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
+import tempfile
 import time
 import urllib.parse
 from dataclasses import dataclass
@@ -71,13 +76,18 @@ EPOCH = 1759190400  # 2025-09-30, the file times inside every layer
 
 @dataclass(frozen=True)
 class Image:
-    """One single-layer image: the bytes a push sends."""
+    """One image: the bytes a push sends."""
 
     repository: str
     tag: str
-    layer: bytes  # gzip'd tar
+    layers: tuple[bytes, ...]  # gzip'd tars, base first
     config: bytes
     manifest: bytes
+
+    @property
+    def layer(self) -> bytes:
+        """The base layer (every image has one: the files build_image was given)."""
+        return self.layers[0]
 
     @property
     def digest(self) -> str:
@@ -101,9 +111,9 @@ def _compressed(diff: bytes) -> bytes:
     return layer
 
 
-def build_image(repository: str, tag: str, files: dict[str, tuple[bytes, int]], links: dict[str, str],
-                config: dict[str, object]) -> Image:
-    """An image of one layer holding `files` (path -> (content, mode)) and `links` (path -> target)."""
+def _layer_tar(files: dict[str, tuple[bytes, int]], links: dict[str, str]) -> bytes:
+    """The uncompressed tar of one layer: every parent directory, then `files` (path -> (content, mode)),
+    then `links` (path -> target), each sorted, with fixed times and owners (the same bytes every run)."""
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         dirs = sorted({str(Path(p).parent).lstrip("/") for p in [*files, *links]} - {""})
@@ -119,35 +129,68 @@ def build_image(repository: str, tag: str, files: dict[str, tuple[bytes, int]], 
             info = tarfile.TarInfo(path.lstrip("/"))
             info.type, info.linkname, info.mode, info.mtime = tarfile.SYMTYPE, target, 0o777, EPOCH
             tar.addfile(info)
-    diff = raw.getvalue()
-    return _assemble(repository, tag, _compressed(diff), _digest(diff), config)
+    return raw.getvalue()
 
 
-def _assemble(repository: str, tag: str, layer: bytes, diff_id: str, config: dict[str, object]) -> Image:
-    """The image config and manifest around one layer (`diff_id`: the digest of its uncompressed tar)."""
+@dataclass(frozen=True)
+class Layer:
+    """A built layer to stack on an image's base layer: the gzip'd tar and its diff_id (the digest of the
+    uncompressed tar), with the line its history entry carries."""
+
+    blob: bytes
+    diff_id: str
+    created_by: str
+
+
+def build_image(repository: str, tag: str, files: dict[str, tuple[bytes, int]], links: dict[str, str],
+                config: dict[str, object], extra_layers: tuple[Layer, ...] = ()) -> Image:
+    """An image whose base layer holds `files` (path -> (content, mode)) and `links` (path -> target), with
+    `extra_layers` on top of it in order. Without them the image is what it always was (one layer, the
+    same config and manifest bytes, so the same digest)."""
+    diff = _layer_tar(files, links)
+    return _assemble(repository, tag, [_compressed(diff), *(x.blob for x in extra_layers)],
+                     [_digest(diff), *(x.diff_id for x in extra_layers)], config,
+                     [x.created_by for x in extra_layers])
+
+
+HISTORY_CREATED = "2025-09-30T00:00:00Z"
+BASE_CREATED_BY = "rigup test bed (rigup_testbed/registry.py)"
+
+
+def _assemble(repository: str, tag: str, layers: list[bytes] | bytes, diff_ids: list[str] | str,
+              config: dict[str, object], created_by: list[str] | None = None) -> Image:
+    """The image config and manifest around its layers, base first (`diff_ids`: the digests of their
+    uncompressed tars, in the same order; `created_by`: the history line of each layer above the base).
+    One layer and one diff_id may be given bare."""
+    layers = [layers] if isinstance(layers, bytes) else list(layers)
+    diff_ids = [diff_ids] if isinstance(diff_ids, str) else list(diff_ids)
+    created_by = list(created_by or [])
+    if not layers or len(diff_ids) != len(layers) or len(created_by) != len(layers) - 1:
+        raise ValueError(f"{repository}:{tag}: {len(layers)} layers, {len(diff_ids)} diff_ids, "
+                         f"{len(created_by)} history lines above the base")
     image_config = {
         "architecture": "amd64",
         "os": "linux",
-        "created": "2025-09-30T00:00:00Z",
+        "created": HISTORY_CREATED,
         "config": config,
-        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-        "history": [{"created": "2025-09-30T00:00:00Z", "created_by": "rigup test bed (rigup_testbed/registry.py)"}],
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        "history": [{"created": HISTORY_CREATED, "created_by": line} for line in [BASE_CREATED_BY, *created_by]],
     }
     config_blob = json.dumps(image_config, sort_keys=True).encode()
     manifest = json.dumps({
         "schemaVersion": 2,
         "mediaType": MANIFEST_TYPE,
         "config": {"mediaType": CONFIG_TYPE, "size": len(config_blob), "digest": _digest(config_blob)},
-        "layers": [{"mediaType": LAYER_TYPE, "size": len(layer), "digest": _digest(layer)}],
+        "layers": [{"mediaType": LAYER_TYPE, "size": len(layer), "digest": _digest(layer)} for layer in layers],
     }, indent=3).encode()
-    return Image(repository, tag, layer, config_blob, manifest)
+    return Image(repository, tag, tuple(layers), config_blob, manifest)
 
 
 def rebuilt(image: Image, tag: str, labels: dict[str, str]) -> Image:
-    """`image` built again: the same layer, a config with `labels` (so another digest), under `tag`."""
+    """`image` built again: the same layers, a config with `labels` (so another digest), under `tag`."""
     config = json.loads(image.config)
-    return _assemble(image.repository, tag, image.layer, config["rootfs"]["diff_ids"][0],
-                     {**config["config"], "Labels": labels})
+    return _assemble(image.repository, tag, list(image.layers), config["rootfs"]["diff_ids"],
+                     {**config["config"], "Labels": labels}, [h["created_by"] for h in config["history"][1:]])
 
 
 def busybox_image() -> Image:
@@ -223,6 +266,153 @@ def python_runtime(root: Path) -> tuple[dict[str, tuple[bytes, int]], dict[str, 
     return files, links
 
 
+# --- Ray in the vLLM image (issue 29: a cluster of rigs runs vLLM's Ray backend) --------------------
+#
+# vLLM's image has Ray (vLLM's requirements/cuda.txt: ray[cgraph]); the stand-in's `vllm serve
+# --distributed-executor-backend ray` and rigup's member script (`ray start`) run the real one. A second
+# layer holds `pip install ray==RAY_VERSION` for the image's Python (Debian's 3.11, whose site module looks in
+# /usr/local/lib/python3.11/dist-packages), the `ray` console script on that interpreter (/usr/bin/python3 is
+# the image shim), and the shared libraries Ray's binaries load that the base layer lacks (libstdc++ and
+# friends, from the rigs' root). The wheels are downloaded once into the test bed's cache; the layer is
+# cached by what makes it (the wheels' and libraries' hashes), so a warm build reads one file.
+
+RAY_VERSION = "2.58.0"
+RAY_LAYER_FORMAT = 1  # bump when the layer's layout changes in a way its key cannot see
+RAY_SITE = f"/usr/local/lib/{PYTHON}/dist-packages"
+RAY_SCRIPT = "/usr/local/bin/ray"
+RAY_KINDS = ("vllm",)  # vllm/vllm-openai only: not vLLM-Omni's image, busybox, CUDA or the DCGM exporter
+RAY_PIP_TARGET = ("--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
+                  "--platform", "manylinux2014_x86_64")
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def ray_wheels(cache: Path | None = None) -> Path:
+    """ray==RAY_VERSION and its dependencies' wheels for the image's Python, downloaded once (pip download,
+    under a lock; `wheels.json` marks a complete download) into <test-bed cache>/ray-wheels/ray-<version>."""
+    base = (cache or cache_dir()) / "ray-wheels"
+    dest = base / f"ray-{RAY_VERSION}-cp311-manylinux2014_x86_64"
+    base.mkdir(parents=True, exist_ok=True)
+    with open(base / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (dest / "wheels.json").is_file():
+            return dest
+        building = Path(tempfile.mkdtemp(prefix=".building-", dir=base))
+        try:
+            cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-input",
+                   "--progress-bar", "off", f"ray=={RAY_VERSION}", *RAY_PIP_TARGET, "-d", str(building)]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"pip download failed (exit {done.returncode}):\n  {' '.join(cmd)}\n{done.stdout[-3000:]}"
+                                   f"{done.stderr[-3000:]}")
+            wheels = {w.name: _sha256_file(w) for w in sorted(building.glob("*.whl"))}
+            (building / "wheels.json").write_text(json.dumps(wheels, indent=1, sort_keys=True) + "\n")
+            building.chmod(0o755)
+            if dest.exists():
+                shutil.rmtree(dest)
+            building.rename(dest)
+        finally:
+            shutil.rmtree(building, ignore_errors=True)
+    return dest
+
+
+def _elf(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"\x7fELF"
+
+
+def _library_closure(root: Path, names: list[str]) -> dict[str, Path]:
+    """soname -> the file in `root` (resolved), for `names` and everything they load in turn."""
+    found: dict[str, Path] = {}
+    todo = list(names)
+    while todo:
+        name = todo.pop()
+        if name in found:
+            continue
+        where = next((root / d / name for d in LIB_DIRS if (root / d / name).exists()), None)
+        if where is None:
+            raise FileNotFoundError(f"{name}: not in {root}'s {' or '.join(LIB_DIRS)}")
+        found[name] = where.resolve()
+        todo += _needed(found[name])
+    return found
+
+
+def ray_layer(root: Path, runtime: tuple[dict[str, tuple[bytes, int]], dict[str, str]]) -> Layer:
+    """The Ray layer for an image whose base layer is `runtime` (python_runtime(root)): cached under
+    <test-bed cache>/engine-layers/ray-<key>.tar.gz (+ .json: its diff_id, size, how long the build took)."""
+    wheels_dir = ray_wheels()
+    wheels = json.loads((wheels_dir / "wheels.json").read_text())
+    base_paths = set(runtime[0]) | set(runtime[1])
+    store = cache_dir() / "engine-layers"
+    wheel_key = hashlib.sha256(json.dumps({"format": RAY_LAYER_FORMAT, "wheels": wheels, "site": RAY_SITE,
+                                           "script": RAY_SCRIPT}, sort_keys=True).encode()).hexdigest()
+    needed_file = store / f"ray-{wheel_key[:32]}.needed.json"  # the sonames Ray's ELF files load (wheels only)
+
+    def key_of(libs: dict[str, Path]) -> str:
+        shipped = {n: _sha256_file(p) for n, p in sorted(libs.items()) if f"/lib/x86_64-linux-gnu/{n}" not in base_paths}
+        return hashlib.sha256(json.dumps({"wheels": wheel_key, "libs": shipped}, sort_keys=True).encode()).hexdigest()
+
+    created_by = f"pip install ray=={RAY_VERSION} --target {RAY_SITE} (rigup_testbed/registry.py ray_layer)"
+    if needed_file.is_file():
+        key = key_of(_library_closure(root, json.loads(needed_file.read_text())))
+        blob, meta = store / f"ray-{key}.tar.gz", store / f"ray-{key}.json"
+        if blob.is_file() and meta.is_file():
+            return Layer(blob.read_bytes(), json.loads(meta.read_text())["diff_id"], created_by)
+
+    started = time.monotonic()
+    files: dict[str, tuple[bytes, int]] = {}
+    links: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="ray-layer-") as tmp:
+        target = Path(tmp) / "site"
+        cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--no-index",
+               "--find-links", str(wheels_dir), "--target", str(target), "--no-compile", *RAY_PIP_TARGET,
+               f"ray=={RAY_VERSION}"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"pip install failed (exit {done.returncode}):\n  {' '.join(cmd)}\n{done.stdout[-3000:]}"
+                               f"{done.stderr[-3000:]}")
+        shutil.rmtree(target / "bin", ignore_errors=True)  # scripts on pip's own interpreter: written below
+        sonames: set[str] = set()
+        for path in sorted(target.rglob("*")):
+            rel = f"{RAY_SITE}/{path.relative_to(target)}"
+            if path.is_symlink():
+                links[rel] = os.readlink(path)
+            elif path.is_file():
+                executable = os.access(path, os.X_OK)
+                files[rel] = (path.read_bytes(), 0o755 if executable else 0o644)
+                if (executable or ".so" in path.name) and _elf(path):
+                    sonames.update(_needed(path))
+    entry = "ray.scripts.scripts:main"  # ray's entry_points.txt: console_scripts `ray`
+    module, func = entry.split(":")
+    files[RAY_SCRIPT] = (f"#!/usr/bin/{PYTHON}\nimport sys\nfrom {module} import {func}\nif __name__ == '__main__':\n"
+                         f"    sys.argv[0] = sys.argv[0].removesuffix('.exe')\n    sys.exit({func}())\n".encode(), 0o755)
+    needed = sorted(sonames)
+    libs = _library_closure(root, needed)
+    for name, real in sorted(libs.items()):
+        if f"/lib/x86_64-linux-gnu/{name}" not in base_paths:
+            files[f"/lib/x86_64-linux-gnu/{name}"] = (real.read_bytes(), 0o755)
+    diff = _layer_tar(files, links)
+    files.clear()
+    diff_id = _digest(diff)
+    blob_bytes = gzip.compress(diff, compresslevel=6, mtime=0)
+    key = key_of(libs)
+    store.mkdir(parents=True, exist_ok=True)
+    for path, data in ((store / f"ray-{key}.tar.gz", blob_bytes),
+                       (store / f"ray-{key}.json", json.dumps({"diff_id": diff_id, "size": len(blob_bytes), "tar_size": len(diff),
+                                                                "build_seconds": round(time.monotonic() - started, 2)}).encode()),
+                       (needed_file, json.dumps(needed).encode())):
+        tmp_path = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp_path.write_bytes(data)
+        os.replace(tmp_path, path)
+    return Layer(blob_bytes, diff_id, created_by)
+
+
 REBUILT_TAG = "rigup-testbed-rebuilt"  # the vLLM image built again: another digest of the same repository
 
 
@@ -238,12 +428,17 @@ VLLM_KINDS = {
 }
 
 
-def vllm_image(runtime: tuple[dict[str, tuple[bytes, int]], dict[str, str]], tag: str, kind: str = "vllm") -> Image:
-    """A vLLM image of `kind` (VLLM_KINDS) whose `vllm` is the stand-in server on the rigs' Python."""
+def vllm_image(runtime: tuple[dict[str, tuple[bytes, int]], dict[str, str]], tag: str, kind: str = "vllm",
+               ray: Layer | None = None) -> Image:
+    """A vLLM image of `kind` (VLLM_KINDS) whose `vllm` is the stand-in server on the rigs' Python; with
+    `ray` (ray_layer, for the kinds in RAY_KINDS) Ray is its second layer, the first one unchanged."""
     repository, config = VLLM_KINDS[kind]
+    if ray is not None and kind not in RAY_KINDS:
+        raise ValueError(f"the {kind} image gets no Ray layer (RAY_KINDS: {RAY_KINDS})")
     files, links = dict(runtime[0]), dict(runtime[1])
     lib = "/usr/lib/rigup-standin"
-    for module in ("common.py", "responder.py", "container.py", "vllm_entry.py", "image_shim.py", "vllm_metrics.py"):
+    for module in ("common.py", "responder.py", "container.py", "vllm_entry.py", "image_shim.py", "vllm_metrics.py",
+                   "ray_cluster.py"):  # vllm_entry's Ray backend (the Ray it imports is the second layer's)
         executable = module in ("vllm_entry.py", "image_shim.py")
         files[f"{lib}/{module}"] = ((STANDIN_DIR / module).read_bytes(), 0o755 if executable else 0o644)
     if RICH_RESPONDER.is_file():
@@ -262,7 +457,7 @@ def vllm_image(runtime: tuple[dict[str, tuple[bytes, int]], dict[str, str]], tag
         files[f"{config['WorkingDir']}/.keep"] = (b"", 0o644)
     listing = sorted([*files, *links])
     files[f"{lib}/image.json"] = (json.dumps({"kind": kind, "vllm_site": site, "files": listing}).encode(), 0o644)
-    return build_image(repository, tag, files, links, {**config, "Env": BASE_ENV})
+    return build_image(repository, tag, files, links, {**config, "Env": BASE_ENV}, (ray,) if ray else ())
 
 
 def smoke_image(runtime: tuple[dict[str, tuple[bytes, int]], dict[str, str]], reference: str) -> Image:
@@ -323,7 +518,8 @@ def test_bed_images(python_root: Path | None = None) -> list[Image]:
     images = [busybox_image()]
     if python_root is not None:
         runtime = python_runtime(python_root)
-        vllm = vllm_image(runtime, "latest")  # one image per kind, under every tag the catalog names
+        # one image per kind, under every tag the catalog names; vLLM's with Ray (a second layer)
+        vllm = vllm_image(runtime, "latest", ray=ray_layer(python_root, runtime))
         images += [dataclasses.replace(vllm, tag=tag) for tag in catalog_tags("vllm/vllm-openai")]
         omni = vllm_image(runtime, "latest", "vllm-omni")
         images += [dataclasses.replace(omni, tag=tag) for tag in catalog_tags("vllm/vllm-omni")]
@@ -365,7 +561,8 @@ def _push_blob(address: str, repository: str, blob: bytes) -> None:
 
 def push(address: str, image: Image) -> str:
     """Push `image` to the registry at host:port; returns the digest the registry answers for its tag."""
-    _push_blob(address, image.repository, image.layer)
+    for layer in image.layers:
+        _push_blob(address, image.repository, layer)
     _push_blob(address, image.repository, image.config)
     put = _request(address, "PUT", f"/v2/{image.repository}/manifests/{image.tag}", image.manifest,
                    {"Content-Type": MANIFEST_TYPE})

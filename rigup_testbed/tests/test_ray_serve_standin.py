@@ -6,9 +6,9 @@ rigup's REAL member script (files/cluster/rigup-cluster-member), on a real two-n
 RIGUP_STANDIN_ROOT) and the environment the `cluster` render transform writes. `ray` is the venv's (Ray 2.58.0),
 `vllm` a wrapper running vllm_entry.py on the venv's Python, as the image links it.
 
-  (a) head and worker started together: the head's HTTP server does not answer before the worker joined, then
+  (a) the head first, then the worker: the head's HTTP server does not answer before the worker joined, then
       /health and /v1/models answer; the world is TP 2 x PP 2 = 4 ranks on the two IPs, each on one of its node's
-      simulated GPUs (and registered there as a GPU process)
+      simulated GPUs (and registered there as a GPU process); SIGTERM (`docker stop`) ends the head with 0
   (b) the worker's processes killed (the rig dies): the head's `vllm serve` exits non-zero with vLLM's words
       (time to detect measured)
   (c) the head alone: vLLM's placement-group timeout wording (the test bed's shorter pg_wait_timeout_s, from
@@ -264,6 +264,12 @@ def test_the_head_serves_only_once_every_rank_joined(rig):
     assert "rigup cluster member: starting the Ray head on 10.252.0.1:6379" in head.output()
     assert "Application startup complete." in head.output()
     assert proc.poll() is None and worker.proc.poll() is None
+    # `docker stop`: SIGTERM to the head's vllm serve (the container's PID 1) is a clean stop, not a dead rank
+    proc.send_signal(signal.SIGTERM)
+    took = wait_exit(proc, 30)
+    print(f"[rayq] SIGTERM: the head's vllm serve exited {proc.returncode} after {took:.1f} s")
+    assert proc.returncode == 0, head.output()
+    assert "died unexpectedly" not in head.output() and "Shutting down" in head.output()
 
 
 def test_a_dead_worker_ends_the_heads_vllm_serve(rig):

@@ -162,3 +162,62 @@ def test_the_image_shim_knows_the_containers_bind_mounts() -> None:
     )
     assert shim.mount_targets(mountinfo) == ["/root/.cache/huggingface", "/usr/local/lib/python3.12/dist-packages/vllm/marlin.py",
                                              "/etc/rigup-testbed", "/with space"]
+
+
+def test_an_image_with_a_second_layer_lists_both_in_order() -> None:
+    base = registry.build_image("t/x", "1", {"/a": (b"a", 0o644)}, {}, {"Cmd": ["a"]})
+    top_tar = registry._layer_tar({"/usr/local/bin/b": (b"b", 0o755)}, {})
+    top = registry.Layer(gzip.compress(top_tar, mtime=0), "sha256:" + hashlib.sha256(top_tar).hexdigest(), "pip install b")
+    image = registry.build_image("t/x", "1", {"/a": (b"a", 0o644)}, {}, {"Cmd": ["a"]}, (top,))
+    manifest, config = json.loads(image.manifest), json.loads(image.config)
+    assert image.layers == (base.layer, top.blob) and image.layer == base.layer
+    assert [x["digest"] for x in manifest["layers"]] == ["sha256:" + hashlib.sha256(x).hexdigest() for x in image.layers]
+    assert config["rootfs"]["diff_ids"] == [json.loads(base.config)["rootfs"]["diff_ids"][0], top.diff_id]
+    assert [h["created_by"] for h in config["history"]] == [registry.BASE_CREATED_BY, "pip install b"]
+    # one layer: the config and manifest a single-layer image always had (its digest does not move)
+    assert json.loads(base.config)["history"] == [{"created": "2025-09-30T00:00:00Z", "created_by": registry.BASE_CREATED_BY}]
+    again = registry.rebuilt(image, "2", {"build": "2"})
+    assert again.layers == image.layers and json.loads(again.config)["rootfs"] == config["rootfs"]
+    assert json.loads(again.config)["history"] == config["history"] and again.digest != image.digest
+
+
+def test_the_vllm_image_carries_ray_in_a_second_layer_over_the_same_first() -> None:
+    roots = sorted((cache_dir() / "images").glob("*/root"))
+    if not roots or not Path(registry.BUSYBOX).exists():
+        pytest.skip("no test-bed root image built yet (the e2e tests build it)")
+    runtime = registry.python_runtime(roots[0])
+    started = time.monotonic()
+    ray = registry.ray_layer(roots[0], runtime)  # pip download + build once (~1 min), then read from the cache
+    print(f"ray layer: {len(ray.blob) / 1e6:.1f} MB in {time.monotonic() - started:.1f} s")
+    with_ray, without = registry.vllm_image(runtime, "v0", ray=ray), registry.vllm_image(runtime, "v0")
+    assert len(with_ray.layers) == 2 and with_ray.layers[0] == without.layer and with_ray.layers[1] == ray.blob
+    assert with_ray.digest != without.digest
+    config = json.loads(with_ray.config)
+    assert config["rootfs"]["diff_ids"] == [*json.loads(without.config)["rootfs"]["diff_ids"], ray.diff_id]
+    assert config["config"] == json.loads(without.config)["config"]  # entrypoint, workdir, env: unchanged
+    assert ray.diff_id == "sha256:" + hashlib.sha256(gzip.decompress(ray.blob)).hexdigest()
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(ray.blob))) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        script = tar.extractfile("usr/local/bin/ray").read().decode()  # type: ignore[union-attr]
+    site = registry.RAY_SITE.lstrip("/")
+    assert site == "usr/local/lib/python3.11/dist-packages"  # where Debian's python3.11 looks
+    version = tar_member_text(ray.blob, f"{site}/ray-{registry.RAY_VERSION}.dist-info/METADATA")
+    assert f"Version: {registry.RAY_VERSION}" in version
+    assert members[f"{site}/ray/_raylet.so"].isfile() and members[f"{site}/ray/core/src/ray/raylet/raylet"].mode == 0o755
+    assert script.startswith("#!/usr/bin/python3.11\n") and "from ray.scripts.scripts import main" in script
+    assert members["usr/local/bin/ray"].mode == 0o755
+    # what Ray's binaries load beyond the base layer's libraries; no base file is shadowed
+    assert members["lib/x86_64-linux-gnu/libstdc++.so.6"].isfile()
+    base_files = set(runtime[0]) | set(runtime[1])
+    assert not [m for m in members.values() if m.isfile() and "/" + m.name in base_files]
+    assert not any("__pycache__" in name for name in members)  # no bytecode: the same bytes every build
+    # vLLM-Omni's image gets no Ray
+    with pytest.raises(ValueError, match="gets no Ray layer"):
+        registry.vllm_image(runtime, "v0", "vllm-omni", ray=ray)
+
+
+def tar_member_text(blob: bytes, name: str) -> str:
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(blob))) as tar:
+        member = tar.extractfile(name)
+        assert member is not None
+        return member.read().decode()
