@@ -416,6 +416,52 @@ def place_workers(
                      "gpus": [g["uuid"] for g in mine], "used_mib": int(gpu_util * int(mine[0]["memory_total_mib"]))})
             return out
 
+        def gloo_listen(self):
+            """torch.distributed's Gloo group (vLLM's cpu_group) binds each rank's socket on the address of
+            GLOO_SOCKET_IFNAME (else the node's address): this one listens there, as a rank would."""
+            import fcntl as _fcntl
+            import os as _os
+            import socket as _socket
+            import struct as _struct
+
+            import ray as _ray
+
+            ifname = _os.environ.get("GLOO_SOCKET_IFNAME")
+            address = _ray.util.get_node_ip_address()
+            if ifname:
+                unable = ("RuntimeError: [enforce fail at ../third_party/gloo/gloo/transport/tcp/device.cc:83] "
+                          f"ifa != nullptr. Unable to find address for: {ifname}")
+                if ifname not in {name for _, name in _socket.if_nameindex()}:
+                    return {"error": unable}
+                probe = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
+                try:  # SIOCGIFADDR: the interface's IPv4 address
+                    raw = _fcntl.ioctl(probe.fileno(), 0x8915, _struct.pack("256s", ifname.encode()[:15]))
+                    address = _socket.inet_ntoa(raw[20:24])
+                except OSError:
+                    return {"error": unable}
+                finally:
+                    probe.close()
+            listener = _socket.socket()
+            listener.bind((address, 0))
+            listener.listen(64)
+            self._gloo = listener
+            return {"address": address, "port": listener.getsockname()[1], "ifname": ifname}
+
+        def gloo_connect(self, rank, peers):
+            """Connect to every other rank's Gloo socket (connectFullMesh); the first failure in torch's words."""
+            import socket as _socket
+
+            for other, (address, port) in enumerate(peers):
+                if other == rank:
+                    continue
+                try:
+                    _socket.create_connection((address, port), timeout=5).close()
+                except OSError as exc:
+                    return {"error": "RuntimeError: Gloo connectFullMesh failed with "
+                                     "[../third_party/gloo/gloo/transport/tcp/pair.cc:144] no error "
+                                     f"(rank {rank} to rank {other} at {address}:{port}: {exc})"}
+            return {}
+
         def run(self):
             import time as _time
 
@@ -536,8 +582,26 @@ def start_executor(
     actors, report = place_workers(pg, tp=tp, pp=pp, timeout=max(1.0, timeout - (time.monotonic() - t0)),
                                    instance_id=instance_id or uuid.uuid4().hex[:5], standin_lib=standin_lib,
                                    gpu_memory_utilization=gpu_memory_utilization)
+    gloo_full_mesh(actors, max(1.0, timeout - (time.monotonic() - t0)))
     report["seconds"] = round(time.monotonic() - t0, 3)
     return report, actors
+
+
+def gloo_full_mesh(actors: list, timeout: float) -> None:
+    """vLLM's init_device on every rank builds the Gloo group over the ranks: each listens on its
+    GLOO_SOCKET_IFNAME's address and connects to every other. A wrong interface fails as torch does
+    (vllm-project/vllm#5094, #7074): the rank cannot find its address, or cannot reach another's."""
+    import ray
+
+    listening = ray.get([a.gloo_listen.remote() for a in actors], timeout=timeout)
+    failed = next((w["error"] for w in listening if w.get("error")), None)
+    if failed is None:
+        peers = [(w["address"], w["port"]) for w in listening]
+        connected = ray.get([a.gloo_connect.remote(rank, peers) for rank, a in enumerate(actors)], timeout=timeout)
+        failed = next((c["error"] for c in connected if c.get("error")), None)
+    if failed is not None:
+        log("ERROR", "Error executing method 'init_device'. This might cause deadlock in distributed execution.")
+        raise HeadFailure(EXIT_NODE_DIED, failed)
 
 
 def rendezvous(

@@ -106,8 +106,10 @@ class Member:
     /tmp, and the member script running in its namespace."""
 
     def __init__(self, base: Path, name: str, ns: str, ip: str, role: str, pg_timeout: float = READY_BOUND_S,
-                 preset: str = "2x3090") -> None:
+                 preset: str = "2x3090", socket_ifname: str | None = None) -> None:
         self.ns, self.ip, self.role = ns, ip, role
+        # as rigup renders a member: the interface its route to the others leaves by
+        self.socket_ifname = socket_ifname or (VETH_HEAD if role == "head" else VETH_WORKER)
         self.dir = base / name
         self.root = self.dir / "root"
         self.tmp = self.dir / "tmp"
@@ -126,6 +128,7 @@ class Member:
             "HOME": "/root", "LANG": "C.UTF-8",
             "VLLM_HOST_IP": self.ip, "RIGUP_CLUSTER_ROLE": self.role, "RIGUP_CLUSTER_HEAD": f"{IP_HEAD}:6379",
             "RIGUP_CLUSTER_GPUS": str(GPUS), "RIGUP_RAY_PORTS": RAY_PORTS,
+            "GLOO_SOCKET_IFNAME": self.socket_ifname, "NCCL_SOCKET_IFNAME": f"={self.socket_ifname}",
             "NVIDIA_VISIBLE_DEVICES": "all",  # the container was given its GPUs
             "RIGUP_STANDIN_ROOT": str(self.root),  # where the stand-ins find this rig's hardware
         }
@@ -320,4 +323,27 @@ def test_a_node_declaring_more_gpus_than_it_has_fails_the_engine_start(rig):
     assert proc.returncode == 1, out
     assert "EngineCore failed to start." in out
     assert f"RuntimeError: CUDA error: invalid device ordinal (Ray GPU id(s) ['1'] on node {IP_WORKER}, which has 1 GPU(s)" in out
+    assert "Application startup complete." not in out and head.world() is None
+
+
+@pytest.mark.parametrize(("ifname", "words"), [
+    ("lo", "RuntimeError: Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/pair.cc:144] no error"),
+    ("eth9", "RuntimeError: [enforce fail at ../third_party/gloo/gloo/transport/tcp/device.cc:83] ifa != nullptr. "
+             "Unable to find address for: eth9"),
+])
+def test_a_wrong_socket_interface_fails_the_gloo_rendezvous_in_torchs_words(rig, ifname: str, words: str):
+    """GLOO_SOCKET_IFNAME naming the loopback: each rank listens on 127.0.0.1 and the other node's ranks
+    reach their own loopback instead (vllm-project/vllm#5094, #7074); naming no interface: torch cannot
+    find its address."""
+    base, bin_dir, members = rig
+    head = Member(base, "a", NS_HEAD, IP_HEAD, "head", socket_ifname=ifname)
+    worker = Member(base, "b", NS_WORKER, IP_WORKER, "worker", socket_ifname=ifname)
+    members += [head, worker]
+    proc = head.start(bin_dir)
+    worker.start(bin_dir)
+    took = wait_exit(proc, READY_BOUND_S)
+    out = head.output()
+    print(f"[rayq] GLOO_SOCKET_IFNAME={ifname}: the head exited {proc.returncode} after {took:.1f} s")
+    assert proc.returncode == 1, out
+    assert words in out and "EngineCore failed to start." in out
     assert "Application startup complete." not in out and head.world() is None
