@@ -30,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from rigup_testbed.tests.netpair import kill_ns, namespace_pair, ns_pids, sh
+
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="creates network namespaces, veths and firewall rules (root only)"),
     pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not importable (pip install 'ray==2.58.0')"),
@@ -46,48 +48,11 @@ SPECS = "[{'GPU': 1.0}, {'GPU': 1.0}, {'GPU': 1.0}, {'GPU': 1.0}]"
 READY_BOUND_S = 90  # two Ray nodes starting at once on a 2-core machine: ~10 s measured
 
 
-def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, check=check, capture_output=True, text=True)
-
-
-def ns_pids(ns: str) -> list[int]:
-    r = sh("ip", "netns", "pids", ns, check=False)
-    return [int(p) for p in r.stdout.split()]
-
-
-def kill_ns(ns: str, sig: int = signal.SIGKILL) -> None:
-    """Every process of a namespace this module created (so: processes this module started)."""
-    for p in ns_pids(ns):
-        try:
-            os.kill(p, sig)
-        except ProcessLookupError:
-            pass
-
-
 @pytest.fixture(scope="module")
 def netns():
-    """rayp-a <-veth-> rayp-b on 10.251.0.0/24; removed (with anything left running in them) at the end."""
-    for ns in (NS_HEAD, NS_WORKER):
-        if ns in sh("ip", "netns", "list").stdout.split():
-            pytest.fail(f"namespace {ns} exists already: another run of this test, or its leftovers")
-    try:
-        sh("ip", "netns", "add", NS_HEAD)
-        sh("ip", "netns", "add", NS_WORKER)
-        sh("ip", "link", "add", "rayp-va", "type", "veth", "peer", "name", "rayp-vb")
-        sh("ip", "link", "set", "rayp-va", "netns", NS_HEAD)
-        sh("ip", "link", "set", "rayp-vb", "netns", NS_WORKER)
-        for ns, dev, ip in ((NS_HEAD, "rayp-va", IP_HEAD), (NS_WORKER, "rayp-vb", IP_WORKER)):
-            sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
-            sh("ip", "-n", ns, "link", "set", dev, "up")
+    """The head's and the worker's namespaces, linked; removed (with anything left running) at the end."""
+    with namespace_pair((NS_HEAD, "rayp-va", IP_HEAD), (NS_WORKER, "rayp-vb", IP_WORKER)):
         yield
-    finally:
-        for ns in (NS_HEAD, NS_WORKER):
-            kill_ns(ns)
-        time.sleep(0.2)
-        for ns in (NS_HEAD, NS_WORKER):
-            sh("ip", "netns", "del", ns, check=False)  # deletes the veth pair with it
-        sh("ip", "link", "del", "rayp-va", check=False)
 
 
 class Cluster:

@@ -37,6 +37,7 @@ from pathlib import Path
 import pytest
 
 from rigup_testbed import hardware
+from rigup_testbed.tests.netpair import kill_ns, namespace_pair, ns_pids
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="creates network namespaces, veths and bind mounts (root only)"),
@@ -59,46 +60,11 @@ READY_BOUND_S = 90
 PG_TIMEOUT_S = 8
 
 
-def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, check=check, capture_output=True, text=True)
-
-
-def ns_pids(ns: str) -> list[int]:
-    return [int(p) for p in sh("ip", "netns", "pids", ns, check=False).stdout.split()]
-
-
-def kill_ns(ns: str, sig: int = signal.SIGKILL) -> None:
-    """Every process of a namespace this module created (so: processes this module started)."""
-    for p in ns_pids(ns):
-        try:
-            os.kill(p, sig)
-        except ProcessLookupError:
-            pass
-
-
 @pytest.fixture(scope="module")
 def netns():
-    for ns in (NS_HEAD, NS_WORKER):
-        if ns in sh("ip", "netns", "list").stdout.split():
-            pytest.fail(f"namespace {ns} exists already: another run of this test, or its leftovers")
-    try:
-        sh("ip", "netns", "add", NS_HEAD)
-        sh("ip", "netns", "add", NS_WORKER)
-        sh("ip", "link", "add", VETH_HEAD, "type", "veth", "peer", "name", VETH_WORKER)
-        sh("ip", "link", "set", VETH_HEAD, "netns", NS_HEAD)
-        sh("ip", "link", "set", VETH_WORKER, "netns", NS_WORKER)
-        for ns, dev, ip in ((NS_HEAD, VETH_HEAD, IP_HEAD), (NS_WORKER, VETH_WORKER, IP_WORKER)):
-            sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
-            sh("ip", "-n", ns, "link", "set", dev, "up")
+    """The head's and the worker's namespaces, linked; removed (with anything left running) at the end."""
+    with namespace_pair((NS_HEAD, VETH_HEAD, IP_HEAD), (NS_WORKER, VETH_WORKER, IP_WORKER)):
         yield
-    finally:
-        for ns in (NS_HEAD, NS_WORKER):
-            kill_ns(ns)
-        time.sleep(0.2)
-        for ns in (NS_HEAD, NS_WORKER):
-            sh("ip", "netns", "del", ns, check=False)  # deletes the veth pair with it
-        sh("ip", "link", "del", VETH_HEAD, check=False)
 
 
 class Member:
