@@ -51,6 +51,7 @@ from rigup_testbed.aptrepo import build_repos
 from rigup_testbed.gitremotes import source_refs_of
 from rigup_testbed.image import REPO_ROOT, cache_dir
 from rigup_testbed.pypi import build_index
+from rigup_testbed.registry import ray_wheels
 from rigup_testbed.state import Ledger, TestbedError, is_same_process, spawn, stop_process
 
 # Fixed ports: the hub namespace is ours alone, so nothing else can hold them and URLs stay readable.
@@ -235,6 +236,9 @@ class Hub:
         self.repo_info = build_repos(cache_dir() / "aptrepo")
         # The first build downloads the gateway's wheels (~180 MB, from the control machine's pip index).
         self.pypi_root = build_index(GATEWAY_REQUIREMENTS, cache_dir() / "pypi")
+        # The registry service builds the vLLM image's Ray layer inside the hub's namespace, which reaches
+        # no package index: its wheels are fetched here first (~82 MB, once), from the control machine's.
+        ray_wheels()
         self._host_files.update(self._archive_files())
         self.write_registry_files()
         self.services = self._plan()
