@@ -30,6 +30,16 @@ def kill_ns(ns: str, sig: int = signal.SIGKILL) -> None:
             pass
 
 
+def wait_exit(p: subprocess.Popen, bound: float) -> float:
+    """Seconds until `p` exits; the test fails when it runs past `bound`."""
+    t0 = time.monotonic()
+    try:
+        p.wait(timeout=bound)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"did not exit within {bound} s")
+    return time.monotonic() - t0
+
+
 @contextmanager
 def namespace_pair(a: tuple[str, str, str], b: tuple[str, str, str]) -> Iterator[None]:
     """Namespaces a and b, each (namespace, veth, address in a /24), linked by the veth pair; a namespace

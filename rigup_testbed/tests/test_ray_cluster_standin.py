@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from rigup_testbed.tests.netpair import kill_ns, namespace_pair, ns_pids, sh
+from rigup_testbed.tests.netpair import kill_ns, namespace_pair, ns_pids, sh, wait_exit
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="creates network namespaces, veths and firewall rules (root only)"),
@@ -145,15 +145,6 @@ def cluster(netns):
                     print(f"[rayp] killed leftovers in {ns}: {left}")
             shutil.rmtree(c.dir, ignore_errors=True)
             print(f"[rayp] test took {time.monotonic() - t0:.1f} s")
-
-
-def wait_exit(p: subprocess.Popen, bound: float) -> float:
-    t0 = time.monotonic()
-    try:
-        p.wait(timeout=bound)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"did not exit within {bound} s")
-    return time.monotonic() - t0
 
 
 def ns_memory_kb(ns: str) -> tuple[int, int, int]:

@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 
 from rigup_testbed import hardware
-from rigup_testbed.tests.netpair import kill_ns, namespace_pair, ns_pids
+from rigup_testbed.tests.netpair import kill_ns, namespace_pair, ns_pids, wait_exit
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="creates network namespaces, veths and bind mounts (root only)"),
@@ -175,15 +175,6 @@ def http_get(ns: str, url: str) -> tuple[int, str] | None:
         return None
     status, _, body = r.stdout.partition("\n")
     return int(status), body
-
-
-def wait_exit(p: subprocess.Popen, bound: float) -> float:
-    t0 = time.monotonic()
-    try:
-        p.wait(timeout=bound)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"did not exit within {bound} s")
-    return time.monotonic() - t0
 
 
 def start_cluster(rig) -> tuple[Member, Member, subprocess.Popen, float]:
