@@ -21,10 +21,13 @@ the service started (a new image, source commit, model revision or file manifest
 secret), judged on the rig, so a run interrupted after writing them is finished by the next; a pod
 whose files did not change keeps running. Reloads systemd only when systemd reports the unit file
 changed (a reload can detach GPUs from running containers).
-Stops: every other rigup variant unit (the pods own the GPUs).
+Stops: every other rigup variant unit (the pods own the GPUs), and on a host in no cluster the
+firewall a cluster left (rigup-cluster-firewall.service, its rules file and table).
 Not idempotent: "Health-gate the (re)started variant" runs only after a (re)start, enable or
 driver change and then reports a change; when it fails it restores the pod's previous good
-generation, restarts it, gates it again, and fails the host saying it was rolled back.
+generation, restarts it, gates it again, and fails the host saying it was rolled back. A cluster
+member gates in two steps instead, on every member at once (rigup.operations.cluster_gate): wait
+until the cluster serves, then record when every member passed, or roll every member back.
 Skipped, with a warning, on a host whose driver needs a reboot under driver_reboot=never.
 Without a usable lock: a real run stops (when sources or model did not already), saying
 what the lock pins and how to make it; a --dry run warns so in one line and plans nothing here.
@@ -45,7 +48,8 @@ from rigup.desired.recipe import RecipeError
 from rigup.desired.release import release_path
 from rigup.desired.secrets import SecretError
 from rigup.facts.gpu import GpuTopology
-from rigup.operations.cluster import cluster_host_data, peer_routes
+from rigup.operations.cluster import cluster_firewall_absent, cluster_host_data, peer_routes
+from rigup.operations.cluster_gate import cluster_gate_verdict, cluster_member_gate, member_gates_when
 from rigup.operations.planning_errors import stop_the_run_on
 from rigup.operations.serving import (
     ctl_path,
@@ -108,6 +112,8 @@ if blocked is None and not missing_pins:
                   dest=f"/etc/systemd/system/{FIREWALL_UNIT}", mode="644")
         unit_runs_current_files(name="Run the cluster's firewall on its current rules", unit=FIREWALL_UNIT,
                                 files=[FIREWALL_FILE, f"/etc/systemd/system/{FIREWALL_UNIT}"])
+    else:
+        cluster_firewall_absent(name="Remove the firewall of a cluster this host has left")
 
     # Pull before any file changes: the old release keeps serving during the download, and a failed
     # pull leaves the rig as it was.
@@ -159,14 +165,41 @@ if blocked is None and not missing_pins:
             release=release_path(recipe),
             unit=recipe.paths.unit_name,
         )
-        health_gate(
-            name=f"Health-gate the (re)started variant; roll back on failure{pod}",
-            ctl=ctl,
-            release=release_path(recipe),
-            timeout_s=timeout_s,
-            keep=keep,
-            _if=lambda service=service: service.did_change() or driver_changed(host),
-        )
+
+        def restarted(service=service) -> bool:  # execute time: gate after a (re)start or a driver change
+            return service.did_change() or driver_changed(host)
+
+        if member is None:
+            health_gate(
+                name=f"Health-gate the (re)started variant; roll back on failure{pod}",
+                ctl=ctl,
+                release=release_path(recipe),
+                timeout_s=timeout_s,
+                keep=keep,
+                _if=restarted,
+            )
+        else:  # the members pass as one or roll back as one (rigup.operations.cluster_gate)
+            cluster = member.cluster
+            cluster_member_gate(
+                name=f"Wait until cluster {cluster.name} serves (every member joined; nothing recorded yet)",
+                ctl=ctl,
+                release=release_path(recipe),
+                timeout_s=timeout_s,
+                cluster=cluster.name,
+                head=cluster.head,
+                members=list(cluster.hosts),
+                _if=member_gates_when(host, cluster.name, restarted),
+            )
+            cluster_gate_verdict(
+                name=f"Record cluster {cluster.name}'s release when every member passed; else roll every member back",
+                ctl=ctl,
+                release=release_path(recipe),
+                timeout_s=timeout_s,
+                keep=keep,
+                cluster=cluster.name,
+                members=list(cluster.hosts),
+                _if=restarted,
+            )
         serving_verified(
             name=f"Ensure the variant serves its recorded release{pod}",
             ctl=ctl,

@@ -23,7 +23,7 @@ from rigup.checks.driver_plan import (
     plan_driver,
 )
 from rigup.checks.fit import assess
-from rigup.desired.cluster import mtu_disagreement
+from rigup.desired.cluster import clock_skew, mtu_disagreement
 from rigup.desired.gpu_power import LOW_CAP_SHARE, power_cap
 from rigup.desired.knobs import REBOOT_POLICIES, knob
 from rigup.desired.plan import host_plan
@@ -774,6 +774,9 @@ def check_cluster_network(network: Any, peers: Sequence[Any]) -> list[Check]:
     mismatch = mtu_disagreement([network, *peers])
     if mismatch is not None:
         out.append(_fail("cluster-network", mismatch, "set one MTU on every member's interface", "clusters"))
+    skew = clock_skew([network, *peers])
+    if skew is not None:
+        out.append(_fail("cluster-clock", skew, "enable NTP on every member", "clusters", severity="warning"))
     speed = f"{network.speed_mbps} Mb/s" if network.speed_mbps else "speed unknown"
     out.append(_ok("cluster-network", f"{network.net.ifname} ({speed}, MTU {network.mtu}): this member is "
                    f"{network.net.address}, the head {network.net.head_address}", "clusters"))

@@ -9,6 +9,7 @@ from typing import Any
 
 from rigup.desired.catalog import variant_names
 from rigup.desired.compose_doc import explain
+from rigup.desired.fleet import FleetError, load_fleet
 from rigup.desired.knobs import load_defaults, parse_data_value
 from rigup.desired.lock import LockError, LockFile
 from rigup.desired.plan import host_plan
@@ -38,8 +39,26 @@ def host_data_for_cli(variant: str, data_pairs: list[str]) -> dict[str, Any]:
     return host_data
 
 
-def _plan(variant: str, args: argparse.Namespace) -> Any:
-    host_data = host_data_for_cli(variant, args.data)
+def host_data_of_fleet_host(name: str, fleet_file: str | None, data_pairs: list[str]) -> dict[str, Any]:
+    """One host of the fleet file, as the deploy reads it (a cluster member's share included), then --data."""
+    fleet = load_fleet(fleet_file)
+    names = [h.name for h in fleet.hosts]
+    if name not in names:
+        raise RecipeError(f"--host {name!r}: not a host of {fleet.path} (hosts: {', '.join(names) or 'none'})")
+    host_data = fleet.resolved_data(name)
+    overrides = _parse_data(data_pairs)
+    unknown = sorted(set(overrides) - set(load_defaults()))
+    if unknown:
+        raise RecipeError(f"--data: unknown knob(s) {', '.join(unknown)} (declared in group_data/all.py)")
+    host_data.update(overrides)
+    return host_data
+
+
+def _plan(variant: str | None, args: argparse.Namespace) -> Any:
+    if getattr(args, "host", None):
+        host_data = host_data_of_fleet_host(args.host, args.fleet, args.data)
+    else:
+        host_data = host_data_for_cli(variant or str(load_defaults()["variant"]), args.data)
     lock = LockFile.load(args.lock) if args.lock is not None else None
     topo = None
     if args.topo is not None:
@@ -47,8 +66,11 @@ def _plan(variant: str, args: argparse.Namespace) -> Any:
     pod = None
     listed = [p for p in pods_of(host_data) if p.listed]
     wanted = getattr(args, "pod", None)
+    if len(listed) == 1 and wanted is None and getattr(args, "host", None):
+        wanted = listed[0].name  # a cluster member's one pod
     if listed and wanted is None:
-        raise RecipeError(f"--data pods lists {', '.join(p.name for p in listed)}: render one of them with --pod NAME")
+        where = f"host {args.host}" if getattr(args, "host", None) else "--data pods"
+        raise RecipeError(f"{where} lists pods {', '.join(p.name for p in listed)}: render one of them with --pod NAME")
     if wanted is not None:
         pod = next((p for p in listed if p.name == wanted), None)
         if pod is None:
@@ -80,9 +102,10 @@ def _audit(args: argparse.Namespace, variants: list[str]) -> int:
     for name in variants:
         try:
             recipe = _plan(name, args).recipe
-        except (RecipeError, LockError, TopologyError, OSError) as exc:
+        except (RecipeError, LockError, TopologyError, FleetError, OSError) as exc:
             print(f"rigup render: {exc}", file=sys.stderr)
             return 2
+        name = recipe.variant
         lines, unexplained = explain(recipe.upstream, recipe.compose_text, list(recipe.changes))
         total += unexplained
         if args.explain:
@@ -97,20 +120,24 @@ def _audit(args: argparse.Namespace, variants: list[str]) -> int:
 
 
 def _cmd_render(args: argparse.Namespace) -> int:
+    if args.host and (args.list or args.audit or args.variant is not None):
+        print("rigup render: --host renders that host's own variant, pods or cluster share: give no VARIANT, "
+              "--list or --audit with it", file=sys.stderr)
+        return 2
     if args.list:
         return _list(args)
     if args.audit:
         return _audit(args, variant_names())
-    if args.variant is not None and args.explain:
+    if (args.variant is not None or args.host) and args.explain:
         return _audit(args, [args.variant])
-    if (args.variant is None and args.pod is None) or args.out is None:
-        print("rigup render: VARIANT (or --pod NAME with --data pods=[...]) and --out are required (or --list, "
-              "--audit, VARIANT --explain)", file=sys.stderr)
+    if (args.variant is None and args.pod is None and not args.host) or args.out is None:
+        print("rigup render: VARIANT (or --pod NAME with --data pods=[...], or --host NAME of the fleet file) and "
+              "--out are required (or --list, --audit, VARIANT --explain, --host NAME --explain)", file=sys.stderr)
         return 2
     try:
-        plan = _plan(args.variant or str(load_defaults()["variant"]), args)
+        plan = _plan(args.variant, args)
         lock = LockFile.load(args.lock) if args.lock is not None else None
-    except (RecipeError, LockError, TopologyError, OSError) as exc:
+    except (RecipeError, LockError, TopologyError, FleetError, OSError) as exc:
         print(f"rigup render: {exc}", file=sys.stderr)
         return 2
     if lock is not None and plan.lock_problem is not None:
@@ -160,6 +187,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--p2p", metavar="FILE", help="with --topo: the host's `nvidia-smi topo -p2p r` output")
     parser.add_argument("--pod", metavar="NAME",
                         help="with --data pods=[...]: render this pod (its GPUs, port, unit and directory)")
+    parser.add_argument("--host", metavar="NAME",
+                        help="render this host of the fleet file as a deploy would (its variant, pods or cluster "
+                             "share; a cluster member's interface and addresses, read on the rig, stay variables)")
+    parser.add_argument("--fleet", metavar="FILE", help="with --host: the fleet file (default: $RIGUP_RIGS, else rigs.yaml)")
     parser.add_argument("--list", action="store_true",
                         help="list the variants: port, layout, upstream file and commit, current or archived upstream")
     parser.add_argument("--explain", action="store_true",

@@ -139,9 +139,12 @@ def fleet_settings(inventory: Any) -> Settings:
     )
 
 
-def plan(hosts: Sequence[str], groups: dict[str, Sequence[str]], settings: Settings) -> list[Step]:
+def plan(hosts: Sequence[str], groups: dict[str, Sequence[str]], settings: Settings,
+         together: Sequence[Sequence[str]] = ()) -> list[Step]:
     """Steps in order: the canary group's hosts, then the others `batch` at a time, the gateway group's
-    last (a gateway writes its routes from what every rig serves when it converges)."""
+    last (a gateway writes its routes from what every rig serves when it converges). Each of `together`
+    (a cluster's members) moves as one, in the step of its first member: a cluster's gate passes or
+    rolls back on every member at once (rigup.operations.cluster_gate)."""
     if settings.batch < 1:
         raise RolloutError(f"rollout_batch must be at least 1, got {settings.batch}")
     if settings.max_failures < 0:
@@ -157,7 +160,23 @@ def plan(hosts: Sequence[str], groups: dict[str, Sequence[str]], settings: Setti
     rest = [h for h in rest if h not in gateways] + [h for h in rest if h in gateways]
     for number, start in enumerate(range(0, len(rest), settings.batch), 1):
         steps.append(Step(f"batch {number}", tuple(rest[start : start + settings.batch])))
-    return steps
+    return _keep_together(steps, together)
+
+
+def _keep_together(steps: list[Step], together: Sequence[Sequence[str]]) -> list[Step]:
+    placed: set[str] = set()
+    out: list[Step] = []
+    for step in steps:
+        members: list[str] = []
+        for name in step.hosts:
+            for name_or_peer in next((list(g) for g in together if name in g), [name]):
+                if name_or_peer not in placed:
+                    placed.add(name_or_peer)
+                    members.append(name_or_peer)
+        if members:
+            out.append(Step(step.name, tuple(members), canary=step.canary))
+    return [Step(s.name if s.canary else f"batch {i}", s.hosts, canary=s.canary)
+            for i, s in enumerate(out, 0 if out and out[0].canary else 1)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -423,7 +442,8 @@ def run_rollout(args: argparse.Namespace, echo: Callable[[str], None]) -> Rollou
     groups = {name: [h.name for h in members] for name, members in inventory.groups.items()}
     if settings.canary_group is not None and settings.canary_group not in groups:
         echo(f"rollout: no group {settings.canary_group!r} in the inventory: no canary step")
-    steps = plan(hosts, groups, settings)
+    clusters = {tuple(h.data.get("cluster")["hosts"]) for h in inventory if h.data.get("cluster")}
+    steps = plan(hosts, groups, settings, sorted(clusters))
     if args.plan:
         return RolloutResult(settings, steps, [HostResult(h, s.name, "skipped") for s in steps for h in s.hosts], None, None, {})
     log_dir = Path(args.log_dir) if args.log_dir else WORK_DIR / ".rigup" / "rollout" / time.strftime("%Y%m%d-%H%M%S")

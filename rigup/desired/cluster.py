@@ -10,6 +10,8 @@ across the hosts (TP2 x PP2). The fleet file lists them beside `hosts`/`groups`:
         gpus_per_host: 2       # optional; default: the variant's tensor_parallel_size // len(hosts)
         port: 8030             # optional, like a pod's
         variant_overrides: {}  # optional, like a pod's
+        socket_interface: eth1 # optional: NCCL's, Gloo's and TP's interface on every member; default: the
+                               # one each member's routes to the others leave by (read, never guessed)
 
 This module is the control machine's pure part: `parse_clusters` checks the entries (ClusterError names
 the key path, the value and what is allowed), `split` does the arithmetic and names the render transform
@@ -77,7 +79,7 @@ from rigup.desired.catalog import load_catalog
 from rigup.desired.knobs import knob
 from rigup.parsers.iproute import PeerRoutes, interface_for_peers, route_to
 
-CLUSTER_KEYS = ("name", "variant", "hosts", "gpus_per_host", "port", "variant_overrides")
+CLUSTER_KEYS = ("name", "variant", "hosts", "gpus_per_host", "port", "variant_overrides", "socket_interface")
 
 # The render transform a cluster adds to its variant's recipe (`rigup render --explain` names it).
 SPLIT_TRANSFORM = "split-tp-across-hosts-as-pp"
@@ -141,6 +143,7 @@ class Cluster:
     gpus_per_host: int
     overrides: Mapping[str, Any]  # variant_overrides (a `port` entry included)
     index: int = 0  # its place in the fleet file's list (messages name clusters[index])
+    socket_interface: str | None = None  # NCCL/Gloo/TP's interface; None: the routed one, read on each member
 
     @property
     def head(self) -> str:
@@ -344,14 +347,14 @@ def cluster_knob(cluster: Cluster, rank: int) -> dict[str, Any]:
     """The `cluster` knob the fleet file's loader gives member `rank`: the entry as listed, plus the rank."""
     return {"name": cluster.name, "variant": cluster.variant, "hosts": list(cluster.hosts),
             "gpus_per_host": cluster.gpus_per_host, "variant_overrides": dict(cluster.overrides), "rank": rank,
-            "index": cluster.index}
+            "index": cluster.index, "socket_interface": cluster.socket_interface}
 
 
 def cluster_of(knob_value: Mapping[str, Any]) -> Cluster:
     """The Cluster a member's `cluster` knob describes (cluster_knob's inverse)."""
     return Cluster(str(knob_value["name"]), str(knob_value["variant"]), tuple(knob_value["hosts"]),
                    int(knob_value["gpus_per_host"]), dict(knob_value.get("variant_overrides") or {}),
-                   int(knob_value.get("index", 0)))
+                   int(knob_value.get("index", 0)), knob_value.get("socket_interface"))
 
 
 # --- a member's share: what the render transform `cluster` is told -----------------------------------------
@@ -359,8 +362,9 @@ def cluster_of(knob_value: Mapping[str, Any]) -> Cluster:
 @dataclass(frozen=True)
 class ClusterNet:
     """How a member reaches the others, read on it (rigup.parsers.iproute.interface_for_peers): the
-    interface the member-to-member routes leave by, this member's address on it, and the head's address
-    as the member reaches it. Unread (a preview without facts): compose variables the .env would hold."""
+    interface NCCL, Gloo and TP bind to (the one the member-to-member routes leave by, unless the cluster
+    names its socket_interface), this member's address on the routed one (Ray's and vLLM's), and the head's
+    address as the member reaches it. Unread (a preview without facts): compose variables the .env would hold."""
 
     ifname: str
     address: str
@@ -435,6 +439,9 @@ class ClusterMember:
 # --- a member's network, decided from what it read (rigup.facts.network.ClusterPeerRoutes) -------------
 
 TEN_GBE_MBPS = 10_000
+# Members' clocks further apart than this get a warning: vLLM and Ray keep time per host, so nothing breaks,
+# but one request's log lines and metrics on the head and the workers no longer line up.
+CLOCK_SKEW_WARN_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -448,6 +455,7 @@ class MemberNetwork:
     mtu: int | None = None
     speed_mbps: int | None = None
     warnings: tuple[str, ...] = ()
+    clock_offset_s: float | None = None  # the member's clock minus the control machine's, as read
 
 
 def member_net(cluster: Cluster, host: str, read: PeerRoutes) -> MemberNetwork:
@@ -466,6 +474,16 @@ def member_net(cluster: Cluster, host: str, read: PeerRoutes) -> MemberNetwork:
     dev, src = choice
     head_address = src if host == cluster.head else str(read.addresses[cluster.head])
     warnings = []
+    ifname = dev
+    if cluster.socket_interface is not None:
+        if cluster.socket_interface not in read.mtu:
+            return MemberNetwork(host, None, f"{cluster.where}: socket_interface: {cluster.socket_interface!r} is not "
+                                             f"an interface of {host} (interfaces: {', '.join(sorted(read.mtu))})")
+        ifname = cluster.socket_interface
+        if ifname != dev:
+            warnings.append(f"{cluster.where}: socket_interface {ifname!r} on {host} is not {dev}, the interface its "
+                            f"routes to the other members leave by: NCCL and Gloo bind there, and the rendezvous "
+                            f"fails unless the members reach each other over it too")
     routed = [p for p in others if route_to(read.routes[p]).via is not None]
     if routed:
         warnings.append(f"{host} reaches {', '.join(routed)} through a gateway: members on one switched network "
@@ -478,7 +496,8 @@ def member_net(cluster: Cluster, host: str, read: PeerRoutes) -> MemberNetwork:
         warnings.append(f"{host} reaches the members over {dev} at {speed} Mb/s, below 10 GbE: each token's "
                         f"activations cross between pipeline stages, so time to first token grows with the prompt's "
                         f"size (a TP2 x PP2 run used at most 25 Mb/s of 1 GbE while decoding: vllm-project/vllm#11874)")
-    return MemberNetwork(host, ClusterNet(dev, src, head_address), None, read.mtu.get(dev), speed, tuple(warnings))
+    return MemberNetwork(host, ClusterNet(ifname, src, head_address), None, read.mtu.get(dev), speed, tuple(warnings),
+                         read.clock_offset_s)
 
 
 def mtu_disagreement(networks: Sequence[MemberNetwork]) -> str | None:
@@ -488,6 +507,18 @@ def mtu_disagreement(networks: Sequence[MemberNetwork]) -> str | None:
         each = ", ".join(f"{host} {mtu}" for host, mtu in mtus.items())
         return f"the members' interfaces disagree on the MTU ({each}): set one MTU on the cluster's network"
     return None
+
+
+def clock_skew(networks: Sequence[MemberNetwork]) -> str | None:
+    """Members whose clocks are more than CLOCK_SKEW_WARN_S apart (each read against the control
+    machine's clock, to within the SSH round trip), or None."""
+    offsets = {n.host: n.clock_offset_s for n in networks if n.clock_offset_s is not None}
+    if len(offsets) < 2 or max(offsets.values()) - min(offsets.values()) <= CLOCK_SKEW_WARN_S:
+        return None
+    each = ", ".join(f"{host} {offset:+.1f} s" for host, offset in offsets.items())
+    return (f"the members' clocks are {max(offsets.values()) - min(offsets.values()):.1f} s apart (against the control "
+            f"machine's: {each}): one request's logs and metrics on the head and the workers will not line up; "
+            f"sync them (timedatectl set-ntp true)")
 
 
 # --- the firewall every member runs (tasks/serving.py) -----------------------------------------------------

@@ -7,6 +7,7 @@ because they read recipes (variant_overrides), while a recipe's render reads the
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -43,6 +44,9 @@ def _hosts(where: str, value: Any, known: Sequence[str]) -> tuple[str, ...]:
         raise ClusterError(f"{where}: hosts: {', '.join(map(repr, unknown))} not a host of the fleet file "
                            f"(hosts: {', '.join(known) or 'none'})")
     return tuple(value)
+
+
+IFNAME = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")  # Linux's IFNAMSIZ is 16 with the NUL
 
 
 def parse_clusters(listed: Any, known_hosts: Iterable[str]) -> list[Cluster]:
@@ -120,7 +124,12 @@ def parse_clusters(listed: Any, known_hosts: Iterable[str]) -> list[Cluster]:
                     f"(tensor_parallel_size), which {len(hosts)} hosts cannot share evenly: its GPU count must be "
                     f"gpus_per_host x {len(hosts)} hosts"
                 )
-        cluster = Cluster(name, str(variant), hosts, gpus, overrides, index)
+        socket_interface = entry.get("socket_interface")
+        if socket_interface is not None and (not isinstance(socket_interface, str)
+                                             or not IFNAME.match(socket_interface)):
+            raise ClusterError(f"{where}: socket_interface: must be a network interface's name (up to 15 letters, "
+                               f"digits, '.', '-', '_', ':'; e.g. eth1), got {socket_interface!r}")
+        cluster = Cluster(name, str(variant), hosts, gpus, overrides, index, socket_interface)
         split(cluster, facts)  # raises when the GPU count does not fit
         clusters.append(cluster)
     return clusters

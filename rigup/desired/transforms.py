@@ -491,6 +491,9 @@ def cluster(edit: ComposeEdit, ctx: Context, member: ClusterMember) -> None:
     port = published.rsplit(":", 2)[-2] if published.count(":") >= 2 else str(VLLM_DEFAULT_PORT)
     edit.set("ports", None, "cluster", "host networking: vLLM listens on the host's port itself")
     edit.set("network_mode", "host", "cluster", "host networking, as vLLM's run_cluster.sh runs every node")
+    if edit.get("ipc") != "host":  # Ray's object store and NCCL's shared memory live in /dev/shm
+        edit.set("ipc", "host", "cluster", "the host's IPC namespace and /dev/shm, as vLLM's docs ask for "
+                 "multi-process and multi-node serving (run_cluster.sh sizes --shm-size instead)")
     edit.set_flag("--port", [port], "cluster", f"the pod's port {port}, on the host's network")
     edit.set_flag("--host", [ctx.bind_address], "cluster", f"serving_bind_address {ctx.bind_address}")
     for name, value in member.environment().items():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import time
 
 from pyinfra.api import FactBase
 
@@ -14,7 +15,8 @@ class ClusterPeerRoutes(FactBase[PeerRoutes]):
     """
     For each peer (a fleet host's address or name): its IPv4 address as this host resolves it, and the
     route the kernel picks to it (``ip -j route get``); the ephemeral port range (where NCCL, Gloo and
-    vLLM's own sockets listen); then every interface's MTU and speed. The cluster
+    vLLM's own sockets listen); then every interface's MTU and speed, and the host's clock (compared
+    with the control machine's as the output arrives: rigup.desired.cluster.clock_skew). The cluster
     member's interface, address and the head's address are decided from it
     (rigup.desired.cluster.member_net).
 
@@ -35,7 +37,9 @@ class ClusterPeerRoutes(FactBase[PeerRoutes]):
             "echo '==> links'; for d in /sys/class/net/*; do "
             'printf \'%s %s %s\\n\' "${d##*/}" "$(cat "$d/mtu")" "$(cat "$d/speed" 2>/dev/null || echo -1)"; done'
         )
+        parts.append("printf '==> clock %s\\n' \"$(date +%s.%N)\"")  # last: the output arrives right after
         return "; ".join(parts)
 
     def process(self, output: list[str]) -> PeerRoutes:
-        return parse_fact_output(output, parse_peer_routes)
+        received_at = time.time()
+        return parse_fact_output(output, lambda lines: parse_peer_routes(lines, received_at))

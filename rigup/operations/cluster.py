@@ -1,11 +1,16 @@
-"""A cluster member's network, read on the host as the deploy plans it (rigup.desired.cluster)."""
+"""A cluster member's network, read on the host as the deploy plans it (rigup.desired.cluster), and the
+firewall of a host that is no longer a member."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
 from typing import Any
 
-from rigup.desired.cluster import MemberNetwork, cluster_of, member_net
+from pyinfra import host as current_host
+from pyinfra.api import StringCommand, operation
+from pyinfra.facts.files import File
+
+from rigup.desired.cluster import FIREWALL_FILE, FIREWALL_TABLE, FIREWALL_UNIT, MemberNetwork, cluster_of, member_net
 from rigup.desired.knobs import knob
 from rigup.facts.network import ClusterPeerRoutes
 from rigup.parsers.iproute import PeerRoutes
@@ -42,3 +47,26 @@ def cluster_host_data(host: Any) -> dict[str, Any]:
     if network is not None and network.net is not None:
         data["cluster"] = {**data["cluster"], "net": asdict(network.net)}
     return data
+
+
+@operation()
+def cluster_firewall_absent(unit_dir: str = "/etc/systemd/system"):
+    """
+    Take away the firewall a cluster left on a host that is in no cluster now: stop its unit (whose stop
+    deletes the nftables table), and remove the unit and the rules file. Nothing to do on a host that
+    never was a member.
+
+    + unit_dir: where rigup writes systemd units
+    """
+    unit_file = f"{unit_dir}/{FIREWALL_UNIT}"
+    left = [path for path in (unit_file, FIREWALL_FILE) if current_host.get_fact(File, path=path)]
+    if not left:
+        current_host.noop("no cluster firewall on this host")
+        return
+    if unit_file in left:
+        yield StringCommand("systemctl", "disable", "--now", FIREWALL_UNIT)
+    # the table too, should the unit have been stopped by hand with its rules left loaded
+    yield StringCommand("sh", "-c", f"'nft delete table inet {FIREWALL_TABLE} 2>/dev/null || true'")
+    yield StringCommand("rm", "-f", *left)
+    if unit_file in left:
+        yield StringCommand("systemctl", "daemon-reload")

@@ -208,11 +208,11 @@ def variant_service(ctl: str, release: str, unit: str):
         host.noop(f"{unit} is {active}, enabled, and started after its files last changed")
 
 
-def _gated(host: Any, ok: bool, output: Any, seconds: float) -> None:
+def account_gate(host: Any, ok: bool, output: Any, seconds: float) -> None:
     account(host, f"health gate passed in {seconds:.0f} s" if ok else f"health gate FAILED after {seconds:.0f} s")
 
 
-def _gate_command(ctl: str, release: str, timeout_s: int, keep: int, rollback: bool) -> StringCommand:
+def gate_command(ctl: str, release: str, timeout_s: int, keep: int, rollback: bool) -> StringCommand:
     parts: list[Any] = [
         "python3", QuoteString(ctl), "gate", "--release", QuoteString(release),
         "--timeout", str(int(timeout_s)), "--keep", str(int(keep)),
@@ -220,10 +220,10 @@ def _gate_command(ctl: str, release: str, timeout_s: int, keep: int, rollback: b
     if not rollback:
         parts.append("--no-rollback")
     # streamed: servingctl's lines while it waits for the model to load (minutes on a real rig)
-    return streamed(StringCommand(*parts), _gated)
+    return streamed(StringCommand(*parts), account_gate)
 
 
-def _check_gate_args(timeout_s: int, keep: int) -> None:
+def check_gate_args(timeout_s: int, keep: int) -> None:
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, int) or timeout_s <= 0:
         raise OperationValueError(f"timeout_s must be a positive integer, got {timeout_s!r}")
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
@@ -256,8 +256,8 @@ def health_gate(ctl: str, release: str, timeout_s: int, keep: int = 2, rollback:
             _if=restart.did_change,
         )
     """
-    _check_gate_args(timeout_s, keep)
-    yield _gate_command(ctl, release, timeout_s, keep, rollback)
+    check_gate_args(timeout_s, keep)
+    yield gate_command(ctl, release, timeout_s, keep, rollback)
 
 
 @operation()
@@ -286,7 +286,7 @@ def serving_verified(ctl: str, release: str, timeout_s: int, keep: int = 2, roll
             timeout_s=900,
         )
     """
-    _check_gate_args(timeout_s, keep)
+    check_gate_args(timeout_s, keep)
     status = host.get_fact(ServingStatus, ctl=ctl, release=release)
     recorded = status.get("provenance") or {}
     if (
@@ -298,7 +298,7 @@ def serving_verified(ctl: str, release: str, timeout_s: int, keep: int = 2, roll
             f"{status.get('unit')} serves {status.get('models')} as recorded (generation {recorded.get('generation')})"
         )
         return
-    yield _gate_command(ctl, release, timeout_s, keep, rollback)
+    yield gate_command(ctl, release, timeout_s, keep, rollback)
 
 
 def served_now(rig_host: Any, install_root: str) -> dict[str, Any] | None:

@@ -221,20 +221,30 @@ class PeerRoutes(JsonDataclass):
     mtu: Mapping[str, int]
     speed_mbps: Mapping[str, int | None]
     local_ports: tuple[int, int] = (32768, 60999)  # net.ipv4.ip_local_port_range (Linux's default)
+    clock_offset_s: float | None = None  # the host's clock minus the reader's when the output arrived
 
 
-def parse_peer_routes(lines: Any) -> PeerRoutes:
+def parse_peer_routes(lines: Any, received_at: float | None = None) -> PeerRoutes:
     """Sections `==> peer NAME ADDRESS` (ADDRESS "-" when it does not resolve) each followed by `ip -j route
-    get` output (or its error), then `==> links` and `IFNAME MTU SPEED` lines."""
+    get` output (or its error), then `==> links` and `IFNAME MTU SPEED` lines, and `==> clock EPOCH` (the
+    host's clock as the command ended), compared with `received_at` (the reader's, as the output arrived)."""
     addresses: dict[str, str | None] = {}
     routes: dict[str, list[str]] = {}
     mtu: dict[str, int] = {}
     speed: dict[str, int | None] = {}
     section: str | None = None
     local_ports = (32768, 60999)
+    offset: float | None = None
     for raw in (lines.splitlines() if isinstance(lines, str) else lines):
         line = raw.rstrip("\n")
-        if line.startswith("==> local_ports "):
+        if line.startswith("==> clock "):
+            try:
+                clock = float(line.split()[2])
+            except (IndexError, ValueError):
+                raise IprouteError(f"bad clock line: {line!r}") from None
+            offset = None if received_at is None else round(clock - received_at, 3)
+            section = None
+        elif line.startswith("==> local_ports "):
             parts = line.split()[2:]
             if len(parts) != 2 or not all(p.isdigit() for p in parts):
                 raise IprouteError(f"bad local port range: {line!r}")
@@ -260,4 +270,5 @@ def parse_peer_routes(lines: Any) -> PeerRoutes:
             routes[section].append(line)
         elif line.strip():
             raise IprouteError(f"output before any section: {line!r}")
-    return PeerRoutes(addresses, {peer: "\n".join(out) for peer, out in routes.items()}, mtu, speed, local_ports)
+    return PeerRoutes(addresses, {peer: "\n".join(out) for peer, out in routes.items()}, mtu, speed, local_ports,
+                      offset)

@@ -13,6 +13,10 @@ rig has nothing else we can count on. Commands:
            need in every request). On success: record the generation (a copy of the files
            that passed) and write the provenance file. On failure: print the unit's last log lines
            and, when the last good generation differs, roll back to it, restart it and gate it again.
+           With --hold (a cluster member: every member passes or none is recorded) it neither
+           records nor rolls back: the control machine decides once every member's gate ended.
+  rollback restore the last good generation, restart it and gate it (a cluster member whose release
+           passed or not, when another member's gate failed: the cluster rolls back as one unit).
   textfile rigup's facts for node_exporter's textfile collector, written atomically (a timer runs it,
            and `gate` after every result): per pod the release it serves, its generation, the last
            gate's result and time, its rollbacks, its pinned commits and whether its release file
@@ -26,8 +30,9 @@ Files (all under {install_root}):
   state/provenance.json                   what this rig runs and when it last passed the gate (a listed
                                           pod's: state/pods/<pod>/provenance.json)
 
-Exit codes of `gate`: 0 passed; 1 failed, nothing to roll back to; 2 failed and rolled back to the
-last good generation (which passed the gate again); 3 failed and the rollback failed too.
+Exit codes of `gate` and `rollback`: 0 passed (gate, recorded or held); 1 failed, nothing to roll back
+to; 2 failed and rolled back to the last good generation (which passed the gate again); 3 failed and the
+rollback failed too.
 Secrets (values of the release's secret env keys) are never printed: log lines are redacted.
 """
 
@@ -932,12 +937,37 @@ def probe(release_path: str, systemd: Systemd) -> Dict[str, Any]:
     return result
 
 
-def _print_failure(release: Release, reason: str, systemd: Systemd, out: Callable[[str], None]) -> None:
+# What marks a log line as the error that stopped the engine (vLLM's and torch's own words).
+ERROR_WORDS = ("Error", "ERROR", "Exception", "FAILED")
+# vLLM's own wrapper, printed last, points up at the cause: the line before it is the one worth reading
+# ("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): ...").
+WRAPPER_WORDS = ("See root cause above",)
+
+
+def last_error(lines: List[str]) -> Optional[str]:
+    """The last log line naming an error (a container's own text: journald's and compose's prefixes cut),
+    so the gate's one-line reason carries it: "crash loop" alone does not say that Gloo could not connect."""
+    for line in reversed(lines):
+        text = line.split(" | ", 1)[1] if " | " in line else line
+        text = text.strip()
+        if (any(word in text for word in ERROR_WORDS) and not text.startswith("Traceback")
+                and not any(word in text for word in WRAPPER_WORDS)):
+            return text[:300]
+    return None
+
+
+def _print_failure(release: Release, reason: str, systemd: Systemd, out: Callable[[str], None]) -> str:
+    """Print the failure and the unit's last log lines; returns the reason with the log's last error."""
     redact = release.redactor()
+    journal = [redact(line) for line in systemd.journal_tail(release.unit, JOURNAL_LINES)]
+    error = last_error(journal)
+    if error is not None:
+        reason = f"{reason}; the log's last error: {error}"
     out(f"rigup: health gate FAILED for {release.unit} (variant {release.variant}): {redact(reason)}")
     out(f"rigup: last {JOURNAL_LINES} lines of journalctl -u {release.unit}:")
-    for line in systemd.journal_tail(release.unit, JOURNAL_LINES):
-        out("  " + redact(line))
+    for line in journal:
+        out("  " + line)
+    return reason
 
 
 def gate(
@@ -952,15 +982,26 @@ def gate(
     sleep: Callable[[float], None] = time.sleep,
     poll_s: float = POLL_S,
     docker: Optional[Docker] = None,
+    hold: bool = False,
 ) -> int:
+    """The health gate (module docstring). `hold`: a cluster member's first gate, which records nothing
+    and rolls nothing back (RESULT "held" or "failed"): `rollback` or a second gate follows once the
+    control machine has every member's result."""
     release = Release.load(release_path)
     previous = read_json(release.provenance_path)
     try:
         result = wait_until_serving(release, timeout_s, systemd, clock=clock, sleep=sleep, poll_s=poll_s, progress=out)
     except GateFailure as exc:
-        reason = str(exc)
-        _print_failure(release, reason, systemd, out)
+        reason = _print_failure(release, str(exc), systemd, out)
+        if hold:
+            out(f"{RESULT_MARKER} failed")
+            return EXIT_FAILED
         return _roll_back(release, reason, previous, timeout_s, rollback, systemd, out, clock, sleep, poll_s)
+    if hold:
+        out(f"rigup: {release.unit} serves {release.served_model_name!r} (ready in {result['ready_seconds']} s); "
+            f"recorded once every member of its cluster passed")
+        out(f"{RESULT_MARKER} held")
+        return EXIT_PASSED
     result["at"] = now_iso()
     dropped: set = set()
     number = record_generation(release, keep, dropped)
@@ -972,6 +1013,24 @@ def gate(
     )
     out(f"{RESULT_MARKER} passed")
     return EXIT_PASSED
+
+
+def roll_back(
+    release_path: str,
+    reason: str,
+    timeout_s: float,
+    systemd: Systemd,
+    out: Callable[[str], None] = print,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    poll_s: float = POLL_S,
+) -> int:
+    """Take the release at `release_path` out of service for `reason` (another cluster member's failed
+    gate), restoring, restarting and gating the last good generation: what `gate` does after a failure."""
+    release = Release.load(release_path)
+    out(f"rigup: {release.unit}: {release.redactor()(reason)}")
+    return _roll_back(release, reason, read_json(release.provenance_path), timeout_s, True, systemd, out, clock, sleep,
+                      poll_s)
 
 
 def _roll_back(
@@ -1051,6 +1110,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     p_gate.add_argument("--timeout", type=float, required=True, help="seconds to wait for the model")
     p_gate.add_argument("--keep", type=int, default=2, help="generations to keep")
     p_gate.add_argument("--no-rollback", action="store_true", help="fail without restoring the last good one")
+    p_gate.add_argument("--hold", action="store_true",
+                        help="a cluster member's gate: record nothing, roll nothing back (the control machine decides)")
+    p_back = sub.add_parser("rollback", help="restore, restart and gate the last good generation")
+    p_back.add_argument("--release", required=True, help="the variant's release.json (the one to take out)")
+    p_back.add_argument("--timeout", type=float, required=True, help="seconds to wait for the restored model")
+    p_back.add_argument("--reason", required=True, help="why, for the record (another member's failed gate)")
     p_text = sub.add_parser("textfile", help="write rigup's facts for node_exporter's textfile collector")
     p_text.add_argument("--install-root", required=True)
     p_text.add_argument("--out", required=True, help="the .prom file, in node_exporter's textfile directory")
@@ -1068,7 +1133,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     def out(line: str) -> None:
         print(line, flush=True)
 
-    return gate(args.release, args.timeout, args.keep, not args.no_rollback, systemd, out=out)
+    if args.command == "rollback":
+        return roll_back(args.release, args.reason, args.timeout, systemd, out=out)
+    return gate(args.release, args.timeout, args.keep, not args.no_rollback, systemd, out=out, hold=args.hold)
 
 
 if __name__ == "__main__":

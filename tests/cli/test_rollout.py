@@ -46,6 +46,18 @@ def test_plan_without_the_canary_group():
     assert not any(s.canary for s in steps)
 
 
+def test_a_clusters_members_move_in_one_step():
+    # r2 and r5 serve one model together: r5 goes with r2, and the batch it was in keeps the rest
+    steps = plan(HOSTS, GROUPS, Settings("canary", 2, 0), [("r2", "r5")])
+    assert [(s.name, s.hosts) for s in steps] == [
+        ("canary", ("c1", "c2")), ("batch 1", ("r1", "r2", "r5")), ("batch 2", ("r3", "r4"))]
+    # a canary member takes its whole cluster into the canary step; a batch left empty is dropped
+    steps = plan(HOSTS, GROUPS, Settings("canary", 1, 0), [("c2", "r1"), ("r2", "r3")])
+    assert [(s.name, s.hosts, s.canary) for s in steps] == [
+        ("canary", ("c1", "c2", "r1"), True), ("batch 1", ("r2", "r3"), False), ("batch 2", ("r4",), False),
+        ("batch 3", ("r5",), False)]
+
+
 def test_plan_rejects_bad_settings():
     with pytest.raises(RolloutError):
         plan(HOSTS, GROUPS, Settings("canary", 0, 0))

@@ -218,11 +218,16 @@ def test_lmcache_is_refused() -> None:
 @pytest.mark.parametrize(
     ("listed", "message"),
     [
-        ({"big": {}}, "clusters: must be a list of {name, variant, hosts, gpus_per_host, port, variant_overrides} entries"),
+        ({"big": {}}, "clusters: must be a list of {name, variant, hosts, gpus_per_host, port, variant_overrides, "
+                      "socket_interface} entries"),
         (["big"], "clusters[0]: must be a mapping with keys name, variant, hosts, gpus_per_host, port, variant_overrides, "
-                  "got 'big'"),
+                  "socket_interface, got 'big'"),
         ([entry(gpus=2)], "clusters[0] (big): unknown key(s) gpus; allowed: name, variant, hosts, gpus_per_host, port, "
-                          "variant_overrides"),
+                          "variant_overrides, socket_interface"),
+        ([entry(socket_interface="eth 1")], "clusters[0] (big): socket_interface: must be a network interface's name "
+                                            "(up to 15 letters, digits, '.', '-', '_', ':'; e.g. eth1), got 'eth 1'"),
+        ([entry(socket_interface="a-very-long-interface")], "clusters[0] (big): socket_interface: must be a network "),
+        ([entry(socket_interface=1)], "clusters[0] (big): socket_interface: must be a network "),
         ([{"variant": QUAD_MTP, "hosts": ["rig-a", "rig-b"]}], "clusters[0]: 'name' is required"),
         ([entry(variant=None)], "clusters[0] (big): variant: None is not in the catalog"),
         ([{"name": "big", "hosts": ["rig-a", "rig-b"]}], "clusters[0] (big): 'variant' is required"),

@@ -85,7 +85,7 @@ def test_the_head_serves_its_share_on_the_hosts_network_and_starts_ray_first(tmp
     assert (recipe.tensor_parallel_size, recipe.gpu_count) == (2, 2)  # this host's share: TP 2 of the TP 4 recipe
     assert _flag(head, "--tensor-parallel-size") == "2" and _flag(head, "--pipeline-parallel-size") == "2"
     assert _flag(head, "--distributed-executor-backend") == "ray"
-    assert head["network_mode"] == "host" and "ports" not in head
+    assert head["network_mode"] == "host" and "ports" not in head and head["ipc"] == "host"
     assert _flag(head, "--port") == "8030" and _flag(head, "--host") == "0.0.0.0"
     assert head["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0", "1"]
     env = _env(head)
@@ -106,7 +106,7 @@ def test_a_worker_joins_the_heads_ray_at_the_address_it_reaches_it_by(tmp_path: 
     env = _env(worker)
     assert env["RIGUP_CLUSTER_ROLE"] == "worker" and env["VLLM_HOST_IP"] == "10.0.0.12"
     assert env["RIGUP_CLUSTER_HEAD"] == "10.0.0.11:6379"
-    assert worker["network_mode"] == "host"
+    assert worker["network_mode"] == "host" and worker["ipc"] == "host"
 
 
 def test_a_preview_without_the_network_read_names_it_by_variables(tmp_path: Path) -> None:

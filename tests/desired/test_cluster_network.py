@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rigup.checks.preflight import check_cluster_network
-from rigup.desired.cluster import Cluster, ClusterNet, MemberNetwork, member_net, mtu_disagreement
+from rigup.desired.cluster import Cluster, ClusterNet, MemberNetwork, clock_skew, member_net, mtu_disagreement
 from rigup.parsers.iproute import PeerRoutes
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "iproute"
@@ -82,3 +82,31 @@ def test_preflight_fails_a_member_it_cannot_wire_and_reports_what_it_chose() -> 
     jumbo = check_cluster_network(good, [MemberNetwork("rig-b", None, None, mtu=9000)])
     assert any(c.failed and "disagree on the MTU" in c.message for c in jumbo)
     assert check_cluster_network(None, []) == []
+
+
+def test_a_named_socket_interface_is_what_nccl_and_gloo_bind_to_when_the_member_has_it() -> None:
+    read = _read({"rig-b": _route("fab0-peer1"), "rig-c": _route("fab0-peer2")})
+    named = Cluster("big", TRIO.variant, TRIO.hosts, 2, {}, 0, "fab1")
+    got = member_net(named, "rig-a", read)
+    assert got.net == ClusterNet("fab1", "10.250.1.1", "10.250.1.1")  # Ray and vLLM keep the routed address
+    assert "socket_interface 'fab1' on rig-a is not fab0" in got.warnings[0] and "rendezvous fails" in got.warnings[0]
+    assert member_net(TRIO, "rig-a", read).net == ClusterNet("fab0", "10.250.1.1", "10.250.1.1")
+    same = member_net(Cluster("big", TRIO.variant, TRIO.hosts, 2, {}, 0, "fab0"), "rig-a", read)
+    assert same.net == ClusterNet("fab0", "10.250.1.1", "10.250.1.1") and same.warnings == ()
+    missing = member_net(Cluster("big", TRIO.variant, TRIO.hosts, 2, {}, 0, "ib0"), "rig-a", read)
+    assert missing.net is None
+    assert missing.problem == "clusters[0] (big): socket_interface: 'ib0' is not an interface of rig-a (interfaces: eth0, fab0, fab1)"
+
+
+def test_members_clocks_far_apart_are_named() -> None:
+    nets = [MemberNetwork("rig-a", None, None, clock_offset_s=0.02), MemberNetwork("rig-b", None, None, clock_offset_s=-4.5)]
+    assert clock_skew(nets) == ("the members' clocks are 4.5 s apart (against the control machine's: rig-a +0.0 s, rig-b "
+                                "-4.5 s): one request's logs and metrics on the head and the workers will not line up; "
+                                "sync them (timedatectl set-ntp true)")
+    assert clock_skew([nets[0], MemberNetwork("rig-b", None, None, clock_offset_s=0.9)]) is None
+    assert clock_skew([nets[0], MemberNetwork("rig-b", None, None)]) is None  # unread: nothing to compare
+    good = member_net(TRIO, "rig-a", PeerRoutes({"rig-b": "10.250.1.9", "rig-c": "10.250.1.9"},
+                                                {"rig-b": _route("fab0-peer1"), "rig-c": _route("fab0-peer2")},
+                                                {"fab0": 1500}, {"fab0": 10_000}, clock_offset_s=3.0))
+    checks = check_cluster_network(good, [MemberNetwork("rig-b", None, None, mtu=1500, clock_offset_s=0.0)])
+    assert [(c.name, c.severity) for c in checks if not c.ok] == [("cluster-clock", "warning")]

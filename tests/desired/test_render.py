@@ -351,3 +351,32 @@ def test_cli_list_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "unknown variant_overrides key 'tp'" in capsys.readouterr().err
     assert run_cli(["render", "nope", "--out", str(tmp_path)]) == 2
     assert not any(tmp_path.iterdir())
+
+
+def test_cli_renders_a_fleet_hosts_share_of_its_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    fleet = tmp_path / "rigs.yaml"
+    fleet.write_text(
+        "groups:\n  rigs:\n    hosts:\n      rig-a: {ssh_hostname: 10.0.0.11}\n      rig-b: {ssh_hostname: 10.0.0.12}\n"
+        "clusters:\n  - {name: big, variant: qwen-multi4-autoround-int4-mtp, hosts: [rig-a, rig-b], port: 8040}\n"
+    )
+    out = tmp_path / "out"
+    assert run_cli(["render", "--host", "rig-b", "--fleet", str(fleet), "--out", str(out)]) == 0
+    compose = yaml.safe_load((out / "opt/rigup/variants/big/compose.yaml").read_text())
+    (service,) = compose["services"].values()
+    command = " ".join(str(s) for s in service["command"])
+    assert "--tensor-parallel-size 2" in command and "--pipeline-parallel-size 2" in command
+    assert service["network_mode"] == "host"
+    env = dict(str(item).partition("=")[::2] for item in service["environment"])
+    # what only the rig can read stays a variable in a preview; the role is this host's
+    assert env["GLOO_SOCKET_IFNAME"] == "${RIGUP_CLUSTER_IFNAME}" and env["RIGUP_CLUSTER_ROLE"] == "worker"
+    assert (out / "etc/systemd/system/rigup-big.service").exists()
+    capsys.readouterr()
+    assert run_cli(["render", "--host", "rig-a", "--fleet", str(fleet), "--explain"]) == 0
+    explained = capsys.readouterr().out
+    assert "cluster: host networking, as vLLM's run_cluster.sh runs every node" in explained
+    assert "unexplained: 0" in explained
+    assert run_cli(["render", "--host", "rig-z", "--fleet", str(fleet), "--out", str(out)]) == 2
+    assert "--host 'rig-z': not a host of" in capsys.readouterr().err
+    assert run_cli(["render", "dual", "--host", "rig-a", "--fleet", str(fleet), "--out", str(out)]) == 2

@@ -5,7 +5,8 @@ serve` joins the members' real Ray cluster and places a worker on each simulated
 One bed: rig-a (the head; group gateway, so it also runs the fleet gateway) and rig-b (the worker). In
 file order: bring-up, with each member's gate passing only once the whole cluster serves; the gateway
 routes to the head alone; the firewall admits the members alone to Ray's ports and the ephemeral range;
-a converged re-run changes nothing; a stopped worker takes the cluster down and the next converge heals it.
+a converged re-run changes nothing; a wrong socket interface fails the gate with Gloo's error and rolls
+both members back together; a stopped worker takes the cluster down and the next converge heals it.
 """
 
 from __future__ import annotations
@@ -136,6 +137,44 @@ def test_a_converged_rerun_changes_nothing(bed: Bed) -> None:
     result = json.loads(proc.stdout)
     changed = {op["name"]: op["success"] for op in result["results"]["operations"] if op["success"]}
     assert changed == {}, f"operations that changed on a converged re-run: {changed}"
+
+
+def _env(bed: Bed, host: str) -> dict[str, str]:
+    compose = yaml.safe_load(sh(bed.testbed.host(host), "cat /opt/rigup/variants/big/compose.yaml"))
+    (service,) = compose["services"].values()
+    return dict(str(item).partition("=")[::2] for item in service["environment"])
+
+
+def test_a_wrong_socket_interface_fails_the_gate_with_the_rendezvous_error_and_rolls_every_member_back(bed: Bed) -> None:
+    good = {host: record(bed, host)["generation"] for host in ("rig-a", "rig-b")}
+    routed = {host: _env(bed, host)["GLOO_SOCKET_IFNAME"] for host in good}
+    # lo exists on every member, so preflight lets it through with a warning; Gloo then binds each rank to
+    # 127.0.0.1 and no rank on the other member can reach it (vllm-project/vllm#5094)
+    bed.clusters = [{**CLUSTER, "socket_interface": "lo"}]
+    bed.write(relock=False)
+    try:
+        proc = bed.deploy(expect_ok=False)
+    finally:
+        bed.clusters = [CLUSTER]
+        bed.write(relock=False)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, _tail(proc)
+    assert "Traceback" not in output
+    assert "socket_interface 'lo' on rig-a is not" in output  # preflight's warning
+    assert "Gloo connectFullMesh failed" in output  # the rendezvous error, in the gate's reason
+    assert output.count("cluster big: the health gate failed; this member rolled back to its last good generation") == 2, _tail(proc)
+    for host in ("rig-a", "rig-b"):
+        rec = record(bed, host)
+        assert rec["generation"] == good[host] and rec["last_rollback"]["outcome"] == "rolled back", (host, rec)
+        assert "connectFullMesh" in rec["last_rollback"]["reason"], rec["last_rollback"]
+        assert _env(bed, host)["GLOO_SOCKET_IFNAME"] == routed[host]  # the good generation's files are back
+        assert unit_prop(bed.testbed.host(host), UNIT, "ActiveState") == "active"
+    assert served_name(VARIANT) in served(bed, "rig-a")
+    # the fleet file is right again and the cluster serves it: a converge changes nothing
+    proc = bed.pyinfra("--json", "deploy.py")
+    assert proc.returncode == 0, _tail(proc)
+    changed = {op["name"] for op in json.loads(proc.stdout)["results"]["operations"] if op["success"]}
+    assert changed == set(), changed
 
 
 def test_a_stopped_worker_takes_the_cluster_down_and_the_next_converge_heals_it(bed: Bed) -> None:

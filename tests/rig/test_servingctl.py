@@ -497,6 +497,68 @@ def test_failed_upgrade_rolls_back_to_the_last_good_generation(rig, systemd, ser
     assert rig.generations("dual") == [1]
 
 
+def test_the_failure_reason_carries_the_logs_last_error(rig, systemd, server):
+    systemd.journal = [
+        "2026-12-04T05:00:01+0000 rig-a docker-compose[812]: rigup-big  | INFO Started",
+        "2026-12-04T05:00:02+0000 rig-a docker-compose[812]: rigup-big  | RuntimeError: Gloo connectFullMesh failed with [pair.cc:144] no error",
+        "2026-12-04T05:00:03+0000 rig-a docker-compose[812]: rigup-big  | RuntimeError: Engine core initialization "
+        "failed. See root cause above. Failed core proc(s): {'EngineCore_DP0': 1}",
+        "2026-12-04T05:00:03+0000 rig-a docker-compose[812]: rigup-big exited with code 1",
+    ]
+    server.behaviour.model = None
+    code, lines = run_gate(rig.deploy("dual", MODEL), systemd, timeout=0.2)
+    assert code == ctl.EXIT_FAILED
+    assert lines[0].endswith("; the log's last error: RuntimeError: Gloo connectFullMesh failed with [pair.cc:144] no error")
+    assert ctl.last_error(["INFO all good", "Traceback (most recent call last):"]) is None
+
+
+def test_a_held_gate_records_nothing_and_rolls_nothing_back(rig, systemd, server):
+    good = rig.deploy("dual", MODEL, tag="v1")
+    assert run_gate(good, systemd)[0] == ctl.EXIT_PASSED
+    new = rig.deploy("dual", MODEL, tag="v2")  # passes, but a cluster records it only once every member passed
+    lines: list[str] = []
+    code = ctl.gate(str(new), 5.0, 2, True, systemd, out=lines.append, versions=VERSIONS, poll_s=0.01,
+                    docker=FakeDocker(), hold=True)
+    assert code == ctl.EXIT_PASSED and lines[-1] == f"{ctl.RESULT_MARKER} held", lines
+    assert rig.generations("dual") == [1]
+    assert rig.provenance["release"]["image"]["ref"] == "docker.io/vllm/vllm-openai:v1"
+    broken = rig.deploy("dual", "broken", tag="v3")
+    systemd.restart("rigup-dual.service")
+    lines = []
+    code = ctl.gate(str(broken), 0.2, 2, True, systemd, out=lines.append, versions=VERSIONS, poll_s=0.01,
+                    docker=FakeDocker(), hold=True)
+    assert code == ctl.EXIT_FAILED and lines[-1] == f"{ctl.RESULT_MARKER} failed", lines
+    assert "rolling back" not in "\n".join(lines)
+    assert (rig.variant_dir("dual") / "compose.yaml").read_text().endswith("model=broken \n")  # left as it is
+
+
+def test_rollback_takes_a_release_that_passed_out_for_another_members_failure(rig, systemd, server):
+    good = rig.deploy("dual", MODEL, tag="v1")
+    assert run_gate(good, systemd)[0] == ctl.EXIT_PASSED
+    good_compose = (rig.variant_dir("dual") / "compose.yaml").read_text()
+    new = rig.deploy("dual", MODEL, tag="v2")
+    systemd.restart("rigup-dual.service")
+    lines: list[str] = []
+    code = ctl.roll_back(str(new), "cluster big: rig-a's gate failed: crash loop", 5.0, systemd, out=lines.append,
+                         poll_s=0.01)
+    text = "\n".join(lines)
+    assert code == ctl.EXIT_ROLLED_BACK, text
+    assert lines[0] == "rigup: rigup-dual.service: cluster big: rig-a's gate failed: crash loop"
+    assert "generation 1 serves again" in text and lines[-1] == f"{ctl.RESULT_MARKER} failed-and-rolled-back"
+    assert (rig.variant_dir("dual") / "compose.yaml").read_text() == good_compose
+    prov = rig.provenance
+    assert prov["generation"] == 1 and prov["rollbacks"] == 1
+    assert prov["last_rollback"]["reason"] == "cluster big: rig-a's gate failed: crash loop"
+    assert prov["last_rollback"]["failed_image"] == "docker.io/vllm/vllm-openai:v2"
+
+
+def test_rollback_without_a_good_generation_says_there_is_none(rig, systemd, server):
+    first = rig.deploy("dual", MODEL, tag="v1")
+    lines: list[str] = []
+    assert ctl.roll_back(str(first), "rig-b's gate failed", 5.0, systemd, out=lines.append, poll_s=0.01) == ctl.EXIT_FAILED
+    assert "no previous good generation" in "\n".join(lines) and lines[-1] == f"{ctl.RESULT_MARKER} failed"
+
+
 def test_rollback_restores_a_changed_unit_and_reloads_once(rig, systemd, server):
     assert run_gate(rig.deploy("dual", MODEL, tag="v1"), systemd)[0] == 0
     bad = rig.deploy("dual", "broken", tag="v2", unit_extra="Environment=NEW=1\n")
