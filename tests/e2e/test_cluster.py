@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 
@@ -22,7 +23,7 @@ import yaml
 
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import HostSpec
-from tests.e2e.helpers import key_files
+from tests.e2e.helpers import REPO_ROOT, key_files
 from tests.e2e.test_serving import API_KEY, Bed, _tail, served_name, sh, unit_prop
 
 pytestmark = pytest.mark.e2e
@@ -51,6 +52,7 @@ def bed(testbed_factory: Callable[..., Testbed], tmp_path_factory: pytest.TempPa
     testbed = testbed_factory([HostSpec("rig-a", group="gateway"), HostSpec("rig-b", group="rigs")], "rigcl")
     b = Bed(testbed, testbed.workdir)
     keys = key_files(tmp_path_factory.mktemp("keys"), rig=API_KEY, gateway=GATEWAY_KEY)
+    b.gateway_key = str(keys["gateway"])  # type: ignore[attr-defined]
     b.data = {"serving_api_key_file": str(keys["rig"]), "serving_health_timeout_s": 240,
               "gateway_api_key_file": str(keys["gateway"]), "gateway_health_check_interval_s": 3}
     b.clusters = [CLUSTER]
@@ -99,6 +101,16 @@ def test_the_gateway_routes_to_the_head_alone(bed: Bed) -> None:
     config = yaml.safe_load(sh(bed.testbed.host("rig-a"), "cat /opt/rigup/gateway/config.yaml"))
     hosts = {entry["model_info"]["rigup_host"] for entry in config["model_list"]}
     assert hosts == {"rig-a"}, config["model_list"]  # the worker serves nothing itself
+    # rigup verify's checks (models, completion, tool call) pass through the gateway: the whole cluster answers
+    proc = subprocess.run([sys.executable, "-m", "rigup", "verify", "--url", f"http://{bed.testbed.host('rig-a').ip}:"
+                           f"{GATEWAY_PORT}", "--api-key-file", bed.gateway_key, "--json"],  # type: ignore[attr-defined]
+                          cwd=REPO_ROOT, env=bed.env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    # and over the fleet: the cluster is verified once, through its head; the worker says so
+    proc = subprocess.run([sys.executable, "-m", "rigup", "verify", "--json"], cwd=REPO_ROOT, env=bed.env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "verified as rig-a/big" in proc.stdout
 
 
 def _reaches(bed: Bed, from_host: str | None, to_host: str, port: int) -> bool:
