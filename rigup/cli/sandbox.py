@@ -54,6 +54,9 @@ def add_parser(subparsers: Any) -> None:
     up.add_argument("--pods", type=int, default=0,
                     help="last rigs given four simulated RTX 3090s serving two dual pods, 'left' on GPUs 0-1 "
                          "(port 8010) and 'right' on GPUs 2-3 (port 8011) (default 0)")
+    up.add_argument("--cluster", type=int, default=0, choices=(0, 2, 4),
+                    help="the first N rigs (2x RTX 3090 each) serve one model together as cluster 'big' (README: "
+                         "Clusters): 2 serve a 4-GPU variant as TP 2 x PP 2, 4 an 8-GPU one as TP 2 x PP 4 (default 0)")
     up.add_argument("--replace", action="store_true", help="tear down a running sandbox first")
     up.add_argument("--json", action="store_true", help="print the result as JSON")
     down = commands.add_parser("down", help="stop and remove everything the sandbox created")
@@ -62,6 +65,10 @@ def add_parser(subparsers: Any) -> None:
     status.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.set_defaults(func=run)
 
+
+# What a sandbox cluster serves (`sandbox up --cluster N`), by member count: catalog variants whose GPU
+# count splits over N rigs of two GPUs with nothing vLLM refuses across hosts (MTP, no DFlash).
+SANDBOX_CLUSTER_VARIANTS = {2: "qwen-multi4-autoround-int4-mtp", 4: "qwen38-multi8-autoround-int4-mtp"}
 
 # What a sandbox rig of pods serves (`sandbox up --pods N`): two TP=2 endpoints of one model.
 SANDBOX_PODS = (
@@ -136,7 +143,13 @@ def _up(args: argparse.Namespace) -> int:
         print("rigup sandbox: --pods must be between 0 and --hosts", file=sys.stderr)
         return 2
 
+    if args.cluster and (args.cluster > args.hosts - args.pods):
+        print("rigup sandbox: --cluster N needs N rigs that are not rigs of pods (--hosts - --pods)", file=sys.stderr)
+        return 2
+
     def spec(i: int, name: str) -> Any:
+        if i < args.cluster:  # a cluster member: two GPUs, its share of the cluster (README: Clusters)
+            return HostSpec(name, hardware="2x3090", group=group(i))
         if i >= args.hosts - args.pods:  # a rig of pods (README: Pods)
             return HostSpec(name, hardware="4x3090", group=group(i), data={"pods": [dict(p) for p in SANDBOX_PODS]})
         return HostSpec(name, hardware=presets[i % len(presets)], group=group(i))
@@ -146,8 +159,10 @@ def _up(args: argparse.Namespace) -> int:
         bed.up(specs)
         group_data = {"gateway": {"gateway_api_key_file": str(_gateway_key())}} if gateways else {}
         # The sandbox's lock file lives with it: its pins name the sandbox mirrors' commits and files.
+        clusters = ([{"name": "big", "variant": SANDBOX_CLUSTER_VARIANTS[args.cluster],
+                      "hosts": [spec.name for spec in specs[:args.cluster]]}] if args.cluster else [])
         fleet = bed.write_fleet(FLEET_FILE, data={"lock_file": str(SANDBOX_DIR / "rigs.lock.yaml")}, group_data=group_data,
-                                real_engine=True)
+                                real_engine=True, clusters=clusters)
     except TestbedError as exc:
         print(f"rigup sandbox: {exc}", file=sys.stderr)
         try:
