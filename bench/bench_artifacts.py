@@ -337,13 +337,13 @@ def bench_rerun(work: Path, model_gb: float) -> list[tuple[str, str, str]]:
 SECTION = "## Artifacts: hashing, download + verify, model-step re-run (bench/bench_artifacts.py)"
 
 
-def write_results(path: Path, label: str, text: str) -> None:
+def write_results(path: Path, label: str, text: str, section: str = SECTION) -> None:
     """Put `text` (a "### Measured: <label>" block) into this benchmark's section of the shared
     results file, replacing an older block with the same label; other sections stay untouched."""
     lines = (path.read_text() if path.exists() else "# Benchmarks\n").splitlines()
-    start = next((i for i, line in enumerate(lines) if line.strip() == SECTION), None)
+    start = next((i for i, line in enumerate(lines) if line.strip() == section), None)
     if start is None:
-        lines += ["", SECTION, ""]
+        lines += ["", section, ""]
         start = len(lines) - 2
     end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
     heading = f"### Measured: {label}"

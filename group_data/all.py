@@ -62,8 +62,8 @@ hf_token_file = None  # control-machine path of a 0600 file holding HF_TOKEN; en
 lock_file = "rigs.lock.yaml"  # lock file on the control machine (relative to the inventory)
 model_reverify = False  # True: re-hash every model file instead of trusting verified stamps
 model_download_retries = 3  # attempts per file before the host fails on a hash mismatch
-model_fleet_source = "auto"  # auto: the first rig fetches from the hub, others copy from it|off
-model_fleet_port = 8765  # TCP port the fleet source rig serves verified model files on (token-protected, only while peers fetch)
+model_fleet_source = "auto"  # auto: the rigs holding a model form a chain: one reads the hub, each other forwards verified pieces to the next|off
+model_fleet_port = 8765  # TCP port a rig serves its chain peers verified model pieces on (token-protected, only while a peer needs files)
 model_fleet_address = None  # str or None: address peers use to reach this rig's file server; None: its ssh_hostname
 
 # --- Serving -------------------------------------------------------------------------------

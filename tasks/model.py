@@ -9,8 +9,10 @@ Reads: variant, install_root, model_dir, lock_file, hf_endpoint, hf_token_file (
 the control machine), model_reverify, model_download_retries, model_fleet_source, model_fleet_port,
 model_fleet_address, preflight_disk_margin_gb.
 Restarts: nothing (serving restarts when the model revision in its provenance changes).
-Not idempotent: none. In fleet mode the first rig that needs a model serves it to the others in
-"Copy model files between rigs", only while a peer needs files.
+Not idempotent: none. In fleet mode the rigs holding a model form a chain, ordered at execution (rigs
+that have the files first): the head reads the hub, each other rig its nearest upstream, and every rig
+forwards each piece once it is verified, so the hub serves one copy and every link carries it once.
+A rig serves only while a rig after it in a chain needs files.
 Without a usable lock: a real run stops here (when sources did not already; pyinfra ends the run when a task file raises), saying what
 the lock pins and how to make it; a --dry run warns so in one line and plans nothing here.
 """
@@ -19,7 +21,7 @@ from pyinfra import host, state
 from pyinfra.operations import apt, files
 
 from rigup.desired.knobs import knob
-from rigup.operations.model import RIGFETCH_SRC, model_files, model_fleet_share
+from rigup.operations.model import RIGFETCH_SRC, model_files
 from rigup.operations.planning_errors import model_plan_or_stop
 
 plan = model_plan_or_stop(state, host)  # None: the lock lacks the model pins (--dry warns)
@@ -34,20 +36,10 @@ if plan is not None:
     files.put(name="Upload rigfetch (model fetch and verify helper)", src=str(RIGFETCH_SRC), dest=plan.script, mode="755")
 
     model_files(
-        name="Fetch locked model files from the hub",
-        manifest=plan.hub_manifest,
+        name="Fetch locked model files (fleet: one rig reads the hub, the others forward verified pieces)",
+        manifest=plan.manifest,
         script=plan.script,
-        reverify=reverify,
-        retries=retries,
-        hf_token_file=token_file,
-    )
-    model_fleet_share(
-        name="Copy model files between rigs (fleet mode)",
-        fetch_manifest=plan.fetch_manifest,
-        serve_manifest=plan.serve_manifest,
-        peers=list(plan.peers),
-        sources=plan.sources,
-        script=plan.script,
+        chains=plan.chains,
         listen_port=plan.listen_port,
         reverify=reverify,
         retries=retries,

@@ -1,4 +1,6 @@
-"""The models plan: for each host, the locked files to fetch, where from (the hub or a fleet peer), and the manifest rigfetch reads."""
+"""The models plan: for each host, the locked files to fetch and the manifest rigfetch reads, and in fleet
+mode, for each model, the rigs that hold it: the operation orders them into a chain at execution time
+(rigs that already have the files first), the head reads the hub and each other rig its nearest upstream."""
 
 from __future__ import annotations
 
@@ -15,31 +17,54 @@ def script_path(install_root: str) -> str:
 
 
 @dataclass(frozen=True)
+class ChainMember:
+    """A rig holding a model in fleet mode, as the other rigs of that model's chain see it."""
+
+    host: Any
+    base_url: str  # its fleet server, e.g. http://10.0.0.11:8765/
+    script: str
+    manifest: dict[str, Any]  # its own manifest (no upstreams): what its ModelFiles fact checks
+    reverify: bool
+    sudo: bool
+
+
+@dataclass(frozen=True)
 class ModelPlan:
     """What one rig does in the model task."""
 
     script: str
-    hub_manifest: dict[str, Any]
-    fetch_manifest: dict[str, Any]
-    serve_manifest: dict[str, Any]
-    peers: tuple[tuple[Any, dict[str, Any]], ...] = ()
-    sources: dict[str, Any] = field(default_factory=dict)
+    manifest: dict[str, Any]  # every model of the rig, hub URLs only: its ModelFiles fact checks this
+    chains: dict[str, tuple[ChainMember, ...]] = field(default_factory=dict)  # model name -> fleet members holding it
     listen_port: int = 8765
+    fleet: bool = False
 
 
 def _manifest(state_dir: str, reserve_bytes: int, models: list[dict[str, Any]]) -> dict[str, Any]:
     return {"version": 1, "state_dir": state_dir, "reserve_bytes": reserve_bytes, "models": models}
 
 
-def model_entry(model: Any, pin: ModelPin, endpoint: str, peer_url: str | None = None) -> dict[str, Any]:
+def model_entry(model: Any, pin: ModelPin, endpoint: str) -> dict[str, Any]:
     """One manifest model: the locked files of `pin`, landing in the recipe's model dir."""
     return {
         "name": model.dir_name,
         "dir": model.path,
         "hub_url": f"{endpoint.rstrip('/')}/{model.repo_id}/resolve/{pin.commit}/",
-        "peer_url": peer_url,
         "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in pin.files],
     }
+
+
+def _rig_manifest(info: _HostInfo) -> dict[str, Any]:
+    endpoint = str(knob(info.data, "hf_endpoint"))
+    reserve = int(float(knob(info.data, "preflight_disk_margin_gb")) * 1e9)
+    models = [model_entry(m, info.lock.models[m.lock_name], endpoint) for m in info.models]
+    return _manifest(info.recipe.paths.state_dir, reserve, models)
+
+
+def _same_pin(one: _HostInfo, other: _HostInfo, lock_name: str) -> bool:
+    """Whether both rigs want the same files of a model (rigs with different locks form different chains)."""
+    return any(m.lock_name == lock_name for m in one.models) and one.lock.models.get(lock_name) == other.lock.models.get(
+        lock_name
+    )
 
 
 def _address(source: Any) -> str:
@@ -102,66 +127,30 @@ def _plan_all(state: Any, only: Any = None) -> tuple[dict[str, ModelPlan], dict[
         reachable = h.name != "@local" or knob(data, "model_fleet_address") is not None
         infos.append(_HostInfo(h, recipe, lock, data, mode == "auto" and reachable, models))
 
-    source_of: dict[str, _HostInfo] = {}
+    members: dict[str, ChainMember] = {}
     for info in infos:
-        if info.fleet:
-            for model in info.models:
-                source_of.setdefault(model.lock_name, info)
-
+        members[info.host.name] = ChainMember(
+            host=info.host,
+            base_url=f"http://{_address(info.host)}:{int(knob(info.data, 'model_fleet_port'))}/",
+            script=script_path(info.recipe.paths.install_root),
+            manifest=_rig_manifest(info),
+            reverify=bool(knob(info.data, "model_reverify")),
+            sudo=bool(knob(info.data, "_sudo")),
+        )
     plans: dict[str, ModelPlan] = {}
     for info in infos:
-        state_dir = info.recipe.paths.state_dir
-        reserve = int(float(knob(info.data, "preflight_disk_margin_gb")) * 1e9)
-        endpoint = str(knob(info.data, "hf_endpoint"))
-        hub, fetch, serve = [], [], []
-        sources: dict[str, Any] = {}
-        peers: list[tuple[Any, dict[str, Any]]] = []
-        for model in info.models:
-            pin = info.lock.models[model.lock_name]
-            source = source_of.get(model.lock_name)
-            if not info.fleet or source is None or source is info:
-                hub.append(model_entry(model, pin, endpoint))
-                continue
-            port = int(knob(source.data, "model_fleet_port"))
-            peer_url = f"http://{_address(source.host)}:{port}/{model.dir_name}/"
-            fetch.append(model_entry(model, pin, endpoint, peer_url))
-            sources[model.dir_name] = source.host
+        chains: dict[str, tuple[ChainMember, ...]] = {}
         if info.fleet:
             for model in info.models:
-                if source_of.get(model.lock_name) is not info:
-                    continue
-                takers = [
-                    other
-                    for other in infos
-                    if other is not info and other.fleet and any(m.lock_name == model.lock_name for m in other.models)
-                ]
-                if takers:
-                    serve.append(model_entry(model, info.lock.models[model.lock_name], endpoint))
-            served = {m["name"] for m in serve}
-            for other in infos:
-                if other is info or not other.fleet:
-                    continue
-                wanted = [
-                    model_entry(
-                        m,
-                        other.lock.models[m.lock_name],
-                        str(knob(other.data, "hf_endpoint")),
-                        f"http://{_address(info.host)}:{int(info.data.get('model_fleet_port') or 8765)}/{m.dir_name}/",
-                    )
-                    for m in other.models
-                    if m.dir_name in served and source_of.get(m.lock_name) is info
-                ]
-                if wanted:
-                    other_reserve = int(float(knob(other.data, "preflight_disk_margin_gb")) * 1e9)
-                    peers.append((other.host, _manifest(other.recipe.paths.state_dir, other_reserve, wanted)))
+                chains[model.dir_name] = tuple(
+                    members[other.host.name] for other in infos if other.fleet and _same_pin(other, info, model.lock_name)
+                )
+        member = members[info.host.name]
         plans[info.host.name] = ModelPlan(
-            script=script_path(info.recipe.paths.install_root),
-            hub_manifest=_manifest(state_dir, reserve, hub),
-            fetch_manifest=_manifest(state_dir, reserve, fetch),
-            serve_manifest=_manifest(state_dir, reserve, serve),
-            peers=tuple(peers),
-            sources=sources,
+            script=member.script,
+            manifest=member.manifest,
+            chains=chains,
             listen_port=int(knob(info.data, "model_fleet_port")),
+            fleet=info.fleet,
         )
     return plans, problems
-

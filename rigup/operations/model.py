@@ -1,5 +1,6 @@
 """Model operations: rigfetch.py (rigup/rig/rigfetch.py) uploaded to {install_root}/bin/ fetches and
-verifies the locked files on the rig, from the hub or from a fleet peer that already has them."""
+verifies the locked files on the rig, from the hub or, in fleet mode, along a chain of rigs that
+forward each verified piece as it arrives."""
 
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ from typing import Any
 from pyinfra import host, state
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 
-from rigup.desired.knobs import knob
-from rigup.desired.models import script_path
+from rigup.desired.models import ChainMember
 from rigup.desired.secrets import SecretError, read_hf_token
 from rigup.facts.model import ModelFiles, model_files_need_work
 from rigup.operations.live_output import streamed
@@ -58,29 +58,31 @@ def _rigfetch(script: str, manifest_b64: str, options: list[Any], stdin: str) ->
 
 
 def _fetched(host: Any, ok: bool, output: Any, seconds: float) -> None:
-    """The converge's account of a rigfetch run, from the JSON report it prints last on stdout."""
+    """The converge's account of a rigfetch run, from the JSON lines it prints last on stdout."""
     report: dict[str, Any] = {}
-    for line in reversed(output.stdout_lines):
+    served: dict[str, Any] = {}
+    for line in output.stdout_lines:
         try:
-            report = json.loads(line)
+            data = json.loads(line)
         except ValueError:
             continue
-        if isinstance(report, dict) and "bytes_downloaded" in report:
-            break
-        report = {}
+        if isinstance(data, dict) and "bytes_downloaded" in data:
+            report = data
+        elif isinstance(data, dict) and isinstance(data.get("serve"), dict):
+            served = data["serve"]
     if not ok or not report:
         account(host, f"model files: rigfetch failed after {seconds:.0f} s")
         return
-    account(
-        host,
+    line = (
         f"model files: {human_bytes(report['bytes_downloaded'])} downloaded "
-        f"({human_bytes(report['bytes_from_peer'])} from a fleet peer), "
-        f"{human_bytes(report['bytes_hashed'])} hashed, verified in {seconds:.0f} s",
+        f"({human_bytes(report['bytes_from_hub'])} from the hub, {human_bytes(report['bytes_from_peer'])} from fleet peers), "
+        f"{human_bytes(report['bytes_hashed'])} hashed, verified in {seconds:.0f} s"
     )
-
-
-def _served(host: Any, ok: bool, output: Any, seconds: float) -> None:
-    account(host, f"model files: served to fleet peers for {seconds:.0f} s" if ok else "model files: serving peers failed")
+    if report.get("pieces_rejected"):
+        line += f"; {report['pieces_rejected']} pieces rejected, {report['peers_dropped']} peers dropped"
+    if served:
+        line += f"; served {human_bytes(served.get('bytes_served', 0))} to {served.get('peers_done', 0)} fleet peers"
+    account(host, line)
 
 
 def _common_options(retries: int, reverify: bool) -> list[Any]:
@@ -92,142 +94,109 @@ def _common_options(retries: int, reverify: bool) -> list[Any]:
     return options
 
 
+def _status(member: ChainMember) -> dict[str, Any]:
+    """A chain member's ModelFiles fact, asked the same way by every rig (read once per run)."""
+    return member.host.get_fact(
+        ModelFiles,
+        script=member.script,
+        script_sha256=rigfetch_sha256(),
+        manifest_b64=encode_manifest(member.manifest),
+        reverify=member.reverify,
+        _sudo=member.sudo,
+    )
+
+
+def _needs(member: ChainMember, model: str) -> bool:
+    """Whether the member has files of `model` to fetch or hash (removals alone need no peer)."""
+    status = _status(member)
+    if status.get("script") == "stale":
+        return True
+    entry = next(m for m in member.manifest["models"] if m["name"] == model)
+    prefix = entry["dir"].rstrip("/") + "/"
+    return any(str(w.get("path", "")).startswith(prefix) for w in status.get("work") or ())
+
+
+def _chain_order(chain: tuple[ChainMember, ...], model: str) -> list[ChainMember]:
+    """A model's chain for this run: the members still in the run, those that hold the files already
+    first (they serve from disk), then the others in inventory order. Every member computes the same
+    order from the same facts."""
+    live = [m for m in chain if m.host in state.active_hosts]
+    return [m for m in live if not _needs(m, model)] + [m for m in live if _needs(m, model)]
+
+
 @operation()
 def model_files(
     manifest: dict[str, Any],
     script: str,
-    reverify: bool = False,
-    retries: int = 3,
-    hf_token_file: str | None = None,
-):
-    """
-    Make every file of a rigfetch manifest present and verified against its locked SHA-256.
-
-    + manifest: rigfetch manifest (see rigup/rig/rigfetch.py), built from the lock by ``plan_models``
-    + script: path of the uploaded rigfetch.py on the rig
-    + reverify: hash every file again instead of trusting verified stamps
-    + retries: attempts per file on a hash mismatch before the host fails
-    + hf_token_file: control-machine 0600 file with the Hugging Face token (env HF_TOKEN wins)
-
-    A rig whose stamps all match the manifest is a no-op (nothing is read or hashed).
-
-    **Example:**
-
-    .. code:: python
-
-        model_files(
-            name="Fetch locked model files from the hub",
-            manifest=plan.hub_manifest,
-            script="/opt/rigup/bin/rigfetch.py",
-        )
-    """
-    if not manifest["models"]:
-        host.noop("no model is fetched from the hub on this rig in this step")
-        return
-    b64 = encode_manifest(manifest)
-    status = host.get_fact(ModelFiles, script=script, script_sha256=rigfetch_sha256(), manifest_b64=b64, reverify=reverify)
-    if not model_files_need_work(status):
-        host.noop(f"{status['ok']} model files match the lock (verified stamps)")
-        return
-    options = _common_options(retries, reverify)
-    # streamed: rigfetch's progress line (bytes done/total, rate, ETA) every few seconds, per host
-    yield streamed(_rigfetch(script, b64, options, _secrets_line(hf_token_file, fleet=False)), _fetched)
-
-
-@operation()
-def model_fleet_share(
-    fetch_manifest: dict[str, Any],
-    serve_manifest: dict[str, Any],
-    peers: list[tuple[Any, dict[str, Any]]],
-    sources: dict[str, Any],
-    script: str,
+    chains: dict[str, tuple[ChainMember, ...]] | None = None,
     listen_port: int = 8765,
     reverify: bool = False,
     retries: int = 3,
     hf_token_file: str | None = None,
 ):
     """
-    Copy model files between rigs: serve what this rig is the source of, fetch what another rig is.
+    Make every file of a rigfetch manifest present and verified against its locked SHA-256; in fleet
+    mode, as one chain per model across the rigs that hold it.
 
-    + fetch_manifest: models this rig copies from other rigs (``peer_url`` set; the hub is the fallback)
-    + serve_manifest: models this rig is the source of and serves to peers
-    + peers: ``(peer host, manifest of what that peer fetches from this rig)`` pairs
-    + sources: model name -> source host, for the models in ``fetch_manifest``
+    + manifest: this rig's rigfetch manifest (see rigup/rig/rigfetch.py), built from the lock by ``plan_models``
     + script: path of the uploaded rigfetch.py on the rig
-    + listen_port: TCP port this rig serves on (knob model_fleet_port)
-    + reverify, retries, hf_token_file: as for ``model_files``
+    + chains: model name -> the fleet members holding it (this rig among them); none: the hub only
+    + listen_port: TCP port this rig serves its chain peers on (knob model_fleet_port)
+    + reverify: hash every file again instead of trusting verified stamps
+    + retries: attempts per file on a hash mismatch before the host fails
+    + hf_token_file: control-machine 0600 file with the Hugging Face token (env HF_TOKEN wins)
 
-    Serving happens only while at least one peer needs files from this rig (their ModelFiles facts
-    are read at execution); with nothing to copy either way this is a no-op.
+    Each chain is ordered at execution, from every member's ModelFiles fact: members that already hold
+    the files first, then the others. A member that needs files lists the members ahead of it as its
+    upstreams (rigfetch reads the nearest live one, the head reads the hub); a member serves while
+    members after it need files. A rig with nothing to fetch and nobody to serve is a no-op (nothing is
+    read or hashed).
 
     **Example:**
 
     .. code:: python
 
-        model_fleet_share(
-            name="Copy model files between rigs (fleet mode)",
-            fetch_manifest=plan.fetch_manifest, serve_manifest=plan.serve_manifest,
-            peers=plan.peers, sources=plan.sources, script="/opt/rigup/bin/rigfetch.py",
+        model_files(
+            name="Fetch locked model files",
+            manifest=plan.manifest,
+            script="/opt/rigup/bin/rigfetch.py",
+            chains=plan.chains,
         )
     """
-    sha = rigfetch_sha256()
-    fetch = dict(fetch_manifest)
-    fetch_work = False
-    if fetch["models"]:
-        # A source that dropped out of this run cannot serve: go to the hub directly instead of waiting.
-        models = []
-        for model in fetch["models"]:
-            source = sources.get(model["name"])
-            if source is not None and source not in state.active_hosts:
-                model = {**model, "peer_url": None}
-            models.append(model)
-        fetch["models"] = models
-        status = host.get_fact(
-            ModelFiles, script=script, script_sha256=sha, manifest_b64=encode_manifest(fetch), reverify=reverify
-        )
-        fetch_work = model_files_need_work(status)
-
-    expected = 0
-    if serve_manifest["models"]:
-        for peer, peer_manifest in peers:
-            if peer not in state.active_hosts:
-                continue
-            peer_status = peer.get_fact(
-                ModelFiles,
-                script=script_path(str(knob(peer.data, "install_root"))),
-                script_sha256=sha,
-                manifest_b64=encode_manifest(peer_manifest),
-                reverify=bool(knob(peer.data, "model_reverify")),
-                _sudo=bool(knob(peer.data, "_sudo")),
-            )
-            # Count the peers that will ask for files; removals alone do not need this rig.
-            if model_files_need_work(peer_status, with_prune=False):
-                expected += 1
-
-    if not fetch_work and expected == 0:
-        host.noop("no model files to copy between rigs")
+    if not manifest["models"]:
+        host.noop("no model is fetched on this rig")
         return
-
-    options = _common_options(retries, reverify)
-    stdin = _secrets_line(hf_token_file, fleet=True)
-    serve_options: list[Any] = [
-        "--listen",
-        QuoteString(f"0.0.0.0:{int(listen_port)}"),
-        "--expect-peers",
-        str(expected),
-    ]
-    if fetch_work and expected:
-        yield streamed(
-            _rigfetch(
-                script,
-                encode_manifest(fetch),
-                [*options, "--serve-manifest-b64", QuoteString(encode_manifest(serve_manifest)), *serve_options],
-                stdin,
-            ),
-            _fetched,
+    chains = chains or {}
+    me = next((m for chain in chains.values() for m in chain if m.host is host), None)
+    status = (
+        _status(me)
+        if me is not None
+        else host.get_fact(
+            ModelFiles, script=script, script_sha256=rigfetch_sha256(), manifest_b64=encode_manifest(manifest), reverify=reverify
         )
-    elif fetch_work:
-        yield streamed(_rigfetch(script, encode_manifest(fetch), options, stdin), _fetched)
-    else:
-        yield streamed(_rigfetch(script, encode_manifest(serve_manifest), ["--serve", "--terse", *serve_options], stdin), _served)
-
+    )
+    work = model_files_need_work(status)
+    models = []
+    serve_to: set[str] = set()
+    for model in manifest["models"]:
+        chain = _chain_order(chains.get(model["name"], ()), model["name"])
+        names = [m.host.name for m in chain]
+        if host.name not in names:
+            models.append(model)
+            continue
+        position = names.index(host.name)
+        # Members ahead of this one are its upstreams (head first); those after it that need files, its peers.
+        upstreams = [m.base_url for m in chain[:position]] if _needs(chain[position], model["name"]) else []
+        models.append({**model, "upstreams": upstreams} if upstreams else model)
+        serve_to.update(m.host.name for m in chain[position + 1 :] if _needs(m, model["name"]))
+    if not work and not serve_to:
+        host.noop(f"{status['ok']} model files match the lock (verified stamps)")
+        return
+    options = _common_options(retries, reverify)
+    if serve_to:
+        options += ["--listen", QuoteString(f"0.0.0.0:{int(listen_port)}"), "--expect-peers", str(len(serve_to))]
+    fleet = bool(chains)
+    # streamed: rigfetch's progress line (bytes done/total, sources, rate, ETA) every few seconds, per host
+    yield streamed(
+        _rigfetch(script, encode_manifest({**manifest, "models": models}), options, _secrets_line(hf_token_file, fleet)), _fetched
+    )

@@ -8,14 +8,26 @@ decides what the right bytes are, it only makes the disk match the manifest.
 Modes:
   rigfetch.py --manifest M.json --check     read stamps only; print what needs work (JSON); no writes
   rigfetch.py --manifest M.json             fetch/verify until every file matches; print counters (JSON)
-  rigfetch.py --manifest M.json --serve     serve verified files read-only to fleet peers over HTTP
+  rigfetch.py --manifest M.json --listen A:P --expect-peers N
+                                            the same, and serve this rig's files (verified ones, and the
+                                            verified pieces of ones still arriving) to N fleet peers
 
 Manifest (JSON; --manifest PATH or --manifest-b64 <urlsafe base64 of zlib-compressed JSON>):
-  {"version": 1, "state_dir": "/opt/rigup/state", "reserve_bytes": 0,
+  {"version": 1, "state_dir": "/opt/rigup/state", "reserve_bytes": 0, "piece_size": 4194304,
    "models": [{"name": "qwen3.6-27b-dflash", "dir": "/opt/rigup/models/qwen3.6-27b-dflash",
                "hub_url": "https://huggingface.co/z-lab/Qwen3.6-27B-DFlash/resolve/<commit>/",
-               "peer_url": "http://10.0.0.11:8765/qwen3.6-27b-dflash/" or null,
+               "upstreams": ["http://10.0.0.11:8765/", "http://10.0.0.12:8765/"],
                "files": [{"path": "config.json", "size": 1234, "sha256": "<64 hex>"}]}]}
+
+Fleet chain (upstreams): the rigs ahead of this one in the model's chain, the head first. The head reads
+the hub; every other rig reads its nearest live upstream while that one is still receiving, so each
+rig's downlink and uplink carry the model once and the hub serves it once. Bytes are forwarded in
+pieces (piece_size), and only verified ones: the head hashes each piece as it arrives from the hub
+(before it touches a disk), and that hash is the authority; every other rig checks each piece against
+the authority's hash (asked of the upstreams head first) before it writes it past its verified mark,
+which is all it serves. A peer whose piece fails is dropped and the piece is read from the next
+upstream, then the hub; a dead peer likewise. The lock's whole-file SHA-256 stays the last gate
+before any stamp, on every rig.
 
 How it stays cheap and safe:
   * A verified file gets a stamp (size, mtime_ns, inode, sha256) in {state_dir}/model-stamps.json.
@@ -63,6 +75,10 @@ LOCK_FILE = "fetch.lock"
 PART_SUFFIX = ".rigfetch-part"
 HASH_BLOCK = 8 << 20  # 8 MiB reads: large enough that the per-call overhead vanishes
 NET_BLOCK = 1 << 20
+# Fleet chain pieces: a rig forwards a piece only once it is verified, so each hop adds one piece of
+# latency (34 ms at 1 Gbit/s); 32 bytes of hash per 4 MiB keeps the hash lists small.
+PIECE_SIZE = 4 << 20
+FAILPOINTS_FILE = "rigfetch-failpoints.json"
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 USER_AGENT = "rigup-rigfetch/%d" % SCRIPT_VERSION
 
@@ -124,6 +140,9 @@ def validate_manifest(manifest: object) -> None:
     state_dir = manifest.get("state_dir")
     if not isinstance(state_dir, str) or not os.path.isabs(state_dir):
         raise ManifestError("state_dir must be an absolute path")
+    piece_size = manifest.get("piece_size", PIECE_SIZE)
+    if not isinstance(piece_size, int) or isinstance(piece_size, bool) or piece_size < 4096:
+        raise ManifestError("piece_size must be an integer of at least 4096")
     models = manifest.get("models")
     if not isinstance(models, list):
         raise ManifestError("models must be a list")
@@ -141,12 +160,12 @@ def validate_manifest(manifest: object) -> None:
         directory = model.get("dir")
         if not isinstance(directory, str) or not os.path.isabs(directory):
             raise ManifestError("%s: dir must be an absolute path" % name)
-        for key in ("hub_url", "peer_url"):
-            url = model.get(key)
-            if url is None and key == "peer_url":
-                continue
-            if not isinstance(url, str) or not url.startswith(("http://", "https://")) or not url.endswith("/"):
-                raise ManifestError("%s: %s must be an http(s) URL ending in /" % (name, key))
+        url = model.get("hub_url")
+        if not _http_dir_url(url):
+            raise ManifestError("%s: hub_url must be an http(s) URL ending in /" % name)
+        upstreams = model.get("upstreams", [])
+        if not isinstance(upstreams, list) or not all(_http_dir_url(u) for u in upstreams):
+            raise ManifestError("%s: upstreams must be a list of http(s) URLs ending in /" % name)
         files = model.get("files")
         if not isinstance(files, list) or not files:
             raise ManifestError("%s: files must be a non-empty list" % name)
@@ -166,6 +185,10 @@ def validate_manifest(manifest: object) -> None:
             if dest in dests:
                 raise ManifestError("%s listed twice" % dest)
             dests.add(dest)
+
+
+def _http_dir_url(url: object) -> bool:
+    return isinstance(url, str) and url.startswith(("http://", "https://")) and url.endswith("/")
 
 
 def safe_relpath(rel: str) -> bool:
@@ -239,6 +262,8 @@ class Counters:
             "bytes_from_peer": 0,
             "bytes_streamed_hashed": 0,  # bytes hashed while they arrived
             "hash_mismatches": 0,
+            "pieces_rejected": 0,  # fleet pieces whose hash was not the authority's
+            "peers_dropped": 0,
             "resumes": 0,
         }
 
@@ -337,7 +362,7 @@ class Stamps:
 
 
 class Item:
-    __slots__ = ("model", "rel", "dest", "part", "size", "sha256", "action", "part_size", "url_hub", "url_peer")
+    __slots__ = ("model", "rel", "key", "dest", "part", "size", "sha256", "action", "part_size", "url_hub", "upstreams")
 
     def __init__(self, model: dict, entry: dict) -> None:
         self.model = model["name"]
@@ -348,8 +373,9 @@ class Item:
         self.size = entry["size"]
         self.sha256 = entry["sha256"]
         quoted = urllib.parse.quote(entry["path"], safe="/")
+        self.key = "%s/%s" % (model["name"], quoted)  # the file's path on a fleet server
         self.url_hub = model["hub_url"] + quoted
-        self.url_peer = (model["peer_url"] + quoted) if model.get("peer_url") else None
+        self.upstreams = tuple(model.get("upstreams") or ())  # fleet chain, head first
         self.action = "fetch"
         self.part_size = 0
 
@@ -389,11 +415,7 @@ def plan(manifest: dict, stamps: Stamps, reverify: bool) -> tuple:
                     item.part_size = 0
             items.append(item)
     dirs = tuple(model["dir"].rstrip("/") + "/" for model in manifest["models"])
-    prune = sorted(
-        dest
-        for dest in stamps.entries
-        if dest not in wanted and dest.startswith(dirs) and os.path.lexists(dest)
-    )
+    prune = sorted(dest for dest in stamps.entries if dest not in wanted and dest.startswith(dirs) and os.path.lexists(dest))
     return items, prune
 
 
@@ -463,9 +485,10 @@ def hash_file(
 class Progress:
     """Bytes still to download, per active file, for the periodic progress line."""
 
-    def __init__(self, total: int, verb: str = "downloaded") -> None:
+    def __init__(self, total: int, verb: str = "downloaded", sources: Callable[[], str] | None = None) -> None:
         self.lock = threading.Lock()
         self.verb = verb
+        self.sources = sources  # "X from the hub, Y from fleet peers" for a download's line
         self.total = total
         self.done = 0
         self.active: dict = {}
@@ -495,30 +518,116 @@ class Progress:
                 "%s %d%%" % (label.rsplit("/", 1)[-1], 100 * d // s if s else 100)
                 for label, (d, s) in sorted(self.active.items())
             )
-            return "progress: %s %s / %s (%.0f%%) at %s/s, ETA %s%s" % (
+            return "progress: %s %s / %s (%.0f%%) at %s/s, ETA %s%s%s" % (
                 self.verb,
                 human_bytes(self.done),
                 human_bytes(self.total),
                 pct,
                 human_bytes(rate),
                 eta,
+                (" (%s)" % self.sources()) if self.sources is not None else "",
                 ("; " + files) if files else "",
             )
 
 
 class Partial:
-    """A part file being downloaded: the running hash of its first `have` bytes."""
+    """A part file being downloaded: the running hash of its first `have` bytes, and the same at `mark`,
+    the end of its last verified piece, where a rejected piece or a broken transfer rewinds to."""
 
-    __slots__ = ("hasher", "have", "valid")
+    __slots__ = ("hasher", "have", "valid", "mark", "mark_hasher", "piece")
 
     def __init__(self) -> None:
         self.reset()
-        self.valid = False
 
     def reset(self) -> None:
         self.hasher = hashlib.sha256()
         self.have = 0
         self.valid = False
+        self.settle()
+
+    def settle(self) -> None:
+        """Everything so far is verified."""
+        self.mark = self.have
+        self.mark_hasher = self.hasher.copy()
+        self.piece = hashlib.sha256()
+
+    def rewind(self) -> None:
+        self.have = self.mark
+        self.hasher = self.mark_hasher.copy()
+        self.piece = hashlib.sha256()
+
+
+class PieceMismatch(Exception):
+    """A peer sent a piece whose hash is not the authority's."""
+
+
+class NoAuthority(Exception):
+    """No upstream can vouch for a piece: this rig reads the rest of the file from the hub."""
+
+
+class NotYet(Exception):
+    """A peer has not started on the file yet (it answers 503): ask again shortly."""
+
+
+class Track:
+    """A file this rig fetches (or checks) in this run, as its fleet server sees it: how far the part file
+    is verified (all that may be forwarded) and the hashes of its pieces."""
+
+    def __init__(self, item: Item, piece_size: int) -> None:
+        self.item = item
+        self.piece_size = piece_size
+        self.cond = threading.Condition()
+        self.state = "waiting"  # waiting | active | done | failed
+        self.verified = 0
+        self.generation = 0  # bumped when the part file starts over: a reader of the old one must stop
+        self.digests: dict = {}  # piece index -> SHA-256 of the bytes this rig holds there
+        self.own: set = set()  # pieces read from the hub: their digests are the authority
+        self.authority: dict = {}  # piece index -> digest an authority gave (used to check a peer's piece)
+        self.hub_reader = not item.upstreams  # reads the file from the hub (the chain's head, or fallen back)
+
+    @property
+    def pieces(self) -> int:
+        return (self.item.size + self.piece_size - 1) // self.piece_size
+
+    def set_state(self, state: str) -> None:
+        with self.cond:
+            self.state = state
+            self.cond.notify_all()
+
+    def restart(self) -> None:
+        with self.cond:
+            if self.verified:
+                self.generation += 1  # a reader holds the old part file open: it must stop
+            self.verified = 0
+            self.digests.clear()
+            self.own.clear()
+            self.cond.notify_all()
+
+    def verified_to(self, offset: int, index: int, digest: str, own: bool) -> None:
+        with self.cond:
+            self.digests[index] = digest
+            if own:
+                self.own.add(index)
+            self.verified = offset
+            self.cond.notify_all()
+
+    def authoritative_run(self, start: int) -> list:
+        """The digests this rig vouches for from piece `start` on: all of them once the whole file
+        matched the lock, else the run it read from the hub."""
+        with self.cond:
+            if self.state == "done":
+                return [self.digests[i] for i in range(start, self.pieces)]
+            run = []
+            index = start
+            while index in self.own:
+                run.append(self.digests[index])
+                index += 1
+            return run
+
+    def may_vouch(self) -> bool:
+        """Whether waiting on this rig can give a piece's authoritative digest."""
+        with self.cond:
+            return self.state == "done" or (self.hub_reader and self.state in ("waiting", "active"))
 
 
 class Fetcher:
@@ -530,18 +639,29 @@ class Fetcher:
         self.fleet_token = secrets.get("fleet_token") or None
         self.counters = Counters()
         self.stamps = Stamps(manifest["state_dir"], log)
+        self.piece_size = int(manifest.get("piece_size", PIECE_SIZE))
         self.failures: list = []
         self.failures_lock = threading.Lock()
         self.peer_lock = threading.Lock()
         self.peer_ok: dict = {}  # peer base URL -> True (answered ping) / False (given up)
         self.peer_silent: set = set()  # peers that never answered a ping
+        self.vouch_dead: set = set()  # upstreams that did not answer a piece-hash question
         self.stop = threading.Event()
         self.progress: Progress | None = None
+        self.served = None  # the fleet server, when this rig serves: its byte count goes in the report
+        self.items, self.prune = plan(manifest, self.stamps, args.reverify)
+        # What the fleet server may forward: every file this run downloads or checks, by its server path.
+        self.tracks = {
+            "/%s/%s" % (item.model, item.rel): Track(item, self.piece_size) for item in self.items if item.action != "ok"
+        }
+
+    def track(self, item: Item) -> Track:
+        return self.tracks["/%s/%s" % (item.model, item.rel)]
 
     # -- entry point ---------------------------------------------------------------------
     def run(self) -> int:
         started = time.monotonic()
-        items, prune = plan(self.manifest, self.stamps, self.args.reverify)
+        items, prune = self.items, self.prune
         self.counters.add("files", len(items))
         self.counters.add("files_stamped", sum(1 for i in items if i.action == "ok"))
         for dest in prune:
@@ -569,6 +689,9 @@ class Fetcher:
             if todo_fetch:
                 self._download_all(todo_fetch)
         finally:
+            for track in self.tracks.values():
+                if track.state != "done":
+                    track.set_state("failed")
             self._tell_peers_done(with_work)
         return self._finish(started)
 
@@ -593,10 +716,11 @@ class Fetcher:
                 self.log.error(failure)
             return EXIT_FAILED
         self.log(
-            "done: %d files ok; %s downloaded (%s from a fleet peer), %s hashed from disk, %.1fs"
+            "done: %d files ok; %s downloaded (%s from the hub, %s from fleet peers), %s hashed from disk, %.1fs"
             % (
                 report["files"],
                 human_bytes(report["bytes_downloaded"]),
+                human_bytes(report["bytes_from_hub"]),
                 human_bytes(report["bytes_from_peer"]),
                 human_bytes(report["bytes_hashed"]),
                 report["elapsed_s"],
@@ -664,13 +788,15 @@ class Fetcher:
         self.log(self.progress.line())
         self.progress = None
         for item, ok in results:
-            if not ok:
-                item.action = "fetch"
-                try:
-                    item.part_size = os.stat(item.part).st_size
-                except FileNotFoundError:
-                    item.part_size = 0
-                mismatched.append(item)
+            if ok:
+                self._mark_done(item)
+                continue
+            item.action = "fetch"
+            try:
+                item.part_size = os.stat(item.part).st_size
+            except FileNotFoundError:
+                item.part_size = 0
+            mismatched.append(item)
         return mismatched
 
     def _verify_pool(self, items: list, jobs: int) -> list:
@@ -711,12 +837,20 @@ class Fetcher:
         self.log("%s on disk does not match the lock (sha256 %s, want %s): fetching it again" % (item.label, digest, item.sha256))
         return False
 
+    def _mark_done(self, item: Item) -> None:
+        """The file matches the lock: its fleet server serves it whole, piece hashes from disk if asked."""
+        track = self.track(item)
+        with track.cond:
+            track.state = "done"
+            track.verified = item.size
+            track.cond.notify_all()
+
     # -- downloads -----------------------------------------------------------------------
     def _download_all(self, items: list) -> None:
         import concurrent.futures  # here, not at the top: see the note below the imports
 
         total = sum(item.size - min(item.part_size, item.size) for item in items)
-        self.progress = Progress(total)
+        self.progress = Progress(total, sources=self._source_totals)
         jobs = max(1, min(self.args.jobs, len(items)))
         self.log("downloading %d files (%s) with %d connections" % (len(items), human_bytes(total), jobs))
         reporter = threading.Thread(target=self._report_progress, daemon=True)
@@ -732,38 +866,49 @@ class Fetcher:
                         self._fail(str(exc))
                     except Exception as exc:  # noqa: BLE001 - report any crash against the file
                         self._fail("%s: %s: %s" % (item.label, type(exc).__name__, exc))
+                    finally:
+                        if self.track(item).state != "done":
+                            self.track(item).set_state("failed")
         finally:
             self.stop.set()
             reporter.join()
         self.log(self.progress.line())
+
+    def _source_totals(self) -> str:
+        parts = [
+            "%s from the hub" % human_bytes(self.counters.get("bytes_from_hub")),
+            "%s from fleet peers" % human_bytes(self.counters.get("bytes_from_peer")),
+        ]
+        if self.served is not None:
+            parts.append("%s served" % human_bytes(self.served.bytes_served))
+        return ", ".join(parts)
 
     def _report_progress(self) -> None:
         while not self.stop.wait(self.args.progress_interval):
             if self.progress is not None:
                 self.log(self.progress.line())
 
-    def _sources(self, item: Item) -> list:
-        sources = []
-        if item.url_peer is not None and self._peer_usable(item.url_peer):
-            sources.append(("peer", item.url_peer))
-        sources.append(("hub", item.url_hub))
-        return sources
+    def _source(self, item: Item, track: Track) -> tuple:
+        """(kind, url, peer base) to read the file from now: the nearest live upstream, else the hub."""
+        if not track.hub_reader:
+            for base in reversed(item.upstreams):
+                if self._peer_usable(base):
+                    return "peer", base + item.key, base
+            with track.cond:
+                track.hub_reader = True
+            self.log("%s: no fleet peer can send it: reading the hub" % item.label)
+        return "hub", item.url_hub, None
 
-    def _peer_base(self, url: str) -> str:
-        parts = urllib.parse.urlsplit(url)
-        return "%s://%s/" % (parts.scheme, parts.netloc)
-
-    def _peer_usable(self, url: str) -> bool:
+    def _peer_usable(self, base: str) -> bool:
         # here, not at the top: see the note below the imports
         import http.client
         import urllib.error
         import urllib.request
 
-        base = self._peer_base(url)
         with self.peer_lock:
             if base in self.peer_ok:
                 return self.peer_ok[base]
-            # The fleet source starts serving in the same pyinfra operation: wait for it briefly.
+            # Fleet peers start serving in the same pyinfra operation: wait for one briefly.
             deadline = time.monotonic() + self.args.peer_wait
             ok = False
             while True:
@@ -779,25 +924,25 @@ class Fetcher:
             self.peer_ok[base] = ok
             if not ok:
                 self.peer_silent.add(base)
-            self.log("fleet peer %s %s" % (base, "is serving" if ok else "did not answer: using the hub"))
+            self.log("fleet peer %s %s" % (base, "is serving" if ok else "did not answer"))
             return ok
 
-    def _drop_peer(self, url: str, why: str) -> None:
-        base = self._peer_base(url)
+    def _drop_peer(self, base: str, why: str) -> None:
         with self.peer_lock:
             if self.peer_ok.get(base):
-                self.log("fleet peer %s dropped (%s): using the hub" % (base, why))
+                self.log("fleet peer %s dropped (%s)" % (base, why))
+                self.counters.add("peers_dropped")
             self.peer_ok[base] = False
 
     def _tell_peers_done(self, items: list) -> None:
-        """Tell each fleet source this rig needed files from that it is finished (it stops serving
+        """Tell each upstream of a file this rig needed that it is finished (an upstream stops serving
         once every peer it expects said so)."""
         # here, not at the top: see the note below the imports
         import http.client
         import urllib.error
         import urllib.request
 
-        bases = {self._peer_base(item.url_peer) for item in items if item.url_peer is not None}
+        bases = {base for item in items for base in item.upstreams}
         with self.peer_lock:
             silent = set(self.peer_silent)
         for base in sorted(bases - silent):
@@ -823,34 +968,96 @@ class Fetcher:
             request.add_header("Authorization", "Bearer %s" % token)
         return request
 
+    # -- piece hashes --------------------------------------------------------------------
+    def _authority_digest(self, item: Item, track: Track, index: int) -> str | None:
+        """The digest piece `index` must have, from the first upstream (head first) that vouches for it:
+        one that read it from the hub, or holds the whole file verified against the lock."""
+        with track.cond:
+            known = track.authority.get(index)
+        if known is not None:
+            return known
+        for base in item.upstreams:
+            with self.peer_lock:
+                if base in self.vouch_dead:
+                    continue
+            digests = self._ask_digests(base, item, index)
+            if digests is None:
+                with self.peer_lock:
+                    self.vouch_dead.add(base)
+                continue
+            if digests:
+                with track.cond:
+                    for offset, digest in enumerate(digests):
+                        track.authority[index + offset] = digest
+                return digests[0]
+        return None
+
+    def _ask_digests(self, base: str, item: Item, index: int) -> list | None:
+        """The digests `base` vouches for from piece `index` on ([] when it cannot), None if it did not answer."""
+        # here, not at the top: see the note below the imports
+        import http.client
+        import urllib.error
+        import urllib.request
+
+        url = "%s_rigfetch/pieces/%s?from=%d&size=%d" % (base, item.key, index, self.piece_size)
+        while True:
+            try:
+                with _open(self._request(url, "peer"), timeout=self.args.timeout) as response:
+                    answer = json.loads(response.read().decode("utf-8"))
+            except urllib.error.HTTPError as exc:
+                exc.close()
+                return []
+            except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
+                return None
+            if not (isinstance(answer, dict) and answer.get("pending")):
+                break
+            # It reads that piece from the hub and has not got there yet: ask again (it waited already).
+        digests = answer.get("digests")
+        if not isinstance(digests, list) or not all(isinstance(d, str) and SHA256_RE.match(d) for d in digests):
+            return []
+        return digests
+
+    # -- one file ------------------------------------------------------------------------
     def _download_one(self, item: Item) -> None:
         os.makedirs(os.path.dirname(item.dest), exist_ok=True)
+        track = self.track(item)
+        track.set_state("active")
         partial = Partial()
         mismatches = 0
         stalls = 0
         peer_stalls = 0
         while True:
-            kind, url = self._sources(item)[0]
+            kind, url, base = self._source(item, track)
             try:
-                self._sync_part(item, partial)
+                self._sync_part(item, partial, track)
                 if partial.have < item.size:
-                    self._stream(item, kind, url, partial)
+                    self._stream(item, kind, url, partial, track)
                 digest = partial.hasher.hexdigest()
                 if digest != item.sha256:
                     raise MismatchError("sha256 %s, want %s" % (digest, item.sha256), digest)
-                self._install(item)
+                self._install(item, track)
                 return
+            except NotYet:
+                time.sleep(0.2)  # the peer serves it once it starts on it: not a failure
+            except PieceMismatch as exc:
+                self.counters.add("pieces_rejected")
+                self._rewind(item, partial)
+                self._drop_peer(base, "piece %s of %s failed its hash" % (exc.args[0], item.label))
+            except NoAuthority:
+                self._rewind(item, partial)
+                with track.cond:
+                    track.hub_reader = True
+                self.log("%s: no upstream vouches for its next piece: reading the rest from the hub" % item.label)
             except MismatchError as exc:
                 self.counters.add("hash_mismatches")
                 self._remove_part(item)
                 partial.reset()
-                if kind == "peer":
-                    self._drop_peer(url, "sent wrong bytes for %s: %s" % (item.label, exc.args[0]))
-                    continue
+                track.restart()
+                with track.cond:
+                    track.hub_reader = True  # whatever vouched for these pieces was wrong: the hub only
                 mismatches += 1
                 self.log(
-                    "%s: wrong bytes from %s: %s (attempt %d/%d)"
-                    % (item.label, url, exc.args[0], mismatches, self.args.retries)
+                    "%s: wrong bytes from %s: %s (attempt %d/%d)" % (item.label, url, exc.args[0], mismatches, self.args.retries)
                 )
                 if mismatches >= self.args.retries:
                     got = exc.args[1] if len(exc.args) > 1 else exc.args[0]
@@ -860,15 +1067,17 @@ class Fetcher:
                     )
             except SourceRefused as exc:
                 if kind == "peer":
-                    self._drop_peer(url, str(exc))
+                    self._drop_peer(base, str(exc))
                     continue
                 raise FetchError("%s: %s refused: %s" % (item.dest, url, exc))
             except TransientError as exc:
                 progressed = len(exc.args) > 1 and exc.args[-1] == "progress"
                 if kind == "peer":
+                    self._rewind(item, partial)  # the next source may be another: start at a verified piece
                     peer_stalls = 0 if progressed else peer_stalls + 1
                     if peer_stalls >= 2:
-                        self._drop_peer(url, exc.args[0])
+                        self._drop_peer(base, exc.args[0])
+                        peer_stalls = 0
                     continue
                 stalls = 0 if progressed else stalls + 1
                 limit = max(3, self.args.retries * 2)
@@ -878,9 +1087,19 @@ class Fetcher:
                 self.log("%s: %s; resuming at byte %d in %.1fs" % (item.label, exc.args[0], partial.have, delay))
                 time.sleep(delay)
 
-    def _sync_part(self, item: Item, partial: Partial) -> None:
-        """Make `partial` describe the part file on disk: reuse the running hash after a retry in
-        this process; hash the part from disk after a crash or an interrupted earlier run."""
+    def _rewind(self, item: Item, partial: Partial) -> None:
+        """Drop what follows the last verified piece, on disk and in the running hash."""
+        partial.rewind()
+        try:
+            with open(item.part, "r+b") as handle:
+                handle.truncate(partial.have)
+        except FileNotFoundError:
+            partial.reset()
+
+    def _sync_part(self, item: Item, partial: Partial, track: Track) -> None:
+        """Make `partial` describe the part file on disk: reuse the running hash after a retry in this
+        process; after a crash or an interrupted earlier run, keep the part's whole pieces that still
+        check out (against the authority, or as read from the hub) and hash them."""
         try:
             size = os.stat(item.part).st_size
         except FileNotFoundError:
@@ -891,14 +1110,43 @@ class Fetcher:
         if partial.valid and size == partial.have:
             return
         partial.reset()
+        track.restart()
+        kept = 0
         if size:
-            hash_file(item.part, self.counters, partial.hasher, limit=size)
-            partial.have = size
-            self.log("%s: found a partial download of %d bytes; resuming after it" % (item.label, size))
+            with open(item.part, "rb", buffering=0) as handle:
+                while kept < size:
+                    block = handle.read(min(self.piece_size, size - kept))
+                    if not block:
+                        break
+                    self.counters.add("bytes_hashed", len(block))
+                    if kept + len(block) < item.size and len(block) < self.piece_size:
+                        # A piece cut short: the hub's reader keeps it and reads on from its end;
+                        # a peer's reader has no digest to check it against yet, so drops it.
+                        if track.hub_reader:
+                            partial.hasher.update(block)
+                            partial.piece.update(block)
+                            kept += len(block)
+                            partial.have = kept
+                        break
+                    digest = hashlib.sha256(block).hexdigest()
+                    index = kept // self.piece_size
+                    if not track.hub_reader and self._authority_digest(item, track, index) != digest:
+                        break
+                    partial.hasher.update(block)
+                    kept += len(block)
+                    partial.have = kept
+                    partial.settle()
+                    track.verified_to(kept, index, digest, track.hub_reader)
+        if kept != size:
+            with open(item.part, "r+b") as handle:
+                handle.truncate(kept)
+        if kept:
+            self.log("%s: found a partial download of %d bytes; resuming after %d verified" % (item.label, size, kept))
         partial.valid = True
 
-    def _stream(self, item: Item, kind: str, url: str, partial: Partial) -> None:
-        """Append the rest of the file to the part file, hashing as it arrives."""
+    def _stream(self, item: Item, kind: str, url: str, partial: Partial, track: Track) -> None:
+        """Append the rest of the file to the part file, hashing as it arrives; each whole piece is
+        checked (a peer's against the authority) before the verified mark moves past it."""
         # here, not at the top: see the note below the imports
         import http.client
         import urllib.error
@@ -911,16 +1159,19 @@ class Fetcher:
             response = _open(request, timeout=self.args.timeout)
         except urllib.error.HTTPError as exc:
             exc.close()
+            if exc.code == 503 and kind == "peer":
+                raise NotYet()
             if exc.code == 416 and partial.have:
                 # The source cannot continue from our offset: start the file over.
                 self._remove_part(item)
                 partial.reset()
+                track.restart()
                 raise TransientError("range not satisfiable; restarting", "progress")
             if exc.code in (401, 403):
                 hint = " (is HF_TOKEN set and accepted for this repository?)" if kind == "hub" else ""
                 raise SourceRefused("HTTP %d%s" % (exc.code, hint))
             if exc.code == 404:
-                raise SourceRefused("HTTP 404: the file is not at the locked revision")
+                raise SourceRefused("HTTP 404: the file is not at the locked revision" if kind == "hub" else "HTTP 404")
             raise TransientError("HTTP %d" % exc.code)
         except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
             raise TransientError("connection failed: %s" % (getattr(exc, "reason", None) or exc))
@@ -934,7 +1185,9 @@ class Fetcher:
                     raise MismatchError("source has %d bytes, want %d" % (total, item.size))
             elif response.status == 200:
                 # A full answer (no Range support, or a fresh start): the hash must cover every byte.
-                partial.reset()
+                if partial.have:
+                    partial.reset()
+                    track.restart()
                 partial.valid = True
                 mode = "wb"
                 length = response.headers.get("Content-Length")
@@ -948,14 +1201,13 @@ class Fetcher:
                 os.fchmod(out.fileno(), 0o644)
                 try:
                     while True:
-                        chunk = response.read(NET_BLOCK)
+                        # read1: whatever has arrived (up to a block), so a peer's pieces move on as they come
+                        chunk = response.read1(NET_BLOCK)
                         if not chunk:
                             break
                         if partial.have + len(chunk) > item.size:
                             raise MismatchError("source sent more than the locked %d bytes" % item.size)
-                        out.write(chunk)
-                        partial.hasher.update(chunk)
-                        partial.have += len(chunk)
+                        self._take(item, kind, partial, track, out, memoryview(chunk))
                         self.counters.add("bytes_downloaded", len(chunk))
                         self.counters.add(source_key, len(chunk))
                         self.counters.add("bytes_streamed_hashed", len(chunk))
@@ -965,9 +1217,7 @@ class Fetcher:
                     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
                         raise FetchError("%s: disk full while writing %s" % (item.dest, item.part))
                     out.flush()
-                    raise TransientError(
-                        "transfer interrupted: %s" % exc, "progress" if partial.have > start_have else "stall"
-                    )
+                    raise TransientError("transfer interrupted: %s" % exc, "progress" if partial.have > start_have else "stall")
                 out.flush()
                 os.fsync(out.fileno())
             if partial.have < item.size:
@@ -976,13 +1226,40 @@ class Fetcher:
                     "progress" if partial.have > start_have else "stall",
                 )
 
-    def _install(self, item: Item) -> None:
+    def _take(self, item: Item, kind: str, partial: Partial, track: Track, out: Any, view: memoryview) -> None:
+        """Write and hash one received chunk, closing each piece it completes."""
+        pos = 0
+        while pos < len(view):
+            piece_end = min((partial.have // self.piece_size + 1) * self.piece_size, item.size)
+            take = min(len(view) - pos, piece_end - partial.have)
+            part = view[pos : pos + take]
+            out.write(part)
+            partial.hasher.update(part)
+            partial.piece.update(part)
+            partial.have += take
+            pos += take
+            if partial.have == piece_end:
+                index = (piece_end - 1) // self.piece_size
+                digest = partial.piece.hexdigest()
+                own = kind == "hub"
+                if not own:
+                    want = self._authority_digest(item, track, index)
+                    if want is None:
+                        raise NoAuthority()
+                    if want != digest:
+                        raise PieceMismatch(index, digest, want)
+                out.flush()  # the fleet server reads the part file: the piece must be there before the mark moves
+                partial.settle()
+                track.verified_to(partial.have, index, digest, own)
+
+    def _install(self, item: Item, track: Track) -> None:
         if not os.path.exists(item.part) and item.size == 0:
             open(item.part, "wb").close()
         os.chmod(item.part, 0o644)
         os.replace(item.part, item.dest)
         _fsync_dir(os.path.dirname(item.dest))
         self.stamps.put(item.dest, os.stat(item.dest), item.sha256)
+        track.set_state("done")
         self.counters.add("files_downloaded")
         if self.progress is not None:
             self.progress.finish(item.label)
@@ -1052,9 +1329,9 @@ def _fsync_dir(path: str) -> None:
 # fleet server
 
 
-def _fleet_server(address: tuple, manifest: dict, token: str, log: Log, expect_peers: int) -> Any:
-    """A FleetServer listening on `address` (its classes are built here: http.server and hmac are imported
-    only by a rig that serves)."""
+def _fleet_server(address: tuple, fetcher: Fetcher, token: str, log: Log, expect_peers: int) -> Any:
+    """A FleetServer listening on `address` for `fetcher`'s files (its classes are built here: http.server
+    and hmac are imported only by a rig that serves)."""
     import hmac
     import http.server
 
@@ -1062,29 +1339,61 @@ def _fleet_server(address: tuple, manifest: dict, token: str, log: Log, expect_p
         daemon_threads = True
         allow_reuse_address = True
 
-        def __init__(self, address: tuple, manifest: dict, token: str, log: Log, expect_peers: int) -> None:
+        def __init__(self, address: tuple, fetcher: Fetcher, token: str, log: Log, expect_peers: int) -> None:
             super().__init__(address, FleetHandler)
             self.token = token
             self.log = log
-            self.stamps = Stamps(manifest["state_dir"], log)
+            self.stamps = fetcher.stamps  # shared: a file this run stamps is served whole at once
+            self.tracks = fetcher.tracks
             self.files: dict = {}
-            for model in manifest["models"]:
+            for model in fetcher.manifest["models"]:
                 for entry in model["files"]:
                     key = "/%s/%s" % (model["name"], entry["path"])
                     self.files[key] = (os.path.join(model["dir"], entry["path"]), entry["size"], entry["sha256"])
+            self.failpoints = _failpoints(fetcher.manifest["state_dir"], log)
             self.expect_peers = expect_peers
             self.peers_done = 0
             self.active = 0
             self.last_activity = time.monotonic()
             self.bytes_served = 0
             self.started = time.monotonic()
+            self.closing = False
             self.state_lock = threading.Lock()
+            self.disk_digests: dict = {}  # (dest, piece size) -> digests of a stamped file, hashed once if asked
+            self.disk_lock = threading.Lock()
 
         def touch(self, delta: int) -> None:
             with self.state_lock:
                 self.active += delta
                 self.last_activity = time.monotonic()
 
+        def served(self, count: int) -> None:
+            with self.state_lock:
+                self.bytes_served += count
+                self.last_activity = time.monotonic()
+
+        def stamped(self, dest: str, size: int, sha256: str) -> bool:
+            try:
+                return self.stamps.valid(dest, os.stat(dest), sha256, size)
+            except OSError:
+                return False
+
+        def digests_on_disk(self, dest: str, size: int, sha256: str, piece_size: int) -> list | None:
+            """Piece digests of a file this rig holds verified against the lock (hashed once per run)."""
+            with self.disk_lock:
+                key = (dest, piece_size)
+                if key not in self.disk_digests:
+                    if not self.stamped(dest, size, sha256):
+                        return None
+                    digests = []
+                    with open(dest, "rb", buffering=0) as handle:
+                        while True:
+                            block = handle.read(piece_size)
+                            if not block:
+                                break
+                            digests.append(hashlib.sha256(block).hexdigest())
+                    self.disk_digests[key] = digests
+                return self.disk_digests[key]
 
     class FleetHandler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -1098,10 +1407,10 @@ def _fleet_server(address: tuple, manifest: dict, token: str, log: Log, expect_p
             given = header[7:] if header.startswith("Bearer ") else ""
             return hmac.compare_digest(given.encode("utf-8"), self.server.token.encode("utf-8"))
 
-        def _plain(self, code: int, text: str) -> None:
+        def _plain(self, code: int, text: str, content_type: str = "text/plain") -> None:
             body = (text + "\n").encode("utf-8")
             self.send_response(code)
-            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             if self.command != "HEAD":
@@ -1130,75 +1439,183 @@ def _fleet_server(address: tuple, manifest: dict, token: str, log: Log, expect_p
         def _get(self) -> None:
             if not self._authorized():
                 return self._plain(401, "unauthorized")
-            path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+            parts = urllib.parse.urlsplit(self.path)
+            path = urllib.parse.unquote(parts.path)
             if path == "/_rigfetch/ping":
                 return self._plain(200, "ok")
+            if path.startswith("/_rigfetch/pieces/"):
+                return self._pieces(path[len("/_rigfetch/pieces") :], urllib.parse.parse_qs(parts.query))
             entry = self.server.files.get(path)
             if entry is None:
                 return self._plain(404, "not in the manifest")
             dest, size, sha256 = entry
+            track = self.server.tracks.get(path)
+            state = track.state if track is not None else "done"
+            if state == "failed" or (state == "done" and not self.server.stamped(dest, size, sha256)):
+                return self._plain(404, "not verified here")
+            if state == "waiting":
+                return self._plain(503, "not started on it yet")
+            span = self._range(size)
+            if span is None:
+                return None
+            start, end, status = span
+            count = end - start + 1 if size else 0
+            self.send_response(status)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(count))
+            self.send_header("Accept-Ranges", "bytes")
+            self.send_header("X-Rigfetch-Sha256", sha256)
+            if status == 206:
+                self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end, size))
+            self.end_headers()
+            if self.command == "HEAD" or count == 0:
+                return None
+            self.wfile.flush()
             try:
-                handle = open(dest, "rb")
-            except OSError:
-                return self._plain(404, "not here")
-            with handle:
-                st = os.fstat(handle.fileno())
-                # Serve only what this rig has verified against the same lock.
-                if not self.server.stamps.valid(dest, st, sha256, size):
-                    return self._plain(404, "not verified here")
-                start, end = 0, size - 1
-                header = self.headers.get("Range")
-                status = 200
-                if header:
-                    match = re.match(r"^bytes=(\d+)-(\d*)$", header.strip())
-                    if not match or int(match.group(1)) >= size:
-                        self.send_response(416)
-                        self.send_header("Content-Range", "bytes */%d" % size)
-                        self.send_header("Content-Length", "0")
-                        self.end_headers()
-                        return None
-                    start = int(match.group(1))
-                    if match.group(2):
-                        end = min(int(match.group(2)), size - 1)
-                    status = 206
-                count = end - start + 1 if size else 0
-                self.send_response(status)
-                self.send_header("Content-Type", "application/octet-stream")
-                self.send_header("Content-Length", str(count))
-                self.send_header("Accept-Ranges", "bytes")
-                self.send_header("X-Rigfetch-Sha256", sha256)
-                if status == 206:
-                    self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end, size))
-                self.end_headers()
-                if self.command == "HEAD" or count == 0:
-                    return None
-                self.wfile.flush()
-                try:
-                    sent = self.connection.sendfile(handle, start, count)
-                except OSError as exc:  # the peer went away; it resumes with a Range request
-                    self.close_connection = True
-                    self.server.log("serve: %s: transfer of %s stopped: %s" % (self.address_string(), path, exc))
-                    return None
-                with self.server.state_lock:
-                    self.server.bytes_served += sent
+                self._send(path, track, dest, start, end + 1)
+            except (OSError, _Abandon) as exc:  # the peer went away, or this rig's copy started over
+                self.close_connection = True
+                self.server.log("serve: %s: transfer of %s stopped: %s" % (self.address_string(), path, exc))
             return None
 
-    return FleetServer(address, manifest, token, log, expect_peers)
+        def _range(self, size: int) -> tuple | None:
+            header = self.headers.get("Range")
+            if not header:
+                return 0, size - 1, 200
+            match = re.match(r"^bytes=(\d+)-(\d*)$", header.strip())
+            if not match or int(match.group(1)) >= size:
+                self.send_response(416)
+                self.send_header("Content-Range", "bytes */%d" % size)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return None
+            end = min(int(match.group(2)), size - 1) if match.group(2) else size - 1
+            return int(match.group(1)), end, 206
+
+        def _send(self, path: str, track: Any, dest: str, pos: int, stop: int) -> None:
+            """Send bytes [pos, stop) of a file: as soon as they are verified here when it is still arriving."""
+            handle = None
+            generation = None
+            try:
+                while pos < stop:
+                    if track is None:
+                        ready, name = stop, dest
+                    else:
+                        with track.cond:
+                            while track.state == "active" and track.verified <= pos and not self.server.closing:
+                                if generation is not None and track.generation != generation:
+                                    break
+                                track.cond.wait(1.0)
+                            if track.state == "failed" or self.server.closing:
+                                raise _Abandon("this rig's copy failed")
+                            if generation is not None and track.generation != generation and track.state != "done":
+                                raise _Abandon("this rig's copy started over")
+                            if generation is None:
+                                generation = track.generation
+                            done = track.state == "done"
+                            ready = stop if done else min(track.verified, stop)
+                            name = track.item.dest if done else track.item.part
+                        if ready <= pos:
+                            continue
+                    if handle is None:
+                        try:
+                            handle = open(name, "rb")
+                        except FileNotFoundError:
+                            time.sleep(0.05)  # renamed into place between the check and the open
+                            continue
+                    sent = self._send_span(path, handle, pos, ready - pos)
+                    self.server.served(sent)
+                    pos += sent
+            finally:
+                if handle is not None:
+                    handle.close()
+
+        def _send_span(self, path: str, handle: Any, pos: int, count: int) -> int:
+            corrupt = self.server.failpoints.get("corrupt_served_piece")
+            if corrupt and "/" + corrupt["file"] == path:
+                at = corrupt["piece"] * corrupt["piece_size"]
+                if pos <= at < pos + count:
+                    # Test-only failpoint (see _failpoints): flip one byte of this piece on its way out.
+                    sent = self.connection.sendfile(handle, pos, at - pos) if at > pos else 0
+                    if pos + sent != at:
+                        return sent
+                    byte = os.pread(handle.fileno(), 1, at)
+                    self.connection.sendall(bytes([byte[0] ^ 0xFF]))
+                    self.server.log(
+                        "FAILPOINT corrupt_served_piece: sent piece %d of %s with one byte flipped" % (corrupt["piece"], path)
+                    )
+                    return sent + 1
+            return self.connection.sendfile(handle, pos, count)
+
+        def _pieces(self, path: str, query: dict) -> None:
+            entry = self.server.files.get(path)
+            try:
+                start = int(query.get("from", ["0"])[0])
+                piece_size = int(query.get("size", [str(PIECE_SIZE)])[0])
+            except ValueError:
+                return self._plain(400, "bad query")
+            if entry is None or start < 0 or piece_size < 4096:
+                return self._plain(404, "not in the manifest")
+            dest, size, sha256 = entry
+            track = self.server.tracks.get(path)
+            if track is None or track.piece_size != piece_size:
+                digests = self.server.digests_on_disk(dest, size, sha256, piece_size) if track is None else None
+                return self._plain(200, json.dumps({"digests": (digests or [])[start:]}), "application/json")
+            deadline = time.monotonic() + 15.0
+            with track.cond:
+                while not track.authoritative_run(start) and track.may_vouch() and track.state != "done":
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self.server.closing:
+                        break
+                    track.cond.wait(min(left, 1.0))
+                digests = track.authoritative_run(start)
+                pending = not digests and track.may_vouch() and start < track.pieces
+            answer = {"digests": digests, "pending": pending} if pending else {"digests": digests}
+            return self._plain(200, json.dumps(answer), "application/json")
+
+    return FleetServer(address, fetcher, token, log, expect_peers)
 
 
-def start_server(manifest: dict, args: argparse.Namespace, token: str | None, log: Log) -> Any:
+class _Abandon(Exception):
+    """A transfer this rig can no longer continue (its own copy failed or started over)."""
+
+
+def _failpoints(state_dir: str, log: Log) -> dict:
+    """Test-only fault injection, read from {state_dir}/rigfetch-failpoints.json when a test put it there:
+    {"corrupt_served_piece": {"file": "<model>/<path>", "piece": N, "piece_size": P}} makes this rig's
+    fleet server flip one byte of that piece whenever it sends it (a peer with bad memory or a bad NIC),
+    so tests can show that the rigs below it catch and route around it. No file, no effect."""
+    path = os.path.join(state_dir, FAILPOINTS_FILE)
+    try:
+        with open(path) as handle:
+            points = json.load(handle)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        log("WARNING: ignoring %s: %s" % (path, exc))
+        return {}
+    if not isinstance(points, dict):
+        return {}
+    log("WARNING: failpoints active from %s: %s" % (path, ", ".join(sorted(points))))
+    return points
+
+
+def start_server(fetcher: Fetcher, args: argparse.Namespace, token: str | None, log: Log) -> Any:
     """Start serving in a background thread; None when that is impossible (peers then use the hub)."""
     if not token:
         log("WARNING: no fleet token on stdin; not serving (fleet peers will use the hub)")
         return None
     host, _, port = args.listen.rpartition(":")
     try:
-        server = _fleet_server((host or "0.0.0.0", int(port)), manifest, token, log, args.expect_peers)
+        server = _fleet_server((host or "0.0.0.0", int(port)), fetcher, token, log, args.expect_peers)
     except (OSError, ValueError) as exc:
-        # The source rig itself is fine, so this is not its failure; peers fall back to the hub.
-        log("WARNING: cannot serve model files on %s (%s): fleet peers will use the hub" % (args.listen, exc))
+        # This rig itself is fine, so this is not its failure; peers fall back to other upstreams or the hub.
+        log("WARNING: cannot serve model files on %s (%s): fleet peers will read elsewhere" % (args.listen, exc))
         return None
-    log("serving %d verified files on %s for %d peers" % (len(server.files), args.listen, args.expect_peers))
+    log(
+        "serving %d files (verified pieces as they arrive) on %s for %d peers"
+        % (len(server.files), args.listen, args.expect_peers)
+    )
     server.started = time.monotonic()
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
     thread.start()
@@ -1223,6 +1640,7 @@ def wait_server(server: Any, args: argparse.Namespace, log: Log) -> dict:
                 break
             time.sleep(0.1)
     finally:
+        server.closing = True
         server.shutdown()
         server.server_close()
     log("stopped serving: %s; %s served" % (why, human_bytes(server.bytes_served)))
@@ -1253,9 +1671,7 @@ def build_parser() -> argparse.ArgumentParser:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--manifest", help="path of the JSON manifest")
     source.add_argument("--manifest-b64", help="the manifest as urlsafe base64 of zlib-compressed JSON")
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--check", action="store_true", help="report what needs work from stamps only; write nothing")
-    mode.add_argument("--serve", action="store_true", help="serve verified files to fleet peers")
+    parser.add_argument("--check", action="store_true", help="report what needs work from stamps only; write nothing")
     parser.add_argument("--reverify", action="store_true", help="hash every file, ignoring stamps")
     parser.add_argument("--retries", type=int, default=3, help="attempts per file on a hash mismatch")
     parser.add_argument("--jobs", type=int, default=4, help="files downloaded at once")
@@ -1269,11 +1685,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log", help="progress log (default: state_dir/fetch.log)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr (the log still gets it)")
     parser.add_argument("--terse", action="store_true", help="on stderr only the plan, progress, peer state and end lines")
-    parser.add_argument("--serve-manifest-b64", help="also serve this manifest's verified files while fetching")
-    parser.add_argument("--listen", default="0.0.0.0:8765", help="--serve: address:port to listen on")
-    parser.add_argument("--expect-peers", type=int, default=1, help="--serve: stop after this many peers finish")
-    parser.add_argument("--idle-timeout", type=float, default=120.0, help="--serve: stop after this long idle (s)")
-    parser.add_argument("--ttl", type=float, default=6 * 3600.0, help="--serve: hard time limit (s)")
+    parser.add_argument("--listen", default="0.0.0.0:8765", help="address:port to serve fleet peers on")
+    parser.add_argument("--expect-peers", type=int, default=0, help="serve until this many fleet peers finish (0: no serving)")
+    parser.add_argument("--idle-timeout", type=float, default=120.0, help="stop serving after this long idle (s)")
+    parser.add_argument("--ttl", type=float, default=6 * 3600.0, help="hard time limit for serving (s)")
     return parser
 
 
@@ -1301,18 +1716,6 @@ def main(argv: list | None = None) -> int:
         return EXIT_USAGE
     log = Log(args.log or os.path.join(state_dir, LOG_FILE), quiet=args.quiet, terse=args.terse)
     try:
-        if args.serve:
-            server = start_server(manifest, args, secrets.get("fleet_token"), log)
-            if server is not None:
-                _emit({"serve": wait_server(server, args, log)})
-            return EXIT_OK
-        serve_manifest = None
-        if args.serve_manifest_b64 is not None:
-            try:
-                serve_manifest = load_manifest(None, args.serve_manifest_b64)
-            except ManifestError as exc:
-                log("serve manifest: %s" % exc)
-                return EXIT_USAGE
         os.makedirs(state_dir, exist_ok=True)
         with open(os.path.join(state_dir, LOCK_FILE), "a") as lock_handle:
             try:
@@ -1320,10 +1723,12 @@ def main(argv: list | None = None) -> int:
             except OSError:
                 log("another rigfetch is running on this rig; waiting for it")
                 fcntl.flock(lock_handle.fileno(), fcntl.LOCK_EX)
-            # Serve what this rig already verified while it fetches the rest from another rig.
-            server = start_server(serve_manifest, args, secrets.get("fleet_token"), log) if serve_manifest else None
+            fetcher = Fetcher(manifest, args, secrets, log)
+            # Serve from the start: files this rig has whole, and the verified pieces of those still arriving.
+            server = start_server(fetcher, args, secrets.get("fleet_token"), log) if args.expect_peers > 0 else None
+            fetcher.served = server
             try:
-                return Fetcher(manifest, args, secrets, log).run()
+                return fetcher.run()
             finally:
                 if server is not None:
                     _emit({"serve": wait_server(server, args, log)})

@@ -1,8 +1,9 @@
 """Artifacts on the test bed: sources at the locked commits, model files fetched and verified, a re-run
 that moves zero bytes, and fleet mode (three rigs, each file crosses the hub endpoint once).
 
-The bed: rig-01 (canary, variant dual), rig-02 and rig-03 (variant dual-dflash). rig-01 is the fleet
-source of the main model, rig-02 of the DFlash draft; rig-03 copies both from them.
+The bed: rig-01 (canary, variant dual), rig-02 and rig-03 (variant dual-dflash). The main model's chain
+is rig-01 (reads the hub), rig-02, rig-03; the DFlash draft's is rig-02 (reads the hub), rig-03. Each
+rig forwards verified pieces down its chains while they arrive.
 """
 
 from __future__ import annotations
@@ -136,8 +137,7 @@ def test_rerun_changes_nothing_and_moves_zero_bytes(bed: Testbed, fleet: Path, h
     hub.reset_stats()
     proc = _converge(pyinfra_run, fleet)
     rows = _results(proc.stdout + proc.stderr)
-    assert rows["Fetch locked model files from the hub"] == (0, 0, 3)
-    assert rows["Copy model files between rigs (fleet mode)"] == (0, 0, 3)
+    assert rows["Fetch locked model files (fleet: one rig reads the hub, the others forward verified pieces)"] == (0, 0, 3)
     assert rows["Check out each source at its locked commit"] == (0, 0, 3)
     changed = {op: counts for op, counts in rows.items() if counts[0] or counts[1]}
     assert changed == {}, rows
@@ -146,7 +146,7 @@ def test_rerun_changes_nothing_and_moves_zero_bytes(bed: Testbed, fleet: Path, h
     assert {h.name: _report(h) for h in bed.hosts} == reports
 
 
-def test_corrupted_shard_is_refetched_from_the_fleet_source(
+def test_corrupted_shard_is_refetched_from_a_fleet_peer(
     bed: Testbed, fleet: Path, lock: LockFile, hub: HubAdmin, pyinfra_run: RUN
 ) -> None:
     three = bed.hosts[2]

@@ -19,7 +19,7 @@ from rigup.desired.lock import FilePin, GitNeed, GitPin, ImagePin, LockError, Lo
 from rigup.desired.models import plan_models
 from rigup.desired.recipe import resolve
 from rigup.facts.model import ModelFiles
-from rigup.operations.model import model_files, model_fleet_share
+from rigup.operations.model import model_files
 from rigup.rig.rigfetch import load_manifest
 
 QWEN = "model:Lorbus/Qwen3.6-27B-int4-AutoRound"
@@ -33,7 +33,9 @@ def _check(work: list[dict[str, Any]] | None = None, prune: list[str] | None = N
     return json.dumps({"script_version": 1, "files": 3, "ok": 3 - len(work), "work": work, "prune": prune or []})
 
 
-WORK = _check([{"path": "/opt/rigup/models/x/model.safetensors", "action": "fetch", "size": 10, "part_size": 0}])
+WORK = _check(
+    [{"path": "/opt/rigup/models/qwen3.6-27b-autoround-int4/model.safetensors", "action": "fetch", "size": 10, "part_size": 0}]
+)
 
 
 def _write_lock(path: Path, variants: list[str]) -> None:
@@ -71,7 +73,7 @@ def _names(manifest: dict[str, Any]) -> list[str]:
     return [m["name"] for m in manifest["models"]]
 
 
-def test_first_rig_in_inventory_order_fetches_each_model_once(tmp_path: Path) -> None:
+def test_fleet_rigs_holding_a_model_form_its_chain(tmp_path: Path) -> None:
     state = _state(
         tmp_path,
         [
@@ -83,29 +85,23 @@ def test_first_rig_in_inventory_order_fetches_each_model_once(tmp_path: Path) ->
     host = state.inventory.get_host
     one, two, three = (plan_models(state, host(f"@fake/rig-0{i}")) for i in (1, 2, 3))
 
-    assert _names(one.hub_manifest) == ["qwen3.6-27b-autoround-int4"]
-    assert _names(one.serve_manifest) == ["qwen3.6-27b-autoround-int4"]
-    assert [(p.name, _names(m)) for p, m in one.peers] == [
-        ("@fake/rig-02", ["qwen3.6-27b-autoround-int4"]),
-        ("@fake/rig-03", ["qwen3.6-27b-autoround-int4"]),
-    ]
-    # rig-02 is the first (and only) rig with the draft: it gets it from the hub and serves nobody.
-    assert _names(two.hub_manifest) == ["qwen3.6-27b-dflash"]
-    assert _names(two.fetch_manifest) == ["qwen3.6-27b-autoround-int4"]
-    assert two.serve_manifest["models"] == [] and two.peers == ()
-    assert two.fetch_manifest["models"][0]["peer_url"] == "http://10.0.0.11:8765/qwen3.6-27b-autoround-int4/"
-    assert two.sources == {"qwen3.6-27b-autoround-int4": host("@fake/rig-01")}
-    assert three.hub_manifest["models"] == [] and _names(three.fetch_manifest) == ["qwen3.6-27b-autoround-int4"]
-    assert three.listen_port == 9000  # its own port; the source's port is in the peer URL
+    main, draft = "qwen3.6-27b-autoround-int4", "qwen3.6-27b-dflash"
+    assert _names(one.manifest) == [main] and _names(two.manifest) == [main, draft]
+    assert [m.host.name for m in one.chains[main]] == ["@fake/rig-01", "@fake/rig-02", "@fake/rig-03"]
+    assert [m.base_url for m in one.chains[main]] == ["http://10.0.0.11:8765/", "http://10.0.0.12:8765/", "http://10.0.0.13:9000/"]
+    assert [m.host.name for m in two.chains[draft]] == ["@fake/rig-02"]  # the only rig with the draft
+    assert three.listen_port == 9000 and one.fleet and three.fleet
+    assert one.chains[main][1].manifest == two.manifest  # what rig-01 checks of rig-02 is rig-02's own check
 
-    entry = one.hub_manifest["models"][0]
+    entry = one.manifest["models"][0]
     assert entry["dir"] == "/opt/rigup/models/qwen3.6-27b-autoround-int4"
     assert entry["hub_url"] == f"https://huggingface.co/Lorbus/Qwen3.6-27B-int4-AutoRound/resolve/{'2' * 40}/"
     assert [f["path"] for f in entry["files"]] == ["config.json", "model.safetensors"]
+    assert "upstreams" not in entry  # decided at execution, from the facts
     assert one.script == "/opt/rigup/bin/rigfetch.py"
 
 
-def test_fleet_off_rigs_fetch_everything_from_the_hub(tmp_path: Path) -> None:
+def test_fleet_off_rigs_are_in_no_chain(tmp_path: Path) -> None:
     state = _state(
         tmp_path,
         [
@@ -116,17 +112,16 @@ def test_fleet_off_rigs_fetch_everything_from_the_hub(tmp_path: Path) -> None:
     )
     host = state.inventory.get_host
     one, two, three = (plan_models(state, host(f"@fake/rig-0{i}")) for i in (1, 2, 3))
-    assert _names(one.hub_manifest) == ["qwen3.6-27b-autoround-int4"] and one.peers == ()
-    assert _names(two.hub_manifest) == ["qwen3.6-27b-autoround-int4"]  # first rig of the fleet part
-    assert [p.name for p, _ in two.peers] == ["@fake/rig-03"]
-    assert three.fetch_manifest["models"][0]["peer_url"].startswith("http://@fake/rig-02:8765/")
+    assert one.chains == {} and not one.fleet
+    assert [m.host.name for m in two.chains["qwen3.6-27b-autoround-int4"]] == ["@fake/rig-02", "@fake/rig-03"]
+    assert three.chains["qwen3.6-27b-autoround-int4"][0].base_url == "http://@fake/rig-02:8765/"
 
 
-def test_a_single_rig_has_no_fleet_work(tmp_path: Path) -> None:
+def test_a_single_rig_is_a_chain_of_one(tmp_path: Path) -> None:
     state = _state(tmp_path, [("@fake/rig-01", {"variant": "dual-dflash"})])
     plan = plan_models(state, state.inventory.get_host("@fake/rig-01"))
-    assert len(plan.hub_manifest["models"]) == 2
-    assert plan.fetch_manifest["models"] == plan.serve_manifest["models"] == [] and plan.peers == ()
+    assert len(plan.manifest["models"]) == 2
+    assert all(len(chain) == 1 for chain in plan.chains.values())
 
 
 def test_plan_refuses_a_stale_lock(tmp_path: Path) -> None:
@@ -142,12 +137,6 @@ def test_plan_refuses_a_stale_lock(tmp_path: Path) -> None:
 # operations on @fake hosts
 
 
-def _run(state: State, op: Any, **kwargs: Any) -> dict[str, Any]:
-    metas = add_op(state, op, **kwargs)
-    run_ops(state)
-    return metas
-
-
 def _rigfetch_runs(host: Any) -> list[str]:
     return [c for c in host.connector.executed_commands if c.startswith("python3 ") and "--check" not in c]
 
@@ -155,24 +144,25 @@ def _rigfetch_runs(host: Any) -> list[str]:
 def test_model_files_is_a_noop_when_the_stamps_match(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     state = _state(tmp_path, [("@fake/rig-01", {"variant": "dual", "fake_responses": {"--check": _check()}})])
     host = state.inventory.get_host("@fake/rig-01")
-    plan = plan_models(state, host)
-    meta = _run(state, model_files, manifest=plan.hub_manifest, script=plan.script)[host]
+    meta = _fetch(state)[host]
     assert meta.did_succeed() and not meta.did_change()
     assert _rigfetch_runs(host) == []
 
 
 def test_model_files_runs_rigfetch_with_secrets_on_stdin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_TOKEN", HF_TOKEN)
-    state = _state(tmp_path, [("@fake/rig-01", {"variant": "dual", "fake_responses": {"--check": WORK}})])
+    state = _state(
+        tmp_path, [("@fake/rig-01", {"variant": "dual", "model_fleet_source": "off", "fake_responses": {"--check": WORK}})]
+    )
     host = state.inventory.get_host("@fake/rig-01")
     plan = plan_models(state, host)
-    meta = _run(state, model_files, manifest=plan.hub_manifest, script=plan.script, retries=5, reverify=True)[host]
+    meta = _fetch(state, retries=5, reverify=True)[host]
     assert meta.did_change()
     (command,) = _rigfetch_runs(host)
     assert command.startswith("python3 /opt/rigup/bin/rigfetch.py --manifest-b64 ")
     assert "--retries 5 --terse --reverify --secrets-stdin" in command
-    b64 = command.split("--manifest-b64 ")[1].split()[0]
-    assert load_manifest(None, b64) == plan.hub_manifest
+    assert "--listen" not in command  # nobody to serve
+    assert _manifest_of(command) == plan.manifest
     assert HF_TOKEN not in " ".join(host.connector.executed_commands)
     stdin = meta._commands[0].connector_arguments["_stdin"]
     assert json.loads(stdin) == {"hf_token": HF_TOKEN}
@@ -181,8 +171,7 @@ def test_model_files_runs_rigfetch_with_secrets_on_stdin(tmp_path: Path, monkeyp
 def test_model_files_treats_a_stale_script_as_work(tmp_path: Path) -> None:
     state = _state(tmp_path, [("@fake/rig-01", {"variant": "dual", "fake_responses": {"--check": STALE}})])
     host = state.inventory.get_host("@fake/rig-01")
-    plan = plan_models(state, host)
-    assert _run(state, model_files, manifest=plan.hub_manifest, script=plan.script)[host].did_change()
+    assert _fetch(state)[host].did_change()
 
 
 def test_check_fact_command_guards_the_script_version() -> None:
@@ -192,72 +181,71 @@ def test_check_fact_command_guards_the_script_version() -> None:
     assert ModelFiles().process([_check()])["work"] == []
 
 
-def test_fleet_share_serves_only_peers_that_need_files(tmp_path: Path) -> None:
-    state = _state(
-        tmp_path,
-        [
-            ("@fake/rig-01", {"variant": "dual", "ssh_hostname": "10.0.0.11", "fake_responses": {"--check": _check()}}),
-            ("@fake/rig-02", {"variant": "dual", "ssh_hostname": "10.0.0.12", "fake_responses": {"--check": WORK}}),
-            ("@fake/rig-03", {"variant": "dual", "ssh_hostname": "10.0.0.13", "fake_responses": {"--check": _check()}}),
-        ],
-    )
-    one, two, three = (state.inventory.get_host(f"@fake/rig-0{i}") for i in (1, 2, 3))
-    metas = _share(state)
-    (serve,) = _rigfetch_runs(one)
-    assert "--serve --terse --listen 0.0.0.0:8765 --expect-peers 1" in serve
-    (fetch,) = _rigfetch_runs(two)
-    assert "--serve" not in fetch
-    assert _rigfetch_runs(three) == [] and not metas[three].did_change()
-    stdin = json.loads(metas[two]._commands[0].connector_arguments["_stdin"])
-    assert stdin["fleet_token"] == json.loads(metas[one]._commands[0].connector_arguments["_stdin"])["fleet_token"]
+def _rig(n: int, check: str) -> tuple[str, dict[str, Any]]:
+    return (f"@fake/rig-0{n}", {"variant": "dual", "ssh_hostname": f"10.0.0.1{n}", "fake_responses": {"--check": check}})
+
+
+def test_rigs_that_hold_the_files_lead_the_chain_and_serve_the_ones_that_need_them(tmp_path: Path) -> None:
+    state = _state(tmp_path, [_rig(1, WORK), _rig(2, _check()), _rig(3, WORK), _rig(4, _check())])
+    one, two, three, four = (state.inventory.get_host(f"@fake/rig-0{i}") for i in (1, 2, 3, 4))
+    metas = _fetch(state)
+    # This run's chain: rig-02, rig-04 (they hold the files), then rig-01, rig-03.
+    (first,) = _rigfetch_runs(one)
+    assert _upstreams(first) == ["http://10.0.0.12:8765/", "http://10.0.0.14:8765/"]
+    assert "--listen 0.0.0.0:8765 --expect-peers 1" in first  # rig-03 comes after it
+    (third,) = _rigfetch_runs(three)
+    assert _upstreams(third) == ["http://10.0.0.12:8765/", "http://10.0.0.14:8765/", "http://10.0.0.11:8765/"]
+    assert "--listen" not in third  # the tail serves nobody
+    for holder in (two, four):
+        (serve,) = _rigfetch_runs(holder)
+        assert "--expect-peers 2" in serve and _upstreams(serve) == []
+    stdin = json.loads(metas[three]._commands[0].connector_arguments["_stdin"])
+    assert stdin["fleet_token"] == json.loads(metas[two]._commands[0].connector_arguments["_stdin"])["fleet_token"]
     assert len(stdin["fleet_token"]) >= 32
 
 
-def test_fleet_share_is_a_noop_when_every_peer_is_done(tmp_path: Path) -> None:
-    state = _state(
-        tmp_path,
-        [(f"@fake/rig-0{i}", {"variant": "dual", "fake_responses": {"--check": _check()}}) for i in (1, 2, 3)],
-    )
-    metas = _share(state)
+def test_a_fleet_where_every_rig_holds_the_files_does_nothing(tmp_path: Path) -> None:
+    state = _state(tmp_path, [_rig(i, _check()) for i in (1, 2, 3)])
+    metas = _fetch(state)
     assert not any(meta.did_change() for meta in metas.values())
     assert not any(_rigfetch_runs(h) for h in state.inventory)
 
 
-def test_peer_goes_to_the_hub_when_its_source_failed(tmp_path: Path) -> None:
-    state = _state(
-        tmp_path,
-        [
-            ("@fake/rig-01", {"variant": "dual", "fake_responses": {"--check": _check()}}),
-            ("@fake/rig-02", {"variant": "dual", "fake_responses": {"--check": WORK}}),
-        ],
-    )
+def test_a_failed_rig_leaves_the_chain(tmp_path: Path) -> None:
+    state = _state(tmp_path, [_rig(1, _check()), _rig(2, WORK)])
     one, two = state.inventory.get_host("@fake/rig-01"), state.inventory.get_host("@fake/rig-02")
     plans = {h: plan_models(state, h) for h in (one, two)}
     state.fail_hosts({one})
-    metas = _share(state, plans)
+    metas = _fetch(state, plans=plans)
     (fetch,) = _rigfetch_runs(two)
-    manifest = load_manifest(None, fetch.split("--manifest-b64 ")[1].split()[0])
-    assert manifest["models"][0]["peer_url"] is None
+    assert _upstreams(fetch) == []  # the head now: it reads the hub
     assert metas[two].did_change()
 
 
-def _share(state: State, plans: dict[Any, Any] | None = None) -> dict[Any, Any]:
-    """Add model_fleet_share on every active host, each with its own plan, then run it (one op:
-    pyinfra runs it on all hosts at once, as in a deploy)."""
+def _manifest_of(command: str) -> dict[str, Any]:
+    return load_manifest(None, command.split("--manifest-b64 ")[1].split()[0])
+
+
+def _upstreams(command: str) -> list[str]:
+    return _manifest_of(command)["models"][0].get("upstreams", [])
+
+
+def _fetch(state: State, plans: dict[Any, Any] | None = None, **kwargs: Any) -> dict[Any, Any]:
+    """Add model_files on every active host, each with its own plan, then run it (one op: pyinfra runs it
+    on all hosts at once, as in a deploy)."""
     plans = plans or {h: plan_models(state, h) for h in state.inventory.get_active_hosts()}
     metas: dict[Any, Any] = {}
     for host in sorted(state.inventory.get_active_hosts(), key=lambda h: h.name):
         plan = plans[host]
         metas[host] = add_op(
             state,
-            model_fleet_share,
+            model_files,
             host=host,
-            fetch_manifest=plan.fetch_manifest,
-            serve_manifest=plan.serve_manifest,
-            peers=list(plan.peers),
-            sources=plan.sources,
+            manifest=plan.manifest,
             script=plan.script,
+            chains=plan.chains,
             listen_port=plan.listen_port,
+            **kwargs,
         )[host]
     run_ops(state)
     return metas

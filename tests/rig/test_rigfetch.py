@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -353,7 +352,6 @@ def test_token_follows_a_redirect_on_the_hub_s_origin_only(tmp_path: Path) -> No
             "name": "renamed",
             "dir": str(tmp_path / "models" / "renamed"),
             "hub_url": f"http://127.0.0.1:{hub.server_address[1]}/old/resolve/{'a' * 40}/",
-            "peer_url": None,
             "files": [{"path": "model.safetensors", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}],
         }
         code, lines, err = run_rigfetch(manifest(tmp_path / "state", entry), secrets={"hf_token": TOKEN})
@@ -380,7 +378,9 @@ def test_size_mismatch_is_refused_without_downloading_the_body(hub: hfhub.HfHub,
 
 
 # ------------------------------------------------------------------------------------------
-# fleet mode: one rig serves, the others copy
+# fleet chain: the head reads the hub, every other rig its nearest live upstream, piece by verified piece
+
+PIECE = 64 << 10  # small pieces, so the 2.4 MB shard is 37 of them
 
 
 def _free_port() -> int:
@@ -391,132 +391,214 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve(man: dict, port: int, expect: int, token: str, extra: tuple[str, ...] = ()) -> subprocess.Popen:
-    path = Path(man["state_dir"]).parent / "serve.json"
-    path.write_text(json.dumps(man))
-    proc = subprocess.Popen(
-        [sys.executable, str(RIGFETCH), "--manifest", str(path), "--serve", "--quiet", "--listen",
-         f"127.0.0.1:{port}", "--expect-peers", str(expect), "--secrets-stdin", *extra],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert proc.stdin is not None
-    proc.stdin.write(json.dumps({"fleet_token": token}) + "\n")
-    proc.stdin.close()
-    proc.stdin = None  # communicate() must not touch it again
-    return proc
+class Chain:
+    """Rigs 0..n-1 as rigfetch processes on loopback, each with its own dirs and port; rig i's upstreams
+    are rigs 0..i-1 (head first) and it serves the rigs after it, as the model operation lays it out."""
+
+    def __init__(self, hub: hfhub.HfHub, root: Path, n: int, token: str = "fleet-token-for-this-run") -> None:
+        self.hub, self.root, self.n, self.token = hub, root, n, token
+        self.ports = [_free_port() for _ in range(n)]
+        self.procs: list[subprocess.Popen | None] = [None] * n
+
+    def base(self, i: int) -> str:
+        return f"http://127.0.0.1:{self.ports[i]}/"
+
+    def manifest(self, i: int) -> dict:
+        entry = model_entry(self.hub, QWEN, self.root / f"rig{i}" / "models" / "qwen")
+        entry["upstreams"] = [self.base(j) for j in range(i)]
+        return {**manifest(self.root / f"rig{i}" / "state", entry), "piece_size": PIECE}
+
+    def dir(self, i: int) -> Path:
+        return self.root / f"rig{i}" / "models" / "qwen"
+
+    def start(self, i: int, *extra: str, token: str | None = None) -> subprocess.Popen:
+        path = self.root / f"rig{i}" / "manifest.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.manifest(i)))
+        proc = subprocess.Popen(
+            [sys.executable, str(RIGFETCH), "--manifest", str(path), "--quiet", "--retry-delay", "0.05",
+             "--peer-wait", "10", "--idle-timeout", "5", "--listen", f"127.0.0.1:{self.ports[i]}",
+             "--expect-peers", str(self.n - 1 - i), "--secrets-stdin", *extra],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps({"fleet_token": token or self.token}) + "\n")
+        proc.stdin.close()
+        proc.stdin = None  # communicate() must not touch it again
+        self.procs[i] = proc
+        return proc
+
+    def finish(self, i: int, timeout: float = 60) -> tuple[int, dict, dict]:
+        """(exit code, fetch report, serve report) of rig i."""
+        proc = self.procs[i]
+        assert proc is not None
+        out, err = proc.communicate(timeout=timeout)
+        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        fetch = next((line for line in lines if "bytes_downloaded" in line), {})
+        serve = next((line["serve"] for line in lines if "serve" in line), {})
+        assert fetch, err
+        return proc.returncode, fetch, serve
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
+    def intact(self, i: int) -> bool:
+        files = self.manifest(i)["models"][0]["files"]
+        return all(sha256_file(self.dir(i) / f["path"]) == f["sha256"] for f in files)
 
 
-def test_fleet_peers_copy_from_the_source_and_the_hub_serves_once(hub: hfhub.HfHub, tmp_path: Path) -> None:
-    source = _qwen(hub, tmp_path / "rig1")
-    assert run_rigfetch(source)[0] == 0
-    port, token = _free_port(), "fleet-token-for-this-run"
-    server = _serve(source, port, expect=2, token=token)
-    peers = [
-        manifest(
-            tmp_path / f"rig{i}" / "state",
-            model_entry(hub, QWEN, tmp_path / f"rig{i}" / "models" / "qwen", peer_url=f"http://127.0.0.1:{port}/qwen/"),
-        )
-        for i in (2, 3)
-    ]
-    for peer in peers:
-        code, lines, err = run_rigfetch(peer, secrets={"fleet_token": token})
-        assert code == 0, err
-        report = _report(lines)
-        assert report["bytes_from_peer"] == _total(peer) and report["bytes_from_hub"] == 0
-    out, _ = server.communicate(timeout=20)
-    assert server.returncode == 0
-    served = json.loads(out.splitlines()[-1])["serve"]
-    assert served["peers_done"] == 2 and served["bytes_served"] == 2 * _total(source)
-    assert "expected peers finished" in served["reason"]
-    # The model crossed the "internet" once, for the source.
-    assert hub.admin().stats()["total_bytes"] == _total(source)
+@pytest.fixture
+def chain(hub: hfhub.HfHub, tmp_path: Path) -> Iterator[Chain]:
+    made: list[Chain] = []
+
+    def make(n: int) -> Chain:
+        made.append(Chain(hub, tmp_path, n))
+        return made[-1]
+
+    yield make  # type: ignore[misc]
+    for c in made:
+        c.stop()
 
 
-def test_fleet_source_needs_the_token(hub: hfhub.HfHub, tmp_path: Path) -> None:
-    source = _qwen(hub, tmp_path / "rig1")
-    assert run_rigfetch(source)[0] == 0
-    port = _free_port()
-    server = _serve(source, port, expect=1, token="right", extra=("--idle-timeout", "5"))
-    peer = manifest(
-        tmp_path / "rig2" / "state",
-        model_entry(hub, QWEN, tmp_path / "rig2" / "models" / "qwen", peer_url=f"http://127.0.0.1:{port}/qwen/"),
+def _hub_bytes(hub: hfhub.HfHub) -> int:
+    return hub.admin().stats()["total_bytes"]
+
+
+def test_a_chain_reads_the_hub_once_and_forwards_pieces_before_the_head_has_the_file(
+    chain, hub: hfhub.HfHub, tmp_path: Path
+) -> None:  # noqa: ANN001
+    c = chain(3)
+    total = _total(c.manifest(0))
+    # The head's read of shard 1 breaks after 1 MB and resumes 3 s later: in that pause the rigs below
+    # it must already hold the verified pieces it has (a chain that waited for whole files would not).
+    hub.admin().add_fault(kind="cut", file=SHARD1, after_bytes=1_000_000, times=1)
+    c.start(0, "--retry-delay", "3")
+    c.start(1)
+    c.start(2)
+    part = c.dir(2) / f".{SHARD1}.rigfetch-part"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not (part.exists() and part.stat().st_size >= 8 * PIECE):
+        time.sleep(0.05)
+    assert part.exists() and part.stat().st_size >= 8 * PIECE, "the last rig got no piece while the head paused"
+    assert not (c.dir(0) / SHARD1).exists()  # the head is still in its pause
+    assert part.stat().st_size <= 1_000_000 // PIECE * PIECE  # never more than the head had verified
+    reports = [c.finish(i) for i in range(3)]
+    for i, (code, fetch, _) in enumerate(reports):
+        assert code == 0 and c.intact(i)
+    head, second, third = (r[1] for r in reports)
+    assert head["bytes_from_hub"] == total and head["bytes_from_peer"] == 0
+    assert second["bytes_from_peer"] == total and second["bytes_from_hub"] == 0
+    assert third["bytes_from_peer"] == total and third["bytes_from_hub"] == 0
+    assert _hub_bytes(hub) == total  # the hub served one copy to the fleet
+    assert reports[0][2]["bytes_served"] == total and reports[1][2]["bytes_served"] == total  # each link once
+    assert reports[0][2]["peers_done"] == 2 and "expected peers finished" in reports[0][2]["reason"]
+
+
+def test_a_peer_that_corrupts_a_piece_is_dropped_and_no_rig_stamps_a_bad_file(chain, hub: hfhub.HfHub) -> None:  # noqa: ANN001
+    c = chain(3)
+    total = _total(c.manifest(0))
+    state = c.root / "rig1" / "state"
+    state.mkdir(parents=True)
+    (state / rigfetch.FAILPOINTS_FILE).write_text(
+        json.dumps({"corrupt_served_piece": {"file": f"qwen/{SHARD1}", "piece": 5, "piece_size": PIECE}})
     )
+    for i in range(3):
+        c.start(i)
+    reports = [c.finish(i) for i in range(3)]
+    assert all(code == 0 for code, _, _ in reports)
+    assert all(c.intact(i) for i in range(3))
+    third = reports[2][1]
+    assert third["pieces_rejected"] == 1 and third["peers_dropped"] == 1 and third["hash_mismatches"] == 0
+    # The third rig took the rest from the head, not the hub: the hub still served one copy.
+    assert third["bytes_from_hub"] == 0 and _hub_bytes(hub) == total
+    log = (c.root / "rig2" / "state" / "fetch.log").read_text()
+    assert f"fleet peer {c.base(1)} dropped (piece 5 of qwen/{SHARD1} failed its hash)" in log
+
+
+def test_a_peer_killed_mid_transfer_is_routed_around(chain, hub: hfhub.HfHub) -> None:  # noqa: ANN001
+    c = chain(3)
+    total = _total(c.manifest(0))
+    hub.admin().add_fault(kind="slow", file=SHARD1, bytes_per_s=1_000_000, times=1)  # 2.4 s for shard 1
+    for i in range(3):
+        c.start(i)
+    part = c.dir(1) / f".{SHARD1}.rigfetch-part"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not (part.exists() and part.stat().st_size >= 4 * PIECE):
+        time.sleep(0.02)
+    assert not (c.dir(1) / SHARD1).exists()
+    c.procs[1].send_signal(signal.SIGKILL)  # type: ignore[union-attr]
+    c.procs[1].communicate()  # type: ignore[union-attr]
+    code0, head, served0 = c.finish(0)
+    code2, third, _ = c.finish(2)
+    assert code0 == 0 and code2 == 0 and c.intact(0) and c.intact(2)
+    assert third["peers_dropped"] >= 1 and third["bytes_from_hub"] == 0 and third["bytes_from_peer"] >= total
+    assert _hub_bytes(hub) == total  # the dead rig's share came from the head, not the hub
+
+
+def test_a_rig_resumes_a_chain_transfer_from_its_verified_pieces(chain, hub: hfhub.HfHub) -> None:  # noqa: ANN001
+    c = chain(2)
+    total = _total(c.manifest(0))
+    c.start(0)
+    assert c.finish(0)[0] == 0
+    # A part file from an earlier, interrupted run: 5 good pieces, then a piece with one bad byte.
+    data = (c.dir(0) / SHARD1).read_bytes()
+    c.dir(1).mkdir(parents=True)
+    bad = bytearray(data[: 6 * PIECE + 100])
+    bad[5 * PIECE + 7] ^= 0xFF
+    (c.dir(1) / f".{SHARD1}.rigfetch-part").write_bytes(bytes(bad))
+    c.procs = [None, None]
+    c.start(0)  # serves its verified files (hashing them into pieces when asked)
+    c.start(1)
+    code, fetch, _ = c.finish(1)
+    assert code == 0 and c.intact(1)
+    assert fetch["bytes_from_peer"] == total - 5 * PIECE  # kept the 5 pieces the head vouched for
+    assert c.finish(0)[0] == 0
+    assert _hub_bytes(hub) == total
+
+
+def test_a_peer_with_the_wrong_token_is_not_used(chain, hub: hfhub.HfHub) -> None:  # noqa: ANN001
+    c = chain(2)
+    c.start(0)
+    c.start(1, "--peer-wait", "1", token="wrong")
+    code, fetch, _ = c.finish(1)
+    assert code == 0 and c.intact(1)
+    assert fetch["bytes_from_peer"] == 0 and fetch["bytes_from_hub"] == _total(c.manifest(1))
+
+
+def test_a_rig_whose_upstreams_never_answer_reads_the_hub(chain, hub: hfhub.HfHub) -> None:  # noqa: ANN001
+    c = chain(3)
+    c.start(2, "--peer-wait", "1")  # rigs 0 and 1 never start
+    code, fetch, _ = c.finish(2)
+    assert code == 0 and c.intact(2)
+    assert fetch["bytes_from_hub"] == _total(c.manifest(2))
+
+
+def test_an_upstream_never_forwards_bytes_it_has_not_verified(chain, hub: hfhub.HfHub) -> None:  # noqa: ANN001
+    c = chain(3)
+    total = _total(c.manifest(0))
+    c.start(0)
+    assert c.finish(0)[0] == 0
+    c.start(1)
+    assert c.finish(1)[0] == 0
+    # Rig 1's shard rots on disk and its stamps are lost: it must hash it, find it wrong and fetch it again
+    # before it serves a byte of it; the rig below gets only verified bytes.
+    shard = c.dir(1) / SHARD1
+    rotten = bytearray(shard.read_bytes())
+    rotten[12345] ^= 0xFF
+    shard.write_bytes(bytes(rotten))
+    (c.root / "rig1" / "state" / "model-stamps.json").write_text('{"version": 1, "files": {}}')
     hub.admin().reset_stats()
-    code, lines, err = run_rigfetch(peer, "--peer-wait", "1", secrets={"fleet_token": "wrong"})
-    assert code == 0, err
-    report = _report(lines)
-    assert report["bytes_from_peer"] == 0 and report["bytes_from_hub"] == _total(peer)  # fell back to the hub
-    server.terminate()
-    server.wait(timeout=10)
-
-
-def test_fleet_peer_falls_back_to_the_hub_when_the_source_sends_wrong_bytes(hub: hfhub.HfHub, tmp_path: Path) -> None:
-    source = _qwen(hub, tmp_path / "rig1")
-    assert run_rigfetch(source)[0] == 0
-    # Rot one served file but keep its stamp valid (same size and mtime): the peer must catch it.
-    shard = Path(source["models"][0]["dir"]) / SHARD1
-    st = shard.stat()
-    with open(shard, "r+b") as handle:
-        handle.seek(10)
-        handle.write(b"\xff" * 16)
-    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
-    port, token = _free_port(), "t"
-    server = _serve(source, port, expect=1, token=token)
-    peer = manifest(
-        tmp_path / "rig2" / "state",
-        model_entry(hub, QWEN, tmp_path / "rig2" / "models" / "qwen", peer_url=f"http://127.0.0.1:{port}/qwen/"),
-    )
-    hub.admin().reset_stats()
-    code, lines, err = run_rigfetch(peer, "--jobs", "1", secrets={"fleet_token": token})
-    assert code == 0, err
-    report = _report(lines)
-    assert report["hash_mismatches"] >= 1 and report["bytes_from_hub"] > 0
-    for entry in peer["models"][0]["files"]:
-        assert sha256_file(Path(peer["models"][0]["dir"]) / entry["path"]) == entry["sha256"]
-    server.communicate(timeout=20)
-
-
-def test_fleet_peer_uses_the_hub_when_the_source_never_answers(hub: hfhub.HfHub, tmp_path: Path) -> None:
-    peer = manifest(
-        tmp_path / "rig2" / "state",
-        model_entry(hub, QWEN, tmp_path / "rig2" / "models" / "qwen", peer_url=f"http://127.0.0.1:{_free_port()}/qwen/"),
-    )
-    started = time.monotonic()
-    code, lines, err = run_rigfetch(peer, "--peer-wait", "1", secrets={"fleet_token": "t"})
-    assert code == 0, err
-    assert _report(lines)["bytes_from_hub"] == _total(peer)
-    assert time.monotonic() - started < 15
-
-
-def test_serve_refuses_files_it_has_not_verified(hub: hfhub.HfHub, tmp_path: Path) -> None:
-    source = _qwen(hub, tmp_path / "rig1")
-    assert run_rigfetch(source)[0] == 0
-    (tmp_path / "rig1" / "state" / "model-stamps.json").write_text('{"version": 1, "files": {}}')
-    port = _free_port()
-    server = _serve(source, port, expect=1, token="t", extra=("--idle-timeout", "3"))
-    import urllib.error
-    import urllib.request
-
-    deadline = time.monotonic() + 10
-    status = None
-    while time.monotonic() < deadline:
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/qwen/{SHARD1}", headers={"Authorization": "Bearer t"})
-        try:
-            urllib.request.urlopen(request, timeout=2)
-            status = 200
-            break
-        except urllib.error.HTTPError as exc:
-            status = exc.code
-            break
-        except OSError:
-            time.sleep(0.1)
-    assert status == 404
-    server.terminate()
-    server.communicate(timeout=20)
-
-
-# ------------------------------------------------------------------------------------------
-# manifest validation and helpers (no network)
+    c.procs = [None, None, None]
+    for i in range(3):
+        c.start(i)
+    reports = [c.finish(i) for i in range(3)]
+    assert all(code == 0 for code, _, _ in reports) and all(c.intact(i) for i in range(3))
+    assert reports[1][1]["files_verified"] == len(c.manifest(1)["models"][0]["files"]) - 1
+    assert reports[2][1]["pieces_rejected"] == 0 and reports[2][1]["bytes_from_peer"] == total
+    assert _hub_bytes(hub) == 0  # rig 1 re-fetched its bad shard from the head
 
 
 @pytest.mark.parametrize(
@@ -529,12 +611,14 @@ def test_serve_refuses_files_it_has_not_verified(hub: hfhub.HfHub, tmp_path: Pat
         (lambda m: m["models"][0].update(dir="relative/dir"), "absolute"),
         (lambda m: m.update(version=2), "version 1"),
         (lambda m: m["models"][0].update(hub_url="ftp://x/"), "hub_url"),
+        (lambda m: m["models"][0].update(upstreams=["http://rig-a:8765"]), "upstreams"),
+        (lambda m: m.update(piece_size=100), "piece_size"),
     ],
 )
 def test_bad_manifests_are_refused(mutate, message: str, tmp_path: Path) -> None:  # noqa: ANN001
     man = manifest(
         tmp_path / "state",
-        {"name": "m", "dir": str(tmp_path / "m"), "hub_url": "http://h/r/", "peer_url": None,
+        {"name": "m", "dir": str(tmp_path / "m"), "hub_url": "http://h/r/", "upstreams": [],
          "files": [{"path": "a.bin", "size": 1, "sha256": "0" * 64}]},
     )  # fmt: skip
     mutate(man)

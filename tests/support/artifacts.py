@@ -33,15 +33,12 @@ def commit_files(hub: hfhub.HfHub, repo: str, index: int = -1) -> tuple[str, dic
     return info["sha"], info["files"]
 
 
-def model_entry(
-    hub: hfhub.HfHub, repo: str, dest: Path, index: int = -1, name: str | None = None, peer_url: str | None = None
-) -> dict[str, Any]:
+def model_entry(hub: hfhub.HfHub, repo: str, dest: Path, index: int = -1, name: str | None = None) -> dict[str, Any]:
     sha, files = commit_files(hub, repo, index)
     return {
         "name": name or dest.name,
         "dir": str(dest),
         "hub_url": f"{hub.url}/{repo}/resolve/{sha}/",
-        "peer_url": peer_url,
         "files": [{"path": p, "size": f["size"], "sha256": f["sha256"]} for p, f in sorted(files.items())],
     }
 
