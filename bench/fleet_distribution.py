@@ -202,9 +202,17 @@ def model_files(workdir: Path, total: int) -> tuple[Path, list[dict]]:
     return root, entries
 
 
+def cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of every core so far, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
 def run_once(bed: Bed, mode: str, files: list[dict], scratch: Path) -> dict:
     shutil.rmtree(scratch, ignore_errors=True)
     procs = []
+    busy0, total0 = cpu_ticks()
     started = time.monotonic()
     rigs = bed.names[1:]
     for k, name in enumerate(rigs):
@@ -236,8 +244,9 @@ def run_once(bed: Bed, mode: str, files: list[dict], scratch: Path) -> dict:
                          "from_hub": fetch["bytes_from_hub"], "from_peer": fetch["bytes_from_peer"],
                          "served": serve["bytes_served"]}  # fmt: skip
     wall = time.monotonic() - started
+    busy1, total1 = cpu_ticks()
     shutil.rmtree(scratch, ignore_errors=True)
-    return {"wall_s": wall, "rigs": results}
+    return {"wall_s": wall, "rigs": results, "cpu_busy": (busy1 - busy0) / max(1, total1 - total0)}
 
 
 def hub_bytes(bed: Bed) -> int:
@@ -286,6 +295,9 @@ def main() -> int:
     parser.add_argument("--delay", default="0.2ms", help="each port's one-way delay, both ways")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--workdir", default="/var/tmp/rigup-bench/fleet", help="generated model and rig dirs")
+    parser.add_argument("--rig-dir", default="/var/tmp/rigup-bench/fleet/rigs",
+                        help="where the rigs' model and state dirs go (e.g. under /dev/shm: the rigs' disks "
+                             "then do not share this machine's one disk)")  # fmt: skip
     parser.add_argument("--out", help="results file to update (this benchmark's section only)")
     parser.add_argument("--label", default=platform.node())
     parser.add_argument("--hub-serve", help=argparse.SUPPRESS)
@@ -312,7 +324,7 @@ def main() -> int:
                 for _ in range(args.repeat):
                     hub = start_hub(bed, root)
                     try:
-                        result = run_once(bed, mode, files, workdir / "rigs")
+                        result = run_once(bed, mode, files, Path(args.rig_dir))
                         sent = hub_bytes(bed)
                     finally:
                         hub.terminate()
@@ -324,7 +336,7 @@ def main() -> int:
                     row = {
                         "n": n, "mode": mode, "ok": ok, "wall_s": result["wall_s"], "slowest_s": max(times),
                         "fastest_s": min(times), "hub_bytes": sent, "hub_copies": sent / size,
-                        "max_served": max(served), "bound_s": bound,
+                        "max_served": max(served), "bound_s": bound, "cpu_busy": result["cpu_busy"],
                     }  # fmt: skip
                     rows.append(row)
                     print(json.dumps(row), flush=True)
@@ -338,16 +350,17 @@ def main() -> int:
         *[f"- {k}: {v}" for k, v in machine().items()],
         f"- model: {human(size)} in 3 files (2 shards), generated; physical bound (size / link rate) {bound:.1f} s",
         f"- links: {shaping}",
+        f"- rigs' model dirs: {args.rig_dir}",
         "",
-        "| rigs | mode | wall time to every rig verified | slowest / fastest rig | vs 1 rig | hub sent | most one rig sent its peers | all verified |",
-        "|---|---|---|---|---|---|---|---|",
+        "| rigs | mode | wall time to every rig verified | slowest / fastest rig | vs 1 rig | hub sent | most one rig sent its peers | machine CPU busy | all verified |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ratio = f"{r['wall_s'] / one:.2f}x" if one else "-"
         lines.append(
             f"| {r['n']} | {r['mode']} | {r['wall_s']:.1f} s ({r['wall_s'] / r['bound_s']:.2f}x the bound) | "
             f"{r['slowest_s']:.1f} / {r['fastest_s']:.1f} s | {ratio} | {human(r['hub_bytes'])} ({r['hub_copies']:.2f} copies) | "
-            f"{human(r['max_served'])} | {'yes' if r['ok'] else 'NO'} |"
+            f"{human(r['max_served'])} | {100 * r['cpu_busy']:.0f} % | {'yes' if r['ok'] else 'NO'} |"
         )
     text = "\n".join(lines) + "\n"
     print(text)

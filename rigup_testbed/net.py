@@ -150,3 +150,17 @@ def create_host_netns(ledger: Ledger, net: Network, name: str, index: int) -> st
     # What systemd's sysctl.d sets on a real rig (it cannot inside nspawn: /proc/sys is read-only there).
     run(["ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.ping_group_range=0 2147483647"])
     return ip
+
+
+def shape_port(net: Network, name: str, index: int, rate: str) -> None:
+    """Limit host `name`'s port on the bed's switch to `rate` each way (tc tbf on both ends of its veth:
+    its uplink at eth0, its downlink at the bridge's side), like a switched LAN of that speed.
+    unshape_port takes it off; deleting the namespaces does too."""
+    for ns, dev in ((net.host_netns(name), "eth0"), (net.hub_netns, net.host_link(index))):
+        run(["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
+             "rate", rate, "burst", "256k", "latency", "50ms"])  # fmt: skip
+
+
+def unshape_port(net: Network, name: str, index: int) -> None:
+    for ns, dev in ((net.host_netns(name), "eth0"), (net.hub_netns, net.host_link(index))):
+        run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"], check=False)

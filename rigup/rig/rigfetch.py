@@ -22,10 +22,12 @@ Manifest (JSON; --manifest PATH or --manifest-b64 <urlsafe base64 of zlib-compre
 Fleet chain (upstreams): the rigs ahead of this one in the model's chain, the head first. The head reads
 the hub; every other rig reads its nearest live upstream while that one is still receiving, so each
 rig's downlink and uplink carry the model once and the hub serves it once. Bytes are forwarded in
-pieces (piece_size), and only verified ones: the head hashes each piece as it arrives from the hub
-(before it touches a disk), and that hash is the authority; every other rig checks each piece against
-the authority's hash (asked of the upstreams head first) before it writes it past its verified mark,
-which is all it serves. A peer whose piece fails is dropped and the piece is read from the next
+pieces (piece_size), and only verified ones. A piece's digest is the SHA-256 of the file up to the
+piece's end (a copy of the running whole-file hash, finalized), so checking pieces costs no second pass
+over the bytes, and the last piece's digest is the locked SHA-256 itself. The head's digests, taken as
+the bytes arrive from the hub (before they touch a disk), are the authority; every other rig checks each
+piece against them (asked of the upstreams head first) before its verified mark, which is all it
+serves, moves past it. A peer whose piece fails is dropped and the piece is read from the next
 upstream, then the hub; a dead peer likewise. The lock's whole-file SHA-256 stays the last gate
 before any stamp, on every rig.
 
@@ -79,6 +81,7 @@ NET_BLOCK = 1 << 20
 # latency (34 ms at 1 Gbit/s); 32 bytes of hash per 4 MiB keeps the hash lists small.
 PIECE_SIZE = 4 << 20
 FAILPOINTS_FILE = "rigfetch-failpoints.json"
+PEER_GRACE = 5.0  # seconds an upstream that does not answer yet keeps this rig from looking further up
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 USER_AGENT = "rigup-rigfetch/%d" % SCRIPT_VERSION
 
@@ -270,6 +273,11 @@ class Counters:
     def add(self, key: str, amount: int = 1) -> None:
         with self.lock:
             self.values[key] += amount
+
+    def add_each(self, keys: tuple, amount: int) -> None:
+        with self.lock:
+            for key in keys:
+                self.values[key] += amount
 
     def get(self, key: str) -> int:
         with self.lock:
@@ -534,7 +542,7 @@ class Partial:
     """A part file being downloaded: the running hash of its first `have` bytes, and the same at `mark`,
     the end of its last verified piece, where a rejected piece or a broken transfer rewinds to."""
 
-    __slots__ = ("hasher", "have", "valid", "mark", "mark_hasher", "piece")
+    __slots__ = ("hasher", "have", "valid", "mark", "mark_hasher")
 
     def __init__(self) -> None:
         self.reset()
@@ -549,12 +557,10 @@ class Partial:
         """Everything so far is verified."""
         self.mark = self.have
         self.mark_hasher = self.hasher.copy()
-        self.piece = hashlib.sha256()
 
     def rewind(self) -> None:
         self.have = self.mark
         self.hasher = self.mark_hasher.copy()
-        self.piece = hashlib.sha256()
 
 
 class PieceMismatch(Exception):
@@ -580,7 +586,7 @@ class Track:
         self.state = "waiting"  # waiting | active | done | failed
         self.verified = 0
         self.generation = 0  # bumped when the part file starts over: a reader of the old one must stop
-        self.digests: dict = {}  # piece index -> SHA-256 of the bytes this rig holds there
+        self.digests: dict = {}  # piece index -> SHA-256 of this rig's bytes up to that piece's end
         self.own: set = set()  # pieces read from the hub: their digests are the authority
         self.authority: dict = {}  # piece index -> digest an authority gave (used to check a peer's piece)
         self.hub_reader = not item.upstreams  # reads the file from the hub (the chain's head, or fallen back)
@@ -645,6 +651,7 @@ class Fetcher:
         self.peer_lock = threading.Lock()
         self.peer_ok: dict = {}  # peer base URL -> True (answered ping) / False (given up)
         self.peer_silent: set = set()  # peers that never answered a ping
+        self.peer_first_try: dict = {}  # peer base URL -> when this rig first pinged it
         self.vouch_dead: set = set()  # upstreams that did not answer a piece-hash question
         self.stop = threading.Event()
         self.progress: Progress | None = None
@@ -891,41 +898,59 @@ class Fetcher:
     def _source(self, item: Item, track: Track) -> tuple:
         """(kind, url, peer base) to read the file from now: the nearest live upstream, else the hub."""
         if not track.hub_reader:
-            for base in reversed(item.upstreams):
-                if self._peer_usable(base):
-                    return "peer", base + item.key, base
+            base = self._live_upstream(item.upstreams)
+            if base is not None:
+                return "peer", base + item.key, base
             with track.cond:
                 track.hub_reader = True
             self.log("%s: no fleet peer can send it: reading the hub" % item.label)
         return "hub", item.url_hub, None
 
-    def _peer_usable(self, base: str) -> bool:
+    def _live_upstream(self, upstreams: tuple) -> str | None:
+        """The nearest upstream that serves. Fleet peers start serving in the same pyinfra operation, so one
+        that does not answer yet gets PEER_GRACE seconds (within --peer-wait) before this rig looks further
+        up the chain: the chain keeps its shape when a peer starts late, and a dead peer does not keep this
+        rig from a live one."""
+        deadline = time.monotonic() + self.args.peer_wait
+        while True:
+            waiting = False
+            for base in reversed(upstreams):
+                with self.peer_lock:
+                    known = self.peer_ok.get(base)
+                    first = self.peer_first_try.setdefault(base, time.monotonic())
+                if known is False:
+                    continue
+                if known or self._ping(base):
+                    with self.peer_lock:
+                        if base not in self.peer_ok:
+                            self.peer_ok[base] = True
+                            self.log("fleet peer %s is serving" % base)
+                        if self.peer_ok[base]:
+                            return base
+                    continue
+                if time.monotonic() - first < min(PEER_GRACE, self.args.peer_wait) and time.monotonic() < deadline:
+                    waiting = True
+                    break
+                with self.peer_lock:
+                    if base not in self.peer_ok:
+                        self.peer_ok[base] = False
+                        self.peer_silent.add(base)
+                        self.log("fleet peer %s did not answer" % base)
+            if not waiting:
+                return None
+            time.sleep(0.3)
+
+    def _ping(self, base: str) -> bool:
         # here, not at the top: see the note below the imports
         import http.client
         import urllib.error
         import urllib.request
 
-        with self.peer_lock:
-            if base in self.peer_ok:
-                return self.peer_ok[base]
-            # Fleet peers start serving in the same pyinfra operation: wait for one briefly.
-            deadline = time.monotonic() + self.args.peer_wait
-            ok = False
-            while True:
-                try:
-                    request = self._request(base + "_rigfetch/ping", "peer")
-                    with _open(request, timeout=5) as response:
-                        ok = response.status == 200
-                except (urllib.error.URLError, OSError, http.client.HTTPException):
-                    ok = False
-                if ok or time.monotonic() >= deadline:
-                    break
-                time.sleep(0.5)
-            self.peer_ok[base] = ok
-            if not ok:
-                self.peer_silent.add(base)
-            self.log("fleet peer %s %s" % (base, "is serving" if ok else "did not answer"))
-            return ok
+        try:
+            with _open(self._request(base + "_rigfetch/ping", "peer"), timeout=3) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError, http.client.HTTPException):
+            return False
 
     def _drop_peer(self, base: str, why: str) -> None:
         with self.peer_lock:
@@ -1088,8 +1113,11 @@ class Fetcher:
                 time.sleep(delay)
 
     def _rewind(self, item: Item, partial: Partial) -> None:
-        """Drop what follows the last verified piece, on disk and in the running hash."""
+        """Drop what follows the last verified piece, on disk, in the running hash and in the progress."""
+        lost = partial.have - partial.mark
         partial.rewind()
+        if lost and self.progress is not None:
+            self.progress.add(item.label, -lost, partial.have, item.size)
         try:
             with open(item.part, "r+b") as handle:
                 handle.truncate(partial.have)
@@ -1124,15 +1152,15 @@ class Fetcher:
                         # a peer's reader has no digest to check it against yet, so drops it.
                         if track.hub_reader:
                             partial.hasher.update(block)
-                            partial.piece.update(block)
                             kept += len(block)
                             partial.have = kept
                         break
-                    digest = hashlib.sha256(block).hexdigest()
+                    partial.hasher.update(block)
+                    digest = partial.hasher.copy().hexdigest()
                     index = kept // self.piece_size
                     if not track.hub_reader and self._authority_digest(item, track, index) != digest:
+                        partial.rewind()
                         break
-                    partial.hasher.update(block)
                     kept += len(block)
                     partial.have = kept
                     partial.settle()
@@ -1195,7 +1223,7 @@ class Fetcher:
                     raise MismatchError("source has %s bytes, want %d" % (length, item.size))
             else:
                 raise TransientError("unexpected HTTP %d" % response.status)
-            source_key = "bytes_from_peer" if kind == "peer" else "bytes_from_hub"
+            counted = ("bytes_downloaded", "bytes_from_peer" if kind == "peer" else "bytes_from_hub", "bytes_streamed_hashed")
             start_have = partial.have
             with open(item.part, mode) as out:
                 os.fchmod(out.fileno(), 0o644)
@@ -1208,9 +1236,7 @@ class Fetcher:
                         if partial.have + len(chunk) > item.size:
                             raise MismatchError("source sent more than the locked %d bytes" % item.size)
                         self._take(item, kind, partial, track, out, memoryview(chunk))
-                        self.counters.add("bytes_downloaded", len(chunk))
-                        self.counters.add(source_key, len(chunk))
-                        self.counters.add("bytes_streamed_hashed", len(chunk))
+                        self.counters.add_each(counted, len(chunk))
                         if self.progress is not None:
                             self.progress.add(item.label, len(chunk), partial.have, item.size)
                 except (OSError, http.client.HTTPException) as exc:
@@ -1235,12 +1261,11 @@ class Fetcher:
             part = view[pos : pos + take]
             out.write(part)
             partial.hasher.update(part)
-            partial.piece.update(part)
             partial.have += take
             pos += take
             if partial.have == piece_end:
                 index = (piece_end - 1) // self.piece_size
-                digest = partial.piece.hexdigest()
+                digest = partial.hasher.copy().hexdigest()  # the prefix's: no second pass over the bytes
                 own = kind == "hub"
                 if not own:
                     want = self._authority_digest(item, track, index)
@@ -1386,12 +1411,14 @@ def _fleet_server(address: tuple, fetcher: Fetcher, token: str, log: Log, expect
                     if not self.stamped(dest, size, sha256):
                         return None
                     digests = []
+                    hasher = hashlib.sha256()
                     with open(dest, "rb", buffering=0) as handle:
                         while True:
                             block = handle.read(piece_size)
                             if not block:
                                 break
-                            digests.append(hashlib.sha256(block).hexdigest())
+                            hasher.update(block)
+                            digests.append(hasher.copy().hexdigest())
                     self.disk_digests[key] = digests
                 return self.disk_digests[key]
 

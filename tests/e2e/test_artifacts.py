@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from rigup.desired.lock import LockFile
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hfhub import HubAdmin
 from rigup_testbed.hosts import HostSpec
+from rigup_testbed.net import shape_port, unshape_port
 from tests.e2e.helpers import run
 
 pytestmark = pytest.mark.e2e
@@ -161,7 +164,9 @@ def test_corrupted_shard_is_refetched_from_a_fleet_peer(
     assert got == _locked_files(lock, QWEN)[SHARD2].sha256
 
 
-def test_reverify_rehashes_without_downloading(bed: Testbed, fleet: Path, lock: LockFile, hub: HubAdmin, pyinfra_run: RUN) -> None:
+def test_reverify_rehashes_without_downloading(
+    bed: Testbed, fleet: Path, lock: LockFile, hub: HubAdmin, pyinfra_run: RUN
+) -> None:
     hub.reset_stats()
     _converge(pyinfra_run, fleet, "--limit", "rig-01", "--data", "model_reverify=true")
     report = _report(bed.hosts[0])
@@ -169,10 +174,105 @@ def test_reverify_rehashes_without_downloading(bed: Testbed, fleet: Path, lock: 
     assert hub.stats()["total_bytes"] == 0
 
 
-def test_stale_lock_stops_the_deploy_before_any_change(bed: Testbed, fleet: Path, pyinfra_run: RUN) -> None:
-    proc = pyinfra_run(
-        fleet, *TASKS, opts=["--data", "vllm_fork_git_url=http://10.0.0.1/elsewhere/vllm.git"], timeout=300
+# ------------------------------------------------------------------------------------------
+# the fleet chain on a shaped LAN: rig-01 holds the main model, rig-02 and rig-03 need it again
+
+
+SHARD1 = "model-00001-of-00002.safetensors"
+PIECE = 4 << 20  # rigfetch's default piece size
+
+
+@pytest.fixture
+def shaped(bed: Testbed) -> Any:
+    """Each rig's port limited to 200 Mbit/s each way for the test (the 160 MB model then takes ~7 s)."""
+    net = bed.network
+    for h in bed.hosts:
+        shape_port(net, h.name, h.index, "200mbit")
+    yield
+    for h in bed.hosts:
+        unshape_port(net, h.name, h.index)
+
+
+def _wipe_main_model(*hosts: Any) -> None:
+    for h in hosts:
+        h.ssh(f"sudo rm -rf {QWEN_DIR}")
+
+
+def _intact(host: Any, lock: LockFile) -> bool:
+    listing = host.ssh(f"cd {QWEN_DIR} && sudo sha256sum $(sudo find . -type f -printf '%P ')").stdout
+    got = {line.split()[1]: line.split()[0] for line in listing.splitlines()}
+    return got == {p: f.sha256 for p, f in _locked_files(lock, QWEN).items()}
+
+
+def test_a_peer_that_corrupts_a_piece_is_dropped_and_the_converge_succeeds(
+    bed: Testbed, fleet: Path, lock: LockFile, hub: HubAdmin, pyinfra_run: RUN, shaped: Any
+) -> None:
+    one, two, three = bed.hosts
+    _converge(pyinfra_run, fleet)  # every rig holds both models (a no-op after the tests above)
+    _wipe_main_model(two, three)
+    failpoints = json.dumps(
+        {"corrupt_served_piece": {"file": f"qwen3.6-27b-autoround-int4/{SHARD1}", "piece": 3, "piece_size": PIECE}}
     )
+    two.ssh(f"echo '{failpoints}' | sudo tee /opt/rigup/state/rigfetch-failpoints.json >/dev/null")
+    try:
+        hub.reset_stats()
+        _converge(pyinfra_run, fleet)
+    finally:
+        two.ssh("sudo rm -f /opt/rigup/state/rigfetch-failpoints.json")
+    # This run's chain: rig-01 (holds it), rig-02, rig-03. rig-02 sent piece 3 with a byte flipped;
+    # rig-03 caught it against rig-01's digest, dropped rig-02 and read the rest from rig-01.
+    report = _report(three)
+    assert (report["pieces_rejected"], report["peers_dropped"], report["hash_mismatches"]) == (1, 1, 0)
+    assert report["bytes_from_hub"] == 0
+    log = three.ssh("sudo cat /opt/rigup/state/fetch.log").stdout
+    assert f"piece 3 of qwen3.6-27b-autoround-int4/{SHARD1} failed its hash" in log
+    assert all(_intact(h, lock) for h in bed.hosts)  # no rig stamped a bad file
+    assert hub.stats()["total_bytes"] == 0  # the fleet held a copy: the hub sent nothing
+
+
+def test_a_peer_killed_mid_transfer_fails_alone_and_the_next_converge_heals_it(
+    bed: Testbed, fleet: Path, lock: LockFile, hub: HubAdmin, pyinfra_run: RUN, shaped: Any
+) -> None:
+    one, two, three = bed.hosts
+    _converge(pyinfra_run, fleet)  # every rig holds both models (a no-op after the tests above)
+    _wipe_main_model(two, three)
+    hub.reset_stats()
+    result: dict[str, subprocess.CompletedProcess[str]] = {}
+    converge = threading.Thread(target=lambda: result.update(proc=pyinfra_run(fleet, *TASKS, opts=["-v"], timeout=900)))
+    converge.start()
+    try:
+        # Kill rig-02's rigfetch once rig-03 is receiving shard 1 from it (its nearest upstream).
+        part = f"{QWEN_DIR}/.{SHARD1}.rigfetch-part"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            size = three.ssh(f"sudo stat -c %s {part} 2>/dev/null || echo 0", check=False).stdout.strip() or "0"
+            if int(size) >= PIECE:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("rig-03 never started receiving shard 1")
+        two.ssh("sudo pkill -KILL -f '/opt/rigup/bin/[r]igfetch.py --manifest-b64'")  # [r]: not this shell
+    finally:
+        converge.join(timeout=900)
+    proc = result["proc"]
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0  # rig-02 failed its model step
+    rows = _results(output)
+    name = "Fetch locked model files (fleet: one rig reads the hub, the others forward verified pieces)"
+    assert rows[name][1] == 1, rows  # one error: rig-02
+    report = _report(three)
+    log = three.ssh("sudo grep -v 'serve: ' /opt/rigup/state/fetch.log | tail -40").stdout
+    assert report["ok"] and report["peers_dropped"] >= 1 and report["bytes_from_hub"] == 0, log
+    assert _intact(three, lock)
+    assert hub.stats()["total_bytes"] == 0
+    # The next converge resumes rig-02 from its verified pieces, from a peer.
+    _converge(pyinfra_run, fleet)
+    assert _intact(two, lock)
+    assert _report(two)["bytes_from_hub"] == 0 and hub.stats()["total_bytes"] == 0
+
+
+def test_stale_lock_stops_the_deploy_before_any_change(bed: Testbed, fleet: Path, pyinfra_run: RUN) -> None:
+    proc = pyinfra_run(fleet, *TASKS, opts=["--data", "vllm_fork_git_url=http://10.0.0.1/elsewhere/vllm.git"], timeout=300)
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "git:vllm-fork: locked from" in output and "python -m rigup lock" in output

@@ -524,10 +524,12 @@ def test_a_peer_killed_mid_transfer_is_routed_around(chain, hub: hfhub.HfHub) ->
     hub.admin().add_fault(kind="slow", file=SHARD1, bytes_per_s=1_000_000, times=1)  # 2.4 s for shard 1
     for i in range(3):
         c.start(i)
-    part = c.dir(1) / f".{SHARD1}.rigfetch-part"
+    # Kill rig 1 once rig 2 is receiving shard 1 from it (rig 2's part file grows only from its nearest peer).
+    parts = [c.dir(i) / f".{SHARD1}.rigfetch-part" for i in (1, 2)]
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not (part.exists() and part.stat().st_size >= 4 * PIECE):
+    while time.monotonic() < deadline and not all(p.exists() and p.stat().st_size >= PIECE for p in parts):
         time.sleep(0.02)
+    assert all(p.exists() and p.stat().st_size >= PIECE for p in parts)
     assert not (c.dir(1) / SHARD1).exists()
     c.procs[1].send_signal(signal.SIGKILL)  # type: ignore[union-attr]
     c.procs[1].communicate()  # type: ignore[union-attr]
@@ -557,6 +559,36 @@ def test_a_rig_resumes_a_chain_transfer_from_its_verified_pieces(chain, hub: hfh
     assert fetch["bytes_from_peer"] == total - 5 * PIECE  # kept the 5 pieces the head vouched for
     assert c.finish(0)[0] == 0
     assert _hub_bytes(hub) == total
+
+
+def test_piece_digests_are_prefix_hashes_ending_in_the_locked_one(chain, hub: hfhub.HfHub) -> None:  # noqa: ANN001
+    import urllib.request
+
+    c = chain(2)
+    c.start(0)
+    assert c.finish(0)[0] == 0
+    c.procs = [None, None]
+    c.start(0)  # holds every file verified; serves until its one peer is done or idle
+    data = (c.dir(0) / SHARD1).read_bytes()
+    url = f"{c.base(0)}_rigfetch/pieces/qwen/{SHARD1}?from=0&size={PIECE}"
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {c.token}"})
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                digests = json.loads(response.read())["digests"]
+            break
+        except OSError:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    pieces = (len(data) + PIECE - 1) // PIECE
+    assert len(digests) == pieces
+    assert digests[0] == hashlib.sha256(data[:PIECE]).hexdigest()
+    assert digests[3] == hashlib.sha256(data[: 4 * PIECE]).hexdigest()
+    assert digests[-1] == hashlib.sha256(data).hexdigest()  # the whole file's: the locked SHA-256
+    unauthorized = urllib.request.Request(url, headers={"Authorization": "Bearer wrong"})
+    with pytest.raises(urllib.error.HTTPError, match="401"):
+        urllib.request.urlopen(unauthorized, timeout=5)
 
 
 def test_a_peer_with_the_wrong_token_is_not_used(chain, hub: hfhub.HfHub) -> None:  # noqa: ANN001
