@@ -193,9 +193,13 @@ def shaped(bed: Testbed) -> Any:
         unshape_port(net, h.name, h.index)
 
 
-def _wipe_main_model(*hosts: Any) -> None:
-    for h in hosts:
+def _main_model_only_on_rig_01(bed: Testbed, pyinfra_run: RUN, fleet: Path, hub: HubAdmin) -> None:
+    """Converge (every rig then holds both models: a no-op after the tests above), then take the main model
+    off rig-02 and rig-03, so the next converge copies it down the chain rig-01, rig-02, rig-03."""
+    _converge(pyinfra_run, fleet)
+    for h in bed.hosts[1:]:
         h.ssh(f"sudo rm -rf {QWEN_DIR}")
+    hub.reset_stats()
 
 
 def _intact(host: Any, lock: LockFile) -> bool:
@@ -208,14 +212,12 @@ def test_a_peer_that_corrupts_a_piece_is_dropped_and_the_converge_succeeds(
     bed: Testbed, fleet: Path, lock: LockFile, hub: HubAdmin, pyinfra_run: RUN, shaped: Any
 ) -> None:
     one, two, three = bed.hosts
-    _converge(pyinfra_run, fleet)  # every rig holds both models (a no-op after the tests above)
-    _wipe_main_model(two, three)
+    _main_model_only_on_rig_01(bed, pyinfra_run, fleet, hub)
     failpoints = json.dumps(
         {"corrupt_served_piece": {"file": f"qwen3.6-27b-autoround-int4/{SHARD1}", "piece": 3, "piece_size": PIECE}}
     )
     two.ssh(f"echo '{failpoints}' | sudo tee /opt/rigup/state/rigfetch-failpoints.json >/dev/null")
     try:
-        hub.reset_stats()
         _converge(pyinfra_run, fleet)
     finally:
         two.ssh("sudo rm -f /opt/rigup/state/rigfetch-failpoints.json")
@@ -234,9 +236,7 @@ def test_a_peer_killed_mid_transfer_fails_alone_and_the_next_converge_heals_it(
     bed: Testbed, fleet: Path, lock: LockFile, hub: HubAdmin, pyinfra_run: RUN, shaped: Any
 ) -> None:
     one, two, three = bed.hosts
-    _converge(pyinfra_run, fleet)  # every rig holds both models (a no-op after the tests above)
-    _wipe_main_model(two, three)
-    hub.reset_stats()
+    _main_model_only_on_rig_01(bed, pyinfra_run, fleet, hub)
     result: dict[str, subprocess.CompletedProcess[str]] = {}
     converge = threading.Thread(target=lambda: result.update(proc=pyinfra_run(fleet, *TASKS, opts=["-v"], timeout=900)))
     converge.start()
