@@ -1535,7 +1535,9 @@ def _fleet_server(address: tuple, fetcher: Fetcher, token: str, log: Log, expect
                                 track.cond.wait(1.0)
                             if track.state == "failed" or self.server.closing:
                                 raise _Abandon("this rig's copy failed")
-                            if generation is not None and track.generation != generation and track.state != "done":
+                            if generation is not None and track.generation != generation:
+                                # The part file was replaced (even if the new one is done): the open
+                                # handle holds the old bytes.
                                 raise _Abandon("this rig's copy started over")
                             if generation is None:
                                 generation = track.generation

@@ -591,6 +591,19 @@ def test_piece_digests_are_prefix_hashes_ending_in_the_locked_one(chain, hub: hf
         urllib.request.urlopen(unauthorized, timeout=5)
 
 
+def test_bad_bytes_from_the_hub_are_caught_by_every_rig_and_no_one_stamps_them(chain, hub: hfhub.HfHub) -> None:  # noqa: ANN001
+    c = chain(2)
+    # The head's first read of shard 1 has a flipped byte: its digests describe bad bytes, and rig 1's
+    # pieces match them; the lock's SHA-256 at the end catches it on both, and both read it again.
+    hub.admin().add_fault(kind="corrupt", file=SHARD1, offset=300_000, length=1, times=1)
+    c.start(0)
+    c.start(1)
+    (code0, head, _), (code1, second, _) = c.finish(0), c.finish(1)
+    assert code0 == 0 and code1 == 0 and c.intact(0) and c.intact(1)
+    assert head["hash_mismatches"] == 1
+    assert second["hash_mismatches"] <= 1  # caught at its end unless the head's restart cut it short first
+
+
 def test_a_peer_with_the_wrong_token_is_not_used(chain, hub: hfhub.HfHub) -> None:  # noqa: ANN001
     c = chain(2)
     c.start(0)
