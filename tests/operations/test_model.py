@@ -101,6 +101,22 @@ def test_fleet_rigs_holding_a_model_form_its_chain(tmp_path: Path) -> None:
     assert one.script == "/opt/rigup/bin/rigfetch.py"
 
 
+def test_rigs_locked_to_other_files_of_a_model_are_in_another_chain(tmp_path: Path) -> None:
+    state = _state(tmp_path, [(f"@fake/rig-0{i}", {"variant": "dual"}) for i in (1, 2, 3)])
+    other = tmp_path / "other.lock.yaml"
+    lock = LockFile.load(tmp_path / "rigs.lock.yaml")
+    pin = lock.models[QWEN]
+    lock.models[QWEN] = ModelPin(pin.name, pin.repo_id, pin.revision, "3" * 40, pin.files[:1])
+    lock.save(other)
+    three = state.inventory.get_host("@fake/rig-03")
+    three.data.override_datas["lock_file"] = str(other)  # rig-03 follows another lock
+    host = state.inventory.get_host
+    one, rig3 = plan_models(state, host("@fake/rig-01")), plan_models(state, three)
+    name = "qwen3.6-27b-autoround-int4"
+    assert [m.host.name for m in one.chains[name]] == ["@fake/rig-01", "@fake/rig-02"]
+    assert [m.host.name for m in rig3.chains[name]] == ["@fake/rig-03"]
+
+
 def test_fleet_off_rigs_are_in_no_chain(tmp_path: Path) -> None:
     state = _state(
         tmp_path,
