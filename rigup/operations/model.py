@@ -24,6 +24,8 @@ from rigup.runstate import account
 RIGFETCH_SRC = RIGFETCH_SCRIPT
 
 
+SERVE_IDLE_S = 30  # a serving rig stops after this long without a request from any peer
+
 # One token per control-machine run, shared by the source and its peers, never written to disk.
 _FLEET_TOKEN = secrets.token_urlsafe(32)
 
@@ -194,7 +196,16 @@ def model_files(
         return
     options = _common_options(retries, reverify)
     if serve_to:
-        options += ["--listen", QuoteString(f"0.0.0.0:{int(listen_port)}"), "--expect-peers", str(len(serve_to))]
+        # Peers stream or ask for digests all along; 30 s of silence means the ones left died (each rig
+        # that dies fails its own host), so the living stop waiting for them well before rigfetch's 120 s.
+        options += [
+            "--listen",
+            QuoteString(f"0.0.0.0:{int(listen_port)}"),
+            "--expect-peers",
+            str(len(serve_to)),
+            "--idle-timeout",
+            str(SERVE_IDLE_S),
+        ]
     fleet = bool(chains)
     # streamed: rigfetch's progress line (bytes done/total, sources, rate, ETA) every few seconds, per host
     yield streamed(

@@ -208,7 +208,7 @@ def test_rigs_that_hold_the_files_lead_the_chain_and_serve_the_ones_that_need_th
     # This run's chain: rig-02, rig-04 (they hold the files), then rig-01, rig-03.
     (first,) = _rigfetch_runs(one)
     assert _upstreams(first) == ["http://10.0.0.12:8765/", "http://10.0.0.14:8765/"]
-    assert "--listen 0.0.0.0:8765 --expect-peers 1" in first  # rig-03 comes after it
+    assert "--listen 0.0.0.0:8765 --expect-peers 1 --idle-timeout 30" in first  # rig-03 comes after it
     (third,) = _rigfetch_runs(three)
     assert _upstreams(third) == ["http://10.0.0.12:8765/", "http://10.0.0.14:8765/", "http://10.0.0.11:8765/"]
     assert "--listen" not in third  # the tail serves nobody
