@@ -617,11 +617,14 @@ class Track:
             self.verified = offset
             self.cond.notify_all()
 
-    def authoritative_run(self, start: int) -> list:
+    def authoritative_run(self, start: int) -> list | None:
         """The digests this rig vouches for from piece `start` on: all of them once the whole file
-        matched the lock, else the run it read from the hub."""
+        matched the lock, else the run it read from the hub. None: the file is done but was verified on
+        disk, not received, so its digests are to be hashed from disk."""
         with self.cond:
             if self.state == "done":
+                if len(self.digests) < self.pieces:
+                    return None
                 return [self.digests[i] for i in range(start, self.pieces)]
             run = []
             index = start
@@ -1587,18 +1590,21 @@ def _fleet_server(address: tuple, fetcher: Fetcher, token: str, log: Log, expect
                 return self._plain(404, "not in the manifest")
             dest, size, sha256 = entry
             track = self.server.tracks.get(path)
-            if track is None or track.piece_size != piece_size:
-                digests = self.server.digests_on_disk(dest, size, sha256, piece_size) if track is None else None
-                return self._plain(200, json.dumps({"digests": (digests or [])[start:]}), "application/json")
-            deadline = time.monotonic() + 15.0
-            with track.cond:
-                while not track.authoritative_run(start) and track.may_vouch() and track.state != "done":
-                    left = deadline - time.monotonic()
-                    if left <= 0 or self.server.closing:
-                        break
-                    track.cond.wait(min(left, 1.0))
-                digests = track.authoritative_run(start)
-                pending = not digests and track.may_vouch() and start < track.pieces
+            digests = None
+            pending = False
+            if track is not None and track.piece_size == piece_size:
+                deadline = time.monotonic() + 15.0
+                with track.cond:
+                    while not track.authoritative_run(start) and track.may_vouch() and track.state != "done":
+                        left = deadline - time.monotonic()
+                        if left <= 0 or self.server.closing:
+                            break
+                        track.cond.wait(min(left, 1.0))
+                    digests = track.authoritative_run(start)
+                    pending = not digests and track.state != "done" and track.may_vouch() and start < track.pieces
+            if digests is None and not pending:
+                # Not fetched in this run, or verified on disk in it: a stamped file vouches from disk.
+                digests = (self.server.digests_on_disk(dest, size, sha256, piece_size) or [])[start:]
             answer = {"digests": digests, "pending": pending} if pending else {"digests": digests}
             return self._plain(200, json.dumps(answer), "application/json")
 

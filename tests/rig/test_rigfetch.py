@@ -591,6 +591,24 @@ def test_piece_digests_are_prefix_hashes_ending_in_the_locked_one(chain, hub: hf
         urllib.request.urlopen(unauthorized, timeout=5)
 
 
+def test_an_upstream_that_verified_its_files_on_disk_vouches_for_their_pieces(chain, hub: hfhub.HfHub) -> None:  # noqa: ANN001
+    c = chain(2)
+    c.start(0)
+    assert c.finish(0)[0] == 0
+    # The head's files are right but unstamped: this run hashes them on disk instead of receiving them,
+    # and it must still give their piece digests to the rig below, or that rig falls back to the hub.
+    (c.root / "rig0" / "state" / "model-stamps.json").write_text('{"version": 1, "files": {}}')
+    hub.admin().reset_stats()
+    c.procs = [None, None]
+    c.start(0)
+    c.start(1)
+    (code0, head, _), (code1, second, _) = c.finish(0), c.finish(1)
+    assert code0 == 0 and code1 == 0 and c.intact(1)
+    assert head["files_verified"] == len(c.manifest(0)["models"][0]["files"])
+    assert second["bytes_from_peer"] == _total(c.manifest(1)) and second["bytes_from_hub"] == 0
+    assert _hub_bytes(hub) == 0
+
+
 def test_bad_bytes_from_the_hub_are_caught_by_every_rig_and_no_one_stamps_them(chain, hub: hfhub.HfHub) -> None:  # noqa: ANN001
     c = chain(2)
     # The head's first read of shard 1 has a flipped byte: its digests describe bad bytes, and rig 1's
