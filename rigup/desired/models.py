@@ -36,7 +36,6 @@ class ModelPlan:
     manifest: dict[str, Any]  # every model of the rig, hub URLs only: its ModelFiles fact checks this
     chains: dict[str, tuple[ChainMember, ...]] = field(default_factory=dict)  # model name -> fleet members holding it
     listen_port: int = 8765
-    fleet: bool = False
 
 
 def _manifest(state_dir: str, reserve_bytes: int, models: list[dict[str, Any]]) -> dict[str, Any]:
@@ -151,6 +150,5 @@ def _plan_all(state: Any, only: Any = None) -> tuple[dict[str, ModelPlan], dict[
             manifest=member.manifest,
             chains=chains,
             listen_port=int(knob(info.data, "model_fleet_port")),
-            fleet=info.fleet,
         )
     return plans, problems

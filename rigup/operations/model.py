@@ -118,12 +118,12 @@ def _needs(member: ChainMember, model: str) -> bool:
     return any(str(w.get("path", "")).startswith(prefix) for w in status.get("work") or ())
 
 
-def _chain_order(chain: tuple[ChainMember, ...], model: str) -> list[ChainMember]:
-    """A model's chain for this run: the members still in the run, those that hold the files already
-    first (they serve from disk), then the others in inventory order. Every member computes the same
-    order from the same facts."""
-    live = [m for m in chain if m.host in state.active_hosts]
-    return [m for m in live if not _needs(m, model)] + [m for m in live if _needs(m, model)]
+def _chain_order(chain: tuple[ChainMember, ...], model: str) -> list[tuple[ChainMember, bool]]:
+    """A model's chain for this run, as (member, needs files) pairs: the members still in the run, those
+    that hold the files already first (they serve from disk), then the others in inventory order. Every
+    member computes the same order from the same facts."""
+    live = [(m, _needs(m, model)) for m in chain if m.host in state.active_hosts]
+    return [pair for pair in live if not pair[1]] + [pair for pair in live if pair[1]]
 
 
 @operation()
@@ -182,15 +182,15 @@ def model_files(
     serve_to: set[str] = set()
     for model in manifest["models"]:
         chain = _chain_order(chains.get(model["name"], ()), model["name"])
-        names = [m.host.name for m in chain]
+        names = [m.host.name for m, _ in chain]
         if host.name not in names:
             models.append(model)
             continue
         position = names.index(host.name)
         # Members ahead of this one are its upstreams (head first); those after it that need files, its peers.
-        upstreams = [m.base_url for m in chain[:position]] if _needs(chain[position], model["name"]) else []
+        upstreams = [m.base_url for m, _ in chain[:position]] if chain[position][1] else []
         models.append({**model, "upstreams": upstreams} if upstreams else model)
-        serve_to.update(m.host.name for m in chain[position + 1 :] if _needs(m, model["name"]))
+        serve_to.update(m.host.name for m, needs in chain[position + 1 :] if needs)
     if not work and not serve_to:
         host.noop(f"{status['ok']} model files match the lock (verified stamps)")
         return

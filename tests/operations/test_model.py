@@ -90,7 +90,7 @@ def test_fleet_rigs_holding_a_model_form_its_chain(tmp_path: Path) -> None:
     assert [m.host.name for m in one.chains[main]] == ["@fake/rig-01", "@fake/rig-02", "@fake/rig-03"]
     assert [m.base_url for m in one.chains[main]] == ["http://10.0.0.11:8765/", "http://10.0.0.12:8765/", "http://10.0.0.13:9000/"]
     assert [m.host.name for m in two.chains[draft]] == ["@fake/rig-02"]  # the only rig with the draft
-    assert three.listen_port == 9000 and one.fleet and three.fleet
+    assert three.listen_port == 9000 and one.chains and three.chains
     assert one.chains[main][1].manifest == two.manifest  # what rig-01 checks of rig-02 is rig-02's own check
 
     entry = one.manifest["models"][0]
@@ -128,7 +128,7 @@ def test_fleet_off_rigs_are_in_no_chain(tmp_path: Path) -> None:
     )
     host = state.inventory.get_host
     one, two, three = (plan_models(state, host(f"@fake/rig-0{i}")) for i in (1, 2, 3))
-    assert one.chains == {} and not one.fleet
+    assert one.chains == {}
     assert [m.host.name for m in two.chains["qwen3.6-27b-autoround-int4"]] == ["@fake/rig-02", "@fake/rig-03"]
     assert three.chains["qwen3.6-27b-autoround-int4"][0].base_url == "http://@fake/rig-02:8765/"
 
