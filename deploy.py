@@ -5,6 +5,8 @@ Phases, in order (each task file's docstring says what is true afterwards and wh
                      and a host it fails gets nothing more planned (a --dry run exits 1 for it)
   nvidia_driver      driver branch installed, loaded (reboot when allowed), held; power cap unit
   docker             Docker CE + compose plugin from Docker's signed repository
+  image_mirror       on the host image_mirror_host names: the fleet's pull-through registry, holding
+                     every pinned image before any rig pulls; its cache pruned to its bound
   container_toolkit  NVIDIA container toolkit wired into Docker; GPU smoke container
   sources            vLLM fork and Genesis checked out at the locked commits
   model              model (and draft) files verified against the locked SHA-256
@@ -21,7 +23,13 @@ from pyinfra import host, local, state
 
 from rigup.operations.units import every_rig_done
 from rigup.pyinfra_patches import enable_pyinfra_patches
-from rigup.runstate import print_summary_at_the_end, runs_gateway_task, runs_monitor_task, runs_rig_tasks
+from rigup.runstate import (
+    print_summary_at_the_end,
+    runs_gateway_task,
+    runs_image_mirror_task,
+    runs_monitor_task,
+    runs_rig_tasks,
+)
 
 enable_pyinfra_patches(state)  # first: facts read once, this host's batch sent while the rest loads
 print_summary_at_the_end(state)
@@ -30,6 +38,9 @@ local.include("tasks/preflight.py")
 if runs_rig_tasks(host):  # passed preflight and serves a variant
     local.include("tasks/nvidia_driver.py")
     local.include("tasks/docker.py")
+if runs_image_mirror_task(host):  # passed preflight and a host's image_mirror_host names it
+    local.include("tasks/image_mirror.py")
+if runs_rig_tasks(host):
     local.include("tasks/container_toolkit.py")
     local.include("tasks/sources.py")
     local.include("tasks/model.py")

@@ -48,6 +48,10 @@ gpu_smoke_image = "nvidia/cuda:12.6.0-base-ubuntu22.04"  # image whose nvidia-sm
 
 # --- Container images ----------------------------------------------------------------------
 container_registry = "docker.io"  # registry prefix for every image (point at a mirror)
+image_mirror_host = None  # str or None: fleet host that runs a pull-through mirror (the distribution registry) of container_registry; every rig pulls rigup's images through it. None: rigs pull from container_registry
+image_mirror_port = 5000  # TCP port the mirror serves plain HTTP on (rigs list it in daemon.json insecure-registries)
+image_mirror_max_gb = 200  # bound of the mirror's cache on disk; above it, images no rig pins now are pruned, least recently cached first
+image_mirror = None  # derived, never set by hand: {host, address, port} of the mirror this host pulls through (rigup.desired.image_mirror)
 
 # --- Sources (git) --------------------------------------------------------------------------
 vllm_fork_git_url = "https://github.com/noonghunna/vllm.git"  # patched vLLM fork (Marlin files)

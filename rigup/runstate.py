@@ -95,6 +95,14 @@ def runs_rig_tasks(host: Any) -> bool:
     return passed_preflight(host) and bool(knob(host.data, "serves_variant"))
 
 
+def runs_image_mirror_task(host: Any) -> bool:
+    """deploy.py's gate for tasks/image_mirror.py: the host passed preflight and some host of the fleet
+    names it as its image_mirror_host."""
+    return passed_preflight(host) and any(
+        (knob(other.data, "image_mirror") or {}).get("host") == host.name for other in host.inventory
+    )
+
+
 def runs_gateway_task(host: Any) -> bool:
     """deploy.py's gate for tasks/gateway.py: the host passed preflight and is in gateway_group."""
     return passed_preflight(host) and is_gateway(host.data, host.groups)

@@ -1,11 +1,12 @@
 """Real Debian packages for the test bed: the stand-in Ubuntu archive's `universe` component, and real
 programs (promtool, prometheus, node_exporter) for tests on the control machine.
 
-Fleet monitoring installs Prometheus and node_exporter from the OS archive (in Ubuntu's `universe`).
+Fleet monitoring installs Prometheus and node_exporter from the OS archive (in Ubuntu's `universe`), and
+the fleet's image mirror the distribution registry (`docker-registry`, also in `universe`).
 Those are not simulated: the hub serves Debian bookworm's own .debs (the hosts are Debian 12), so hosts
 run the real programs under their real units, users and default files. What is served:
 
-  ROOTS (prometheus, prometheus-node-exporter, prometheus-alertmanager) and every package of their
+  ROOTS (prometheus, prometheus-node-exporter, prometheus-alertmanager, docker-registry) and every package of their
   Depends/Pre-Depends closure (no Recommends/Suggests) that the test-bed image does not already hold.
 
 The image's package set is computed, not read from a built image, so the archive's content does not
@@ -47,7 +48,7 @@ from pathlib import Path
 
 from rigup_testbed.image import ImageSpec, cache_dir
 
-ROOTS: tuple[str, ...] = ("prometheus", "prometheus-node-exporter", "prometheus-alertmanager")
+ROOTS: tuple[str, ...] = ("prometheus", "prometheus-node-exporter", "prometheus-alertmanager", "docker-registry")
 KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 ARCH = "amd64"
 RESOLVER = 1  # bump when the resolution below changes in a way its inputs cannot see

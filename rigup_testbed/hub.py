@@ -18,7 +18,8 @@ namespace and the hub's cgroup, recorded in the ledger, and up once it wrote its
                      catalog's digest-pinned images at their digests (rigup_testbed/hubserve.py):
                      container_registry
     engine-registry :5001  the real distribution registry (Debian's docker-registry) holding images the
-                     bed builds (rigup_testbed/registry.py): engine_registry, engine_registry_images
+                     bed builds (rigup_testbed/registry.py): engine_registry, engine_registry_images,
+                     engine_registry_log (its log: the bytes it served, served_blob_bytes)
     hf        :8082  Hugging Face endpoint (rigup_testbed/hfhub.py): hf_endpoint. Like the real Hub it
                      answers an LFS file's /resolve/ with a 302 to its CDN, another origin (:8084)
     git       :8081  smart HTTP (git http-backend; GitHub serves https and turned git:// off in 2022) with
@@ -185,7 +186,8 @@ class Hub:
                       "--ready-file", str(w / "engine-registry/ready.json"),
                       *(["--python-root", str(self.python_root)] if self.python_root else [])],
                 ready_file=w / "engine-registry/ready.json",
-                knobs=lambda r: {"engine_registry": r["url"], "engine_registry_images": r["images"]},
+                knobs=lambda r: {"engine_registry": r["url"], "engine_registry_images": r["images"],
+                                 "engine_registry_log": r["log"]},
             ),
             Service(
                 name="hf",

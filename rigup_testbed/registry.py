@@ -49,6 +49,7 @@ import http.client
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -544,7 +545,7 @@ def _request(address: str, method: str, path: str, body: bytes = b"",
     return response
 
 
-def _push_blob(address: str, repository: str, blob: bytes) -> None:
+def push_blob(address: str, repository: str, blob: bytes) -> None:
     digest = _digest(blob)
     if _request(address, "HEAD", f"/v2/{repository}/blobs/{digest}").status == 200:
         return
@@ -559,16 +560,20 @@ def _push_blob(address: str, repository: str, blob: bytes) -> None:
         raise RuntimeError(f"registry {address}: uploading {digest} to {repository} answered {done.status}")
 
 
+def push_manifest(address: str, repository: str, tag: str, manifest: bytes) -> str:
+    """PUT a schema-2 manifest under `tag`; returns the digest the registry answers."""
+    put = _request(address, "PUT", f"/v2/{repository}/manifests/{tag}", manifest, {"Content-Type": MANIFEST_TYPE})
+    if put.status != 201:
+        raise RuntimeError(f"registry {address}: manifest {repository}:{tag} answered {put.status}")
+    return put.headers.get("Docker-Content-Digest", "")
+
+
 def push(address: str, image: Image) -> str:
     """Push `image` to the registry at host:port; returns the digest the registry answers for its tag."""
     for layer in image.layers:
-        _push_blob(address, image.repository, layer)
-    _push_blob(address, image.repository, image.config)
-    put = _request(address, "PUT", f"/v2/{image.repository}/manifests/{image.tag}", image.manifest,
-                   {"Content-Type": MANIFEST_TYPE})
-    if put.status != 201:
-        raise RuntimeError(f"registry {address}: manifest {image.repository}:{image.tag} answered {put.status}")
-    digest = put.headers.get("Docker-Content-Digest", "")
+        push_blob(address, image.repository, layer)
+    push_blob(address, image.repository, image.config)
+    digest = push_manifest(address, image.repository, image.tag, image.manifest)
     if digest != image.digest:
         raise RuntimeError(f"registry {address}: {image.repository}:{image.tag} stored as {digest}, built as {image.digest}")
     return digest
@@ -577,10 +582,26 @@ def push(address: str, image: Image) -> str:
 # --- the service -----------------------------------------------------------------------------------
 
 
+def served_blob_bytes(log: Path, repository: str | None = None) -> int:
+    """Bytes of blob GETs a registry answered (of `repository`, or every one), from the "response completed"
+    lines distribution logs at info level (http.request.uri, http.response.written)."""
+    prefix = f"/v2/{repository}/blobs/" if repository else "/blobs/"
+    total = 0
+    for line in log.read_text(errors="replace").splitlines():
+        if "response completed" not in line or "http.request.method=GET" not in line:
+            continue
+        uri = re.search(r'http\.request\.uri="([^"]+)"', line)
+        written = re.search(r"http\.response\.written=(\d+)", line)
+        if uri and written and (uri.group(1).startswith(prefix) if repository else prefix in uri.group(1)):
+            total += int(written.group(1))
+    return total
+
+
 def config_text(storage: Path, bind: str, port: int) -> str:
+    # info: the registry's "response completed" line per request, with the bytes it wrote (served_blob_bytes)
     return (
         "version: 0.1\n"
-        "log:\n  level: warn\n"
+        "log:\n  level: info\n  accesslog:\n    disabled: true\n"
         f"storage:\n  filesystem:\n    rootdirectory: {storage}\n  delete:\n    enabled: true\n"
         f"http:\n  addr: {bind}:{port}\n"
     )
@@ -616,7 +637,7 @@ def main(argv: list[str] | None = None) -> int:
                     raise
             time.sleep(0.1)
         images = {f"{image.repository}:{image.tag}": push(address, image) for image in test_bed_images(args.python_root)}
-        return {"url": address, "images": images, "pid": os.getpid()}, [address]
+        return {"url": address, "images": images, "log": str(args.root / "registry.log"), "pid": os.getpid()}, [address]
 
     def stop() -> None:
         child.terminate()

@@ -6,10 +6,11 @@ runtime (added with `nvidia-ctk runtime configure`, which merges into /etc/docke
 the user's keys); /dev/char links exist for the NVIDIA device nodes and a udev rule recreates them, so
 a systemd daemon-reload does not take GPUs away from running containers (toolkit#48). When the
 driver, Docker or the toolkit changed in this run, a container of gpu_smoke_image (with
-container_registry) must see as many GPUs as the host.
+container_registry, or the fleet's image mirror when image_mirror_host names one) must see as many GPUs
+as the host.
 
 Reads: nvidia_ctk_apt_url, nvidia_ctk_apt_key_url, nvidia_ctk_packages, gpu_smoke_image,
-container_registry.
+container_registry, image_mirror.
 Restarts: docker.service, only when the nvidia runtime was just configured.
 Not idempotent: the smoke test (runs only after a change; skipped when the driver waits for a reboot).
 """
@@ -18,6 +19,7 @@ Not idempotent: the smoke test (runs only after a change; skipped when the drive
 from pyinfra import host
 from pyinfra.operations import apt, files, systemd
 
+from rigup.desired.image_mirror import pull_registry
 from rigup.operations.apt import CTK_KEYRING, CTK_LIST, ctk_repo_uri, signed_repository
 from rigup.operations.docker import docker_nvidia_runtime, image_ref
 from rigup.operations.gpu import gpu_smoke_test, nvidia_dev_char_links
@@ -52,7 +54,7 @@ nvidia_dev_char_links(name="Create /dev/char links for NVIDIA devices")
 blocked = serving_blocked(host)
 gpu_smoke_test(
     name="Check a CUDA container sees every GPU (after a driver, Docker or toolkit change)",
-    image=image_ref(host.data.container_registry, host.data.gpu_smoke_image),
+    image=image_ref(pull_registry(host.data), host.data.gpu_smoke_image),
     _if=[
         lambda: blocked is None,
         lambda: toolkit.did_change() or runtime.did_change() or changed(host, "driver", "docker"),

@@ -8,9 +8,12 @@ Distribution packages that conflict with Docker CE (docker.io, podman-docker, co
 are removed, docker_packages are installed and docker.service is running and enabled. A snap
 Docker fails the host in preflight.
 
-docker_insecure_registries are merged into /etc/docker/daemon.json (other keys kept).
+docker_insecure_registries are merged into /etc/docker/daemon.json (other keys kept), with the fleet's
+image mirror when the host names one (image_mirror_host): as an insecure registry (it speaks plain
+HTTP on the LAN) and, when it mirrors Docker Hub, as a registry-mirrors entry.
 
-Reads: docker_apt_url, docker_apt_key_url, docker_packages, docker_insecure_registries.
+Reads: docker_apt_url, docker_apt_key_url, docker_packages, docker_insecure_registries, image_mirror,
+container_registry.
 Restarts: docker.service, only when daemon.json changed while Docker was already running (starts it
 when it is not running). apt-get update runs only when the key or the source file changed.
 Not idempotent: none.
@@ -22,7 +25,7 @@ from pyinfra.facts.deb import DebArch, DebPackages
 from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import apt, systemd
 
-from rigup.desired.knobs import knob
+from rigup.desired.image_mirror import daemon_settings
 from rigup.facts.system import OsReleaseInfo
 from rigup.operations.apt import DOCKER_KEYRING, DOCKER_LIST, signed_repository
 from rigup.operations.docker import docker_daemon_config
@@ -54,9 +57,11 @@ signed_repository(
 
 # Written before the packages, so a fresh Docker starts with it; a running one is restarted below.
 docker_was_running = bool(host.get_fact(SystemdStatus, services=["docker.service"]).get("docker.service"))
+insecure_registries, registry_mirrors = daemon_settings(host.data)
 daemon = docker_daemon_config(
     name="Merge rigup's settings into Docker's daemon.json",
-    insecure_registries=list(knob(host.data, "docker_insecure_registries") or []),
+    insecure_registries=insecure_registries,
+    registry_mirrors=registry_mirrors,
 )
 
 removed = apt.packages(

@@ -24,6 +24,7 @@ import yaml
 from rigup import WORK_DIR
 from rigup.desired.cluster import Cluster, ClusterError, cluster_knob
 from rigup.desired.cluster_entries import parse_clusters
+from rigup.desired.image_mirror import MirrorError, resolve_mirrors
 from rigup.desired.knobs import OPTIONAL_KNOB_TYPES as OPTIONAL_KNOB_TYPES  # moved to knobs; kept importable here
 from rigup.desired.knobs import KnobError, check_knob, load_defaults, type_ok
 from rigup.desired.pods import PodError, host_pods
@@ -168,6 +169,10 @@ def load_fleet(path: Path | str | None = None) -> Fleet:
             members.append(FleetHost(host_name, group_name, data))
         groups[group_name] = members
     clusters = _clusters(path, document.get("clusters"), groups)
+    try:
+        resolve_mirrors(path, {host.name: host.data for members in groups.values() for host in members})
+    except MirrorError as exc:
+        raise FleetError(str(exc)) from None
     return Fleet(path=path, groups=groups, clusters=clusters)
 
 

@@ -159,6 +159,8 @@ OPTIONAL_KNOB_TYPES: dict[str, tuple[type, ...]] = {
     "monitor_group": (str,),
     "alertmanager_webhook_url_file": (str,),
     "cluster": (dict,),
+    "image_mirror_host": (str,),
+    "image_mirror": (dict,),
 }
 
 # Knobs with a non-None default that still take None (group_data/all.py says what None means).
@@ -290,6 +292,9 @@ def _rule_table() -> dict[str, Rule]:
     table: dict[str, Rule] = {
         "variant": _variant(),
         "pods": _pods(),
+        # the fleet file's loader sets it on each client of an image_mirror_host, after these checks
+        "image_mirror": Rule("set from image_mirror_host, not by hand (image_mirror_host: the fleet host running "
+                             "the mirror)", lambda v: v is None),
         # the fleet file's loader sets it on each member of a `clusters` entry, after these checks
         "cluster": Rule(
             "set from the fleet file's top-level `clusters` list, not by hand (clusters: [{name, variant, hosts, "
@@ -321,6 +326,9 @@ def _rule_table() -> dict[str, Rule]:
         "nvidia_ctk_packages": _list_of_text("a non-empty list of apt package names", non_empty=True),
         "gpu_smoke_image": _text("an image reference (e.g. nvidia/cuda:12.6.0-base-ubuntu22.04)"),
         "container_registry": _registry(),
+        "image_mirror_host": _text("a host name of the fleet file"),
+        "image_mirror_port": port,
+        "image_mirror_max_gb": Rule("a number of GB above 0", lambda v: _is_number(v) and v > 0),
         "source_refs": _source_refs(),
         "hf_token_file": _text("a file path on the control machine"),
         "lock_file": _text("a file path on the control machine"),

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rigup.desired.image_mirror import mirror_registry, pinned_through
 from rigup.desired.interconnect import detect
 from rigup.desired.knobs import declared_values, knob
 from rigup.desired.lock import LockError, LockFile, deploy_lock, lock_problems
@@ -216,3 +217,19 @@ def host_sources(plans: list[HostPlan]) -> list[Any]:
             paths = source.required_paths if known is None else tuple(sorted({*known.required_paths, *source.required_paths}))
             merged[source.name] = replace(source, required_paths=paths)
     return list(merged.values())
+
+
+def mirror_pins(name: str, host_data: Mapping[str, Any]) -> list[str]:
+    """What a host pulls through its image mirror (rigup.desired.image_mirror.pinned_through): every pod's
+    image as locked, and the GPU smoke image unless it names its own registry. A host without a mirror,
+    a variant or a usable lock pins nothing (its own run stops at the lock)."""
+    registry = mirror_registry(host_data)
+    if registry is None or not knob(host_data, "serves_variant"):
+        return []
+    plans = host_plans(dict(host_data), name, read_secrets=False, require_lock=False)
+    refs = {plan.recipe.image.ref for plan in plans if plan.lock is not None}
+    smoke = str(knob(host_data, "gpu_smoke_image"))
+    first = smoke.split("/", 1)[0]
+    if not ("/" in smoke and ("." in first or ":" in first or first == "localhost")):
+        refs.add(f"{registry}/{smoke}")
+    return sorted(pin for ref in refs if (pin := pinned_through(ref, registry)) is not None)

@@ -23,6 +23,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from rigup.desired.catalog import GPU_MEMORY_UTILIZATION_RANGE, CatalogError, load_catalog
 from rigup.desired.cluster import ClusterMember, ClusterNet, RayPorts, cluster_of, refusals
 from rigup.desired.compose_doc import Change, ComposeEdit, ComposeError, UpstreamFile, dump
+from rigup.desired.image_mirror import pull_registry
 from rigup.desired.interconnect import Interconnect, effective, nccl_settings
 from rigup.desired.knobs import REGISTRY, RIG_PATH, is_strict_int, knob
 from rigup.desired.pods import Pod, PodError, host_pods, pod_data
@@ -618,7 +619,7 @@ def resolve(
     overrides = knob(host_data, "variant_overrides") or {}
     override_values = _apply_overrides(overrides, variant, catalog["models"][variant["model"]])
     paths = rig_paths(host_data, pod)
-    registry = _registry_prefix(knob(host_data, "container_registry"))
+    registry = _registry_prefix(pull_registry(host_data))  # the fleet's mirror when the host names one
     bind_address = serving_bind_address(host_data)
     models = variant_models(catalog, variant, paths.model_dir, lock)
     upstream_source, base = read_upstream(catalog, variant, host_data, paths.sources_dir, lock, reader)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,3 +84,29 @@ class DockerImage(FactBase[LocalImage | None]):
         if not image_id.startswith("sha256:") or not size.isdigit():
             raise FactProcessError(f"docker image inspect printed {lines[0]!r}, not an id and a size in bytes")
         return LocalImage(image_id, int(size))
+
+
+class ImageMirrorCache(FactBase[dict[str, Any] | None]):
+    """
+    What the image mirror's helper (rigup/rig/imagemirror.py) says about its cache: the pins it lacks,
+    the bytes it holds and its bound. None before the helper and its keep file are on the host.
+
+    .. code:: python
+
+        {"missing": ["vllm/vllm-openai@sha256:..."], "bytes": 1234, "max_bytes": 200000000000}
+    """
+
+    def command(self, script: str, keep_file: str) -> StringCommand:
+        script_q, keep_q = QuoteString(script), QuoteString(keep_file)
+        return StringCommand("if [ -f", script_q, "] && [ -f", keep_q, "]; then python3", script_q, "check", keep_q,
+                             "; else echo absent; fi")
+
+    def process(self, output: list[str]) -> dict[str, Any] | None:
+        text = "\n".join(output).strip()
+        if text == "absent":
+            return None
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise FactProcessError(f"the image mirror's check printed no JSON: {text[-300:]!r}") from exc
+        return value

@@ -1,49 +1,58 @@
-"""Docker operations: daemon.json merged (your keys kept) with the insecure registries and the nvidia runtime."""
+"""Docker operations: daemon.json merged (your keys kept) with the insecure registries, registry mirrors and
+the nvidia runtime."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from io import StringIO
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import FileUploadCommand, StringCommand, operation
+from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 
-from rigup.facts.docker import DockerDaemonJson, DockerEngineInfo
+from rigup.facts.docker import DockerDaemonJson, DockerEngineInfo, ImageMirrorCache
+from rigup.operations.live_output import streamed
+from rigup.runstate import account
 
 DAEMON_JSON = "/etc/docker/daemon.json"
 
 
-def merged_daemon_config(current: Mapping[str, Any] | None, insecure_registries: list[str]) -> dict[str, Any] | None:
-    """`current` with the wanted entries added (the user's keys and list entries kept); None when
+def merged_daemon_config(
+    current: Mapping[str, Any] | None, insecure_registries: list[str], registry_mirrors: Sequence[str] = ()
+) -> dict[str, Any] | None:
+    """`current` with the wanted list entries added (the user's keys and list entries kept); None when
     nothing is missing."""
     config = dict(current or {})
-    have = list(config.get("insecure-registries") or [])
-    missing = [r for r in insecure_registries if r not in have]
-    if not missing:
-        return None
-    config["insecure-registries"] = have + missing
-    return config
+    changed = False
+    for key, wanted in (("insecure-registries", insecure_registries), ("registry-mirrors", registry_mirrors)):
+        have = list(config.get(key) or [])
+        missing = [r for r in wanted if r not in have]
+        if missing:
+            config[key] = have + missing
+            changed = True
+    return config if changed else None
 
 
 @operation()
-def docker_daemon_config(insecure_registries: list[str] | None = None):
+def docker_daemon_config(insecure_registries: list[str] | None = None, registry_mirrors: list[str] | None = None):
     """
     Add settings to /etc/docker/daemon.json without touching the keys already there (the user's,
     the nvidia runtime ``nvidia-ctk`` adds). Restarting Docker is the caller's handler.
 
     + insecure_registries: ``host:port`` registries Docker may use over plain HTTP (a LAN mirror)
+    + registry_mirrors: ``http://host:port`` mirrors Docker tries first for Docker Hub images
 
     **Example:**
 
     .. code:: python
 
         docker.docker_daemon_config(name="Let Docker pull from the LAN mirror",
-                                     insecure_registries=["10.0.0.5:5000"])
+                                     insecure_registries=["10.0.0.5:5000"],
+                                     registry_mirrors=["http://10.0.0.5:5000"])
     """
-    wanted = list(insecure_registries or [])
-    merged = merged_daemon_config(host.get_fact(DockerDaemonJson), wanted)
+    merged = merged_daemon_config(host.get_fact(DockerDaemonJson), list(insecure_registries or []),
+                                  list(registry_mirrors or []))
     if merged is None:
         host.noop(f"{DAEMON_JSON} has every wanted setting")
         return
@@ -82,3 +91,41 @@ def image_ref(registry: str, image: str) -> str:
         return image
     return f"{registry.rstrip('/')}/{image}"
 
+
+
+@operation()
+def image_mirror_cached(script: str, keep_file: str):
+    """
+    Put every image the fleet's rigs pin into the image mirror's cache before any rig pulls, each blob
+    read from upstream once and checked by digest: the rigs' pulls are then cache hits, and the upstream
+    serves the fleet one copy (a cold distribution 2.8 would read a missed blob twice, and again for each
+    rig missing it at once; see rigup/rig/imagemirror.py). Runs only when the cache lacks a pinned image.
+
+    + script: rigup-image-mirror on the mirror host
+    + keep_file: its keep file (port, storage, pins)
+    """
+    cache = host.get_fact(ImageMirrorCache, script=script, keep_file=keep_file)
+    if cache is not None and not cache["missing"]:
+        host.noop("the image mirror holds every pinned image")
+        return
+    yield streamed(
+        StringCommand("python3", QuoteString(script), "warm", QuoteString(keep_file)),
+        lambda h, ok, output, s: account(h, f"image mirror cached the pinned images in {s:.0f} s" if ok
+                                         else "image mirror failed to cache the pinned images"),
+    )
+
+
+@operation()
+def image_mirror_pruned(script: str, keep_file: str):
+    """
+    Keep the image mirror's cache under its bound: when it holds more, drop the images no rig pins now,
+    least recently cached first (the registry stops for the garbage collection). Runs only when over.
+
+    + script: rigup-image-mirror on the mirror host
+    + keep_file: its keep file (bound, pins)
+    """
+    cache = host.get_fact(ImageMirrorCache, script=script, keep_file=keep_file)
+    if cache is not None and cache["bytes"] <= cache["max_bytes"]:
+        host.noop(f"the image mirror's cache ({cache['bytes'] / 1e9:.2f} GB) is within its bound")
+        return
+    yield StringCommand("python3", QuoteString(script), "prune", QuoteString(keep_file))

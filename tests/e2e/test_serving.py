@@ -1,5 +1,6 @@
 """Serving end to end on the test bed: bring-up, converged re-run, pin change, variant switch, a failed
-gate that rolls back, the API key, and a fleet rollout with a canary and a host that is down.
+gate that rolls back, the API key, and a fleet rollout with a canary and a host that is down, its rigs
+pulling through the fleet's image mirror on the canary.
 
 The scenarios share one 2-host bed (rig-01 in group canary, rig-02 in group rigs) and run in file order;
 after the variant switch (rig-02) the scenarios act on rig-01 alone (--limit), so each stands on its
@@ -13,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from rigup.desired.lock import LockFile
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import Host, HostSpec
 from rigup_testbed.image import REPO_ROOT
-from rigup_testbed.registry import REBUILT_TAG
+from rigup_testbed.registry import REBUILT_TAG, served_blob_bytes
 from tests.e2e.helpers import remote_commands
 
 pytestmark = pytest.mark.e2e
@@ -133,6 +135,14 @@ def _recipe(variant: str) -> Any:
     from rigup.desired.recipe import resolve
 
     return resolve({**load_defaults(), "variant": variant})  # from the fixture trees the remotes commit
+
+
+def registry_image_bytes(registry: str, repository: str, digest: str) -> int:
+    """The bytes of an image's config and layers, from its manifest in `registry` (host:port)."""
+    request = urllib.request.Request(f"http://{registry}/v2/{repository}/manifests/{digest}",
+                                     headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+    manifest = json.loads(urllib.request.urlopen(request, timeout=30).read())
+    return int(manifest["config"]["size"]) + sum(int(layer["size"]) for layer in manifest["layers"])
 
 
 def port_of(variant: str) -> int:
@@ -323,7 +333,10 @@ def test_rollout_with_a_canary_and_a_host_down(testbed_factory: Callable[..., Te
     )
     b = Bed(testbed, testbed.workdir)
     b.data["rollout_batch"] = 2
+    b.data["image_mirror_host"] = "rig-01"  # the canary mirrors the hub's registry for the fleet
     b.write()
+    hub_log = Path(testbed.urls["engine_registry_log"])
+    hub_before = served_blob_bytes(hub_log, "vllm/vllm-openai")
     down = b.host("rig-03")
     down.ssh("sudo -n systemctl poweroff", check=False, timeout=30)
     deadline = time.monotonic() + 60
@@ -348,3 +361,27 @@ def test_rollout_with_a_canary_and_a_host_down(testbed_factory: Callable[..., Te
     assert "rig-02" not in canary_log and "Health-gate the (re)started variant" in canary_log
     for name in ("rig-01", "rig-02", "rig-04"):
         assert provenance(b.host(name))["gate"]["result"] == "passed"
+
+    # The image mirror: every rig pulled the vLLM image through rig-01 (a step without rig-01 in it too),
+    # and the hub served the image's blobs once: rig-01 cached them before any rig pulled.
+    mirror = f"{b.host('rig-01').ip}:5000"
+    image = _recipe(VARIANT).image
+    digest = testbed.urls["engine_registry_images"][f"{image.repository}:{image.tag}"]
+    pin = LockFile.load(b.lock).image_digest(image.lock_name)  # None: the bed's lock pins tags
+    assert pin in (None, digest)
+    for name in ("rig-01", "rig-02", "rig-04"):
+        ref = f"{mirror}/{image.repository}:{image.tag}" + (f"@{pin}" if pin else "")
+        digests = json.loads(sh(b.host(name), f"docker image inspect --format '{{{{json .RepoDigests}}}}' {ref}"))
+        assert f"{mirror}/{image.repository}@{digest}" in digests, (name, digests)
+        daemon = json.loads(sh(b.host(name), "cat /etc/docker/daemon.json"))
+        assert mirror in daemon["insecure-registries"], (name, daemon)
+    keep = json.loads(sh(b.host("rig-01"), "cat /etc/rigup/image-mirror-keep.json"))
+    assert (f"{image.repository}@{pin}" if pin else f"{image.repository}:{image.tag}") in keep["keep"], keep
+    assert unit_prop(b.host("rig-01"), "docker-registry.service", "ActiveState") == "active"
+    image_bytes = registry_image_bytes(testbed.urls["engine_registry"], image.repository, digest)
+    assert served_blob_bytes(hub_log, image.repository) - hub_before == image_bytes
+    # A converged mirror host changes nothing on a re-run: cache, bound, registry and daemon.json all hold.
+    again = b.deploy_json("--limit", "rig-01")
+    mirror_ops = [op for op in again["results"]["operations"]
+                  if op["name"].startswith(("tasks/image_mirror.py", "tasks/docker.py"))]
+    assert len(mirror_ops) > 10 and [op["name"] for op in mirror_ops if op["success"]] == []

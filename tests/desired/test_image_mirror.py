@@ -1,0 +1,136 @@
+"""The fleet's image mirror as the control machine decides it: the fleet file's check, each rig's pull
+registry and daemon.json settings, the mirror host's role and config."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rigup.desired.fleet import FleetError, load_fleet
+from rigup.desired.image_mirror import (
+    DOCKER_HUB_API,
+    daemon_settings,
+    dropin_text,
+    helper_path,
+    mirror_role,
+    pinned_through,
+    prune_unit_text,
+    pull_registry,
+    upstream_url,
+)
+from rigup.desired.recipe import resolve
+
+FLEET = """
+    data:
+      image_mirror_host: rig-01
+    groups:
+      rigs:
+        hosts:
+          rig-01: {ssh_hostname: 10.0.0.1, image_mirror_port: 5055}
+          rig-02: {ssh_hostname: 10.0.0.2}
+      gateway:
+        data: {serves_variant: false}
+        hosts:
+          gw: {ssh_hostname: 10.0.0.9, image_mirror_host: null}
+"""
+
+
+def load(tmp_path: Path, text: str = FLEET):
+    path = tmp_path / "rigs.yaml"
+    path.write_text(textwrap.dedent(text))
+    return load_fleet(path)
+
+
+def test_clients_learn_the_mirror_address_and_port(tmp_path: Path) -> None:
+    fleet = load(tmp_path)
+    assert fleet.host("rig-02").data["image_mirror"] == {"host": "rig-01", "address": "10.0.0.1", "port": 5055}
+    assert fleet.host("rig-01").data["image_mirror"]["host"] == "rig-01"  # the mirror pulls through itself
+    assert "image_mirror" not in fleet.host("gw").data
+    assert pull_registry(fleet.resolved_data("rig-02")) == "10.0.0.1:5055"
+    assert pull_registry(fleet.resolved_data("gw")) == "docker.io"
+
+
+def test_a_rig_pulls_its_variant_image_through_the_mirror(tmp_path: Path) -> None:
+    data = load(tmp_path).resolved_data("rig-02")
+    recipe = resolve(data)
+    assert recipe.image.ref.startswith("10.0.0.1:5055/vllm/vllm-openai:")
+
+
+def test_daemon_json_lists_the_mirror_and_mirrors_docker_hub(tmp_path: Path) -> None:
+    data = load(tmp_path).resolved_data("rig-02")
+    assert daemon_settings(data) == (["10.0.0.1:5055"], ["http://10.0.0.1:5055"])
+    # another upstream than Docker Hub: registry-mirrors would not apply to it (Docker mirrors Docker Hub only)
+    other = dict(data, container_registry="registry.lan:5000", docker_insecure_registries=["registry.lan:5000"])
+    assert daemon_settings(other) == (["registry.lan:5000", "10.0.0.1:5055"], [])
+    assert daemon_settings({"docker_insecure_registries": ["a:1"]}) == (["a:1"], [])
+
+
+def test_upstream_url_follows_how_docker_reaches_the_registry() -> None:
+    assert upstream_url("docker.io", []) == DOCKER_HUB_API == "https://registry-1.docker.io"
+    assert upstream_url("registry.lan:5000", ["registry.lan:5000"]) == "http://registry.lan:5000"
+    assert upstream_url("ghcr.io", []) == "https://ghcr.io"
+
+
+def test_the_mirror_role_proxies_the_clients_registry_and_keeps_their_pins(tmp_path: Path) -> None:
+    fleet = load(tmp_path)
+    hosts = [(h.name, fleet.resolved_data(h.name)) for h in fleet.hosts]
+    pins = {"rig-01": ["vllm/vllm-openai@sha256:" + "a" * 64], "rig-02": ["vllm/vllm-openai@sha256:" + "a" * 64,
+                                                                        "vllm/vllm-openai@sha256:" + "b" * 64]}
+    role = mirror_role("rig-01", fleet.resolved_data("rig-01"), hosts, pins)
+    assert role is not None and role.clients == ("rig-01", "rig-02") and role.port == 5055
+    assert role.keep == ("vllm/vllm-openai@sha256:" + "a" * 64, "vllm/vllm-openai@sha256:" + "b" * 64)
+    assert role.max_bytes == 200 * 10**9  # group_data's image_mirror_max_gb
+    config = yaml.safe_load(role.config_text())
+    assert config["proxy"] == {"remoteurl": "https://registry-1.docker.io"}
+    assert config["http"]["addr"] == ":5055"
+    assert config["storage"]["filesystem"]["rootdirectory"] == "/var/lib/docker-registry"
+    keep = json.loads(role.keep_text())
+    assert keep["max_bytes"] == role.max_bytes and keep["keep"] == list(role.keep) and keep["port"] == 5055
+    assert mirror_role("rig-02", fleet.resolved_data("rig-02"), hosts, pins) is None
+
+
+def test_pinned_through_reads_repository_and_digest_or_tag() -> None:
+    digest = "sha256:" + "c" * 64
+    assert pinned_through(f"10.0.0.1:5055/vllm/vllm-openai:nightly-1@{digest}", "10.0.0.1:5055") == f"vllm/vllm-openai@{digest}"
+    assert pinned_through(f"10.0.0.1:5055/vllm/vllm-openai@{digest}", "10.0.0.1:5055") == f"vllm/vllm-openai@{digest}"
+    # a lock without image digests: the tag is what the mirror keeps
+    assert pinned_through("10.0.0.1:5055/vllm/vllm-openai:nightly-1", "10.0.0.1:5055") == "vllm/vllm-openai:nightly-1"
+    assert pinned_through("10.0.0.1:5055/nvidia/cuda", "10.0.0.1:5055") == "nvidia/cuda:latest"
+    assert pinned_through(f"nvcr.io/nvidia/x:1@{digest}", "10.0.0.1:5055") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("data: {image_mirror_host: rig-9}\ngroups:\n  rigs:\n    hosts:\n      rig-01: {}\n",
+         "host 'rig-01': image_mirror_host 'rig-9' is not a host of this fleet (hosts: rig-01)"),
+        ("data: {image_mirror_host: rig-01, container_registry: registry.example/dockerhub}\n"
+         "groups:\n  rigs:\n    hosts:\n      rig-01: {}\n",
+         "image_mirror_host needs container_registry to be a registry host (host[:port]), got 'registry.example/dockerhub'"),
+        ("data: {image_mirror_host: rig-01}\ngroups:\n  rigs:\n    hosts:\n      rig-01: {}\n"
+         "      rig-02: {container_registry: ghcr.io}\n",
+         "host 'rig-02': its mirror 'rig-01' would proxy https://ghcr.io, but host 'rig-01' has it proxy "
+         "https://registry-1.docker.io: one mirror serves one container_registry"),
+        ("data: {image_mirror: {host: x}}\ngroups:\n  rigs:\n    hosts:\n      rig-01: {}\n",
+         "'image_mirror' must be set from image_mirror_host, not by hand"),
+        ("data: {image_mirror_max_gb: 0}\ngroups:\n  rigs:\n    hosts:\n      rig-01: {}\n",
+         "'image_mirror_max_gb' must be a number of GB above 0, got 0"),
+    ],
+)
+def test_bad_mirror_settings_name_file_host_and_key(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "rigs.yaml"
+    path.write_text(text)
+    with pytest.raises(FleetError) as raised:
+        load_fleet(path)
+    assert str(raised.value).startswith(str(path))
+    assert message in str(raised.value)
+
+
+def test_units_run_rigups_config_and_the_helpers_prune() -> None:
+    assert dropin_text().splitlines()[2:4] == ["ExecStart=", "ExecStart=/usr/bin/docker-registry serve /etc/rigup/image-mirror.yml"]
+    unit = prune_unit_text(helper_path("/opt/rigup"))
+    assert "ExecStart=/usr/bin/python3 /opt/rigup/bin/rigup-image-mirror prune /etc/rigup/image-mirror-keep.json" in unit
