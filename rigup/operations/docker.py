@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from io import StringIO
 from typing import Any
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 
 from rigup.facts.docker import DockerDaemonJson, DockerEngineInfo, ImageMirrorCache
@@ -119,7 +119,8 @@ def image_mirror_cached(script: str, keep_file: str):
 def image_mirror_pruned(script: str, keep_file: str):
     """
     Keep the image mirror's cache under its bound: when it holds more, drop the images no rig pins now,
-    least recently cached first (the registry stops for the garbage collection). Runs only when over.
+    least recently cached first (the registry stops for the garbage collection). Runs only when over the
+    bound with something to drop: pins alone over it leave nothing to do, and a warning says so.
 
     + script: rigup-image-mirror on the mirror host
     + keep_file: its keep file (bound, pins)
@@ -127,5 +128,11 @@ def image_mirror_pruned(script: str, keep_file: str):
     cache = host.get_fact(ImageMirrorCache, script=script, keep_file=keep_file)
     if cache is not None and cache["bytes"] <= cache["max_bytes"]:
         host.noop(f"the image mirror's cache ({cache['bytes'] / 1e9:.2f} GB) is within its bound")
+        return
+    if cache is not None and not cache.get("unpinned"):
+        over = (f"the image mirror's cache ({cache['bytes'] / 1e9:.2f} GB) is over its bound "
+                f"({cache['max_bytes'] / 1e9:.2f} GB) with pinned images only: raise image_mirror_max_gb")
+        host.log_styled(over, fg="yellow", log_func=logger.warning)
+        host.noop(over)
         return
     yield StringCommand("python3", QuoteString(script), "prune", QuoteString(keep_file))

@@ -155,7 +155,22 @@ def resolved(store: Storage, repository: str, reference: str) -> str | None:
         return None
 
 
+def pinned_revisions(store: Storage, keep: dict) -> set[tuple[str, str]]:
+    """(repository, digest) of every cached manifest a pin needs: the pinned one (a tag pin's, as cached)
+    and the platform manifest an index leads to."""
+    pinned: set[tuple[str, str]] = set()
+    for ref in keep["keep"]:
+        repository, reference = split_ref(ref)
+        digest = resolved(store, repository, reference)
+        if digest is not None:
+            pinned.add((repository, digest))
+            pinned.update((repository, child) for child in children(store.manifest(digest) or {}))
+    return pinned
+
+
 def check(keep: dict) -> dict:
+    """The pins the cache lacks, its bytes and bound, and how many cached manifests no pin needs (what a
+    prune could drop)."""
     store = Storage(Path(keep["storage"]))
     missing = []
     for ref in keep["keep"]:
@@ -163,7 +178,9 @@ def check(keep: dict) -> dict:
         digest = resolved(store, repository, reference)
         if digest is None or missing_parts(store, repository, digest):
             missing.append(ref)
-    return {"missing": missing, "bytes": store.used_bytes(), "max_bytes": int(keep["max_bytes"])}
+    pinned = pinned_revisions(store, keep)
+    unpinned = sum(1 for repository, digest, _ in store.revisions() if (repository, digest) not in pinned)
+    return {"missing": missing, "bytes": store.used_bytes(), "max_bytes": int(keep["max_bytes"]), "unpinned": unpinned}
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -351,11 +368,7 @@ def prune(keep: dict) -> None:
     if used <= bound:
         print(f"rigup-image-mirror: the cache holds {used / 1e9:.2f} GB, within its bound of {bound / 1e9:.2f} GB")
         return
-    pinned: set[tuple[str, str]] = set()
-    for ref in keep["keep"]:
-        repository, digest = split_ref(ref)
-        pinned.add((repository, digest))
-        pinned.update((repository, child) for child in children(store.manifest(digest) or {}))
+    pinned = pinned_revisions(store, keep)
     revisions = store.revisions()
     kept = [(r, d) for r, d, _ in revisions]
     dropped = []
@@ -364,6 +377,10 @@ def prune(keep: dict) -> None:
             break
         kept.remove((repository, digest))
         dropped.append((repository, digest))
+    if not dropped:  # pins alone: nothing to drop, and no reason to stop the registry
+        print(f"rigup-image-mirror: warning: the images rigs pin now take {used / 1e9:.2f} GB, over the bound "
+              f"of {bound / 1e9:.2f} GB; raise image_mirror_max_gb", file=sys.stderr)
+        return
     if keep.get("unit"):
         subprocess.run(["systemctl", "stop", keep["unit"]], check=True)
     try:

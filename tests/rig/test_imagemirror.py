@@ -164,7 +164,10 @@ def test_a_cold_mirror_reads_upstream_again_for_each_concurrent_miss(fleet: dict
     assert fleet["upstream"].blob_bytes_served() >= 3 * image_bytes(fleet["other"])
 
 
-def test_prune_drops_what_no_rig_pins_and_keeps_the_pin(fleet: dict) -> None:
+@pytest.mark.parametrize("by", ["digest", "tag"])
+def test_prune_drops_what_no_rig_pins_and_keeps_the_pin(fleet: dict, by: str) -> None:
+    if by == "tag":  # a lock without image digests pins the tag: its cached manifest is what is kept
+        fleet["keep"].write_text(json.dumps(dict(json.loads(fleet["keep"].read_text()), keep=["vllm/vllm-openai:v1"])))
     assert helper("warm", str(fleet["keep"])).returncode == 0
     pull(fleet["mirror"].port, fleet["other"])  # an image no rig pins any more, cached earlier
     keep_path = fleet["keep"]
@@ -176,6 +179,7 @@ def test_prune_drops_what_no_rig_pins_and_keeps_the_pin(fleet: dict) -> None:
     fleet["mirror"].stop()  # the unit's stop and start are systemd's; here the test does them
     try:
         used = storage.used_bytes()  # once the registry is stopped: nothing is being written any more
+        assert json.loads(helper("check", str(keep_path)).stdout)["unpinned"] == 1
         doc = json.loads(keep_path.read_text())
         (keep_path.parent / "within.json").write_text(json.dumps(dict(doc, max_bytes=used + 1)))
         unchanged = helper("prune", str(keep_path.parent / "within.json"))
@@ -186,8 +190,9 @@ def test_prune_drops_what_no_rig_pins_and_keeps_the_pin(fleet: dict) -> None:
     finally:
         fleet["mirror"].start()
     assert pruned.returncode == 0, pruned.stderr
-    assert "pruned vllm/vllm-omni@" in pruned.stdout
+    assert "pruned vllm/vllm-omni@" in pruned.stdout and "vllm/vllm-openai" not in pruned.stdout
     assert not storage.blob(other_layer).is_file()
+    assert json.loads(helper("check", str(keep_path)).stdout)["unpinned"] == 0
     assert storage.used_bytes() <= doc["max_bytes"]
     assert json.loads(helper("check", str(keep_path)).stdout)["missing"] == []
     served = fleet["upstream"].blob_bytes_served()
@@ -206,7 +211,7 @@ def test_pins_alone_over_the_bound_are_kept_with_a_warning(fleet: dict) -> None:
     finally:
         fleet["mirror"].start()
     assert result.returncode == 0, result.stderr
-    assert "raise image_mirror_max_gb" in result.stderr
+    assert "raise image_mirror_max_gb" in result.stderr and "pruned" not in result.stdout
     assert json.loads(helper("check", str(tight)).stdout)["missing"] == []
 
 
