@@ -291,8 +291,10 @@ def insecure_registries(host_data: Mapping[str, Any]) -> set[str]:
 
 
 def needs_for(recipe: Any, host_data: Mapping[str, Any]) -> list[Need]:
-    """Everything the recipe's variant pulls from outside, as lock entries to have."""
-    registry = recipe.image.registry
+    """Everything the recipe's variant pulls from outside, as lock entries to have. The image is pinned at
+    container_registry, the registry the pin is true of, even when the rig pulls it through the fleet's
+    image mirror (which may not exist yet when the lock is made)."""
+    registry = str(knob(host_data, "container_registry")).rstrip("/")
     insecure = insecure_registries(host_data)
     out: list[Need] = [ImageNeed(recipe.image.lock_name, recipe.image.repository, recipe.image.tag, registry,
                                  registry.split("/", 1)[0] in insecure)]

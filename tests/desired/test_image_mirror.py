@@ -134,3 +134,14 @@ def test_units_run_rigups_config_and_the_helpers_prune() -> None:
     assert dropin_text().splitlines()[2:4] == ["ExecStart=", "ExecStart=/usr/bin/docker-registry serve /etc/rigup/image-mirror.yml"]
     unit = prune_unit_text(helper_path("/opt/rigup"))
     assert "ExecStart=/usr/bin/python3 /opt/rigup/bin/rigup-image-mirror prune /etc/rigup/image-mirror-keep.json" in unit
+
+
+def test_the_lock_pins_the_image_at_the_upstream_not_at_the_mirror(tmp_path: Path) -> None:
+    from rigup.desired.lock import ImageNeed, needs_for
+
+    data = dict(load(tmp_path).resolved_data("rig-02"), container_registry="registry.lan:5001",
+                docker_insecure_registries=["registry.lan:5001"])
+    recipe = resolve(data)
+    assert recipe.image.registry == "10.0.0.1:5055"  # pulled through the mirror
+    (need,) = [n for n in needs_for(recipe, data) if isinstance(n, ImageNeed)]
+    assert (need.registry, need.plain_http) == ("registry.lan:5001", True)  # pinned where the pin is true
