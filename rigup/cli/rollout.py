@@ -140,11 +140,12 @@ def fleet_settings(inventory: Any) -> Settings:
 
 
 def plan(hosts: Sequence[str], groups: dict[str, Sequence[str]], settings: Settings,
-         together: Sequence[Sequence[str]] = ()) -> list[Step]:
+         together: Sequence[Sequence[str]] = (), first: Sequence[str] = ()) -> list[Step]:
     """Steps in order: the canary group's hosts, then the others `batch` at a time, the gateway group's
     last (a gateway writes its routes from what every rig serves when it converges). Each of `together`
     (a cluster's members) moves as one, in the step of its first member: a cluster's gate passes or
-    rolls back on every member at once (rigup.operations.cluster_gate)."""
+    rolls back on every member at once (rigup.operations.cluster_gate). The hosts of `first` (the fleet's
+    image mirrors) join the first step: the rigs of every step pull through them."""
     if settings.batch < 1:
         raise RolloutError(f"rollout_batch must be at least 1, got {settings.batch}")
     if settings.max_failures < 0:
@@ -156,10 +157,14 @@ def plan(hosts: Sequence[str], groups: dict[str, Sequence[str]], settings: Setti
     if canary:
         steps.append(Step("canary", tuple(canary), canary=True))
     gateways = set(groups.get(settings.gateway_group, ())) if settings.gateway_group else set()
-    rest = [h for h in hosts if h not in canary]
+    early = [h for h in first if h in hosts and h not in canary]
+    rest = [h for h in hosts if h not in canary and h not in early]
     rest = [h for h in rest if h not in gateways] + [h for h in rest if h in gateways]
     for number, start in enumerate(range(0, len(rest), settings.batch), 1):
         steps.append(Step(f"batch {number}", tuple(rest[start : start + settings.batch])))
+    if early:
+        lead = steps[0] if steps else Step("batch 1", ())
+        steps[:1] = [Step(lead.name, (*lead.hosts, *early), canary=lead.canary)]
     return _keep_together(steps, together)
 
 
@@ -443,7 +448,8 @@ def run_rollout(args: argparse.Namespace, echo: Callable[[str], None]) -> Rollou
     if settings.canary_group is not None and settings.canary_group not in groups:
         echo(f"rollout: no group {settings.canary_group!r} in the inventory: no canary step")
     clusters = {tuple(h.data.get("cluster")["hosts"]) for h in inventory if h.data.get("cluster")}
-    steps = plan(hosts, groups, settings, sorted(clusters))
+    mirrors = sorted({h.data.get("image_mirror")["host"] for h in inventory if h.data.get("image_mirror")})
+    steps = plan(hosts, groups, settings, sorted(clusters), mirrors)
     if args.plan:
         return RolloutResult(settings, steps, [HostResult(h, s.name, "skipped") for s in steps for h in s.hosts], None, None, {})
     log_dir = Path(args.log_dir) if args.log_dir else WORK_DIR / ".rigup" / "rollout" / time.strftime("%Y%m%d-%H%M%S")

@@ -40,6 +40,17 @@ def test_plan_canary_then_batches():
     ]
 
 
+def test_the_image_mirror_host_converges_in_the_first_step():
+    # r4 caches the fleet's images: it moves into the canary step, before any rig pulls through it
+    steps = plan(HOSTS, GROUPS, Settings("canary", 2, 0), first=["r4"])
+    assert [(s.name, s.hosts) for s in steps] == [
+        ("canary", ("c1", "c2", "r4")), ("batch 1", ("r1", "r2")), ("batch 2", ("r3", "r5"))]
+    # without a canary step they join batch 1; a host only of mirrors makes that step
+    steps = plan(HOSTS, GROUPS, Settings("nope", 3, 0), first=["r5", "c1"])
+    assert [s.hosts for s in steps] == [("c2", "r1", "r2", "r5", "c1"), ("r3", "r4")]
+    assert [s.hosts for s in plan(["m"], {"all": ["m"]}, Settings(None, 2, 0), first=["m"])] == [("m",)]
+
+
 def test_plan_without_the_canary_group():
     steps = plan(HOSTS, GROUPS, Settings("nope", 3, 0))
     assert [s.hosts for s in steps] == [("c1", "c2", "r1"), ("r2", "r3", "r4"), ("r5",)]
