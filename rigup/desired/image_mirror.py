@@ -37,9 +37,11 @@ PRUNE_NAME = "rigup-image-mirror-prune"
 PRUNE_UNIT = f"{PRUNE_NAME}.service"
 PRUNE_TIMER = f"{PRUNE_NAME}.timer"
 
-# Docker Hub's names: the registry Docker's own `registry-mirrors` applies to, and the endpoint its API is at
-# (moby's registry package: IndexHostname "index.docker.io", DefaultV2Registry "https://registry-1.docker.io").
+# Docker Hub's names, and the endpoint its API is at (moby's registry package: DefaultNamespace "docker.io",
+# IndexHostname "index.docker.io", DefaultV2Registry "https://registry-1.docker.io"). Docker applies
+# `registry-mirrors` to the first two only (registry/service_v2.go lookupV2Endpoints).
 DOCKER_HUB_NAMES = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
+MIRRORED_BY_DOCKER = frozenset({"docker.io", "index.docker.io"})
 DOCKER_HUB_API = "https://registry-1.docker.io"
 
 
@@ -176,7 +178,7 @@ def daemon_settings(host_data: Mapping[str, Any]) -> tuple[list[str], list[str]]
         return insecure, []
     if mirror not in insecure:
         insecure.append(mirror)
-    hub = registry_host(str(knob(host_data, "container_registry"))) in DOCKER_HUB_NAMES
+    hub = registry_host(str(knob(host_data, "container_registry"))) in MIRRORED_BY_DOCKER
     return insecure, [f"http://{mirror}"] if hub else []
 
 
