@@ -19,9 +19,9 @@ Not idempotent: the smoke test (runs only after a change; skipped when the drive
 from pyinfra import host
 from pyinfra.operations import apt, files, systemd
 
-from rigup.desired.image_mirror import pull_registry
+from rigup.desired.image_mirror import image_ref, pull_registry
 from rigup.operations.apt import CTK_KEYRING, CTK_LIST, ctk_repo_uri, signed_repository
-from rigup.operations.docker import docker_nvidia_runtime, image_ref
+from rigup.operations.docker import docker_nvidia_runtime
 from rigup.operations.gpu import gpu_smoke_test, nvidia_dev_char_links
 from rigup.runstate import changed, serving_blocked
 

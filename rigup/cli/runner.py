@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from rigup.client.ssh import LOCAL_HOST, FileLog, JournalLog, RemoteError, Runner, ServiceLog, SshSettings
 from rigup.desired.fleet import Fleet, load_fleet
 from rigup.desired.gateway import GatewayError, gateway_plan
-from rigup.desired.knobs import knob
+from rigup.desired.knobs import knob, url_host
 from rigup.desired.plan import host_plan
 from rigup.desired.pods import Pod
 from rigup.desired.recipe import Recipe, RecipeError, pods_of
@@ -57,7 +57,7 @@ class Target:
 def api_host(hostname: str) -> str:
     if hostname == LOCAL_HOST:
         return "127.0.0.1"  # the serving port on this machine
-    return f"[{hostname}]" if ":" in hostname and not hostname.startswith("[") else hostname
+    return url_host(hostname)
 
 
 def select_hosts(fleet: Fleet, limit: Sequence[str] | None) -> list[str]:

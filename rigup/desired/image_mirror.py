@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rigup.desired.knobs import knob
+from rigup.desired.knobs import knob, url_host
 
 CONFIG_FILE = "/etc/rigup/image-mirror.yml"
 KEEP_FILE = "/etc/rigup/image-mirror-keep.json"  # the prune script's input: bound and the pins to keep
@@ -107,17 +107,30 @@ def helper_path(install_root: str) -> str:
     return f"{install_root.rstrip('/')}/bin/{HELPER_NAME}"
 
 
+def insecure_registries(host_data: Mapping[str, Any]) -> set[str]:
+    """host[:port] of every registry Docker is told to reach over plain HTTP (docker_insecure_registries)."""
+    return {str(r).split("://", 1)[-1].rstrip("/") for r in knob(host_data, "docker_insecure_registries") or ()}
+
+
+def image_ref(registry: str, image: str) -> str:
+    """Prefix `image` with `registry` unless it already names one (first part has "." or ":")."""
+    first = image.split("/", 1)[0]
+    if "/" in image and ("." in first or ":" in first or first == "localhost"):
+        return image
+    return f"{registry.rstrip('/')}/{image}"
+
+
 def registry_host(container_registry: str) -> str:
     return container_registry.rstrip("/").split("/", 1)[0]
 
 
-def upstream_url(container_registry: str, insecure_registries: Iterable[str]) -> str:
-    """The proxy's remoteurl for `container_registry`: Docker Hub's API endpoint for Docker Hub names;
-    plain HTTP for a registry the host lists as insecure (as Docker itself would reach it), else HTTPS."""
-    name = registry_host(container_registry)
+def upstream_url(host_data: Mapping[str, Any]) -> str:
+    """The proxy's remoteurl for the host's container_registry: Docker Hub's API endpoint for Docker Hub
+    names; plain HTTP for a registry the host lists as insecure (as Docker itself would reach it), else HTTPS."""
+    name = registry_host(str(knob(host_data, "container_registry")))
     if name in DOCKER_HUB_NAMES:
         return DOCKER_HUB_API
-    return f"{'http' if name in set(insecure_registries) else 'https'}://{name}"
+    return f"{'http' if name in insecure_registries(host_data) else 'https'}://{name}"
 
 
 def resolve_mirrors(path: Any, hosts: Mapping[str, dict[str, Any]]) -> None:
@@ -139,7 +152,7 @@ def resolve_mirrors(path: Any, hosts: Mapping[str, dict[str, Any]]) -> None:
         if "/" in registry.rstrip("/"):
             raise MirrorError(f"{path}: host {name!r}: image_mirror_host needs container_registry to be a registry "
                               f"host (host[:port]), got {registry!r}: a pull-through mirror proxies a whole registry")
-        upstream = upstream_url(registry, knob(data, "docker_insecure_registries") or [])
+        upstream = upstream_url(data)
         seen = upstreams.setdefault(mirror, (upstream, name))
         if seen[0] != upstream:
             raise MirrorError(f"{path}: host {name!r}: its mirror {mirror!r} would proxy {upstream}, but host "
@@ -157,9 +170,7 @@ def mirror_registry(host_data: Mapping[str, Any]) -> str | None:
     mirror = knob(host_data, "image_mirror")
     if not mirror:
         return None
-    address = str(mirror["address"])
-    address = f"[{address}]" if ":" in address and not address.startswith("[") else address
-    return f"{address}:{int(mirror['port'])}"
+    return f"{url_host(str(mirror['address']))}:{int(mirror['port'])}"
 
 
 def pull_registry(host_data: Mapping[str, Any]) -> str:
@@ -189,8 +200,7 @@ def mirror_role(name: str, host_data: Mapping[str, Any], fleet: Iterable[tuple[s
     clients = [(other, data) for other, data in fleet if (knob(data, "image_mirror") or {}).get("host") == name]
     if not clients:
         return None
-    first = clients[0][1]
-    upstream = upstream_url(str(knob(first, "container_registry")), knob(first, "docker_insecure_registries") or [])
+    upstream = upstream_url(clients[0][1])
     keep = sorted({ref for other, _ in clients for ref in (pins or {}).get(other, ())})
     max_bytes = int(float(knob(host_data, "image_mirror_max_gb")) * 1e9)
     return MirrorRole(upstream=upstream, port=int(knob(host_data, "image_mirror_port")), max_bytes=max_bytes,

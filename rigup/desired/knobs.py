@@ -206,6 +206,11 @@ def _is_listen_address(value: Any) -> bool:
     return port.isdigit() and 1 <= int(port) <= 65535 and _is_ip(address)
 
 
+def url_host(address: str) -> str:
+    """`address` as the host part of a URL: an IPv6 address in brackets, anything else as it is."""
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address
+
+
 def is_strict_int(value: Any) -> bool:
     """Whether `value` is an int and not a bool (YAML's true is not a port number)."""
     return isinstance(value, int) and not isinstance(value, bool)

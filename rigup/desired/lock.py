@@ -15,6 +15,7 @@ import yaml
 from rigup.desired.catalog import load_catalog
 from rigup.desired.dashboards import served_vllm_refs, vllm_lock_name
 from rigup.desired.fleet import fleet_path
+from rigup.desired.image_mirror import insecure_registries
 from rigup.desired.knobs import knob
 from rigup.desired.monitoring import is_monitor, rig_exporters
 
@@ -283,11 +284,6 @@ def model_revision_wanted(model_key: str) -> str:
     """The revision the catalog asks for (a `revision:` on the model entry, else "main")."""
     spec = load_catalog()["models"].get(model_key) or {}
     return str(spec.get("revision") or "main")
-
-
-def insecure_registries(host_data: Mapping[str, Any]) -> set[str]:
-    """host[:port] of every registry Docker is told to reach over plain HTTP (docker_insecure_registries)."""
-    return {str(r).split("://", 1)[-1].rstrip("/") for r in knob(host_data, "docker_insecure_registries") or ()}
 
 
 def needs_for(recipe: Any, host_data: Mapping[str, Any]) -> list[Need]:

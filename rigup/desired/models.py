@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rigup.desired.knobs import MODEL_FLEET_MODES, knob
+from rigup.desired.knobs import MODEL_FLEET_MODES, knob, url_host
 from rigup.desired.lock import LockError, ModelPin
 from rigup.desired.plan import host_plans
 
@@ -68,8 +68,7 @@ def _same_pin(one: _HostInfo, other: _HostInfo, lock_name: str) -> bool:
 
 def _address(source: Any) -> str:
     address = knob(source.data, "model_fleet_address") or source.data.get("ssh_hostname") or source.name
-    address = str(address)
-    return f"[{address}]" if ":" in address and not address.startswith("[") else address
+    return url_host(str(address))
 
 
 @dataclass

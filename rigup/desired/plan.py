@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rigup.desired.image_mirror import mirror_registry, pinned_through
+from rigup.desired.image_mirror import image_ref, mirror_registry, pinned_through
 from rigup.desired.interconnect import detect
 from rigup.desired.knobs import declared_values, knob
 from rigup.desired.lock import LockError, LockFile, deploy_lock, lock_problems
@@ -228,8 +228,5 @@ def mirror_pins(name: str, host_data: Mapping[str, Any]) -> list[str]:
         return []
     plans = host_plans(dict(host_data), name, read_secrets=False, require_lock=False)
     refs = {plan.recipe.image.ref for plan in plans if plan.lock is not None}
-    smoke = str(knob(host_data, "gpu_smoke_image"))
-    first = smoke.split("/", 1)[0]
-    if not ("/" in smoke and ("." in first or ":" in first or first == "localhost")):
-        refs.add(f"{registry}/{smoke}")
+    refs.add(image_ref(registry, str(knob(host_data, "gpu_smoke_image"))))  # another registry's: not kept
     return sorted(pin for ref in refs if (pin := pinned_through(ref, registry)) is not None)

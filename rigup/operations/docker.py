@@ -84,14 +84,6 @@ def docker_nvidia_runtime():
     yield StringCommand("nvidia-ctk", "runtime", "configure", "--runtime=docker")
 
 
-def image_ref(registry: str, image: str) -> str:
-    """Prefix `image` with `registry` unless it already names one (first part has "." or ":")."""
-    first = image.split("/", 1)[0]
-    if "/" in image and ("." in first or ":" in first or first == "localhost"):
-        return image
-    return f"{registry.rstrip('/')}/{image}"
-
-
 
 @operation()
 def image_mirror_cached(script: str, keep_file: str):

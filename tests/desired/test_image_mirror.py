@@ -70,9 +70,13 @@ def test_daemon_json_lists_the_mirror_and_mirrors_docker_hub(tmp_path: Path) -> 
 
 
 def test_upstream_url_follows_how_docker_reaches_the_registry() -> None:
-    assert upstream_url("docker.io", []) == DOCKER_HUB_API == "https://registry-1.docker.io"
-    assert upstream_url("registry.lan:5000", ["registry.lan:5000"]) == "http://registry.lan:5000"
-    assert upstream_url("ghcr.io", []) == "https://ghcr.io"
+    assert upstream_url({"container_registry": "docker.io"}) == DOCKER_HUB_API == "https://registry-1.docker.io"
+    assert upstream_url({"container_registry": "registry.lan:5000",
+                         "docker_insecure_registries": ["registry.lan:5000"]}) == "http://registry.lan:5000"
+    # written as Docker's own list takes it, with a scheme: the same registry
+    assert upstream_url({"container_registry": "registry.lan:5000",
+                         "docker_insecure_registries": ["http://registry.lan:5000/"]}) == "http://registry.lan:5000"
+    assert upstream_url({"container_registry": "ghcr.io"}) == "https://ghcr.io"
 
 
 def test_the_mirror_role_proxies_the_clients_registry_and_keeps_their_pins(tmp_path: Path) -> None:

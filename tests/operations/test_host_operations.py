@@ -15,6 +15,7 @@ from pyinfra.facts.systemd import SystemdStatus
 
 import rigup.operations.driver as driver_ops
 from rigup.desired.catalog import rigup_container_names
+from rigup.desired.image_mirror import image_ref
 from rigup.desired.knobs import load_defaults
 from rigup.facts.apt import AptPolicies, AptSourceEntries
 from rigup.facts.docker import DockerDaemonJson, DockerEngineInfo, DockerImage, DockerSnap
@@ -23,7 +24,7 @@ from rigup.facts.gpu import DriverCudaVersion, GpuMemoryUse, GpuTopology, Nvidia
 from rigup.facts.serving import RigupVariantUnits
 from rigup.facts.system import FreeDisk, HostCapabilities, OsReleaseInfo, PathSizes, RebootPending, SecureBoot
 from rigup.operations.apt import apt_source_exclusive, conflicting_entries
-from rigup.operations.docker import docker_daemon_config, docker_nvidia_runtime, image_ref, merged_daemon_config
+from rigup.operations.docker import docker_daemon_config, docker_nvidia_runtime, merged_daemon_config
 from rigup.operations.driver import nvidia_driver, nvidia_driver_hold, reboot_and_wait
 from rigup.operations.gpu import gpu_power_state, gpu_smoke_test, nvidia_dev_char_links
 from rigup.operations.preflight import fleet_value, preflight_after_driver, preflight_checks, preflight_report
