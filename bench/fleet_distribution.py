@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -283,6 +284,38 @@ def human(count: float) -> str:
 
 
 # ------------------------------------------------------------------------------------------
+# shared with bench/image_distribution.py: one shaped bed per fleet size, and the results block
+
+
+def on_shaped_beds(sizes: list[int], rate: str, delay: str, measure: Callable[[Bed, int], Iterable[dict]]
+                   ) -> tuple[list[dict], str]:
+    """`measure(bed, n)` on a bed of n rigs for each n (the bed torn down after it, whatever happens); the
+    rows it gives, each printed as it comes, and how the links were shaped."""
+    rows, shaping = [], ""
+    for n in sizes:
+        bed = Bed(n, rate, delay)
+        bed.up()
+        shaping = bed.shaping
+        try:
+            for row in measure(bed, n):
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        finally:
+            bed.down()
+    return rows, shaping
+
+
+def publish(label: str, details: list[str], table: list[str], out: str | None, section: str) -> None:
+    """Print a "### Measured" block (the machine, `details`, `table`) and put it in `out`'s `section`."""
+    lines = [f"### Measured: {label}, {time.strftime('%Y-%m-%d')}", "", *[f"- {k}: {v}" for k, v in machine().items()],
+             *details, "", *table]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out:
+        write_results(Path(out), label, text, section=section)
+
+
+# ------------------------------------------------------------------------------------------
 # main
 
 
@@ -313,59 +346,46 @@ def main() -> int:
     root, files = model_files(workdir, int(args.model_gb * 1e9))
     size = sum(f["size"] for f in files)
     bound = size * 8 / rate_bits(args.rate)
-    rows = []
-    shaping = ""
-    for n in args.rigs:
-        bed = Bed(n, args.rate, args.delay)
-        bed.up()
-        shaping = bed.shaping
-        try:
-            for mode in args.modes if n > 1 else ["chain"]:
-                for _ in range(args.repeat):
-                    hub = start_hub(bed, root)
-                    try:
-                        result = run_once(bed, mode, files, Path(args.rig_dir))
-                        sent = hub_bytes(bed)
-                    finally:
-                        hub.terminate()
-                        hub.wait()
-                    rigs = result["rigs"]
-                    ok = all(r["ok"] and r["code"] == 0 for r in rigs.values())
-                    times = [r["fetch_s"] for r in rigs.values()]
-                    served = [r["served"] for r in rigs.values()]
-                    row = {
-                        "n": n, "mode": mode, "ok": ok, "wall_s": result["wall_s"], "slowest_s": max(times),
-                        "fastest_s": min(times), "hub_bytes": sent, "hub_copies": sent / size,
-                        "max_served": max(served), "bound_s": bound, "cpu_busy": result["cpu_busy"],
-                    }  # fmt: skip
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
-        finally:
-            bed.down()
 
+    def measure(bed: Bed, n: int) -> Iterator[dict]:
+        for mode in args.modes if n > 1 else ["chain"]:
+            for _ in range(args.repeat):
+                hub = start_hub(bed, root)
+                try:
+                    result = run_once(bed, mode, files, Path(args.rig_dir))
+                    sent = hub_bytes(bed)
+                finally:
+                    hub.terminate()
+                    hub.wait()
+                rigs = result["rigs"]
+                ok = all(r["ok"] and r["code"] == 0 for r in rigs.values())
+                times = [r["fetch_s"] for r in rigs.values()]
+                served = [r["served"] for r in rigs.values()]
+                yield {
+                    "n": n, "mode": mode, "ok": ok, "wall_s": result["wall_s"], "slowest_s": max(times),
+                    "fastest_s": min(times), "hub_bytes": sent, "hub_copies": sent / size,
+                    "max_served": max(served), "bound_s": bound, "cpu_busy": result["cpu_busy"],
+                }  # fmt: skip
+
+    rows, shaping = on_shaped_beds(args.rigs, args.rate, args.delay, measure)
     one = next((r["wall_s"] for r in rows if r["n"] == 1), None)
-    lines = [
-        f"### Measured: {args.label}, {time.strftime('%Y-%m-%d')}",
-        "",
-        *[f"- {k}: {v}" for k, v in machine().items()],
+    details = [
         f"- model: {human(size)} in 3 files (2 shards), generated; physical bound (size / link rate) {bound:.1f} s",
         f"- links: {shaping}",
         f"- rigs' model dirs: {args.rig_dir}",
-        "",
+    ]
+    table = [
         "| rigs | mode | wall time to every rig verified | slowest / fastest rig | vs 1 rig | hub sent | most one rig sent its peers | machine CPU busy | all verified |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ratio = f"{r['wall_s'] / one:.2f}x" if one else "-"
-        lines.append(
+        table.append(
             f"| {r['n']} | {r['mode']} | {r['wall_s']:.1f} s ({r['wall_s'] / r['bound_s']:.2f}x the bound) | "
             f"{r['slowest_s']:.1f} / {r['fastest_s']:.1f} s | {ratio} | {human(r['hub_bytes'])} ({r['hub_copies']:.2f} copies) | "
             f"{human(r['max_served'])} | {100 * r['cpu_busy']:.0f} % | {'yes' if r['ok'] else 'NO'} |"
         )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        write_results(Path(args.out), args.label, text, section=SECTION)
+    publish(args.label, details, table, args.out, SECTION)
     return 0
 
 

@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -43,14 +44,14 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_artifacts import machine, write_results  # noqa: E402 - path set above
-from fleet_distribution import Bed, human, in_ns, rate_bits  # noqa: E402
+from fleet_distribution import Bed, human, in_ns, on_shaped_beds, publish, rate_bits  # noqa: E402
 
 from rigup.desired.image_mirror import MirrorRole  # noqa: E402
 from rigup_testbed.registry import (  # noqa: E402
     CONFIG_TYPE,
     LAYER_TYPE,
     MANIFEST_TYPE,
+    config_text,
     push_blob,
     push_manifest,
     served_blob_bytes,
@@ -67,12 +68,6 @@ LAYERS = 8
 
 # ------------------------------------------------------------------------------------------
 # the image: built once into a registry's storage, which the hub's registry then serves
-
-
-def registry_config(storage: Path, address: str, log_level: str = "info") -> str:
-    return (f"version: 0.1\nlog:\n  level: {log_level}\n  accesslog:\n    disabled: true\n"
-            f"storage:\n  filesystem:\n    rootdirectory: {storage}\n  delete:\n    enabled: true\n"
-            f"http:\n  addr: {address}\n")
 
 
 def wait_answers(ns: str | None, url: str, timeout: float = 20) -> None:
@@ -95,7 +90,7 @@ def build_image(workdir: Path, total: int) -> tuple[Path, str, int]:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     config_file = root / "config.yml"
-    config_file.write_text(registry_config(root / "storage", "127.0.0.1:5999", "warn"))
+    config_file.write_text(config_text(root / "storage", "127.0.0.1", 5999))
     proc = subprocess.Popen([REGISTRY, "serve", str(config_file)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_answers(None, "http://127.0.0.1:5999/v2/")
@@ -166,7 +161,7 @@ def start_registry(bed: Bed, name: str, config_text: str, workdir: Path) -> tupl
 
 def run_once(bed: Bed, mode: str, storage: Path, digest: str, image_bytes: int, scratch: Path) -> dict:
     shutil.rmtree(scratch, ignore_errors=True)
-    hub, hub_log = start_registry(bed, "hub", registry_config(storage, f"{bed.address('hub')}:{REGISTRY_PORT}"),
+    hub, hub_log = start_registry(bed, "hub", config_text(storage, bed.address("hub"), REGISTRY_PORT),
                                   scratch / "hub")
     procs: list[subprocess.Popen] = [hub]
     started = time.monotonic()
@@ -231,34 +226,25 @@ def main() -> int:
 
     storage, digest, image_bytes = build_image(Path(args.workdir), int(args.image_gb * 1e9))
     bound = image_bytes * 8 / rate_bits(args.rate)
-    rows, shaping = [], ""
-    for n in args.rigs:
-        bed = Bed(n, args.rate, args.delay)
-        bed.up()
-        shaping = bed.shaping
-        try:
-            for mode in args.modes:
-                result = run_once(bed, mode, storage, digest, image_bytes, Path(args.rig_dir))
-                times = [r["elapsed_s"] for r in result["rigs"].values()]
-                row = {"n": n, "mode": mode, "ok": all(r["ok"] for r in result["rigs"].values()),
-                       "wall_s": result["wall_s"], "warm_s": result["warm_s"], "slowest_s": max(times),
-                       "fastest_s": min(times), "hub_bytes": result["hub_bytes"], "hub_copies": result["hub_copies"],
-                       "bound_s": bound}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-        finally:
-            bed.down()
 
+    def measure(bed: Bed, n: int) -> Iterator[dict]:
+        for mode in args.modes:
+            result = run_once(bed, mode, storage, digest, image_bytes, Path(args.rig_dir))
+            times = [r["elapsed_s"] for r in result["rigs"].values()]
+            yield {"n": n, "mode": mode, "ok": all(r["ok"] for r in result["rigs"].values()),
+                   "wall_s": result["wall_s"], "warm_s": result["warm_s"], "slowest_s": max(times),
+                   "fastest_s": min(times), "hub_bytes": result["hub_bytes"], "hub_copies": result["hub_copies"],
+                   "bound_s": bound}
+
+    rows, shaping = on_shaped_beds(args.rigs, args.rate, args.delay, measure)
     one = {mode: next((r["wall_s"] for r in rows if r["n"] == 1 and r["mode"] == mode), None) for mode in args.modes}
-    lines = [
-        f"### Measured: {args.label}, {time.strftime('%Y-%m-%d')}",
-        "",
-        *[f"- {k}: {v}" for k, v in machine().items()],
+    details = [
         f"- image: {human(image_bytes)} in {LAYERS} layers and a config, generated; physical bound (size / link "
         f"rate) {bound:.1f} s",
         f"- links: {shaping}",
         f"- registries: {subprocess.run([REGISTRY, '--version'], capture_output=True, text=True).stdout.strip()}",
-        "",
+    ]
+    table = [
         "| rigs | mode | wall time to every rig pulled | of which the mirror's warm-up | slowest / fastest pull | "
         "vs 1 rig (same mode) | hub sent | all verified |",
         "|---|---|---|---|---|---|---|---|",
@@ -266,15 +252,12 @@ def main() -> int:
     for r in rows:
         base = one.get(r["mode"])
         ratio = f"{r['wall_s'] / base:.2f}x" if base else "-"
-        lines.append(
+        table.append(
             f"| {r['n']} | {r['mode']} | {r['wall_s']:.1f} s ({r['wall_s'] / r['bound_s']:.2f}x the bound) | "
             f"{r['warm_s']:.1f} s | {r['slowest_s']:.1f} / {r['fastest_s']:.1f} s | {ratio} | "
             f"{human(r['hub_bytes'])} ({r['hub_copies']:.2f} copies) | {'yes' if r['ok'] else 'NO'} |"
         )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        write_results(Path(args.out), args.label, text, section=SECTION)
+    publish(args.label, details, table, args.out, SECTION)
     return 0
 
 

@@ -245,12 +245,11 @@ class Writer:
     def __init__(self, store: Storage) -> None:
         self.store = store
         self.store.root.mkdir(parents=True, exist_ok=True)
-        top = self.store.root.parents[2]  # the rootdirectory: the package made it the registry user's
-        self.owner = (top.stat().st_uid, top.stat().st_gid)
+        self.top = self.store.root.parents[2]  # the rootdirectory: the package made it the registry user's
+        self.owner = (self.top.stat().st_uid, self.top.stat().st_gid)
 
     def _own(self, path: Path) -> None:
-        top = self.store.root.parents[2]
-        while path != top and top in path.parents:
+        while path != self.top and self.top in path.parents:
             os.chown(path, *self.owner)
             path = path.parent
 
@@ -349,16 +348,10 @@ class _Body:
         self.stream.close()
 
 
-def referenced(store: Storage, kept: list[tuple[str, str]]) -> dict[str, int]:
-    """Blob digest -> size of every blob the kept manifests need (the manifests themselves included)."""
-    sizes: dict[str, int] = {}
-    for _, digest in kept:
-        path = store.blob(digest)
-        sizes[digest] = path.stat().st_size if path.is_file() else 0
-        manifest = store.manifest(digest) or {}
-        for blob, size in blobs_of(manifest):
-            sizes[blob] = size
-    return sizes
+def needed_blobs(store: Storage, digest: str) -> dict[str, int]:
+    """Blob digest -> size of what a cached manifest needs: itself, its config and its layers."""
+    path = store.blob(digest)
+    return {digest: path.stat().st_size if path.is_file() else 0, **dict(blobs_of(store.manifest(digest) or {}))}
 
 
 def prune(keep: dict) -> None:
@@ -370,10 +363,11 @@ def prune(keep: dict) -> None:
         return
     pinned = pinned_revisions(store, keep)
     revisions = store.revisions()
-    kept = [(r, d) for r, d, _ in revisions]
+    needs = {(r, d): needed_blobs(store, d) for r, d, _ in revisions}  # each manifest read once
+    kept = list(needs)
     dropped = []
     for repository, digest, _ in sorted((x for x in revisions if (x[0], x[1]) not in pinned), key=lambda x: x[2]):
-        if sum(referenced(store, kept).values()) <= bound:
+        if sum({blob: size for k in kept for blob, size in needs[k].items()}.values()) <= bound:
             break
         kept.remove((repository, digest))
         dropped.append((repository, digest))

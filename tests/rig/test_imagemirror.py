@@ -25,7 +25,7 @@ import pytest
 
 from rigup.desired.image_mirror import MirrorRole
 from rigup.rig import imagemirror
-from rigup_testbed.registry import build_image, push, served_blob_bytes
+from rigup_testbed.registry import build_image, config_text, push, served_blob_bytes
 
 pytestmark = pytest.mark.skipif(not Path("/usr/bin/docker-registry").exists(), reason="needs Debian's docker-registry")
 SCRIPT = Path(imagemirror.__file__)
@@ -38,12 +38,12 @@ def free_port() -> int:
 
 
 class Registry:
-    def __init__(self, root: Path, config_text: str, port: int) -> None:
+    def __init__(self, root: Path, text: str, port: int) -> None:
         self.root, self.port = root, port
         self.config = root / "config.yml"
         self.log = root / "registry.log"
         root.mkdir(parents=True, exist_ok=True)
-        self.config.write_text(config_text)
+        self.config.write_text(text)
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -77,10 +77,8 @@ def image(name: str, seed: int, size: int):
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[dict]:
     up_port, mirror_port = free_port(), free_port()
-    upstream = Registry(tmp_path / "upstream", (
-        "version: 0.1\nlog:\n  level: info\n  accesslog:\n    disabled: true\n"
-        f"storage:\n  filesystem:\n    rootdirectory: {tmp_path / 'upstream' / 'data'}\n"
-        f"http:\n  addr: 127.0.0.1:{up_port}\n"), up_port)
+    # the bed hub's own config: info level, so its log counts the bytes it served
+    upstream = Registry(tmp_path / "upstream", config_text(tmp_path / "upstream" / "data", "127.0.0.1", up_port), up_port)
     upstream.start()
     pinned, other = image("vllm/vllm-openai", 1, 3_000_000), image("vllm/vllm-omni", 2, 2_000_000)
     for built in (pinned, other):
