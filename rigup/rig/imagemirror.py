@@ -388,10 +388,12 @@ def prune(keep: dict) -> None:
                             capture_output=True, text=True)
         if gc.returncode != 0:
             die(f"docker-registry garbage-collect failed: {gc.stderr[-800:]}")
-        # layer links of blobs garbage-collect deleted would send the registry to a missing file
+        # layer links of blobs garbage-collect deleted would send the registry to a missing file; so would
+        # one a registry stopped mid-write left empty
         repos = store.root / "repositories"
         for link in repos.glob("**/_layers/*/*/link") if repos.is_dir() else ():
-            if not store.blob(link.read_text().strip()).is_file():
+            target = link.read_text().strip()
+            if not target.startswith("sha256:") or not store.blob(target).is_file():
                 shutil.rmtree(link.parent, ignore_errors=True)
     finally:
         if keep.get("unit"):

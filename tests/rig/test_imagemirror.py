@@ -171,8 +171,8 @@ def test_prune_drops_what_no_rig_pins_and_keeps_the_pin(fleet: dict, by: str) ->
     keep_path = fleet["keep"]
     storage = imagemirror.Storage(Path(json.loads(keep_path.read_text())["storage"]))
     other_layer = "sha256:" + hashlib.sha256(fleet["other"].layers[0]).hexdigest()
-    deadline = time.monotonic() + 30  # the registry commits a missed blob after it served it
-    while not storage.blob(other_layer).is_file() and time.monotonic() < deadline:
+    deadline = time.monotonic() + 30  # the registry commits missed blobs and their links after serving them
+    while imagemirror.missing_parts(storage, "vllm/vllm-omni", fleet["other"].digest) and time.monotonic() < deadline:
         time.sleep(0.2)
     fleet["mirror"].stop()  # the unit's stop and start are systemd's; here the test does them
     try:
@@ -184,12 +184,15 @@ def test_prune_drops_what_no_rig_pins_and_keeps_the_pin(fleet: dict, by: str) ->
         assert unchanged.returncode == 0 and "within its bound" in unchanged.stdout
         doc["max_bytes"] = used - image_bytes(fleet["other"]) // 2  # over by part of the unpinned image
         keep_path.write_text(json.dumps(doc))
+        torn = storage.layer_link("vllm/vllm-omni", "sha256:" + "f" * 64)  # a registry stopped mid-write
+        torn.parent.mkdir(parents=True)
+        torn.write_text("")
         pruned = helper("prune", str(keep_path))
     finally:
         fleet["mirror"].start()
     assert pruned.returncode == 0, pruned.stderr
     assert "pruned vllm/vllm-omni@" in pruned.stdout and "vllm/vllm-openai" not in pruned.stdout
-    assert not storage.blob(other_layer).is_file()
+    assert not storage.blob(other_layer).is_file() and not torn.exists()
     assert json.loads(helper("check", str(keep_path)).stdout)["unpinned"] == 0
     assert storage.used_bytes() <= doc["max_bytes"]
     assert json.loads(helper("check", str(keep_path)).stdout)["missing"] == []
