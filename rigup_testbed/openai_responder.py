@@ -602,8 +602,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True
                 return
-            # the engine's finish reason: a tool call ends on the model's stop token
-            req.finish("length" if result.finish_reason == "length" else "stop")
         self.access(200)
         self.server.log_spec_decoding(result.completion_tokens, time.perf_counter() - arrived)
 
@@ -669,10 +667,18 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wait_until(self.schedule(arrived, first + count - 1))
         req.emit(count)
 
+    @staticmethod
+    def finished(req: Any, result: Plan) -> None:
+        """The engine's stats count the request finished before its last bytes leave, as vLLM's output
+        processor records it before the API server sends the final chunk: a client that scrapes /metrics
+        right after its answer sees it counted. A tool call ends on the model's stop token."""
+        req.finish("length" if result.finish_reason == "length" else "stop")
+
     def complete(self, request: dict[str, Any], result: Plan, prompt: int, arrived: float, req: Any) -> None:
         per_chunk = self.server.config.tokens_per_chunk
         for first in range(0, result.completion_tokens, per_chunk):
             self.generate(req, arrived, first, min(per_chunk, result.completion_tokens - first))
+        self.finished(req, result)
         message: dict[str, Any] = {
             "role": "assistant",
             "content": "".join(result.content) if result.content or not result.tool_calls else None,
@@ -765,6 +771,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     else:
                         calls.append({"index": number, "function": {"arguments": fragment}})
             send([delta(payload)])
+        self.finished(req, result)
         send([delta({"content": ""}, result.finish_reason)])
         if include_usage:
             send([], self.usage(prompt, result))

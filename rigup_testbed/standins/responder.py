@@ -516,8 +516,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             else:
                 for _ in range(n):
                     run.emit(1)
+                run.finish(finish)  # counted before the answer leaves, as vLLM's engine does
                 self.answer(rid, model, chat, text, usage, finish)
-            run.finish(finish)
 
     def answer(self, rid: str, model: str, chat: bool, text: str, usage: dict[str, Any], finish: str) -> None:
         if chat:
@@ -553,6 +553,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             piece = w if i == 0 else " " + w
             last = i == len(words) - 1
             run.emit(1)
+            if last:
+                run.finish(finish)  # counted before the last chunk leaves, as vLLM's engine does
             if chat:
                 chunk([{"index": 0, "delta": {"content": piece}, "logprobs": None,
                         "finish_reason": finish if last else None}])
