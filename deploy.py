@@ -5,8 +5,9 @@ Phases, in order (each task file's docstring says what is true afterwards and wh
                      and a host it fails gets nothing more planned (a --dry run exits 1 for it)
   nvidia_driver      driver branch installed, loaded (reboot when allowed), held; power cap unit
   docker             Docker CE + compose plugin from Docker's signed repository
-  image_mirror       on the host image_mirror_host names: the fleet's pull-through registry, holding
-                     every pinned image before any rig pulls; its cache pruned to its bound
+  image_mirror       on the host image_mirror_host names: the fleet's pull-through registry; on each rig
+                     naming it, a relay on 127.0.0.1; every pinned image staged along the fleet's chain
+                     and in each registry before any rig pulls; caches pruned to their bounds
   container_toolkit  NVIDIA container toolkit wired into Docker; GPU smoke container
   sources            vLLM fork and Genesis checked out at the locked commits
   model              model (and draft) files verified against the locked SHA-256
@@ -38,7 +39,7 @@ local.include("tasks/preflight.py")
 if runs_rig_tasks(host):  # passed preflight and serves a variant
     local.include("tasks/nvidia_driver.py")
     local.include("tasks/docker.py")
-if runs_image_mirror_task(host):  # passed preflight and a host's image_mirror_host names it
+if runs_image_mirror_task(host):  # passed preflight and is the mirror, or a rig naming one (its relay)
     local.include("tasks/image_mirror.py")
 if runs_rig_tasks(host):
     local.include("tasks/container_toolkit.py")

@@ -48,8 +48,8 @@ gpu_smoke_image = "nvidia/cuda:12.6.0-base-ubuntu22.04"  # image whose nvidia-sm
 
 # --- Container images ----------------------------------------------------------------------
 container_registry = "docker.io"  # registry prefix for every image (point at a mirror)
-image_mirror_host = None  # str or None: fleet host that runs a pull-through mirror (the distribution registry) of container_registry; every rig pulls rigup's images through it. None: rigs pull from container_registry
-image_mirror_port = 5000  # TCP port the mirror serves plain HTTP on (rigs list it in daemon.json insecure-registries)
+image_mirror_host = None  # str or None: fleet host that runs a pull-through mirror (the distribution registry) of container_registry; every other rig naming it runs a relay of it on 127.0.0.1, filled along the fleet's chain (model_fleet_*), and pulls rigup's images from there. None: rigs pull from container_registry
+image_mirror_port = 5000  # TCP port the mirror serves plain HTTP on (every address), and a rig's relay on 127.0.0.1
 image_mirror_max_gb = 200  # bound of the mirror's cache on disk; above it, images no rig pins now are pruned, least recently cached first
 image_mirror = None  # derived, never set by hand: {host, address, port} of the mirror this host pulls through (rigup.desired.image_mirror)
 
@@ -66,8 +66,8 @@ hf_token_file = None  # control-machine path of a 0600 file holding HF_TOKEN; en
 lock_file = "rigs.lock.yaml"  # lock file on the control machine (relative to the inventory)
 model_reverify = False  # True: re-hash every model file instead of trusting verified stamps
 model_download_retries = 3  # attempts per file before the host fails on a hash mismatch
-model_fleet_source = "auto"  # auto: the rigs holding a model form a chain: one reads the hub, each other forwards verified pieces to the next|off
-model_fleet_port = 8765  # TCP port a rig serves its chain peers verified model pieces on (token-protected, only while a peer needs files)
+model_fleet_source = "auto"  # auto: the rigs holding a model (or an image, with image_mirror_host) form a chain: one reads the hub (the mirror), each other forwards verified pieces to the next|off
+model_fleet_port = 8765  # TCP port a rig serves its chain peers verified model (and image) pieces on (token-protected, only while a peer needs files)
 model_fleet_address = None  # str or None: address peers use to reach this rig's file server; None: its ssh_hostname
 
 # --- Serving -------------------------------------------------------------------------------

@@ -96,10 +96,11 @@ def runs_rig_tasks(host: Any) -> bool:
 
 
 def runs_image_mirror_task(host: Any) -> bool:
-    """deploy.py's gate for tasks/image_mirror.py: the host passed preflight and some host of the fleet
-    names it as its image_mirror_host."""
-    return passed_preflight(host) and any(
-        (knob(other.data, "image_mirror") or {}).get("host") == host.name for other in host.inventory
+    """deploy.py's gate for tasks/image_mirror.py: the host passed preflight and runs a registry of the
+    fleet's images: the mirror (some host names it as its image_mirror_host) or a relay (it names one and serves a variant: it pins images)."""
+    return passed_preflight(host) and (
+        bool(knob(host.data, "image_mirror") and knob(host.data, "serves_variant"))
+        or any((knob(other.data, "image_mirror") or {}).get("host") == host.name for other in host.inventory)
     )
 
 

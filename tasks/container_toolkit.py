@@ -6,7 +6,7 @@ runtime (added with `nvidia-ctk runtime configure`, which merges into /etc/docke
 the user's keys); /dev/char links exist for the NVIDIA device nodes and a udev rule recreates them, so
 a systemd daemon-reload does not take GPUs away from running containers (toolkit#48). When the
 driver, Docker or the toolkit changed in this run, a container of gpu_smoke_image (with
-container_registry, or the fleet's image mirror when image_mirror_host names one) must see as many GPUs
+container_registry, or the host's registry on 127.0.0.1 when image_mirror_host names a mirror) must see as many GPUs
 as the host.
 
 Reads: nvidia_ctk_apt_url, nvidia_ctk_apt_key_url, nvidia_ctk_packages, gpu_smoke_image,

@@ -8,9 +8,10 @@ Distribution packages that conflict with Docker CE (docker.io, podman-docker, co
 are removed, docker_packages are installed and docker.service is running and enabled. A snap
 Docker fails the host in preflight.
 
-docker_insecure_registries are merged into /etc/docker/daemon.json (other keys kept), with the fleet's
-image mirror when the host names one (image_mirror_host): as an insecure registry (it speaks plain
-HTTP on the LAN) and, when it mirrors Docker Hub, as a registry-mirrors entry.
+docker_insecure_registries are merged into /etc/docker/daemon.json (other keys kept). When the host names
+an image mirror (image_mirror_host) and the mirror proxies Docker Hub, the host's own registry on
+127.0.0.1 (the mirror's, or its relay; plain HTTP, which Docker allows on loopback) is a registry-mirrors
+entry.
 
 Reads: docker_apt_url, docker_apt_key_url, docker_packages, docker_insecure_registries, image_mirror,
 container_registry.

@@ -1,15 +1,22 @@
 """The fleet's image mirror: one host runs the distribution registry as a pull-through cache of
-container_registry, and every rig that names it (image_mirror_host) pulls rigup's images through it.
+container_registry; every other rig that names it (image_mirror_host) runs a relay, the same registry on
+127.0.0.1 proxying the mirror. Every rig pulls rigup's images from 127.0.0.1.
 
 Why a mirror: every rig pulling a ~30 GB vLLM image from Docker Hub reads it N times over the site's
 uplink (and spends N times Docker Hub's anonymous pull allowance). Through the mirror the uplink
-carries it once per fleet; the LAN carries the rest.
+carries it once per fleet.
+Why relays: N rigs pulling from one mirror take N times one rig's time (its uplink carries every copy).
+Before any pull, the image's blobs move along a chain (rigfetch, as the model files do): the mirror
+host reads upstream once and every rig forwards verified pieces to the next while they arrive, into a
+staging directory beside its registry's storage; the helper then links them into the registry. The
+image reaches N rigs in about the time it reaches one, and each rig's pull is a loopback read.
 
     resolve_mirrors(path, hosts)   the fleet file's check: the named host exists, one upstream per mirror;
                                    sets the derived `image_mirror` knob on each client
     pull_registry(host_data)       the registry prefix of rigup's images on this host
     daemon_settings(host_data)     what the host's daemon.json gains (insecure-registries, registry-mirrors)
-    mirror_role(name, fleet)       on the mirror host: upstream, port, bound, and the pins to keep
+    registry_role(name, fleet)     the mirror host's role (upstream, port, bound, pins to keep), or a
+                                   relay's (the mirror upstream, 127.0.0.1, its own pins only)
 
 The registry is the OS package (`docker-registry`: Debian's and Ubuntu's build of distribution 2.8),
 run by its own unit with rigup's config (a drop-in names it; the package's conffile is left alone).
@@ -32,6 +39,10 @@ UNIT = "docker-registry.service"
 PACKAGE = "docker-registry"
 BINARY = "/usr/bin/docker-registry"
 STORAGE_DIR = "/var/lib/docker-registry"  # the package's storage directory, owned by its user
+# The chain's verified blobs, {STAGING_DIR}/<pin's name>/sha256:<hex>: on the storage's file system, so the
+# helper links them into the registry instead of copying
+STAGING_DIR = f"{STORAGE_DIR}/rigup-staging"
+RELAY_ADDRESS = "127.0.0.1"  # a relay serves its own rig only
 HELPER_NAME = "rigup-image-mirror"  # rigup/rig/imagemirror.py on the mirror host: check, warm, prune
 PRUNE_NAME = "rigup-image-mirror-prune"
 PRUNE_UNIT = f"{PRUNE_NAME}.service"
@@ -51,7 +62,9 @@ class MirrorError(ValueError):
 
 @dataclass(frozen=True)
 class MirrorRole:
-    """What the mirror host runs: the distribution registry proxying `upstream` on `port`."""
+    """What a host of the fleet runs: the distribution registry proxying `upstream` on `address:port`.
+    The mirror host's listens on every address and keeps its clients' pins within max_bytes; a relay's
+    (pins_only) listens on 127.0.0.1, proxies the mirror, and keeps its own rig's pins only."""
 
     upstream: str  # the proxy's remoteurl, e.g. https://registry-1.docker.io
     port: int
@@ -59,6 +72,13 @@ class MirrorRole:
     clients: tuple[str, ...]
     keep: tuple[str, ...] = field(default=())  # repository@sha256:digest pinned by a client now
     storage: str = STORAGE_DIR
+    address: str = ""  # "": every address
+    pins_only: bool = False
+    staging: str = STAGING_DIR
+
+    @property
+    def is_relay(self) -> bool:
+        return self.pins_only
 
     def config_text(self) -> str:
         """The registry's config: filesystem storage in the package's directory, proxy mode, and the
@@ -72,7 +92,7 @@ class MirrorRole:
                 # the prune script deletes manifests no client pins; garbage-collect then frees their blobs
                 "delete": {"enabled": True},
             },
-            "http": {"addr": f":{self.port}", "headers": {"X-Content-Type-Options": ["nosniff"]}},
+            "http": {"addr": f"{self.address}:{self.port}", "headers": {"X-Content-Type-Options": ["nosniff"]}},
             "proxy": {"remoteurl": self.upstream},
             "health": {"storagedriver": {"enabled": True, "interval": "10s", "threshold": 3}},
         }
@@ -80,7 +100,7 @@ class MirrorRole:
 
     def keep_text(self) -> str:
         doc = {"storage": self.storage, "config": CONFIG_FILE, "unit": UNIT, "binary": BINARY, "port": self.port,
-               "upstream": self.upstream,
+               "upstream": self.upstream, "staging": self.staging, "pins_only": self.pins_only,
                "max_bytes": self.max_bytes, "keep": list(self.keep)}
         return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
@@ -165,32 +185,54 @@ def resolve_mirrors(path: Any, hosts: Mapping[str, dict[str, Any]]) -> None:
         }
 
 
-def mirror_registry(host_data: Mapping[str, Any]) -> str | None:
-    """`address:port` of the mirror this host pulls through; None without one."""
+def mirror_url(host_data: Mapping[str, Any]) -> str | None:
+    """http://address:port of the mirror this host pulls through (a relay's upstream); None without one."""
     mirror = knob(host_data, "image_mirror")
     if not mirror:
         return None
-    return f"{url_host(str(mirror['address']))}:{int(mirror['port'])}"
+    return f"http://{url_host(str(mirror['address']))}:{int(mirror['port'])}"
+
+
+def local_registry(host_data: Mapping[str, Any]) -> str | None:
+    """`127.0.0.1:port` of the registry on this host that its pulls go to (the mirror's own, or the relay);
+    None without a mirror."""
+    if not knob(host_data, "image_mirror"):
+        return None
+    return f"{RELAY_ADDRESS}:{int(knob(host_data, 'image_mirror_port'))}"
 
 
 def pull_registry(host_data: Mapping[str, Any]) -> str:
-    """The registry prefix of rigup's images on this host: its mirror, else container_registry."""
-    return mirror_registry(host_data) or str(knob(host_data, "container_registry"))
+    """The registry prefix of rigup's images on this host: its local registry (the mirror's, or the relay
+    of it), else container_registry."""
+    return local_registry(host_data) or str(knob(host_data, "container_registry"))
 
 
 def daemon_settings(host_data: Mapping[str, Any]) -> tuple[list[str], list[str]]:
-    """(insecure-registries, registry-mirrors) this host's daemon.json must list. The mirror speaks plain
-    HTTP, which Docker allows only for listed registries. When the mirror proxies Docker Hub it is also
-    a registry-mirrors entry, the only registry that setting applies to: the user's own Docker Hub pulls
-    on the rig go through it too (and fall back to Docker Hub when it is down)."""
+    """(insecure-registries, registry-mirrors) this host's daemon.json must list. The local registry speaks
+    plain HTTP on 127.0.0.1, which Docker allows without listing it (moby registry/config.go: 127.0.0.0/8 is
+    always an insecure registry). When the mirror proxies Docker Hub the local registry is also a
+    registry-mirrors entry, the only registry that setting applies to: the user's own Docker Hub pulls on
+    the rig go through it too (and fall back to Docker Hub when it is down)."""
     insecure = list(knob(host_data, "docker_insecure_registries") or [])
-    mirror = mirror_registry(host_data)
-    if mirror is None:
+    local = local_registry(host_data)
+    if local is None:
         return insecure, []
-    if mirror not in insecure:
-        insecure.append(mirror)
     hub = registry_host(str(knob(host_data, "container_registry"))) in MIRRORED_BY_DOCKER
-    return insecure, [f"http://{mirror}"] if hub else []
+    return insecure, [f"http://{local}"] if hub else []
+
+
+def registry_role(name: str, host_data: Mapping[str, Any], fleet: Iterable[tuple[str, Mapping[str, Any]]],
+                  pins: Mapping[str, Iterable[str]] | None = None) -> MirrorRole | None:
+    """The host's registry: the mirror's when a host names it, else a relay when it names a mirror, else
+    None. `fleet` is (name, data) of every host; `pins` maps a host to the images it pins through its
+    mirror (repository@digest or repository:tag), what pruning keeps."""
+    fleet = list(fleet)
+    mirror = mirror_role(name, host_data, fleet, pins)
+    upstream = mirror_url(host_data)
+    if mirror is not None or upstream is None:
+        return mirror
+    return MirrorRole(upstream=upstream, port=int(knob(host_data, "image_mirror_port")), max_bytes=0, clients=(),
+                      keep=tuple(sorted(set((pins or {}).get(name, ())))), address=RELAY_ADDRESS, pins_only=True)
 
 
 def mirror_role(name: str, host_data: Mapping[str, Any], fleet: Iterable[tuple[str, Mapping[str, Any]]],

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rigup.desired.image_mirror import image_ref, mirror_registry, pinned_through
+from rigup.desired.image_mirror import image_ref, local_registry, pinned_through
 from rigup.desired.interconnect import detect
 from rigup.desired.knobs import declared_values, knob
 from rigup.desired.lock import LockError, LockFile, deploy_lock, lock_problems
@@ -223,7 +223,7 @@ def mirror_pins(name: str, host_data: Mapping[str, Any]) -> list[str]:
     """What a host pulls through its image mirror (rigup.desired.image_mirror.pinned_through): every pod's
     image as locked, and the GPU smoke image unless it names its own registry. A host without a mirror,
     a variant or a usable lock pins nothing (its own run stops at the lock)."""
-    registry = mirror_registry(host_data)
+    registry = local_registry(host_data)
     if registry is None or not knob(host_data, "serves_variant"):
         return []
     plans = host_plans(dict(host_data), name, read_secrets=False, require_lock=False)

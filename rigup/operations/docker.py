@@ -112,13 +112,17 @@ def image_mirror_pruned(script: str, keep_file: str):
     """
     Keep the image mirror's cache under its bound: when it holds more, drop the images no rig pins now,
     least recently cached first (the registry stops for the garbage collection). Runs only when over the
-    bound with something to drop: pins alone over it leave nothing to do, and a warning says so.
+    bound with something to drop: pins alone over it leave nothing to do, and a warning says so. A
+    relay's cache (pins_only) has no bound: anything its rig does not pin is dropped.
 
     + script: rigup-image-mirror on the mirror host
     + keep_file: its keep file (bound, pins)
     """
     cache = host.get_fact(ImageMirrorCache, script=script, keep_file=keep_file)
-    if cache is not None and cache["bytes"] <= cache["max_bytes"]:
+    if cache is not None and cache.get("pins_only") and not cache.get("unpinned"):
+        host.noop("the relay's cache holds only what its rig pins")
+        return
+    if cache is not None and cache["bytes"] <= cache["max_bytes"] and not cache.get("pins_only"):
         host.noop(f"the image mirror's cache ({cache['bytes'] / 1e9:.2f} GB) is within its bound")
         return
     if cache is not None and not cache.get("unpinned"):

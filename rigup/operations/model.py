@@ -8,6 +8,7 @@ import functools
 import hashlib
 import json
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 from pyinfra import host, state
@@ -27,7 +28,7 @@ RIGFETCH_SRC = RIGFETCH_SCRIPT
 SERVE_IDLE_S = 30  # a serving rig stops after this long without a request from any peer
 
 # One token per control-machine run, shared by the source and its peers, never written to disk.
-_FLEET_TOKEN = secrets.token_urlsafe(32)
+FLEET_TOKEN = secrets.token_urlsafe(32)
 
 
 @functools.cache
@@ -42,7 +43,7 @@ def _secrets_line(hf_token_file: str | None, fleet: bool) -> str:
         raise OperationError(str(exc)) from None
     values = {"hf_token": token or ""}
     if fleet:
-        values["fleet_token"] = _FLEET_TOKEN
+        values["fleet_token"] = FLEET_TOKEN
     return json.dumps(values)
 
 
@@ -59,7 +60,7 @@ def _rigfetch(script: str, manifest_b64: str, options: list[Any], stdin: str) ->
     )
 
 
-def _fetched(host: Any, ok: bool, output: Any, seconds: float) -> None:
+def _fetched(host: Any, ok: bool, output: Any, seconds: float, what: str = "model files") -> None:
     """The converge's account of a rigfetch run, from the JSON lines it prints last on stdout."""
     report: dict[str, Any] = {}
     served: dict[str, Any] = {}
@@ -73,10 +74,10 @@ def _fetched(host: Any, ok: bool, output: Any, seconds: float) -> None:
         elif isinstance(data, dict) and isinstance(data.get("serve"), dict):
             served = data["serve"]
     if not ok or not report:
-        account(host, f"model files: rigfetch failed after {seconds:.0f} s")
+        account(host, f"{what}: rigfetch failed after {seconds:.0f} s")
         return
     line = (
-        f"model files: {human_bytes(report['bytes_downloaded'])} downloaded "
+        f"{what}: {human_bytes(report['bytes_downloaded'])} downloaded "
         f"({human_bytes(report['bytes_from_hub'])} from the hub, {human_bytes(report['bytes_from_peer'])} from fleet peers), "
         f"{human_bytes(report['bytes_hashed'])} hashed, verified in {seconds:.0f} s"
     )
@@ -87,7 +88,7 @@ def _fetched(host: Any, ok: bool, output: Any, seconds: float) -> None:
     account(host, line)
 
 
-def _common_options(retries: int, reverify: bool) -> list[Any]:
+def rigfetch_options(retries: int, reverify: bool) -> list[Any]:
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 1:
         raise OperationError(f"model_download_retries must be a positive integer, got {retries!r}")
     options: list[Any] = ["--retries", str(retries), "--terse"]  # a deploy streams the progress lines only
@@ -96,7 +97,7 @@ def _common_options(retries: int, reverify: bool) -> list[Any]:
     return options
 
 
-def _status(member: ChainMember) -> dict[str, Any]:
+def chain_status(member: ChainMember) -> dict[str, Any]:
     """A chain member's ModelFiles fact, asked the same way by every rig (read once per run)."""
     return member.host.get_fact(
         ModelFiles,
@@ -110,7 +111,7 @@ def _status(member: ChainMember) -> dict[str, Any]:
 
 def _needs(member: ChainMember, model: str) -> bool:
     """Whether the member has files of `model` to fetch or hash (removals alone need no peer)."""
-    status = _status(member)
+    status = chain_status(member)
     if status.get("script") == "stale":
         return True
     entry = next(m for m in member.manifest["models"] if m["name"] == model)
@@ -169,14 +170,29 @@ def model_files(
         host.noop("no model is fetched on this rig")
         return
     chains = chains or {}
-    me = next((m for chain in chains.values() for m in chain if m.host is host), None)
+    me = next((m for chain in chains.values() for m in chain if m.host.name == host.name), None)
     status = (
-        _status(me)
+        chain_status(me)
         if me is not None
         else host.get_fact(
             ModelFiles, script=script, script_sha256=rigfetch_sha256(), manifest_b64=encode_manifest(manifest), reverify=reverify
         )
     )
+    commands = chain_fetch(status, manifest, script, chains, listen_port, rigfetch_options(retries, reverify),
+                           lambda: _secrets_line(hf_token_file, bool(chains)), "model files")
+    if commands is None:
+        host.noop(f"{status['ok']} model files match the lock (verified stamps)")
+        return
+    yield from commands
+
+
+def chain_fetch(status: dict[str, Any], manifest: dict[str, Any], script: str,
+                chains: dict[str, tuple[ChainMember, ...]], listen_port: int, options: list[Any],
+                secrets_line: Callable[[], str], what: str) -> list[Any] | None:
+    """The rigfetch run of this rig, placed in each of its chains (ordered now, from every member's
+    ModelFiles fact): its upstreams per model, and whom it serves. None when it has nothing to fetch,
+    hash or remove, and nobody to serve. `secrets_line` is read only when there is work (a token file is
+    not touched otherwise); `what` names the files in the converge's account."""
     work = model_files_need_work(status)
     models = []
     serve_to: set[str] = set()
@@ -192,9 +208,8 @@ def model_files(
         models.append({**model, "upstreams": upstreams} if upstreams else model)
         serve_to.update(m.host.name for m, needs in chain[position + 1 :] if needs)
     if not work and not serve_to:
-        host.noop(f"{status['ok']} model files match the lock (verified stamps)")
-        return
-    options = _common_options(retries, reverify)
+        return None
+    options = list(options)
     if serve_to:
         # Peers stream or ask for digests all along; 30 s of silence means the ones left died (each rig
         # that dies fails its own host), so the living stop waiting for them well before rigfetch's 120 s.
@@ -206,8 +221,6 @@ def model_files(
             "--idle-timeout",
             str(SERVE_IDLE_S),
         ]
-    fleet = bool(chains)
     # streamed: rigfetch's progress line (bytes done/total, sources, rate, ETA) every few seconds, per host
-    yield streamed(
-        _rigfetch(script, encode_manifest({**manifest, "models": models}), options, _secrets_line(hf_token_file, fleet)), _fetched
-    )
+    return [streamed(_rigfetch(script, encode_manifest({**manifest, "models": models}), options, secrets_line()),
+                     functools.partial(_fetched, what=what))]

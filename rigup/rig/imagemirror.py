@@ -1,13 +1,24 @@
 #!/usr/bin/env python3
-"""rigup's helper on the image mirror host (standard library only): which pinned images the mirror's
-cache lacks, pulling them into it, and keeping the cache under its bound.
+"""rigup's helper beside a registry of the fleet (standard library only): the image mirror's, and each
+rig's relay (a registry on 127.0.0.1 proxying the mirror). Which pinned images the cache lacks, putting
+them into it, and keeping it under its bound.
 
-    rigup-image-mirror check KEEP_FILE   JSON on stdout: {"missing": [ref...], "bytes": N, "max_bytes": M}
-    rigup-image-mirror warm KEEP_FILE    fetch every missing pinned image from upstream into the cache
+    rigup-image-mirror check KEEP_FILE   JSON on stdout: {"missing": [ref...], "bytes": N, "max_bytes": M,
+                                         "unpinned": K, "pins": {ref: {"repository", "digest", "blobs"}}}
+    rigup-image-mirror warm KEEP_FILE    put every missing pinned image into the cache
+    rigup-image-mirror stage KEEP_FILE   before the chain: drop staging of pins gone, and link blobs the
+                                         cache already holds into the staging (rigfetch hashes, not fetches)
     rigup-image-mirror prune KEEP_FILE   when the cache is over max_bytes, drop images no rig pins now
 
 KEEP_FILE (written by rigup, rigup.desired.image_mirror.MirrorRole.keep_text) names the registry's storage
-directory, its config, unit, port and upstream, the bound, and the pins to keep ("repository@sha256:...").
+directory, its config, unit, port and upstream, the bound, the pins to keep ("repository@sha256:..."),
+and the staging directory rigfetch's chain fills. A relay's says pins_only: it keeps nothing else.
+
+check lists each pin's blobs (config and layers, digest and size), read from the cache when it holds the
+pin, else from upstream's manifests: what the fleet's chain (rigfetch, hub_auth "registry") moves, each
+blob once over every link, into {staging}/<name>/sha256:<hex>. warm then hard-links staged blobs into the
+storage (same file system: no copy) and reads from upstream only what is not staged: the manifests, and
+any blob the chain did not bring.
 
 The cache is the distribution registry's filesystem storage (registry/storage/paths.go):
   docker/registry/v2/blobs/sha256/<2>/<hex>/data                       every blob, manifests included
@@ -44,7 +55,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 V2 = Path("docker/registry/v2")
 INDEX_TYPES = frozenset({"application/vnd.docker.distribution.manifest.list.v2+json",
@@ -55,9 +68,12 @@ PLATFORM = {"os": "linux", "architecture": "amd64"}
 CHUNK = 1 << 20
 
 
-def die(message: str) -> None:
-    print(f"rigup-image-mirror: {message}", file=sys.stderr)
-    raise SystemExit(1)
+class HelperError(Exception):
+    """What the helper cannot do; main prints it and exits 1."""
+
+
+def die(message: str) -> NoReturn:
+    raise HelperError(message)
 
 
 class Storage:
@@ -127,6 +143,18 @@ def missing_parts(store: Storage, repository: str, digest: str) -> bool:
     return any(not store.blob(d).is_file() or not store.layer_link(repository, d).is_file() for d, _ in blobs_of(manifest))
 
 
+def pin_name(ref: str) -> str:
+    """The staging directory (and the chain's model name) of a pin: {staging}/<this>/sha256:<hex>."""
+    return "image-" + hashlib.sha256(ref.encode()).hexdigest()[:16]
+
+
+def stale_staging(keep: dict) -> list[str]:
+    """Staging directories of no current pin (left by an earlier lock)."""
+    staging = Path(keep.get("staging") or "/nonexistent")
+    wanted = {pin_name(ref) for ref in keep["keep"]}
+    return sorted(p.name for p in staging.iterdir() if p.name not in wanted) if staging.is_dir() else []
+
+
 def split_ref(ref: str) -> tuple[str, str]:
     """(repository, sha256:digest or tag) of a pin, `repository@sha256:...` or `repository:tag`."""
     repository, _, digest = ref.partition("@")
@@ -169,18 +197,73 @@ def pinned_revisions(store: Storage, keep: dict) -> set[tuple[str, str]]:
 
 
 def check(keep: dict) -> dict:
-    """The pins the cache lacks, its bytes and bound, and how many cached manifests no pin needs (what a
-    prune could drop)."""
+    """The pins the cache lacks, its bytes and bound, how many cached manifests no pin needs (what a prune
+    could drop), and each pin's blobs: from the cache, or for a missing pin from upstream (an upstream that
+    fails leaves the pin's entry with an "error" instead)."""
     store = Storage(Path(keep["storage"]))
     missing = []
+    pins: dict[str, dict] = {}
+    upstream = None
     for ref in keep["keep"]:
         repository, reference = split_ref(ref)
         digest = resolved(store, repository, reference)
         if digest is None or missing_parts(store, repository, digest):
             missing.append(ref)
+            upstream = upstream or Upstream(keep["upstream"])
+            try:
+                digest, blobs = upstream_blobs(upstream, repository, reference)
+            except HelperError as exc:
+                pins[ref] = {"repository": repository, "error": str(exc)}
+                continue
+        else:
+            blobs = cached_blobs(store, digest)
+        pins[ref] = {"repository": repository, "digest": digest, "blobs": [[d, size] for d, size in blobs]}
     pinned = pinned_revisions(store, keep)
     unpinned = sum(1 for repository, digest, _ in store.revisions() if (repository, digest) not in pinned)
-    return {"missing": missing, "bytes": store.used_bytes(), "max_bytes": int(keep["max_bytes"]), "unpinned": unpinned}
+    return {"missing": missing, "bytes": store.used_bytes(), "max_bytes": int(keep["max_bytes"]), "unpinned": unpinned,
+            "pins_only": bool(keep.get("pins_only")), "pins": pins, "stale_staging": stale_staging(keep)}
+
+
+def cached_blobs(store: Storage, digest: str) -> list[tuple[str, int]]:
+    """The config and layers a cached manifest (an index: its platform manifest) leads a pull to."""
+    manifest = store.manifest(digest) or {}
+    if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
+        return [blob for child in children(manifest) for blob in cached_blobs(store, child)]
+    return blobs_of(manifest)
+
+
+def upstream_blobs(upstream: Upstream, repository: str, reference: str) -> tuple[str, list[tuple[str, int]]]:
+    """(the pin's digest, the config and layers a pull of it reads), from upstream's manifests."""
+    top, blobs = None, []
+    for current, manifest, _ in upstream_manifests(upstream, repository, reference):
+        top = top or current
+        blobs.extend(blobs_of(manifest))
+    return str(top), blobs
+
+
+def upstream_manifests(upstream: Upstream, repository: str, reference: str) -> Iterator[tuple[str, dict, bytes]]:
+    """(digest, manifest, its bytes) of the pin's manifest and, for an index, of its platform manifest:
+    each checked against its digest (a tag's is the digest of what upstream served for it)."""
+    manifests = [reference]
+    while manifests:
+        current = manifests.pop()
+        with upstream.open(f"/v2/{repository}/manifests/{current}", repository, ACCEPT) as response:
+            body = response.read()
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        if not current.startswith("sha256:"):
+            current = digest
+        elif digest != current:
+            die(f"{repository}@{current}: upstream served a manifest of another digest")
+        try:
+            manifest = json.loads(body)
+        except ValueError:
+            die(f"{repository}@{current}: upstream served a manifest that is not JSON")
+        if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
+            picked = children(manifest)
+            if not picked:
+                die(f"{repository}@{current}: the index has no linux/amd64 image")
+            manifests.extend(picked)
+        yield current, manifest, body
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -278,16 +361,42 @@ class Writer:
         self._own(path)
         return done
 
+    def staged(self, digest: str, source: Path) -> None:
+        """Hard-link a blob the chain staged (verified by rigfetch against its digest) into the storage."""
+        path = self.store.blob(digest)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".data.{os.getpid()}")
+        temporary.unlink(missing_ok=True)
+        try:
+            os.link(source, temporary)
+        except OSError:  # another file system (a staging directory moved elsewhere): a copy
+            shutil.copyfile(source, temporary)
+        os.replace(temporary, path)
+        self._own(path)
+
     def link(self, path: Path, digest: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(digest)
         self._own(path)
 
 
+def staged_blob(keep: dict, digest: str, size: int) -> Path | None:
+    """The chain's verified copy of a blob ({staging}/<name>/sha256:<hex>, only ever renamed into place
+    after its SHA-256 matched), when it is there with the right size."""
+    staging = keep.get("staging")
+    for path in Path(staging).glob(f"*/{digest}") if staging and Path(staging).is_dir() else ():
+        try:
+            if path.stat().st_size == size:
+                return path
+        except OSError:
+            continue
+    return None
+
+
 def warm(keep: dict) -> None:
     store = Storage(Path(keep["storage"]))
     upstream, writer = Upstream(keep["upstream"]), Writer(store)
-    started, total = time.monotonic(), 0
+    started, total, linked = time.monotonic(), 0, 0
     for ref in keep["keep"]:
         repository, reference = split_ref(ref)
         cached = resolved(store, repository, reference)
@@ -296,30 +405,20 @@ def warm(keep: dict) -> None:
         print(f"rigup-image-mirror: caching {ref} from {upstream.base}", flush=True)
         tag = None if reference.startswith("sha256:") else reference
         top = None  # the digest the pin stands for: the tag's, read from the manifest upstream serves for it
-        manifests = [reference]
-        while manifests:
-            current = manifests.pop()
-            with upstream.open(f"/v2/{repository}/manifests/{current}", repository, ACCEPT) as response:
-                body = response.read()
-            digest = "sha256:" + hashlib.sha256(body).hexdigest()
-            if current == tag:
-                current = digest
-            elif digest != current:
-                die(f"{repository}@{current}: upstream served a manifest of another digest")
-            top = top or current
-            manifest = json.loads(body)
-            if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
-                picked = children(manifest)
-                if not picked:
-                    die(f"{repository}@{current}: the index has no linux/amd64 image")
-                manifests.extend(picked)
-            else:
-                for blob, _ in blobs_of(manifest):
-                    if not store.blob(blob).is_file():
+        # the platform manifest (popped first) before the index: a revision the registry finds has every
+        # blob and manifest it names
+        for current, manifest, body in reversed(list(upstream_manifests(upstream, repository, reference))):
+            top = current
+            for blob, size in blobs_of(manifest):
+                if not store.blob(blob).is_file():
+                    staged = staged_blob(keep, blob, size)
+                    if staged is not None:
+                        writer.staged(blob, staged)
+                        linked += size
+                    else:
                         response = upstream.open(f"/v2/{repository}/blobs/{blob}", repository)
                         total += writer.blob(blob, response, blob[7:19])
-                    writer.link(store.layer_link(repository, blob), blob)
-            # the manifest after its blobs: a revision the registry finds has every blob it names
+                writer.link(store.layer_link(repository, blob), blob)
             if not store.blob(current).is_file():
                 writer.blob(current, _Body(body), current[7:19])
             writer.link(store.revision(repository, current), current)
@@ -328,7 +427,40 @@ def warm(keep: dict) -> None:
             writer.link(tag_link(store, repository, tag).parent.parent / "index" / algorithm / hexa / "link", top)
             writer.link(tag_link(store, repository, tag), top)
     elapsed = time.monotonic() - started
-    print(f"rigup-image-mirror: cached {total / 1e9:.2f} GB in {elapsed:.0f} s", flush=True)
+    print(f"rigup-image-mirror: cached {total / 1e9:.2f} GB from {upstream.base} and {linked / 1e9:.2f} GB the "
+          f"fleet's chain staged, in {elapsed:.0f} s", flush=True)
+
+
+def stage(keep: dict) -> None:
+    """Make the staging match the pins before the chain runs: directories of pins gone are removed, and
+    each blob of a pin the cache holds is linked into the pin's staging directory when it is not there
+    (a cache filled before the chain existed, or by the proxy itself). rigfetch then hashes it in place
+    instead of fetching it; its stamp makes it a source for the chain."""
+    staging = keep.get("staging")
+    if not staging:
+        die("the keep file names no staging directory")
+    for name in stale_staging(keep):
+        shutil.rmtree(Path(staging) / name, ignore_errors=True)
+        print(f"rigup-image-mirror: removed the staging of a pin gone ({name})")
+    store, linked = Storage(Path(keep["storage"])), 0
+    for ref in keep["keep"]:
+        repository, reference = split_ref(ref)
+        digest = resolved(store, repository, reference)
+        if digest is None:
+            continue
+        directory = Path(staging) / pin_name(ref)
+        for blob, size in cached_blobs(store, digest):
+            target, source = directory / blob, store.blob(blob)
+            if target.exists() or not source.is_file() or source.stat().st_size != size:
+                continue
+            directory.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(source, target)
+            except OSError:
+                continue  # another file system: the chain fetches it
+            linked += size
+    if linked:
+        print(f"rigup-image-mirror: linked {linked / 1e9:.2f} GB the cache holds into the staging (to be hashed)")
 
 
 class _Body:
@@ -358,7 +490,9 @@ def prune(keep: dict) -> None:
     store = Storage(Path(keep["storage"]))
     bound = int(keep["max_bytes"])
     used = store.used_bytes()
-    if used <= bound:
+    if keep.get("pins_only"):  # a relay: nothing but what its rig pins now
+        bound = 0
+    elif used <= bound:
         print(f"rigup-image-mirror: the cache holds {used / 1e9:.2f} GB, within its bound of {bound / 1e9:.2f} GB")
         return
     pinned = pinned_revisions(store, keep)
@@ -371,6 +505,9 @@ def prune(keep: dict) -> None:
             break
         kept.remove((repository, digest))
         dropped.append((repository, digest))
+    if not dropped and keep.get("pins_only"):
+        print("rigup-image-mirror: the cache holds only what its rig pins now")
+        return
     if not dropped:  # pins alone: nothing to drop, and no reason to stop the registry
         print(f"rigup-image-mirror: warning: the images rigs pin now take {used / 1e9:.2f} GB, over the bound "
               f"of {bound / 1e9:.2f} GB; raise image_mirror_max_gb", file=sys.stderr)
@@ -401,25 +538,31 @@ def prune(keep: dict) -> None:
     after = store.used_bytes()
     names = ", ".join(f"{r}@{d[:19]}" for r, d in dropped) or "nothing"
     print(f"rigup-image-mirror: pruned {names}: {used / 1e9:.2f} GB -> {after / 1e9:.2f} GB (bound {bound / 1e9:.2f} GB)")
-    if after > bound:
+    if after > bound and not keep.get("pins_only"):
         print(f"rigup-image-mirror: warning: the images rigs pin now take {after / 1e9:.2f} GB, over the bound; "
               "raise image_mirror_max_gb", file=sys.stderr)
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] not in ("check", "warm", "prune"):
+    if len(argv) != 2 or argv[0] not in ("check", "warm", "stage", "prune"):
         print(__doc__, file=sys.stderr)
         return 2
     try:
-        keep = json.loads(Path(argv[1]).read_text())
-    except (OSError, ValueError) as exc:
-        die(f"cannot read {argv[1]}: {exc}")
-    if argv[0] == "check":
-        print(json.dumps(check(keep)))
-    elif argv[0] == "warm":
-        warm(keep)
-    else:
-        prune(keep)
+        try:
+            keep = json.loads(Path(argv[1]).read_text())
+        except (OSError, ValueError) as exc:
+            die(f"cannot read {argv[1]}: {exc}")
+        if argv[0] == "check":
+            print(json.dumps(check(keep)))
+        elif argv[0] == "warm":
+            warm(keep)
+        elif argv[0] == "stage":
+            stage(keep)
+        else:
+            prune(keep)
+    except HelperError as exc:
+        print(f"rigup-image-mirror: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -18,6 +18,10 @@ Manifest (JSON; --manifest PATH or --manifest-b64 <urlsafe base64 of zlib-compre
                "hub_url": "https://huggingface.co/z-lab/Qwen3.6-27B-DFlash/resolve/<commit>/",
                "upstreams": ["http://10.0.0.11:8765/", "http://10.0.0.12:8765/"],
                "files": [{"path": "config.json", "size": 1234, "sha256": "<64 hex>"}]}]}
+  A model may say "hub_auth": "registry": its hub is a container registry's blob endpoint
+  (https://registry-1.docker.io/v2/<repository>/blobs/, files named sha256:<hex>), read as `docker pull`
+  reads it: no HF token; on a 401 with a Bearer challenge, an anonymous token from the challenge's realm
+  (the distribution token spec), asked again when it expires; a redirect to another origin drops it.
 
 Fleet chain (upstreams): the rigs ahead of this one in the model's chain, the head first. The head reads
 the hub; every other rig reads its nearest live upstream while that one is still receiving, so each
@@ -111,6 +115,13 @@ class SourceRefused(Exception):
     """A source answered with an error that retrying will not fix (401/403/404)."""
 
 
+class Reauthorized(Exception):
+    """A registry hub asked for a (new) bearer token, and this rig got one: ask again at once."""
+
+
+HUB_AUTHS = ("huggingface", "registry")
+
+
 # ------------------------------------------------------------------------------------------
 # manifest
 
@@ -166,6 +177,8 @@ def validate_manifest(manifest: object) -> None:
         url = model.get("hub_url")
         if not _http_dir_url(url):
             raise ManifestError("%s: hub_url must be an http(s) URL ending in /" % name)
+        if model.get("hub_auth", "huggingface") not in HUB_AUTHS:
+            raise ManifestError("%s: hub_auth must be one of %s" % (name, ", ".join(HUB_AUTHS)))
         upstreams = model.get("upstreams", [])
         if not isinstance(upstreams, list) or not all(_http_dir_url(u) for u in upstreams):
             raise ManifestError("%s: upstreams must be a list of http(s) URLs ending in /" % name)
@@ -370,7 +383,8 @@ class Stamps:
 
 
 class Item:
-    __slots__ = ("model", "rel", "key", "dest", "part", "size", "sha256", "action", "part_size", "url_hub", "upstreams")
+    __slots__ = ("model", "rel", "key", "dest", "part", "size", "sha256", "action", "part_size", "url_hub", "upstreams",
+                 "hub_auth")
 
     def __init__(self, model: dict, entry: dict) -> None:
         self.model = model["name"]
@@ -384,6 +398,7 @@ class Item:
         self.key = "%s/%s" % (model["name"], quoted)  # the file's path on a fleet server
         self.url_hub = model["hub_url"] + quoted
         self.upstreams = tuple(model.get("upstreams") or ())  # fleet chain, head first
+        self.hub_auth = model.get("hub_auth", "huggingface")
         self.action = "fetch"
         self.part_size = 0
 
@@ -646,6 +661,9 @@ class Fetcher:
         self.log = log
         self.hf_token = secrets.get("hf_token") or None
         self.fleet_token = secrets.get("fleet_token") or None
+        self.registry_tokens: dict = {}  # (realm, service, scope) -> [token, whether the hub took it]
+        self.registry_scope: dict = {}  # a hub's blob endpoint -> the (realm, service, scope) it last asked for
+        self.registry_lock = threading.Lock()
         self.counters = Counters()
         self.stamps = Stamps(manifest["state_dir"], log)
         self.piece_size = int(manifest.get("piece_size", PIECE_SIZE))
@@ -981,7 +999,7 @@ class Fetcher:
             except (urllib.error.URLError, OSError, http.client.HTTPException):
                 pass
 
-    def _request(self, url: str, kind: str, method: str = "GET", offset: int = 0) -> Any:  # urllib.request.Request
+    def _request(self, url: str, kind: str, method: str = "GET", offset: int = 0, item: Item | None = None) -> Any:
         import urllib.request  # here, not at the top: see the note below the imports
 
         request = urllib.request.Request(url, method=method)
@@ -989,12 +1007,48 @@ class Fetcher:
         request.add_header("Accept-Encoding", "identity")
         if offset:
             request.add_header("Range", "bytes=%d-" % offset)
-        token = self.fleet_token if kind == "peer" else self.hf_token
+        if kind == "peer":
+            token = self.fleet_token
+        elif item is not None and item.hub_auth == "registry":
+            with self.registry_lock:  # never the HF token: the registry's own, once it asked for one
+                scope = self.registry_scope.get(_hub_dir(item))
+                token = self.registry_tokens[scope][0] if scope in self.registry_tokens else None
+        else:
+            token = self.hf_token
         if token:
             # Kept across a redirect on the same origin, dropped on one to another (_OriginRedirects): the
             # hub redirects LFS files to a CDN whose signed URLs must not see the token.
             request.add_header("Authorization", "Bearer %s" % token)
         return request
+
+    def _registry_token(self, item: Item, challenge: str) -> None:
+        """Get the anonymous bearer token a registry hub's 401 challenge points to (shared by the model's
+        files); raise SourceRefused when there is none to get, or a fresh one was refused already."""
+        import urllib.request  # here, not at the top: see the note below the imports
+
+        scheme, _, rest = challenge.partition(" ")
+        params = dict(re.findall(r'(\w+)="([^"]*)"', rest))
+        realm = params.pop("realm", None)
+        if scheme.lower() != "bearer" or not realm:
+            raise SourceRefused("HTTP 401 without a bearer challenge (%r): rigfetch reads registries anonymously" % challenge)
+        key = (realm, params.get("service", ""), params.get("scope", ""))
+        with self.registry_lock:
+            self.registry_scope[_hub_dir(item)] = key
+            held = self.registry_tokens.get(key)
+            if held is not None and not held[1]:  # one that never worked: refused, not expired
+                raise SourceRefused("HTTP 401 with a fresh token from %s: the registry refuses anonymous pulls" % realm)
+            query = urllib.parse.urlencode(sorted(params.items()))
+            try:
+                with _open(urllib.request.Request(realm + ("&" if "?" in realm else "?") + query,
+                                                  headers={"User-Agent": USER_AGENT}), self.args.timeout) as response:
+                    body = json.loads(response.read())
+            except (OSError, ValueError) as exc:
+                raise TransientError("no token from %s: %s" % (realm, exc))
+            token = body.get("token") or body.get("access_token") if isinstance(body, dict) else None
+            if not isinstance(token, str) or not token:
+                raise SourceRefused("%s answered without a token" % realm)
+            self.registry_tokens[key] = [token, False]
+        self.log("%s: got a registry token from %s" % (item.label, realm))
 
     # -- piece hashes --------------------------------------------------------------------
     def _authority_digest(self, item: Item, track: Track, index: int) -> str | None:
@@ -1067,6 +1121,8 @@ class Fetcher:
                 return
             except NotYet:
                 time.sleep(0.2)  # the peer serves it once it starts on it: not a failure
+            except Reauthorized:
+                continue
             except PieceMismatch as exc:
                 self.counters.add("pieces_rejected")
                 self._rewind(item, partial)
@@ -1185,13 +1241,16 @@ class Fetcher:
 
         if partial.have:
             self.counters.add("resumes")
-        request = self._request(url, kind, offset=partial.have)
+        request = self._request(url, kind, offset=partial.have, item=item)
         try:
             response = _open(request, timeout=self.args.timeout)
         except urllib.error.HTTPError as exc:
             exc.close()
             if exc.code == 503 and kind == "peer":
                 raise NotYet()
+            if exc.code == 401 and kind == "hub" and item.hub_auth == "registry":
+                self._registry_token(item, exc.headers.get("WWW-Authenticate") or "")
+                raise Reauthorized()
             if exc.code == 416 and partial.have:
                 # The source cannot continue from our offset: start the file over.
                 self._remove_part(item)
@@ -1206,6 +1265,11 @@ class Fetcher:
             raise TransientError("HTTP %d" % exc.code)
         except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
             raise TransientError("connection failed: %s" % (getattr(exc, "reason", None) or exc))
+        if kind == "hub" and item.hub_auth == "registry":
+            with self.registry_lock:  # the token worked: a later 401 means it expired
+                held = self.registry_tokens.get(self.registry_scope.get(_hub_dir(item)))
+                if held is not None:
+                    held[1] = True
         with response:
             mode = "ab"
             if partial.have and response.status == 206:
@@ -1298,6 +1362,12 @@ class Fetcher:
             os.unlink(item.part)
         except FileNotFoundError:
             pass
+
+
+def _hub_dir(item: Item) -> str:
+    """The hub URL the item's file is under (a registry repository's blob endpoint): models of one
+    repository share its token."""
+    return item.url_hub.rsplit("/", 1)[0]
 
 
 def _origin(url: str) -> tuple:

@@ -20,6 +20,7 @@ from rigup.desired.image_mirror import (
     pinned_through,
     prune_unit_text,
     pull_registry,
+    registry_role,
     upstream_url,
 )
 from rigup.desired.recipe import resolve
@@ -50,22 +51,25 @@ def test_clients_learn_the_mirror_address_and_port(tmp_path: Path) -> None:
     assert fleet.host("rig-02").data["image_mirror"] == {"host": "rig-01", "address": "10.0.0.1", "port": 5055}
     assert fleet.host("rig-01").data["image_mirror"]["host"] == "rig-01"  # the mirror pulls through itself
     assert "image_mirror" not in fleet.host("gw").data
-    assert pull_registry(fleet.resolved_data("rig-02")) == "10.0.0.1:5055"
+    # each rig pulls from the registry on its own loopback: the mirror's own, or its relay of the mirror
+    assert pull_registry(fleet.resolved_data("rig-02")) == "127.0.0.1:5000"
+    assert pull_registry(fleet.resolved_data("rig-01")) == "127.0.0.1:5055"
     assert pull_registry(fleet.resolved_data("gw")) == "docker.io"
 
 
-def test_a_rig_pulls_its_variant_image_through_the_mirror(tmp_path: Path) -> None:
+def test_a_rig_pulls_its_variant_image_from_its_relay(tmp_path: Path) -> None:
     data = load(tmp_path).resolved_data("rig-02")
     recipe = resolve(data)
-    assert recipe.image.ref.startswith("10.0.0.1:5055/vllm/vllm-openai:")
+    assert recipe.image.ref.startswith("127.0.0.1:5000/vllm/vllm-openai:")
 
 
-def test_daemon_json_lists_the_mirror_and_mirrors_docker_hub(tmp_path: Path) -> None:
+def test_daemon_json_mirrors_docker_hub_through_the_local_registry(tmp_path: Path) -> None:
     data = load(tmp_path).resolved_data("rig-02")
-    assert daemon_settings(data) == (["10.0.0.1:5055"], ["http://10.0.0.1:5055"])
+    # loopback needs no insecure-registries entry: Docker allows plain HTTP to 127.0.0.0/8
+    assert daemon_settings(data) == ([], ["http://127.0.0.1:5000"])
     # another upstream than Docker Hub: registry-mirrors would not apply to it (Docker mirrors Docker Hub only)
     other = dict(data, container_registry="registry.lan:5000", docker_insecure_registries=["registry.lan:5000"])
-    assert daemon_settings(other) == (["registry.lan:5000", "10.0.0.1:5055"], [])
+    assert daemon_settings(other) == (["registry.lan:5000"], [])
     assert daemon_settings({"docker_insecure_registries": ["a:1"]}) == (["a:1"], [])
 
 
@@ -95,6 +99,22 @@ def test_the_mirror_role_proxies_the_clients_registry_and_keeps_their_pins(tmp_p
     keep = json.loads(role.keep_text())
     assert keep["max_bytes"] == role.max_bytes and keep["keep"] == list(role.keep) and keep["port"] == 5055
     assert mirror_role("rig-02", fleet.resolved_data("rig-02"), hosts, pins) is None
+    assert not role.is_relay and registry_role("rig-01", fleet.resolved_data("rig-01"), hosts, pins) == role
+
+
+def test_a_client_runs_a_relay_of_the_mirror_on_loopback_keeping_its_own_pins(tmp_path: Path) -> None:
+    fleet = load(tmp_path)
+    hosts = [(h.name, fleet.resolved_data(h.name)) for h in fleet.hosts]
+    pins = {"rig-01": ["vllm/vllm-openai@sha256:" + "a" * 64], "rig-02": ["vllm/vllm-openai@sha256:" + "b" * 64]}
+    relay = registry_role("rig-02", fleet.resolved_data("rig-02"), hosts, pins)
+    assert relay is not None and relay.is_relay and relay.keep == ("vllm/vllm-openai@sha256:" + "b" * 64,)
+    config = yaml.safe_load(relay.config_text())
+    assert config["proxy"] == {"remoteurl": "http://10.0.0.1:5055"}  # the mirror, as its clients reach it
+    assert config["http"]["addr"] == "127.0.0.1:5000"  # its own rig only
+    keep = json.loads(relay.keep_text())
+    assert keep["pins_only"] is True and keep["max_bytes"] == 0
+    assert keep["staging"] == "/var/lib/docker-registry/rigup-staging"  # the storage's file system: links, not copies
+    assert registry_role("gw", fleet.resolved_data("gw"), hosts, pins) is None
 
 
 def test_pinned_through_reads_repository_and_digest_or_tag() -> None:
@@ -146,6 +166,6 @@ def test_the_lock_pins_the_image_at_the_upstream_not_at_the_mirror(tmp_path: Pat
     data = dict(load(tmp_path).resolved_data("rig-02"), container_registry="registry.lan:5001",
                 docker_insecure_registries=["registry.lan:5001"])
     recipe = resolve(data)
-    assert recipe.image.registry == "10.0.0.1:5055"  # pulled through the mirror
+    assert recipe.image.registry == "127.0.0.1:5000"  # pulled from the relay
     (need,) = [n for n in needs_for(recipe, data) if isinstance(n, ImageNeed)]
     assert (need.registry, need.plain_http) == ("registry.lan:5001", True)  # pinned where the pin is true

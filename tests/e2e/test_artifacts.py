@@ -9,10 +9,12 @@ rig forwards verified pieces down its chains while they arrive.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from rigup_testbed.fleet import Testbed
 from rigup_testbed.hfhub import HubAdmin
 from rigup_testbed.hosts import HostSpec
 from rigup_testbed.net import shape_port, unshape_port
+from rigup_testbed.registry import served_blob_bytes
 from tests.e2e.helpers import run
 
 pytestmark = pytest.mark.e2e
@@ -269,6 +272,74 @@ def test_a_peer_killed_mid_transfer_fails_alone_and_the_next_converge_heals_it(
     _converge(pyinfra_run, fleet)
     assert _intact(two, lock)
     assert _report(two)["bytes_from_hub"] == 0 and hub.stats()["total_bytes"] == 0
+
+
+# ------------------------------------------------------------------------------------------
+# images: the mirror on rig-01, a relay on rig-02 and rig-03, the blobs moved along the chain
+
+
+def _registry_image_bytes(registry: str, repository: str, digest: str) -> int:
+    request = urllib.request.Request(f"http://{registry}/v2/{repository}/manifests/{digest}",
+                                     headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+    manifest = json.loads(urllib.request.urlopen(request, timeout=30).read())
+    return int(manifest["config"]["size"]) + sum(int(layer["size"]) for layer in manifest["layers"])
+
+
+def _image_report(host: Any) -> dict[str, Any]:
+    return json.loads(host.ssh("sudo cat /opt/rigup/state/images/fetch-report.json").stdout)
+
+
+def test_an_image_reaches_every_relay_along_the_chain_and_upstream_serves_it_once(
+    bed: Testbed, fleet: Path, pyinfra_run: RUN
+) -> None:
+    """One converge of the three rigs: rig-01 runs the mirror and heads the chain (reads the hub's registry,
+    as it would Docker Hub), rig-02 and rig-03 run relays and get every blob forwarded, verified, from the
+    rig before them. Each relay then serves the image on 127.0.0.1 from its own disk, and a re-run changes
+    nothing."""
+    directory = fleet.parent / "images"
+    directory.mkdir(exist_ok=True)
+    images = bed.write_fleet(
+        directory / "rigs.yaml",
+        data={"image_mirror_host": "rig-01"},
+        group_data={"canary": {"variant": "dual"}, "rigs": {"variant": "dual-dflash"}},
+        require_all_urls=False,
+    )
+    shutil.copy(fleet.with_name("rigs.lock.yaml"), directory / "rigs.lock.yaml")
+    bed.ledger.add("file", path=str(directory / "rigs.lock.yaml"))
+    registry, log = bed.urls["engine_registry"], Path(bed.urls["engine_registry_log"])
+    served_before = served_blob_bytes(log, "vllm/vllm-openai")
+
+    proc = pyinfra_run(images, "tasks/image_mirror.py", opts=["-v"], timeout=900)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
+
+    one, two, three = bed.hosts
+    keep = json.loads(one.ssh("cat /etc/rigup/image-mirror-keep.json").stdout)
+    (pin,) = keep["keep"]  # the bed's lock pins the tag
+    repository, tag = pin.rsplit(":", 1)
+    digest = bed.urls["engine_registry_images"][pin]
+    size = _registry_image_bytes(registry, repository, digest)
+    assert served_blob_bytes(log, repository) - served_before == size  # the hub sent one copy, to rig-01
+    assert _image_report(one)["bytes_from_hub"] == size
+    for relay in (two, three):
+        report = _image_report(relay)
+        assert (report["bytes_from_hub"], report["bytes_from_peer"]) == (0, size), relay.name
+        relay_keep = json.loads(relay.ssh("cat /etc/rigup/image-mirror-keep.json").stdout)
+        assert relay_keep["keep"] == [pin] and relay_keep["pins_only"] is True
+        check = json.loads(relay.ssh("sudo python3 /opt/rigup/bin/rigup-image-mirror check "
+                                     "/etc/rigup/image-mirror-keep.json").stdout)
+        assert check["missing"] == [] and check["pins"][pin]["digest"] == digest
+        # the relay answers the pull on loopback only, from its own disk
+        got = relay.ssh(f"curl -fsS -H 'Accept: application/vnd.docker.distribution.manifest.v2+json' "
+                        f"http://127.0.0.1:5000/v2/{repository}/manifests/{digest} | sha256sum").stdout.split()[0]
+        assert "sha256:" + got == digest
+        assert relay.ssh(f"curl -fsS -m 5 http://{relay.ip}:5000/v2/", check=False).returncode != 0
+    served = served_blob_bytes(log, repository)
+
+    again = pyinfra_run(images, "tasks/image_mirror.py", opts=["-v"], timeout=900)
+    assert again.returncode == 0, again.stdout[-6000:] + again.stderr[-6000:]
+    changed = {op: counts for op, counts in _results(again.stdout + again.stderr).items() if counts[0] or counts[1]}
+    assert changed == {}
+    assert served_blob_bytes(log, repository) == served
 
 
 def test_stale_lock_stops_the_deploy_before_any_change(bed: Testbed, fleet: Path, pyinfra_run: RUN) -> None:

@@ -134,7 +134,81 @@ def test_warm_caches_the_pin_and_the_rigs_then_read_only_the_mirror(fleet: dict)
     with ThreadPoolExecutor(4) as pool:  # four rigs pulling at once, from the mirror's disk
         list(pool.map(lambda _: pull(fleet["mirror"].port, fleet["pinned"]), range(4)))
     assert fleet["upstream"].blob_bytes_served() == warm_bytes
-    assert helper("warm", str(fleet["keep"])).stdout.strip().endswith("cached 0.00 GB in 0 s")
+    again = helper("warm", str(fleet["keep"])).stdout.strip()
+    assert "cached 0.00 GB from" in again and "and 0.00 GB the fleet's chain staged" in again
+
+
+def blobs(built) -> list[list]:
+    """[digest, size] of a pull's blobs as the manifest lists them: the config, then the layers."""
+    return [["sha256:" + hashlib.sha256(b).hexdigest(), len(b)] for b in (built.config, *built.layers)]
+
+
+def test_check_lists_each_pins_blobs_from_upstream_then_from_the_cache(fleet: dict) -> None:
+    """What the fleet's chain moves: each pin's config and layers, asked of upstream while the cache lacks
+    the pin (a tag resolved to its digest there), read from the cache once it holds it."""
+    doc = dict(json.loads(fleet["keep"].read_text()))
+    doc["keep"] = [*doc["keep"], "vllm/vllm-omni:v1", "vllm/vllm-omni:v9"]
+    fleet["keep"].write_text(json.dumps(doc))
+    before = json.loads(helper("check", str(fleet["keep"])).stdout)
+    pinned, other = fleet["pinned"], fleet["other"]
+    assert before["pins"][doc["keep"][0]] == {"repository": "vllm/vllm-openai", "digest": pinned.digest,
+                                              "blobs": blobs(pinned)}
+    assert before["pins"]["vllm/vllm-omni:v1"]["digest"] == other.digest
+    assert "HTTP 404" in before["pins"]["vllm/vllm-omni:v9"]["error"]  # upstream lacks it: said, not raised
+    assert fleet["upstream"].blob_bytes_served() == 0  # manifests only
+    doc["keep"] = doc["keep"][:2]
+    fleet["keep"].write_text(json.dumps(doc))
+    assert helper("warm", str(fleet["keep"])).returncode == 0
+    fleet["upstream"].stop()  # a cached pin's blobs come from the cache alone
+    try:
+        after = json.loads(helper("check", str(fleet["keep"])).stdout)
+    finally:
+        fleet["upstream"].start()
+    assert after["missing"] == [] and after["pins"] == {ref: before["pins"][ref] for ref in doc["keep"]}
+
+
+def test_warm_links_the_blobs_the_chain_staged_and_reads_upstream_for_the_rest(fleet: dict, tmp_path: Path) -> None:
+    """The chain (rigfetch) leaves each verified blob at {staging}/<name>/sha256:<hex>, on the storage's
+    file system: warm hard-links it into the registry's storage (no copy, no upstream byte) and reads only
+    the manifests and any blob not staged from upstream. The registry then serves the pull from disk."""
+    pinned = fleet["pinned"]
+    staging = Path(json.loads(fleet["keep"].read_text())["storage"]).parent / "staging"
+    (staging / "image-a").mkdir(parents=True)
+    layer = "sha256:" + hashlib.sha256(pinned.layers[0]).hexdigest()
+    (staging / "image-a" / layer).write_bytes(pinned.layers[0])  # the layer staged; the config is not
+    (staging / "image-a" / ("sha256:" + "e" * 64)).write_bytes(b"x")  # a blob of no pin: left alone
+    doc = dict(json.loads(fleet["keep"].read_text()), staging=str(staging))
+    fleet["keep"].write_text(json.dumps(doc))
+    warmed = helper("warm", str(fleet["keep"]))
+    assert warmed.returncode == 0, warmed.stderr
+    assert fleet["upstream"].blob_bytes_served() == len(pinned.config)  # the layer came from the staging
+    store = imagemirror.Storage(Path(doc["storage"]))
+    assert store.blob(layer).stat().st_ino == (staging / "image-a" / layer).stat().st_ino  # a link, not a copy
+    assert store.blob(layer).stat().st_uid == store.root.parents[2].stat().st_uid
+    pull(fleet["mirror"].port, pinned)
+    assert fleet["upstream"].blob_bytes_served() == len(pinned.config)
+
+
+def test_a_relays_prune_keeps_only_its_pins_without_a_bound(fleet: dict) -> None:
+    """A rig's relay (pins_only) keeps what its rig pins now and nothing else, whatever the bytes."""
+    assert helper("warm", str(fleet["keep"])).returncode == 0
+    pull(fleet["mirror"].port, fleet["other"])  # cached by the proxy itself: unpinned
+    storage = imagemirror.Storage(Path(json.loads(fleet["keep"].read_text())["storage"]))
+    deadline = time.monotonic() + 30
+    while imagemirror.missing_parts(storage, "vllm/vllm-omni", fleet["other"].digest) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    relay = fleet["keep"].parent / "relay.json"
+    relay.write_text(json.dumps(dict(json.loads(fleet["keep"].read_text()), max_bytes=0, pins_only=True)))
+    fleet["mirror"].stop()
+    try:
+        pruned = helper("prune", str(relay))
+        again = helper("prune", str(relay))
+    finally:
+        fleet["mirror"].start()
+    assert pruned.returncode == 0 and "pruned vllm/vllm-omni@" in pruned.stdout, pruned.stderr
+    assert "warning" not in pruned.stderr + again.stderr and "holds only what its rig pins" in again.stdout
+    check = json.loads(helper("check", str(relay)).stdout)
+    assert check["missing"] == [] and check["unpinned"] == 0 and check["pins_only"] is True
 
 
 def test_a_tag_pin_is_cached_with_its_tag_and_pulled_by_it_from_the_mirror(fleet: dict) -> None:

@@ -364,6 +364,106 @@ def test_token_follows_a_redirect_on_the_hub_s_origin_only(tmp_path: Path) -> No
     assert (tmp_path / "models" / "renamed" / "model.safetensors").read_bytes() == data
 
 
+def test_a_registry_hub_is_read_with_its_own_anonymous_token_renewed_on_expiry(tmp_path: Path) -> None:
+    """hub_auth "registry": the hub is a registry's blob endpoint, read as Docker reads Docker Hub. A 401
+    carries `WWW-Authenticate: Bearer realm=...,service=...,scope=...` (distribution's docs/spec/auth/token.md);
+    rigfetch gets an anonymous token there, never sends the HF token, and follows the blob's redirect to a
+    CDN without the token (Docker Hub's blobs answer 307 to one). A token that expires mid-run (Docker Hub's
+    last 300 s) is asked for again; the interrupted transfer resumes where it stopped."""
+    data = bytes(range(256)) * 8192  # 2 MiB: two files, the second asks after the first token expired
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    issued: list[dict[str, list[str]]] = []
+    seen: list[tuple[str, str | None]] = []
+    valid: set[str] = set()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+            pass
+
+        def _reply(self, status: int, headers: dict[str, str], body: bytes = b"") -> None:
+            self.send_response(status)
+            for key, value in {**headers, "Content-Length": str(len(body))}.items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+            import urllib.parse
+
+            path, _, query = self.path.partition("?")
+            auth = self.headers.get("Authorization")
+            seen.append((path.split("/")[1], auth))
+            if path == "/token":
+                issued.append(urllib.parse.parse_qs(query))
+                token = f"t{len(issued)}"
+                valid.clear()
+                valid.add(token)
+                self._reply(200, {"Content-Type": "application/json"}, json.dumps({"token": token}).encode())
+            elif path.startswith("/v2/") and auth not in {f"Bearer {t}" for t in valid}:
+                realm = f"http://127.0.0.1:{registry.server_address[1]}/token"
+                self._reply(401, {"WWW-Authenticate": f'Bearer realm="{realm}",service="registry.test",'
+                                                      'scope="repository:library/vllm:pull"'})
+            elif path.startswith("/v2/"):
+                valid.clear()  # each token serves one blob: the next blob finds it expired
+                self._reply(307, {"Location": f"http://127.0.0.1:{cdn.server_address[1]}/cdn/{path[-8:]}?sig=x"})
+            else:
+                self._reply(200, {"Content-Type": "application/octet-stream"}, data)
+
+    registry = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    cdn = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)  # another port: another origin
+    for server in (registry, cdn):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        entries = [{"name": name, "dir": str(tmp_path / "images" / name), "hub_auth": "registry",
+                    "hub_url": f"http://127.0.0.1:{registry.server_address[1]}/v2/library/vllm/blobs/",
+                    "files": [{"path": digest, "size": len(data), "sha256": digest[7:]}]} for name in ("a", "b")]
+        man = manifest(tmp_path / "state", *entries)
+        code, lines, err = run_rigfetch(man, "--jobs", "1", secrets={"hf_token": TOKEN})
+    finally:
+        for server in (registry, cdn):
+            server.shutdown()
+            server.server_close()
+    assert code == 0, err
+    assert all((tmp_path / "images" / name / digest).read_bytes() == data for name in ("a", "b"))
+    assert [q["scope"] for q in issued] == [["repository:library/vllm:pull"]] * 2  # renewed once, for file b
+    assert all(q["service"] == ["registry.test"] for q in issued)
+    assert all(auth is None for where, auth in seen if where in ("cdn", "token"))  # never past the registry
+    assert all(auth != f"Bearer {TOKEN}" for _, auth in seen)  # the HF token never leaves for a registry
+    assert [auth for where, auth in seen if where == "v2"] == [None, "Bearer t1", "Bearer t1", "Bearer t2"]
+
+
+def test_a_registry_hub_that_refuses_its_own_fresh_token_fails_the_file(tmp_path: Path) -> None:
+    challenges = 0
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+            nonlocal challenges
+            body = b'{"token": "anon"}' if self.path.startswith("/token") else b""
+            self.send_response(200 if body else 401)
+            if not body:
+                challenges += 1
+                self.send_header("WWW-Authenticate", f'Bearer realm="http://127.0.0.1:{server.server_address[1]}/token"')
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        entry = {"name": "private", "dir": str(tmp_path / "images"), "hub_auth": "registry",
+                 "hub_url": f"http://127.0.0.1:{server.server_address[1]}/v2/acme/private/blobs/",
+                 "files": [{"path": "sha256:" + "1" * 64, "size": 10, "sha256": "1" * 64}]}
+        code, _, err = run_rigfetch(manifest(tmp_path / "state", entry))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code != 0 and challenges == 2  # asked once, then refused with the fresh token: no loop
+    assert "refuses anonymous pulls" in err
+
+
 def test_size_mismatch_is_refused_without_downloading_the_body(hub: hfhub.HfHub, tmp_path: Path) -> None:
     man = _qwen(hub, tmp_path)
     entry = next(f for f in man["models"][0]["files"] if f["path"] == SHARD1)
@@ -676,6 +776,7 @@ def test_an_upstream_never_forwards_bytes_it_has_not_verified(chain, hub: hfhub.
         (lambda m: m["models"][0].update(hub_url="ftp://x/"), "hub_url"),
         (lambda m: m["models"][0].update(upstreams=["http://rig-a:8765"]), "upstreams"),
         (lambda m: m.update(piece_size=100), "piece_size"),
+        (lambda m: m["models"][0].update(hub_auth="basic"), "hub_auth"),
     ],
 )
 def test_bad_manifests_are_refused(mutate, message: str, tmp_path: Path) -> None:  # noqa: ANN001

@@ -1,0 +1,149 @@
+"""The fleet's image chain: before any rig pulls, the blobs of every pinned image move along a chain of the
+fleet's registry hosts (the mirror first, then the relays), each blob read from upstream once and every
+link carrying it once, as the model files do (rigfetch). Each host lands them in its registry's staging
+directory; the image helper (rigup/rig/imagemirror.py warm) then links them into the registry.
+
+What each host holds and needs is known only at execution: its image helper's check (the pins' blobs,
+from its cache or upstream's manifests) and rigfetch's check of the staging, both facts read once per run.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pyinfra import host, state
+from pyinfra.api import OperationError, QuoteString, StringCommand, operation
+
+from rigup.desired.image_mirror import registry_role
+from rigup.desired.knobs import MODEL_FLEET_MODES, knob, url_host
+from rigup.desired.models import ChainMember, script_path
+from rigup.desired.plan import mirror_pins
+from rigup.facts.docker import ImageMirrorCache
+from rigup.operations.model import FLEET_TOKEN, chain_fetch, chain_status, rigfetch_options
+from rigup.rig.imagemirror import pin_name
+
+
+@dataclass(frozen=True)
+class ImageChainMember:
+    """A host running a registry of the fleet's images, as the other members of the chain see it."""
+
+    host: Any
+    base_url: str | None  # its chain server, http://address:model_fleet_port/; None: it reads its upstream alone
+    rigfetch: str  # rigfetch.py on the host
+    helper: str  # rigup-image-mirror on the host
+    keep_file: str
+    upstream: str  # its registry's upstream: the mirror's is container_registry's, a relay's the mirror
+    staging: str
+    state_dir: str  # rigfetch's stamps and log for the image blobs
+    reserve_bytes: int
+    sudo: bool
+    is_mirror: bool
+
+
+def image_chain_members(hosts: list[Any], keep_file: str) -> tuple[ImageChainMember, ...]:
+    """Every host of `hosts` that runs a registry of the fleet's images (the mirror, the relays), mirror
+    hosts first: with nothing staged anywhere, the mirror is the chain's head and reads upstream."""
+    fleet = [(h.name, h.data.dict()) for h in hosts]
+    pins = {name: mirror_pins(name, data) for name, data in fleet}
+    members = []
+    for h, (name, data) in zip(hosts, fleet, strict=True):
+        role = registry_role(name, data, fleet, pins)
+        if role is None or not role.keep:
+            continue
+        install_root = str(knob(data, "install_root"))
+        mode = knob(data, "model_fleet_source")
+        if mode not in MODEL_FLEET_MODES:
+            raise OperationError(f"{name}: model_fleet_source must be one of {', '.join(MODEL_FLEET_MODES)}, got {mode!r}")
+        address = knob(data, "model_fleet_address") or data.get("ssh_hostname") or name
+        reachable = mode == "auto" and (name != "@local" or knob(data, "model_fleet_address") is not None)
+        members.append(ImageChainMember(
+            host=h,
+            base_url=f"http://{url_host(str(address))}:{int(knob(data, 'model_fleet_port'))}/" if reachable else None,
+            rigfetch=script_path(install_root),
+            helper=f"{install_root.rstrip('/')}/bin/rigup-image-mirror",
+            keep_file=keep_file,
+            upstream=role.upstream,
+            staging=role.staging,
+            state_dir=f"{install_root.rstrip('/')}/state/images",
+            reserve_bytes=int(float(knob(data, "preflight_disk_margin_gb")) * 1e9),
+            sudo=bool(knob(data, "_sudo")),
+            is_mirror=not role.is_relay,
+        ))
+    return tuple(sorted(members, key=lambda m: not m.is_mirror))
+
+
+def _cache(member: ImageChainMember) -> dict[str, Any] | None:
+    return member.host.get_fact(ImageMirrorCache, script=member.helper, keep_file=member.keep_file, _sudo=member.sudo)
+
+
+def chain_manifest(member: ImageChainMember, cache: dict[str, Any]) -> dict[str, Any]:
+    """rigfetch's manifest of the member's staging: one model per pin the helper could list, named and
+    placed by the pin (the same on every member), read from its registry's upstream as a registry client
+    (hub_auth "registry"). A blob listed twice in one image is fetched once."""
+    models = []
+    for ref, pin in sorted((cache.get("pins") or {}).items()):
+        if "blobs" not in pin:
+            continue
+        seen: dict[str, int] = {}
+        for digest, size in pin["blobs"]:
+            seen.setdefault(digest, int(size))
+        name = pin_name(ref)
+        models.append({
+            "name": name,
+            "dir": f"{member.staging.rstrip('/')}/{name}",
+            "hub_url": f"{member.upstream.rstrip('/')}/v2/{pin['repository']}/blobs/",
+            "hub_auth": "registry",
+            "files": [{"path": d, "size": size, "sha256": d.split(":", 1)[1]} for d, size in seen.items()],
+        })
+    return {"version": 1, "state_dir": member.state_dir, "reserve_bytes": member.reserve_bytes, "models": models}
+
+
+def _as_chain_member(member: ImageChainMember, cache: dict[str, Any]) -> ChainMember:
+    return ChainMember(host=member.host, base_url=member.base_url or "", script=member.rigfetch,
+                       manifest=chain_manifest(member, cache), reverify=False, sudo=member.sudo)
+
+
+@operation()
+def image_blobs_staged(members: tuple[ImageChainMember, ...], listen_port: int = 8765, retries: int = 3):
+    """
+    Stage the blobs of every image this host's registry keeps, verified, along the fleet's image chain:
+    per pin, the members holding its blobs first, then the mirror, then the relays; the head reads its
+    registry's upstream (the mirror host: container_registry, as a registry client; a relay: the mirror),
+    every other member its nearest live upstream, forwarding verified pieces while they arrive.
+
+    + members: every host of the run with a registry of the fleet's images (``image_chain_members``)
+    + listen_port: TCP port this host serves its chain peers on (knob model_fleet_port)
+    + retries: attempts per blob on a hash mismatch before the host fails (model_download_retries)
+
+    Before rigfetch, the helper's ``stage`` removes staging of pins gone and links blobs the cache holds
+    already (hashed, not fetched). A host whose staging holds every pinned blob and who serves nobody is a
+    no-op. Secrets: the run's fleet token only (on stdin); never the HF token.
+    """
+    me = next((m for m in members if m.host.name == host.name), None)
+    if me is None:
+        host.noop("this host runs no registry of the fleet's images")
+        return
+    cache = _cache(me)
+    if cache is None:  # only a --dry run gets here before the helper and its keep file are uploaded
+        host.noop("the image chain's work is known once the image helper is on the host (a real run uploads it first)")
+        return
+    failed = {ref: pin["error"] for ref, pin in (cache.get("pins") or {}).items() if "error" in pin}
+    if failed:
+        raise OperationError("; ".join(f"{ref}: {why}" for ref, why in sorted(failed.items())))
+    mine = _as_chain_member(me, cache)
+    chains: dict[str, tuple[ChainMember, ...]] = {}
+    if me.base_url is not None:
+        linked = [mine if m is me else _as_chain_member(m, c) for m in members
+                  if m.host in state.active_hosts and m.base_url and (c := _cache(m)) is not None]
+        for model in mine.manifest["models"]:  # a pin's chain: the members that keep it, in members' order
+            chains[model["name"]] = tuple(c for c in linked if any(x["name"] == model["name"] for x in c.manifest["models"]))
+    commands = chain_fetch(chain_status(mine), mine.manifest, me.rigfetch, chains, listen_port, rigfetch_options(retries, False),
+                           lambda: json.dumps({"fleet_token": FLEET_TOKEN}), "image blobs")
+    stale = cache.get("stale_staging") or []
+    if commands is None and not stale:
+        host.noop(f"the staging holds every blob of the {len(mine.manifest['models'])} pinned images")
+        return
+    yield StringCommand("python3", QuoteString(me.helper), "stage", QuoteString(me.keep_file))
+    yield from commands or ()
