@@ -362,22 +362,24 @@ def test_rollout_with_a_canary_and_a_host_down(testbed_factory: Callable[..., Te
     for name in ("rig-01", "rig-02", "rig-04"):
         assert provenance(b.host(name))["gate"]["result"] == "passed"
 
-    # The image mirror: every rig pulled the vLLM image through rig-01 (a step without rig-01 in it too),
-    # and the hub served the image's blobs once: rig-01 cached them before any rig pulled.
-    mirror = f"{b.host('rig-01').ip}:5000"
+    # The image mirror: every rig pulled the vLLM image from its own loopback registry, rig-01's being the
+    # mirror and the others' relays of it (filled through rig-01 in a step without rig-01 in it too), and
+    # the hub served the image's blobs once: rig-01 cached them before any rig pulled.
+    local = "127.0.0.1:5000"
     image = _recipe(VARIANT).image
     digest = testbed.urls["engine_registry_images"][f"{image.repository}:{image.tag}"]
     pin = LockFile.load(b.lock).image_digest(image.lock_name)  # None: the bed's lock pins tags
     assert pin in (None, digest)
+    kept = f"{image.repository}@{pin}" if pin else f"{image.repository}:{image.tag}"
     for name in ("rig-01", "rig-02", "rig-04"):
-        ref = f"{mirror}/{image.repository}:{image.tag}" + (f"@{pin}" if pin else "")
+        ref = f"{local}/{image.repository}:{image.tag}" + (f"@{pin}" if pin else "")
         digests = json.loads(sh(b.host(name), f"docker image inspect --format '{{{{json .RepoDigests}}}}' {ref}"))
-        assert f"{mirror}/{image.repository}@{digest}" in digests, (name, digests)
-        daemon = json.loads(sh(b.host(name), "cat /etc/docker/daemon.json"))
-        assert mirror in daemon["insecure-registries"], (name, daemon)
-    keep = json.loads(sh(b.host("rig-01"), "cat /etc/rigup/image-mirror-keep.json"))
-    assert (f"{image.repository}@{pin}" if pin else f"{image.repository}:{image.tag}") in keep["keep"], keep
-    assert unit_prop(b.host("rig-01"), "docker-registry.service", "ActiveState") == "active"
+        assert f"{local}/{image.repository}@{digest}" in digests, (name, digests)
+        keep = json.loads(sh(b.host(name), "cat /etc/rigup/image-mirror-keep.json"))
+        assert kept in keep["keep"] and keep["pins_only"] is (name != "rig-01"), (name, keep)
+        assert unit_prop(b.host(name), "docker-registry.service", "ActiveState") == "active"
+    relay = json.loads(sh(b.host("rig-02"), "cat /etc/rigup/image-mirror-keep.json"))
+    assert relay["upstream"] == f"http://{b.host('rig-01').ip}:5000", relay
     image_bytes = registry_image_bytes(testbed.urls["engine_registry"], image.repository, digest)
     assert served_blob_bytes(hub_log, image.repository) - hub_before == image_bytes
     # A converged mirror host changes nothing on a re-run: cache, bound, registry and daemon.json all hold.
