@@ -14,8 +14,12 @@ wire: the manifest, then the config and the layers in parallel (Docker's default
 checked against its digest (the layers are not extracted: that is disk and CPU work of the rig, not the
 network's).
 
-  mirror  tasks/image_mirror.py's way: the mirror on rig 1 caches the image (its helper, through
-          itself), then every rig pulls from it at once;
+  relay   tasks/image_mirror.py's way: the mirror on rig 1, a relay (the same registry on 127.0.0.1,
+          proxying the mirror) on every other rig; the image's blobs move along the chain (the real
+          rigfetch.py, rig 1 reading the hub as a registry client, each rig forwarding verified pieces to
+          the next while they arrive) into each registry's staging; the helper links them into each
+          registry (the mirror's first), and every rig pulls from its own registry at once;
+  mirror  the mirror alone: it caches the image (its helper), then every rig pulls from it at once;
   hub     every rig pulls from the hub at once (no image_mirror_host), for comparison.
 
 The image is generated (incompressible layers of random bytes, cached under --workdir; a registry never
@@ -44,9 +48,20 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fleet_distribution import Bed, human, in_ns, on_shaped_beds, publish, rate_bits  # noqa: E402
+from fleet_distribution import (  # noqa: E402
+    RIG_PORT,
+    RIGFETCH,
+    TOKEN,
+    Bed,
+    human,
+    in_ns,
+    on_shaped_beds,
+    publish,
+    rate_bits,
+)
 
-from rigup.desired.image_mirror import MirrorRole  # noqa: E402
+from rigup.desired.image_mirror import RELAY_ADDRESS, MirrorRole  # noqa: E402
+from rigup.rig.imagemirror import pin_name  # noqa: E402
 from rigup_testbed.registry import (  # noqa: E402
     CONFIG_TYPE,
     LAYER_TYPE,
@@ -148,18 +163,96 @@ def pull(base: str, digest: str) -> dict:
 # one run
 
 
-def start_registry(bed: Bed, name: str, config_text: str, workdir: Path) -> tuple[subprocess.Popen, Path]:
+def start_registry(bed: Bed, name: str, config_text: str, workdir: Path, address: str | None = None,
+                   ) -> tuple[subprocess.Popen, Path]:
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / "config.yml"
     config.write_text(config_text)
     log = workdir / "registry.log"
     with log.open("ab") as out:
         proc = subprocess.Popen(in_ns(bed.ns(name), REGISTRY, "serve", str(config)), stdout=out, stderr=out)
-    wait_answers(bed.ns(name), f"http://{bed.address(name)}:{REGISTRY_PORT}/v2/")
+    wait_answers(bed.ns(name), f"http://{address or bed.address(name)}:{REGISTRY_PORT}/v2/")
     return proc, log
 
 
-def run_once(bed: Bed, mode: str, storage: Path, digest: str, image_bytes: int, scratch: Path) -> dict:
+def run_helper(bed: Bed, name: str, command: str, keep: Path) -> None:
+    done = subprocess.run(in_ns(bed.ns(name), sys.executable, str(HELPER), command, str(keep)), capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{name}: rigup-image-mirror {command} failed: {done.stderr}")
+
+
+def keep_file(role: MirrorRole, path: Path) -> Path:
+    path.write_text(json.dumps(dict(json.loads(role.keep_text()), unit=None)))
+    return path
+
+
+def chain(bed: Bed, roles: dict[str, MirrorRole], blobs: list[tuple[str, int]], scratch: Path) -> dict[str, dict]:
+    """Every rig's rigfetch at once, in rig order (rig 1 heads the chain): the pin's blobs into each
+    registry's staging, as image_blobs_staged runs it."""
+    name_of_pin = pin_name(next(iter(roles.values())).keep[0])  # every rig names the pin alike
+    files = [{"path": d, "size": size, "sha256": d[7:]} for d, size in blobs]
+    rigs, procs = list(roles), []
+    for k, name in enumerate(rigs):
+        role = roles[name]
+        model = {"name": name_of_pin, "dir": f"{role.staging}/{name_of_pin}", "hub_auth": "registry",
+                 "hub_url": f"{role.upstream}/v2/{REPOSITORY}/blobs/", "files": files}
+        if k:
+            model["upstreams"] = [f"http://{bed.address(r)}:{RIG_PORT}/" for r in rigs[:k]]
+        manifest = {"version": 1, "state_dir": str(scratch / name / "state"), "reserve_bytes": 0, "models": [model]}
+        path = scratch / name / "manifest.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(manifest))
+        cmd = [sys.executable, str(RIGFETCH), "--manifest", str(path), "--quiet", "--secrets-stdin",
+               "--listen", f"{bed.address(name)}:{RIG_PORT}", "--expect-peers", str(len(rigs) - 1 - k)]
+        proc = subprocess.Popen(in_ns(bed.ns(name), *cmd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps({"fleet_token": TOKEN}) + "\n")
+        proc.stdin.close()
+        proc.stdin = None
+        procs.append((name, proc))
+    reports = {}
+    for name, proc in procs:
+        out, _ = proc.communicate()
+        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        reports[name] = next(line for line in lines if "bytes_downloaded" in line)
+        if proc.returncode != 0:
+            raise SystemExit(f"{name}: rigfetch failed: {reports[name].get('failures')}")
+    return reports
+
+
+def run_relay(bed: Bed, storage: Path, digest: str, blobs: list[tuple[str, int]], scratch: Path,
+              procs: list[subprocess.Popen]) -> tuple[float, dict[str, str]]:
+    """Registries up (the mirror on r1, relays elsewhere), the chain, then the helper's links (the mirror's
+    first: a relay's warm reads the manifests from it). Returns (seconds until every registry holds the
+    image, each rig's registry URL)."""
+    hub = f"http://{bed.address('hub')}:{REGISTRY_PORT}"
+    pin = f"{REPOSITORY}@{digest}"
+    roles: dict[str, MirrorRole] = {}
+    for name in bed.names[1:]:
+        data = scratch / name / "data"
+        if name == "r1":
+            roles[name] = MirrorRole(upstream=hub, port=REGISTRY_PORT, max_bytes=10**13, clients=tuple(bed.names[1:]),
+                                     keep=(pin,), storage=str(data), staging=str(data / "rigup-staging"))
+        else:
+            roles[name] = MirrorRole(upstream=f"http://{bed.address('r1')}:{REGISTRY_PORT}", port=REGISTRY_PORT,
+                                     max_bytes=0, clients=(), keep=(pin,), storage=str(data), address=RELAY_ADDRESS,
+                                     pins_only=True, staging=str(data / "rigup-staging"))
+        proc, _ = start_registry(bed, name, roles[name].config_text(), scratch / name,
+                                 None if name == "r1" else RELAY_ADDRESS)
+        procs.append(proc)
+    started = time.monotonic()
+    chain(bed, roles, blobs, scratch)
+    keeps = {name: keep_file(role, scratch / name / "keep.json") for name, role in roles.items()}
+    run_helper(bed, "r1", "warm", keeps["r1"])
+    with ThreadPoolExecutor(max(1, len(keeps) - 1)) as pool:
+        list(pool.map(lambda name: run_helper(bed, name, "warm", keeps[name]), [n for n in keeps if n != "r1"]))
+    urls = {name: f"http://{bed.address(name) if name == 'r1' else RELAY_ADDRESS}:{REGISTRY_PORT}" for name in roles}
+    return time.monotonic() - started, urls
+
+
+def run_once(bed: Bed, mode: str, storage: Path, digest: str, image_bytes: int, scratch: Path,
+             blobs: list[tuple[str, int]]) -> dict:
     shutil.rmtree(scratch, ignore_errors=True)
     hub, hub_log = start_registry(bed, "hub", config_text(storage, bed.address("hub"), REGISTRY_PORT),
                                   scratch / "hub")
@@ -168,7 +261,10 @@ def run_once(bed: Bed, mode: str, storage: Path, digest: str, image_bytes: int, 
     warm_s = 0.0
     try:
         source = bed.address("hub")
-        if mode == "mirror":
+        sources = {name: f"http://{source}:{REGISTRY_PORT}" for name in bed.names[1:]}
+        if mode == "relay":
+            warm_s, sources = run_relay(bed, storage, digest, blobs, scratch, procs)
+        elif mode == "mirror":
             role = MirrorRole(upstream=f"http://{bed.address('hub')}:{REGISTRY_PORT}", port=REGISTRY_PORT,
                               max_bytes=10**13, clients=tuple(bed.names[1:]), keep=(f"{REPOSITORY}@{digest}",),
                               storage=str(scratch / "mirror" / "data"))
@@ -181,10 +277,10 @@ def run_once(bed: Bed, mode: str, storage: Path, digest: str, image_bytes: int, 
             if warm.returncode != 0:
                 raise SystemExit(f"warming the mirror failed: {warm.stderr}")
             warm_s = time.monotonic() - started
-            source = bed.address("r1")
+            sources = {name: f"http://{bed.address('r1')}:{REGISTRY_PORT}" for name in bed.names[1:]}
         pulls = []
         for name in bed.names[1:]:
-            cmd = [sys.executable, __file__, "--pull", f"http://{source}:{REGISTRY_PORT}", "--digest", digest]
+            cmd = [sys.executable, __file__, "--pull", sources[name], "--digest", digest]
             pulls.append((name, subprocess.Popen(in_ns(bed.ns(name), *cmd), stdout=subprocess.PIPE, text=True)))
         rigs = {}
         for name, proc in pulls:
@@ -207,7 +303,7 @@ def run_once(bed: Bed, mode: str, storage: Path, digest: str, image_bytes: int, 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rigs", type=int, nargs="+", default=[1, 2, 4, 8])
-    parser.add_argument("--modes", nargs="+", default=["mirror", "hub"], choices=["mirror", "hub"])
+    parser.add_argument("--modes", nargs="+", default=["relay", "mirror", "hub"], choices=["relay", "mirror", "hub"])
     parser.add_argument("--image-gb", type=float, default=2.0)
     parser.add_argument("--rate", default="1gbit", help="each port's rate, both ways (tc syntax)")
     parser.add_argument("--delay", default="0.2ms", help="each port's one-way delay, both ways (netem)")
@@ -225,11 +321,13 @@ def main() -> int:
         raise SystemExit("run as root: the bed is made of network namespaces shaped with tc")
 
     storage, digest, image_bytes = build_image(Path(args.workdir), int(args.image_gb * 1e9))
+    manifest = json.loads((storage / "docker/registry/v2/blobs/sha256" / digest[7:9] / digest[7:] / "data").read_text())
+    blobs = [(manifest["config"]["digest"], manifest["config"]["size"])] + [(x["digest"], x["size"]) for x in manifest["layers"]]
     bound = image_bytes * 8 / rate_bits(args.rate)
 
     def measure(bed: Bed, n: int) -> Iterator[dict]:
         for mode in args.modes:
-            result = run_once(bed, mode, storage, digest, image_bytes, Path(args.rig_dir))
+            result = run_once(bed, mode, storage, digest, image_bytes, Path(args.rig_dir), blobs)
             times = [r["elapsed_s"] for r in result["rigs"].values()]
             yield {"n": n, "mode": mode, "ok": all(r["ok"] for r in result["rigs"].values()),
                    "wall_s": result["wall_s"], "warm_s": result["warm_s"], "slowest_s": max(times),
@@ -245,7 +343,8 @@ def main() -> int:
         f"- registries: {subprocess.run([REGISTRY, '--version'], capture_output=True, text=True).stdout.strip()}",
     ]
     table = [
-        "| rigs | mode | wall time to every rig pulled | of which the mirror's warm-up | slowest / fastest pull | "
+        "| rigs | mode | wall time to every rig pulled | of which before the pulls (relay: chain and links; mirror: "
+        "its warm-up) | slowest / fastest pull | "
         "vs 1 rig (same mode) | hub sent | all verified |",
         "|---|---|---|---|---|---|---|---|",
     ]
