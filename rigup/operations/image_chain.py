@@ -125,6 +125,9 @@ def image_blobs_staged(members: tuple[ImageChainMember, ...], listen_port: int =
     if me is None:
         host.noop("this host runs no registry of the fleet's images")
         return
+    if me.base_url is None:  # each registry fills from its upstream at warm, the mirror's first
+        host.noop("the fleet chain is off here (model_fleet_source: off, or no address peers reach)")
+        return
     cache = _cache(me)
     if cache is None:  # only a --dry run gets here before the helper and its keep file are uploaded
         host.noop("the image chain's work is known once the image helper is on the host (a real run uploads it first)")
@@ -133,12 +136,12 @@ def image_blobs_staged(members: tuple[ImageChainMember, ...], listen_port: int =
     if failed:
         raise OperationError("; ".join(f"{ref}: {why}" for ref, why in sorted(failed.items())))
     mine = _as_chain_member(me, cache)
-    chains: dict[str, tuple[ChainMember, ...]] = {}
-    if me.base_url is not None:
-        linked = [mine if m is me else _as_chain_member(m, c) for m in members
-                  if m.host in state.active_hosts and m.base_url and (c := _cache(m)) is not None]
-        for model in mine.manifest["models"]:  # a pin's chain: the members that keep it, in members' order
-            chains[model["name"]] = tuple(c for c in linked if any(x["name"] == model["name"] for x in c.manifest["models"]))
+    linked = [mine if m is me else _as_chain_member(m, c) for m in members
+              if m.host in state.active_hosts and m.base_url and (c := _cache(m)) is not None]
+    chains = {  # a pin's chain: the members that keep it, in members' order (the mirror first)
+        model["name"]: tuple(c for c in linked if any(x["name"] == model["name"] for x in c.manifest["models"]))
+        for model in mine.manifest["models"]
+    }
     commands = chain_fetch(chain_status(mine), mine.manifest, me.rigfetch, chains, listen_port, rigfetch_options(retries, False),
                            lambda: json.dumps({"fleet_token": FLEET_TOKEN}), "image blobs")
     stale = cache.get("stale_staging") or []

@@ -311,6 +311,20 @@ def test_interrupted_transfer_resumes_through_the_cdn(hub: hfhub.HfHub, tmp_path
     assert (shard["redirected"], shard["get"], shard["range_get"]) == (2, 2, 1)
 
 
+class _Replies(http.server.BaseHTTPRequestHandler):
+    """A quiet handler with one way to answer: status, headers, body."""
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+        pass
+
+    def _reply(self, status: int, headers: dict[str, str], body: bytes = b"") -> None:
+        self.send_response(status)
+        for key, value in {**headers, "Content-Length": str(len(body))}.items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+
 def test_token_follows_a_redirect_on_the_hub_s_origin_only(tmp_path: Path) -> None:
     """The Hub redirects a renamed repository's /resolve/ on its own origin, where a gated repository still
     needs the token (huggingface/huggingface_hub@f7c9b7df:src/huggingface_hub/file_download.py follows same-origin
@@ -320,17 +334,7 @@ def test_token_follows_a_redirect_on_the_hub_s_origin_only(tmp_path: Path) -> No
     data = b"rigfetch weights\n" * 4096
     seen: list[tuple[str, str | None]] = []
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
-            pass
-
-        def _reply(self, status: int, headers: dict[str, str], body: bytes = b"") -> None:
-            self.send_response(status)
-            for key, value in {**headers, "Content-Length": str(len(body))}.items():
-                self.send_header(key, value)
-            self.end_headers()
-            self.wfile.write(body)
-
+    class Handler(_Replies):
         def do_GET(self) -> None:  # noqa: N802 - stdlib naming
             auth = self.headers.get("Authorization")
             seen.append((self.path.split("/", 2)[1], auth))
@@ -376,17 +380,7 @@ def test_a_registry_hub_is_read_with_its_own_anonymous_token_renewed_on_expiry(t
     seen: list[tuple[str, str | None]] = []
     valid: set[str] = set()
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
-            pass
-
-        def _reply(self, status: int, headers: dict[str, str], body: bytes = b"") -> None:
-            self.send_response(status)
-            for key, value in {**headers, "Content-Length": str(len(body))}.items():
-                self.send_header(key, value)
-            self.end_headers()
-            self.wfile.write(body)
-
+    class Handler(_Replies):
         def do_GET(self) -> None:  # noqa: N802 - stdlib naming
             import urllib.parse
 
