@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from rigup.desired.lock import LockFile
+from rigup.rig.imagemirror import pin_name
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hfhub import HubAdmin
 from rigup_testbed.hosts import HostSpec
@@ -340,6 +341,40 @@ def test_an_image_reaches_every_relay_along_the_chain_and_upstream_serves_it_onc
     changed = {op: counts for op, counts in _results(again.stdout + again.stderr).items() if counts[0] or counts[1]}
     assert changed == {}
     assert served_blob_bytes(log, repository) == served
+
+
+def test_an_image_peer_that_corrupts_a_piece_is_dropped_and_no_relay_keeps_a_bad_blob(
+    bed: Testbed, fleet: Path, pyinfra_run: RUN
+) -> None:
+    """rig-01 and rig-02 hold the image (the test above); rig-03's relay loses it. Its chain: rig-01,
+    rig-02 (both holding it), rig-03, which reads its nearest upstream, rig-02. rig-02 sends piece 3 of
+    the largest layer with a byte flipped: rig-03 catches it against rig-01's digest, drops rig-02, reads
+    the rest from rig-01, and its relay serves the right image; upstream and the mirror's registry send
+    nothing."""
+    images = fleet.parent / "images" / "rigs.yaml"
+    one, two, three = bed.hosts
+    check = json.loads(one.ssh("sudo python3 /opt/rigup/bin/rigup-image-mirror check /etc/rigup/image-mirror-keep.json").stdout)
+    ((pin, listed),) = check["pins"].items()
+    layer, size = max(listed["blobs"], key=lambda blob: blob[1])
+    assert size > 4 * PIECE
+    three.ssh("sudo systemctl stop docker-registry && sudo rm -rf /var/lib/docker-registry/docker "
+              "/var/lib/docker-registry/rigup-staging && sudo systemctl start docker-registry")
+    failpoints = json.dumps({"corrupt_served_piece": {"file": f"{pin_name(pin)}/{layer}", "piece": 3, "piece_size": PIECE}})
+    two.ssh(f"echo '{failpoints}' | sudo tee /opt/rigup/state/images/rigfetch-failpoints.json >/dev/null")
+    log = Path(bed.urls["engine_registry_log"])
+    served = served_blob_bytes(log, listed["repository"])
+    try:
+        proc = pyinfra_run(images, "tasks/image_mirror.py", opts=["-v"], timeout=900)
+    finally:
+        two.ssh("sudo rm -f /opt/rigup/state/images/rigfetch-failpoints.json")
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
+    report = _image_report(three)
+    assert (report["pieces_rejected"], report["peers_dropped"], report["hash_mismatches"]) == (1, 1, 0), report
+    assert report["bytes_from_hub"] == 0  # not even the mirror's registry: rig-01 sent the rest
+    assert f"piece 3 of {pin_name(pin)}/{layer} failed its hash" in three.ssh("sudo cat /opt/rigup/state/images/fetch.log").stdout
+    got = three.ssh(f"curl -fsS http://127.0.0.1:5000/v2/{listed['repository']}/blobs/{layer} | sha256sum").stdout.split()[0]
+    assert "sha256:" + got == layer  # the relay keeps and serves only verified bytes
+    assert served_blob_bytes(log, listed["repository"]) == served
 
 
 def test_stale_lock_stops_the_deploy_before_any_change(bed: Testbed, fleet: Path, pyinfra_run: RUN) -> None:
