@@ -59,7 +59,7 @@ pins = {name: mirror_pins(name, data) for name, data in fleet}
 role = registry_role(host.name, host.data.dict(), fleet, pins)
 assert role is not None  # deploy.py includes this file on the mirror host and its clients only
 script = helper_path(str(knob(host.data, "install_root")))
-members = image_chain_members(list(host.inventory), KEEP_FILE)  # the op keeps those in the run
+members = image_chain_members(list(host.inventory), KEEP_FILE, pins)  # the op keeps those in the run
 
 if PACKAGE not in (host.get_fact(DebPackages) or {}):  # only then are the lists refreshed
     apt.update(name="Update apt before installing the image mirror")

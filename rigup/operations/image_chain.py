@@ -42,11 +42,13 @@ class ImageChainMember:
     is_mirror: bool
 
 
-def image_chain_members(hosts: list[Any], keep_file: str) -> tuple[ImageChainMember, ...]:
+def image_chain_members(hosts: list[Any], keep_file: str,
+                        pins: dict[str, list[str]] | None = None) -> tuple[ImageChainMember, ...]:
     """Every host of `hosts` that runs a registry of the fleet's images (the mirror, the relays), mirror
-    hosts first: with nothing staged anywhere, the mirror is the chain's head and reads upstream."""
+    hosts first: with nothing staged anywhere, the mirror is the chain's head and reads upstream. `pins`:
+    each host's mirror_pins, when the caller has them (they render every host's plan)."""
     fleet = [(h.name, h.data.dict()) for h in hosts]
-    pins = {name: mirror_pins(name, data) for name, data in fleet}
+    pins = pins if pins is not None else {name: mirror_pins(name, data) for name, data in fleet}
     members = []
     for h, (name, data) in zip(hosts, fleet, strict=True):
         role = registry_role(name, data, fleet, pins)

@@ -3,6 +3,7 @@ runs it: a subprocess with a JSON manifest, secrets on stdin, counters on stdout
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.server
 import json
@@ -311,6 +312,20 @@ def test_interrupted_transfer_resumes_through_the_cdn(hub: hfhub.HfHub, tmp_path
     assert (shard["redirected"], shard["get"], shard["range_get"]) == (2, 2, 1)
 
 
+@contextlib.contextmanager
+def _two_origins(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[tuple[http.server.ThreadingHTTPServer, ...]]:
+    """Two servers of `handler` on two ports of 127.0.0.1: two origins (a hub and its CDN)."""
+    servers = tuple(http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) for _ in range(2))
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield servers
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+
+
 class _Replies(http.server.BaseHTTPRequestHandler):
     """A quiet handler with one way to answer: status, headers, body."""
 
@@ -347,11 +362,7 @@ def test_token_follows_a_redirect_on_the_hub_s_origin_only(tmp_path: Path) -> No
             else:
                 self._reply(200, {"Content-Type": "application/octet-stream"}, data)
 
-    hub = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    cdn = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)  # another port: another origin
-    for server in (hub, cdn):
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with _two_origins(Handler) as (hub, cdn):
         entry = {
             "name": "renamed",
             "dir": str(tmp_path / "models" / "renamed"),
@@ -359,10 +370,6 @@ def test_token_follows_a_redirect_on_the_hub_s_origin_only(tmp_path: Path) -> No
             "files": [{"path": "model.safetensors", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}],
         }
         code, lines, err = run_rigfetch(manifest(tmp_path / "state", entry), secrets={"hf_token": TOKEN})
-    finally:
-        for server in (hub, cdn):
-            server.shutdown()
-            server.server_close()
     assert code == 0, err
     assert seen == [("old", f"Bearer {TOKEN}"), ("new", f"Bearer {TOKEN}"), ("cdn", None)]
     assert (tmp_path / "models" / "renamed" / "model.safetensors").read_bytes() == data
@@ -403,20 +410,12 @@ def test_a_registry_hub_is_read_with_its_own_anonymous_token_renewed_on_expiry(t
             else:
                 self._reply(200, {"Content-Type": "application/octet-stream"}, data)
 
-    registry = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    cdn = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)  # another port: another origin
-    for server in (registry, cdn):
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with _two_origins(Handler) as (registry, cdn):
         entries = [{"name": name, "dir": str(tmp_path / "images" / name), "hub_auth": "registry",
                     "hub_url": f"http://127.0.0.1:{registry.server_address[1]}/v2/library/vllm/blobs/",
                     "files": [{"path": digest, "size": len(data), "sha256": digest[7:]}]} for name in ("a", "b")]
         man = manifest(tmp_path / "state", *entries)
         code, lines, err = run_rigfetch(man, "--jobs", "1", secrets={"hf_token": TOKEN})
-    finally:
-        for server in (registry, cdn):
-            server.shutdown()
-            server.server_close()
     assert code == 0, err
     assert all((tmp_path / "images" / name / digest).read_bytes() == data for name in ("a", "b"))
     assert [q["scope"] for q in issued] == [["repository:library/vllm:pull"]] * 2  # renewed once, for file b
