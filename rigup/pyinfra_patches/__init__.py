@@ -6,8 +6,8 @@ not promise) and installs:
 
 1. **Facts read once, in one round trip** (fact_batching.py). Replaces `Host.get_fact`,
    `Host.run_shell_command`, `Host.put_file` and `Host.get_file` with wrappers that keep a fact's
-   value until something else runs on the host, and read the facts the previous run asked for in one
-   batched command. While a host's batch goes out, its SSH client's `exec_command` is wrapped on that
+   value until something else runs on the host (greenlets asking one fact at once share one read), and
+   read the facts the previous run asked for in one batched command. While a host's batch goes out, its SSH client's `exec_command` is wrapped on that
    instance to learn when the command left. It calls the private `pyinfra.api.facts._get_fact` (to
    learn the command a fact would run), `_make_command` and `_MISSING_COMMAND_MARKER`.
    *Upstream would need:* a fact cache with invalidation on any non-fact command (pyinfra 3 removed

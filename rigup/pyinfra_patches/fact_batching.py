@@ -150,6 +150,9 @@ class HostFacts:
         self.reading = 0
         self.last_ok = True  # the commands of the current single read all succeeded
         self.ready: gevent.event.Event | None = None  # set once the prefetch has answered
+        # a read in flight, by key: another greenlet asking the same fact meanwhile (one host's operation
+        # asking a fact of its chain peers while their own operations ask it) waits for it
+        self.inflight: dict[tuple[str, str, str], gevent.event.Event] = {}
 
     # ------------------------------------------------------------------ record
     @property
@@ -450,12 +453,20 @@ def _get_fact(self: Host, name_or_cls: Any, *args: Any, **kwargs: Any) -> Any:
     elif facts.ready is not None and not facts.ready.is_set():
         facts.ready.wait()  # the batch is in flight (sent early, or a peer's operation asked meanwhile)
     request = _describe(facts, name_or_cls, args, kwargs)
-    if request is not None:
-        facts.asked.setdefault(request.key, request.persisted())
-        if request.key in facts.memo:
-            facts.stats.memo_hits += 1
-            return copy.deepcopy(facts.memo[request.key])
-    return _read_single(facts, request, name_or_cls, args, kwargs)
+    if request is None:
+        return _read_single(facts, request, name_or_cls, args, kwargs)
+    facts.asked.setdefault(request.key, request.persisted())
+    while request.key in facts.inflight:
+        facts.inflight[request.key].wait()
+    if request.key in facts.memo:
+        facts.stats.memo_hits += 1
+        return copy.deepcopy(facts.memo[request.key])
+    facts.inflight[request.key] = done = gevent.event.Event()
+    try:
+        return _read_single(facts, request, name_or_cls, args, kwargs)
+    finally:
+        del facts.inflight[request.key]
+        done.set()
 
 
 def _run_shell_command(self: Host, *args: Any, **kwargs: Any) -> Any:

@@ -112,6 +112,20 @@ def test_a_fact_is_read_once_until_something_runs_on_the_host(workdir: Path) -> 
     assert _count() == 2 and once.remote_commands(host).invalidations == 1
 
 
+def test_greenlets_asking_one_fact_at_once_share_one_read(workdir: Path) -> None:
+    """At execution, every host of a fleet chain asks each member's facts while that member's own
+    operation asks them too: the first read goes out, the others wait for it and share its value."""
+    import gevent
+
+    state = _state()
+    host = state.inventory.get_host("@local")
+    data = str(workdir / "data")
+    readers = [gevent.spawn(host.get_fact, Counted, path=data) for _ in range(4)]
+    gevent.joinall(readers, raise_error=True)
+    assert [r.value for r in readers] == [["one"]] * 4
+    assert _count() == 1 and once.remote_commands(host).memo_hits == 3
+
+
 def test_without_read_facts_once_pyinfra_reads_every_time(workdir: Path) -> None:
     state = _state(read_once=False)
     host = state.inventory.get_host("@local")
