@@ -66,9 +66,18 @@ def _same_pin(one: _HostInfo, other: _HostInfo, lock_name: str) -> bool:
     )
 
 
-def _address(source: Any) -> str:
-    address = knob(source.data, "model_fleet_address") or source.data.get("ssh_hostname") or source.name
-    return url_host(str(address))
+def fleet_base_url(name: str, data: Any) -> str:
+    """http://address:model_fleet_port/ where a rig serves its chain peers (model files and image blobs):
+    model_fleet_address, else its ssh_hostname, else its name."""
+    address = knob(data, "model_fleet_address") or data.get("ssh_hostname") or name
+    return f"http://{url_host(str(address))}:{int(knob(data, 'model_fleet_port'))}/"
+
+
+def in_fleet_chains(name: str, data: Any) -> bool:
+    """Whether a rig takes part in the fleet's chains: model_fleet_source auto, and an address peers can
+    reach (pyinfra's @local has none unless model_fleet_address names one)."""
+    reachable = name != "@local" or knob(data, "model_fleet_address") is not None
+    return knob(data, "model_fleet_source") == "auto" and reachable
 
 
 @dataclass
@@ -121,15 +130,13 @@ def _plan_all(state: Any, only: Any = None) -> tuple[dict[str, ModelPlan], dict[
         if lock is None:
             problems[h.name] = plan.lock_problem or f"{h.name}: no usable lock file"
             continue
-        # pyinfra's @local has no address other rigs can reach unless model_fleet_address names one
-        reachable = h.name != "@local" or knob(data, "model_fleet_address") is not None
-        infos.append(_HostInfo(h, recipe, lock, data, mode == "auto" and reachable, models))
+        infos.append(_HostInfo(h, recipe, lock, data, in_fleet_chains(h.name, data), models))
 
     members: dict[str, ChainMember] = {}
     for info in infos:
         members[info.host.name] = ChainMember(
             host=info.host,
-            base_url=f"http://{_address(info.host)}:{int(knob(info.data, 'model_fleet_port'))}/",
+            base_url=fleet_base_url(info.host.name, info.data),
             script=script_path(info.recipe.paths.install_root),
             manifest=_rig_manifest(info),
             reverify=bool(knob(info.data, "model_reverify")),

@@ -16,9 +16,9 @@ from typing import Any
 from pyinfra import host, state
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 
-from rigup.desired.image_mirror import registry_role
-from rigup.desired.knobs import MODEL_FLEET_MODES, knob, url_host
-from rigup.desired.models import ChainMember, script_path
+from rigup.desired.image_mirror import helper_path, registry_role
+from rigup.desired.knobs import knob
+from rigup.desired.models import ChainMember, fleet_base_url, in_fleet_chains, script_path
 from rigup.desired.plan import mirror_pins
 from rigup.facts.docker import ImageMirrorCache
 from rigup.operations.model import FLEET_TOKEN, chain_fetch, chain_status, rigfetch_options
@@ -55,16 +55,11 @@ def image_chain_members(hosts: list[Any], keep_file: str,
         if role is None or not role.keep:
             continue
         install_root = str(knob(data, "install_root"))
-        mode = knob(data, "model_fleet_source")
-        if mode not in MODEL_FLEET_MODES:
-            raise OperationError(f"{name}: model_fleet_source must be one of {', '.join(MODEL_FLEET_MODES)}, got {mode!r}")
-        address = knob(data, "model_fleet_address") or data.get("ssh_hostname") or name
-        reachable = mode == "auto" and (name != "@local" or knob(data, "model_fleet_address") is not None)
         members.append(ImageChainMember(
             host=h,
-            base_url=f"http://{url_host(str(address))}:{int(knob(data, 'model_fleet_port'))}/" if reachable else None,
+            base_url=fleet_base_url(name, data) if in_fleet_chains(name, data) else None,
             rigfetch=script_path(install_root),
-            helper=f"{install_root.rstrip('/')}/bin/rigup-image-mirror",
+            helper=helper_path(install_root),
             keep_file=keep_file,
             upstream=role.upstream,
             staging=role.staging,
