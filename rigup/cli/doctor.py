@@ -122,18 +122,20 @@ def format_table(reports: Iterable[HostReport], verbose: bool = False) -> str:
 
 
 def _fleet_hosts(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
-    fleet = load_fleet(args.fleet)
+    """(name, knobs) of each host doctor checks; --data is set on every host and checked with the fleet
+    file's own rules (variant_overrides against each host's variant) before anything connects."""
     overrides: dict[str, Any] = {}
     for item in args.data:
         key, sep, value = item.partition("=")
         if not sep:
-            raise SystemExit(f"--data {item!r}: expected KEY=VALUE")
+            raise FleetError(f"--data expects KEY=VALUE, got {item!r}")
         overrides[key] = parse_data_value(value)
+    fleet = load_fleet(args.fleet, data=overrides)
     hosts = []
     for host in fleet.hosts:
         if args.limit and host.name not in args.limit and host.group not in args.limit:
             continue
-        hosts.append((host.name, {**fleet.resolved_data(host.name), **overrides}))
+        hosts.append((host.name, fleet.resolved_data(host.name)))
     return hosts
 
 

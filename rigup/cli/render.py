@@ -41,17 +41,12 @@ def host_data_for_cli(variant: str, data_pairs: list[str]) -> dict[str, Any]:
 
 def host_data_of_fleet_host(name: str, fleet_file: str | None, data_pairs: list[str]) -> dict[str, Any]:
     """One host of the fleet file, as the deploy reads it (a cluster member's share included), then --data."""
-    fleet = load_fleet(fleet_file)
+    # --data is checked with the fleet file's own rules (variant_overrides against the host's variant)
+    fleet = load_fleet(fleet_file, data=_parse_data(data_pairs))
     names = [h.name for h in fleet.hosts]
     if name not in names:
         raise RecipeError(f"--host {name!r}: not a host of {fleet.path} (hosts: {', '.join(names) or 'none'})")
-    host_data = fleet.resolved_data(name)
-    overrides = _parse_data(data_pairs)
-    unknown = sorted(set(overrides) - set(load_defaults()))
-    if unknown:
-        raise RecipeError(f"--data: unknown knob(s) {', '.join(unknown)} (declared in group_data/all.py)")
-    host_data.update(overrides)
-    return host_data
+    return fleet.resolved_data(name)
 
 
 def _plan(variant: str | None, args: argparse.Namespace) -> Any:

@@ -14,6 +14,7 @@ usually from YAML anchors; a null value drops a variable) replace the base's val
 from __future__ import annotations
 
 import copy
+import difflib
 import functools
 import re
 from collections.abc import Mapping
@@ -314,6 +315,15 @@ def load_catalog() -> dict[str, Any]:
 def variant_names() -> list[str]:
     """Every serving variant, in catalog order."""
     return list(load_catalog()["variants"])
+
+
+def closest_variants(name: Any) -> str:
+    """What a message about an unknown variant `name` says is allowed: the catalog's closest names (a
+    "did you mean") and how to list them all, never the whole catalog (73 names make a 3,000-character line)."""
+    names = variant_names()
+    close = difflib.get_close_matches(str(name), names, n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+    return f"{hint}`rigup render --list` lists all {len(names)} variants"
 
 
 def rigup_container_names() -> tuple[str, ...]:

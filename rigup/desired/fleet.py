@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,7 +113,14 @@ def fleet_path() -> Path:
     return Path(configured).expanduser().resolve() if configured else DEFAULT_FLEET_FILE
 
 
-def load_fleet(path: Path | str | None = None) -> Fleet:
+# Where a message places a value given on the command line (`rigup doctor --data KEY=VALUE`).
+COMMAND_LINE_DATA = "--data"
+
+
+def load_fleet(path: Path | str | None = None, data: Mapping[str, Any] | None = None) -> Fleet:
+    """The fleet file, every value checked before anything connects. `data`: a command's `--data`
+    values, set on every host over the file's own (as pyinfra's --data) and checked exactly as the
+    file's values are, variant_overrides against each host's own variant."""
     path = Path(path) if path is not None else fleet_path()
     try:
         text = path.read_text()
@@ -132,6 +140,7 @@ def load_fleet(path: Path | str | None = None) -> Fleet:
 
     knobs = load_defaults()
     fleet_data = _checked_data(path, "data", document.get("data"), knobs)
+    command_data = _checked_data(path, COMMAND_LINE_DATA, dict(data) if data else None, knobs, allow_ssh=True)
     raw_groups = document.get("groups")
     if not isinstance(raw_groups, dict) or not raw_groups:
         raise FleetError(f"{path}: 'groups' must map at least one group name to its hosts")
@@ -161,12 +170,13 @@ def load_fleet(path: Path | str | None = None) -> Fleet:
                 )
             seen_hosts[host_name] = group_name
             own = _checked_data(path, f"host {host_name!r}", host_values, knobs, allow_ssh=True)
-            sections = (("data", fleet_data), (f"{where} data", group_data), (f"host {host_name!r}", own))
-            data = {**fleet_data, **group_data, **own}
-            _check_host_overrides(path, host_name, data, sections, knobs)
-            if host_name == LOCAL_HOST and "_sudo" not in data:
-                data["_sudo"] = local_sudo()
-            members.append(FleetHost(host_name, group_name, data))
+            sections = (("data", fleet_data), (f"{where} data", group_data), (f"host {host_name!r}", own),
+                        (COMMAND_LINE_DATA, command_data))
+            host_data = {**fleet_data, **group_data, **own, **command_data}
+            _check_host_overrides(path, host_name, host_data, sections, knobs)
+            if host_name == LOCAL_HOST and "_sudo" not in host_data:
+                host_data["_sudo"] = local_sudo()
+            members.append(FleetHost(host_name, group_name, host_data))
         groups[group_name] = members
     clusters = _clusters(path, document.get("clusters"), groups)
     try:

@@ -20,7 +20,7 @@ from typing import Any, get_args
 import yaml
 
 from rigup import DEPLOY_ROOT
-from rigup.desired.catalog import load_catalog, variant_names
+from rigup.desired.catalog import closest_variants, load_catalog, variant_names
 from rigup.desired.interconnect import MODES as INTERCONNECT_MODES
 from rigup.desired.pods import pods_problem
 from rigup.parsers.dpkg import DriverSource
@@ -276,9 +276,9 @@ def _source_refs() -> Rule:
 def _variant() -> Rule:
     names = tuple(variant_names())
     return Rule(
-        f"a catalog variant, one of {', '.join(names)}",
+        "a catalog variant (`rigup render --list` lists them)",
         lambda v: v in names,
-        lambda name, v: f"{name!r} {v!r} is not in the catalog (known: {', '.join(names)})",
+        lambda name, v: f"{name!r} {v!r} is not in the catalog ({closest_variants(v)})",
     )
 
 

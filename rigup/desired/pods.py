@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rigup.desired.catalog import load_catalog
+from rigup.desired.catalog import closest_variants, load_catalog
 
 POD_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 POD_KEYS = ("name", "variant", "gpus", "port", "variant_overrides")
@@ -110,7 +110,7 @@ def host_pods(listed: Any, variant: Any, variant_overrides: Any) -> list[Pod]:
             raise PodError(f"{where}: pod name {name!r} is used twice")
         names.add(name)
         if entry["variant"] not in variants:
-            raise PodError(f"{where}: 'variant' {entry['variant']!r} is not in the catalog (known: {', '.join(variants)})")
+            raise PodError(f"{where}: 'variant' {entry['variant']!r} is not in the catalog ({closest_variants(entry['variant'])})")
         overrides = entry.get("variant_overrides") or {}
         if not isinstance(overrides, Mapping):
             raise PodError(f"{where}: 'variant_overrides' must be a mapping, got {overrides!r}")

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from rigup.desired.catalog import GPU_MEMORY_UTILIZATION_RANGE, CatalogError, load_catalog
+from rigup.desired.catalog import GPU_MEMORY_UTILIZATION_RANGE, CatalogError, closest_variants, load_catalog
 from rigup.desired.cluster import ClusterMember, ClusterNet, RayPorts, cluster_of, refusals
 from rigup.desired.compose_doc import Change, ComposeEdit, ComposeError, UpstreamFile, dump
 from rigup.desired.image_mirror import pull_registry
@@ -665,7 +665,7 @@ def catalog_variant(catalog: Mapping[str, Any], name: Any) -> Mapping[str, Any]:
     """The catalog's entry for variant `name` (its `name` key is the variant's name); RecipeError naming
     the known variants when there is none."""
     if name not in catalog["variants"]:
-        raise RecipeError(f"unknown variant {name!r}; known: {', '.join(sorted(catalog['variants']))}")
+        raise RecipeError(f"unknown variant {name!r} ({closest_variants(name)})")
     return catalog["variants"][name]
 
 

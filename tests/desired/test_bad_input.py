@@ -61,9 +61,10 @@ class Case:
 
 CASES = [
     Case("unknown-key", "gpu_cuont", "'gpu_cuont'", ("did you mean 'gpu_count'",), host={"gpu_cuont": 2}, cli="pyinfra"),
+    # the closest names and how to list them all, not the whole catalog on one line
     Case(
-        "unknown-variant", "'variant'", "'dual-nope'", ("dual-dflash", "single-long-text"),
-        host={"variant": "dual-nope"}, cli="pyinfra",
+        "unknown-variant", "'variant'", "'singel'", ("did you mean 'single'", "`rigup render --list` lists all"),
+        host={"variant": "singel"}, cli="pyinfra",
     ),
     Case(
         "override-max-model-len", "variant_overrides['max_model_len']", "'lots'", ("1024 to 262144",),
@@ -141,6 +142,19 @@ RENDER_CASES = [
 ]
 
 
+# --data forms for `rigup doctor --fleet GOOD --data PAIR`: checked as the fleet file's values are, before
+# anything connects (pair, key, value, allowed)
+DOCTOR_DATA_CASES = [
+    # a value whose rule depends on the host (its variant): the message names the file and the host
+    ("variant_overrides={port: 70000}", "variant_overrides['port']", "70000",
+     ("rigs.yaml: host 'rig-01' (variant 'dual'; variant_overrides set in --data)", "1 to 65535")),
+    ('variant_overrides={"tensor_parallel_size": 3}', "variant_overrides['tensor_parallel_size']", "got 3",
+     ("rigs.yaml: host 'rig-01'", "[2, 4]")),
+    ("variant=singel", "'variant'", "'singel'", ("did you mean 'single'",)),
+    ("gpu_cuont=2", "gpu_cuont", "gpu_cuont", ("did you mean 'gpu_count'",)),
+]
+
+
 def _run(argv: list[str], fleet: Path | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "RIGUP_RIGS"}
     if fleet is not None:
@@ -167,6 +181,9 @@ def cli_runs(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProc
     for pair, *_ in RENDER_CASES:
         out = root / "render" / str(len(jobs))
         jobs[f"render {pair}"] = (out, [sys.executable, "-m", "rigup", "render", "dual", "--out", str(out), "--data", pair], None)
+    good = write_fleet(root, Case("good", "", "", ()))
+    for pair, *_ in DOCTOR_DATA_CASES:
+        jobs[f"doctor {pair}"] = (good, [sys.executable, "-m", "rigup", "doctor", "--fleet", str(good), "--data", pair], None)
     with ThreadPoolExecutor(max_workers=max(2, min(6, os.cpu_count() or 2))) as pool:
         futures = {key: pool.submit(_run, argv, env_fleet) for key, (_, argv, env_fleet) in jobs.items()}
         return {key: (jobs[key][0], future.result()) for key, future in futures.items()}
@@ -223,6 +240,33 @@ def test_render_data_prints_one_message_without_traceback(cli_runs, pair, key, v
     assert result.returncode == 2, out
     assert_one_message(out, "rigup render:", key, value, *allowed)
     assert not out_dir.exists()  # nothing rendered
+
+
+@pytest.mark.parametrize("pair,key,value,allowed", DOCTOR_DATA_CASES, ids=[c[0] for c in DOCTOR_DATA_CASES])
+def test_doctor_data_is_checked_as_the_fleet_file_is_before_connecting(cli_runs, pair, key, value, allowed):
+    # Was: `doctor --data 'variant_overrides={port: 70000}'` connected, then failed the host's recipe (exit 1).
+    _, result = cli_runs[f"doctor {pair}"]
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out
+    assert_one_message(out, "rigup doctor:", key, value, *allowed)
+    assert result.stdout == "", result.stdout  # nothing connected: no table
+
+
+@pytest.mark.parametrize("where,host", [
+    ("host", {"variant": "dual-tubro"}),
+    ("pod", {"pods": [{"name": "left", "variant": "dual-tubro", "gpus": [0, 1]}]}),
+])  # fmt: skip
+def test_unknown_variant_is_one_short_line_with_the_closest_names(tmp_path, where, host):
+    # Was one ~3,000-character line listing every variant, with no "did you mean".
+    path = write_fleet(tmp_path, Case(f"typo-{where}", "", "", (), host=host))
+    with pytest.raises(FleetError) as excinfo:
+        load_fleet(path)
+    message = str(excinfo.value)
+    assert "did you mean 'dual-turbo'" in message, message
+    assert len(message) < len(str(path)) + 250, message
+    with pytest.raises(RecipeError, match=r"unknown variant 'dual-tubro' \(did you mean 'dual-turbo'") as excinfo:
+        resolve({**load_defaults(), "variant": "dual-tubro"})
+    assert len(str(excinfo.value)) < 200
 
 
 # --------------------------------------------------------------------------------------------
