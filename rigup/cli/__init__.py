@@ -1,4 +1,4 @@
-"""`python -m rigup <command>`: thin front ends over the library code the tasks use."""
+"""rigup COMMAND (in a checkout: .venv/bin/rigup COMMAND): thin front ends over the library code the tasks use."""
 
 from __future__ import annotations
 
@@ -29,8 +29,83 @@ COMMAND_MODULES = (
 )
 
 
+# Each command's exit statuses as its code returns them, (code, what it means, more): shown by its --help
+# and, without the more, by `rigup --help` (tests/cli/test_help.py holds them to the modules' constants
+# and runs the cases it can). Every command also exits 2 for a command line argparse refuses.
+BAD_INPUT = ("bad input", "a fleet file, --data, --limit or argument that cannot be used: one line on stderr says "
+             "why, and nothing ran")
+EXIT_CODES: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "render": (("0", "written", "--list, --audit: every variant renders, nothing unexplained"),
+               ("1", "a variant cannot render or differs unexplained",
+                "--list: a variant cannot render; --audit: a difference from upstream is unexplained"),
+               ("2", *BAD_INPUT)),
+    "doctor": (("0", "every host passed", ""), ("1", "a check failed or a host could not be reached", ""),
+               ("2", BAD_INPUT[0], BAD_INPUT[1] + " (nothing connected)")),
+    "lock": (("0", "written or unchanged", "--check: the lock covers every pin the fleet needs"),
+             ("1", "--check: missing or stale", "the lock file or an entry is missing, or an entry is stale"),
+             ("2", BAD_INPUT[0], BAD_INPUT[1] + "; or a pin cannot be resolved")),
+    "sandbox": (("0", "done", "status: every rig is running"),
+                ("1", "failed", "up failed (what it made is removed) or a sandbox is already up; down failed; "
+                                "status: a rig is stopped"),
+                ("2", "cannot run here", "not root, a tool the test bed needs is missing, or a bad argument")),
+    "verify": (("0", "every check passed", ""), ("N", "N checks failed", "at most 125"),
+               ("2", "also: " + BAD_INPUT[0], BAD_INPUT[1])),
+    "bench": (("0", "every run answered", ""), ("1", "a run failed", ""), ("2", *BAD_INPUT)),
+    "status": (("0", "ok", "every host serves what the fleet file and lock say, and is healthy"), ("1", "drift", ""),
+               ("2", "unhealthy", ""), ("3", "drift and unhealthy", ""),
+               ("4", BAD_INPUT[0], "the fleet file or --limit could not be used: one line says why; no host was asked")),
+    "top": (("0", "quit", "q or Ctrl-C; --once: every target answered"), ("1", "--once: a target did not answer", ""),
+            ("2", *BAD_INPUT), ("130", "--once: Ctrl-C before its frame", "")),
+    "rollout": (("0", "every host converged", ""), ("1", "a host is down or failed", "the rollout finished"),
+                ("2", "stopped early", "more hosts failed than rollout_max_failures allows"),
+                ("3", "could not start", "bad inventory or fleet file, or pyinfra crashed")),
+    "router": (("0", "every rig healthy", "the config is written"),
+               ("1", "a rig failed its check", "left out of the config; or no rig is healthy: nothing written"),
+               ("2", *BAD_INPUT)),
+}
+EXIT_HEADING = "exit status:"
+
+
+def exit_codes_text(command: str) -> str:
+    """The `exit status:` block of a command's --help."""
+    rows = EXIT_CODES[command]
+    width = max(len(code) for code, _, _ in rows)
+    return "\n".join([EXIT_HEADING] + [f"  {code:>{width}}  {meaning}" + (f" ({more})" if more else "")
+                                       for code, meaning, more in rows])
+
+
+def _exit_codes_summary() -> str:
+    """`rigup --help`'s block: every command's exit statuses, one line each."""
+    width = max(map(len, EXIT_CODES))
+    lines = [f"{EXIT_HEADING} (COMMAND --help says more)"]
+    for command, rows in EXIT_CODES.items():
+        lines.append(f"  {command:<{width}}  " + "; ".join(f"{code} {meaning}" for code, meaning, _ in rows))
+    return "\n".join(lines)
+
+
+class _KeepsExitCodes(argparse.HelpFormatter):
+    """Wraps descriptions as the parser's own formatter does, but prints the exit status block line by line."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith(EXIT_HEADING):
+            return "\n".join(indent + line for line in text.splitlines())
+        return super()._fill_text(text, width, indent)
+
+
+def _with_exit_codes(parser: argparse.ArgumentParser, text: str) -> None:
+    """Give `parser` (and its own subcommands, as `sandbox up`) the exit status block as its epilog."""
+    parser.epilog = text
+    if not issubclass(parser.formatter_class, _KeepsExitCodes):
+        parser.formatter_class = type("ExitCodesFormatter", (_KeepsExitCodes, parser.formatter_class), {})
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _with_exit_codes(child, text)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rigup", description=__doc__)
+    parser = argparse.ArgumentParser(prog="rigup", description=__doc__, epilog=_exit_codes_summary(),
+                                     formatter_class=_KeepsExitCodes)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_name in COMMAND_MODULES:
         try:
@@ -40,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.add_parser(subparsers)
+    for command, child in subparsers.choices.items():
+        _with_exit_codes(child, exit_codes_text(command))
     return parser
 
 
