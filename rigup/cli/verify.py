@@ -24,7 +24,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from rigup.checks.verify import (
@@ -240,6 +240,12 @@ def check_models(ctx: Context) -> CheckResult:
     served_len = verdict.data.get("max_model_len")
     if served_len is not None:
         ctx.max_model_len = served_len  # what the server enforces beats what the recipe says
+    elif verdict.outcome == PASS:
+        # A gateway's /v1/models (LiteLLM's) lists the model without vLLM's max_model_len: say where the
+        # length the long checks use comes from instead of printing "max_model_len None".
+        used = (f"the recipe's {ctx.max_model_len} is used" if ctx.max_model_len is not None
+                else "the context-ceiling ladder is skipped")
+        verdict = replace(verdict, detail=f"{ctx.model} (/v1/models states no max_model_len; {used})")
     return verdict
 
 

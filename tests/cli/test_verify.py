@@ -356,3 +356,36 @@ def test_requests_carry_the_recipes_chat_request_fields(tmp_path: Path) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_models_through_a_gateway_that_states_no_max_model_len_says_so_not_none() -> None:
+    """LiteLLM's /v1/models lists a route's model without vLLM's max_model_len: verify through the
+    gateway printed "qwen (max_model_len None)"; it says where the long checks' length comes from."""
+    import http.server
+    import threading
+
+    class Gateway(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802
+            data = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "openai"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        bare = V.check_models(context(url))
+        from_recipe = V.check_models(context(url, max_model_len=65536))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert bare.outcome == from_recipe.outcome == "pass"
+    assert "None" not in bare.detail and "None" not in from_recipe.detail
+    assert bare.detail == f"{MODEL} (/v1/models states no max_model_len; the context-ceiling ladder is skipped)"
+    assert from_recipe.detail == f"{MODEL} (/v1/models states no max_model_len; the recipe's 65536 is used)"
