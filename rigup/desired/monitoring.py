@@ -60,6 +60,10 @@ FACTS_TIMER = "rigup-metrics.timer"
 JOB_PODS, JOB_GPU, JOB_NODE, JOB_GATEWAY, JOB_PROMETHEUS = "vllm", "gpu", "node", "gateway", "prometheus"
 # rigup's units, and Docker's, reported by node_exporter's systemd collector (crash loops, failed units).
 SYSTEMD_UNITS_WATCHED = r"(rigup-.+|docker|containerd|prometheus-node-exporter)\.service"
+# A crash-looping unit's alert resolves once the unit has been active this long (its start time, from
+# the systemd collector's start-time metrics): longer than a pod that loads for minutes and then
+# crashes stays up, so such a loop does not flap; a start by hand or by a converge resolves it at once.
+CRASH_LOOP_STABLE_S = 300
 # node_exporter's filesystem defaults (1.5) leave out /mnt and /media, where models often live, and
 # overlay, which a rig's root may be: both kept here, so the models' disk always has its series.
 # Docker's own overlay mounts stay out by their mount point.
@@ -120,6 +124,7 @@ class RigExporters:
             "--collector.systemd",
             f"--collector.systemd.unit-include={SYSTEMD_UNITS_WATCHED}",
             "--collector.systemd.enable-restarts-metrics",
+            "--collector.systemd.enable-start-time-metrics",
             f"--collector.filesystem.mount-points-exclude={FILESYSTEM_MOUNTS_EXCLUDED}",
             f"--collector.filesystem.fs-types-exclude={FILESYSTEM_TYPES_EXCLUDED}",
         ])
@@ -313,6 +318,7 @@ def rules_text(data: Mapping[str, Any]) -> str:
         ttft_p95_s=float(knob(data, "alert_ttft_p95_s")),
         gpu_temp_c=float(knob(data, "alert_gpu_temp_c")),
         disk_free_ratio=float(knob(data, "alert_disk_free_ratio")),
+        stable_s=CRASH_LOOP_STABLE_S,
         jobs={"pods": JOB_PODS, "gpu": JOB_GPU, "node": JOB_NODE, "gateway": JOB_GATEWAY},
     )
 

@@ -21,6 +21,21 @@ GPU = {"job": "gpu", "instance": "10.0.0.11:9400", "host": "rig-1", "gpu": "0", 
        "modelName": "NVIDIA GeForce RTX 3090", "Hostname": "rig-1"}
 NODE = {"job": "node", "instance": "10.0.0.11:9100", "host": "rig-1"}
 GATEWAY = {"job": "gateway-gw", "instance": "127.0.0.1:4000", "host": "gw"}
+UNIT = {**NODE, "name": "rigup-dual.service"}
+RIG1, RIG2 = ("rig-1/rigup-dual.service", "http://10.0.0.11:8000"), ("rig-2/rigup-dual.service", "http://10.0.0.12:8000")
+
+
+def deployment(route: tuple[str, str], path: str) -> dict[str, str]:
+    """LiteLLM 1.108's deployment labels of a route (model_id is rigup's <host>/<unit>)."""
+    model_id, base = route
+    return {"litellm_model_name": "hosted_vllm/qwen", "model_id": model_id, "api_base": base + path,
+            "api_provider": "hosted_vllm"}
+
+
+def responses(route: tuple[str, str], path: str) -> dict[str, str]:
+    """The labels of LiteLLM's per-deployment response counters (PrometheusMetricLabels)."""
+    return {"requested_model": "qwen", **deployment(route, path), "hashed_api_key": "88dc28d0", "api_key_alias": "None",
+            "team": "None", "team_alias": "None"}
 
 
 def series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:
@@ -28,7 +43,7 @@ def series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:
     return {"series": f"{name}{{{inner}}}", "values": values}
 
 
-def alert(name: str, fire_at: str, clear_at: str, labels: dict[str, str], summary: str, runbook: str,
+def alert(name: str, fire_at: str, clear_at: str, labels: dict[str, str], summary: str, runbook: str, *,
           quiet_at: str | None = None) -> list[dict[str, Any]]:
     """promtool checks: nothing at quiet_at (before), the alert with these labels and annotations at
     fire_at, nothing at clear_at (after recovery)."""
@@ -40,6 +55,21 @@ def alert(name: str, fire_at: str, clear_at: str, labels: dict[str, str], summar
     if quiet_at is not None:
         checks.insert(0, {"eval_time": quiet_at, "alertname": name, "exp_alerts": []})
     return checks
+
+
+def fires_once_at(name: str, times: list[str], labels: dict[str, str], annotations: dict[str, str]) -> list[dict[str, Any]]:
+    """promtool checks: exactly one alert `name`, with these labels and annotations, at each of these times."""
+    return [{"eval_time": at, "alertname": name, "exp_alerts": [{"exp_labels": labels, "exp_annotations": annotations}]}
+            for at in times]
+
+
+CRASH_LOOP = {**UNIT, "severity": "critical"}, {
+    "summary": "rig-1: rigup-dual.service keeps restarting or has failed",
+    "runbook": "on the rig: journalctl -u rigup-dual.service -n 100 (boot OOM, context that does not fit, a missing model file)"}
+ROUTE_FAILING = {"host": "gw", "model_id": "rig-1/rigup-dual.service", "requested_model": "qwen", "severity": "warning"}, {
+    "summary": "gateway gw: the route of qwen to rig-1/rigup-dual.service is failing",
+    "runbook": "the gateway keeps a failing route out of rotation; a model with no healthy route answers 400/500: "
+               "rigup status on the rig the route names (rig-1/rigup-dual.service is rig/unit)"}
 
 
 CASES: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
@@ -58,11 +88,16 @@ CASES: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
               quiet_at="1m"),
     ),
     "RigupUnitCrashLooping": (
-        [series("node_systemd_service_restart_total", {**NODE, "name": "rigup-dual.service"}, "0x5 1 2 3 4 5 5x40")],
-        alert("RigupUnitCrashLooping", "10m", "40m", {**NODE, "name": "rigup-dual.service", "severity": "critical"},
-              "rig-1: rigup-dual.service keeps restarting or has failed",
-              "on the rig: journalctl -u rigup-dual.service -n 100 (boot OOM, context that does not fit, a missing "
-              "model file)", quiet_at="4m"),
+        # rigup-dual crashes from minute 6, hits its start limit at 10 (failed) and a converge starts it at
+        # 15: one alert while either cause holds (both at 10-14), none the minute the converge's start
+        # shows (NRestarts flushed to 0), not 15 minutes of restart count later
+        [series("node_systemd_service_restart_total", UNIT, "0x5 1 2 3 4 4x4 0x20"),
+         series("node_systemd_unit_state", {**UNIT, "state": "failed", "type": "exec"}, "0x9 1x4 0x20"),
+         series("node_systemd_unit_state", {**UNIT, "state": "active", "type": "exec"}, "1x5 0 1 0 1 0x4 1x20"),
+         series("node_systemd_unit_start_time_seconds", UNIT, "0x5 0 420 0 540 0x4 900x20")],
+        [*alert("RigupUnitCrashLooping", "8m", "16m", CRASH_LOOP[0], **CRASH_LOOP[1], quiet_at="5m"),
+         *fires_once_at("RigupUnitCrashLooping", ["9m", "12m", "14m"], *CRASH_LOOP),
+         {"eval_time": "30m", "alertname": "RigupUnitCrashLooping", "exp_alerts": []}],
     ),
     "RigupKvCacheFull": (
         [series("vllm:kv_cache_usage_perc", {**POD, "engine": "0", "model_name": "qwen"}, "0.5 0.5 0.99x10 0.5x5"),
@@ -156,14 +191,55 @@ CASES: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
               "on gw: systemctl status rigup-gateway; journalctl -u rigup-gateway", quiet_at="2m"),
     ),
     "RigupGatewayRouteUnhealthy": (
-        [series("litellm_deployment_state", {**GATEWAY, "litellm_model_name": "qwen", "model_id": "rig-1/rigup-dual.service",
-                                             "api_base": "http://10.0.0.11:8000/v1", "api_provider": "hosted_vllm"},
-                "0 0 2x5 0x3")],
-        alert("RigupGatewayRouteUnhealthy", "5m", "9m",
-              {"host": "gw", "litellm_model_name": "qwen", "api_base": "http://10.0.0.11:8000/v1", "severity": "warning"},
-              "gateway gw: the route of qwen to http://10.0.0.11:8000/v1 is failing",
-              "the gateway keeps a failing route out of rotation; a model with no healthy route answers 400/500: "
-              "check the rig behind api_base", quiet_at="3m"),
+        # rig-1's pod fails from minute 5 to 12 and serves again from 14. LiteLLM wrote state 2 under
+        # api_base .../v1 at the failures and 0 under .../v1/chat/completions at the successes: the failed
+        # series stays 2 after the heal. The alert follows the counters: fires once failures are the
+        # route's latest outcome, clears at its first success after the heal and stays clear. rig-2's
+        # route serves throughout.
+        [series("litellm_deployment_state", {**GATEWAY, **deployment(RIG1, "/v1/chat/completions")}, "0x41"),
+         series("litellm_deployment_state", {**GATEWAY, **deployment(RIG1, "/v1")}, "_x5 2x36"),
+         series("litellm_deployment_state", {**GATEWAY, **deployment(RIG2, "/v1/chat/completions")}, "0x41"),
+         series("litellm_deployment_success_responses_total", {**GATEWAY, **responses(RIG1, "/v1/chat/completions")},
+                "0+6x4 24x8 30+6x27"),
+         series("litellm_deployment_failure_responses_total",
+                {**GATEWAY, **responses(RIG1, "/v1"), "exception_status": "500", "exception_class": "Openai.APIConnectionError"},
+                "_x5 1+3x7 22x29"),
+         series("litellm_deployment_success_responses_total", {**GATEWAY, **responses(RIG2, "/v1/chat/completions")},
+                "0+6x41")],
+        [*alert("RigupGatewayRouteUnhealthy", "7m", "15m", ROUTE_FAILING[0], **ROUTE_FAILING[1], quiet_at="5m"),
+         *fires_once_at("RigupGatewayRouteUnhealthy", ["12m", "13m"], *ROUTE_FAILING),
+         {"eval_time": "40m", "alertname": "RigupGatewayRouteUnhealthy", "exp_alerts": []}],
+    ),
+}
+
+# More scenarios of the alerts above, run in the same promtool test.
+SCENARIOS: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
+    "RigupUnitCrashLooping heals by itself": (
+        # three automatic restarts (minutes 6-8), then the unit stays up from 8: it resolves once it has
+        # been active for 5 minutes (13), though the 15-minute restart count still says 3
+        [series("node_systemd_service_restart_total", UNIT, "0x5 1 2 3x30"),
+         series("node_systemd_unit_state", {**UNIT, "state": "failed", "type": "exec"}, "0x37"),
+         series("node_systemd_unit_state", {**UNIT, "state": "active", "type": "exec"}, "1x5 0 0 1x30"),
+         series("node_systemd_unit_start_time_seconds", UNIT, "0x5 0 0 480x30")],
+        [*fires_once_at("RigupUnitCrashLooping", ["8m", "12m"], *CRASH_LOOP),
+         {"eval_time": "13m", "alertname": "RigupUnitCrashLooping", "exp_alerts": []},
+         {"eval_time": "20m", "alertname": "RigupUnitCrashLooping", "exp_alerts": []}],
+    ),
+    "RigupUnitCrashLooping does not fire on a unit restarted by converges": (
+        # explicit restarts (NRestarts stays 0): no crash loop
+        [series("node_systemd_service_restart_total", UNIT, "0x20"),
+         series("node_systemd_unit_state", {**UNIT, "state": "active", "type": "exec"}, "1 0 1 0 1 0 1x15"),
+         series("node_systemd_unit_start_time_seconds", UNIT, "0 0 120 0 240 0 360x15")],
+        [{"eval_time": t, "alertname": "RigupUnitCrashLooping", "exp_alerts": []} for t in ("3m", "5m", "10m")],
+    ),
+    "RigupGatewayRouteUnhealthy without requests keeps the route's last outcome": (
+        # a single failure (the counter's first sample) after successes, and no request since: failing
+        [series("litellm_deployment_success_responses_total", {**GATEWAY, **responses(RIG1, "/v1/chat/completions")},
+                "0+6x4 24x20"),
+         series("litellm_deployment_failure_responses_total",
+                {**GATEWAY, **responses(RIG1, "/v1"), "exception_status": "500", "exception_class": "Openai.APIConnectionError"},
+                "_x6 1x18")],
+        fires_once_at("RigupGatewayRouteUnhealthy", ["8m", "20m"], *ROUTE_FAILING),
     ),
 }
 
@@ -187,7 +263,7 @@ def test_every_alert_rule_has_a_case() -> None:
 
 
 def test_every_alert_fires_and_clears(tmp_path: Path) -> None:
-    result = promtool_test(tmp_path, CASES)
+    result = promtool_test(tmp_path, {**CASES, **SCENARIOS})
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
 

@@ -262,3 +262,33 @@ def test_node_exporter_runs_with_rigups_flags_and_reports_the_models_filesystem(
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_the_crash_loop_rule_reads_a_start_time_node_exporter_serves_and_every_flag_is_accepted(tmp_path: Path) -> None:
+    """RigupUnitCrashLooping resolves on the unit's start time (node_systemd_unit_start_time_seconds),
+    which node_exporter serves only with its start-time flag: the flag is in rigup's ARGS, and the real
+    node_exporter starts with every one of them (the systemd collector reads the bus per scrape only)."""
+    rules = yaml.safe_load(plan_of(tmp_path).rules_text)
+    (crash,) = [r for g in rules["groups"] for r in g["rules"] if r["alert"] == "RigupUnitCrashLooping"]
+    assert "node_systemd_unit_start_time_seconds" in crash["expr"]
+    flags = rig_exporters(data()).node_exporter_args.split()
+    assert "--collector.systemd.enable-start-time-metrics" in flags
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = [a.replace(":9100", f"127.0.0.1:{port}").replace("/var/lib/prometheus/node-exporter", str(tmp_path))
+            for a in flags]
+    proc = subprocess.Popen([str(debarchive.node_exporter()), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        for _ in range(50):
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("node_exporter did not listen")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
