@@ -60,7 +60,7 @@ def test_resolved_data_starts_from_group_data_defaults(tmp_path):
 
 def test_example_file_is_valid():
     fleet = load_fleet(REPO_ROOT / "rigs.example.yaml")
-    assert {h.name for h in fleet.hosts} == {"rig-01", "rig-02", "rig-03", "rig-04", "rig-05", "gw-01"}
+    assert {h.name for h in fleet.hosts} == {"rig-01", "rig-02", "rig-03", "rig-04", "rig-05", "rig-06", "rig-07", "gw-01"}
     gateway = fleet.host("gw-01")
     assert gateway.group == "gateway" and gateway.data["serves_variant"] is False
     from rigup.desired.recipe import pods_of
