@@ -14,8 +14,9 @@ variants/<pod>/generations/<n>/ keep the files of the last serving_keep_generati
 passed.
 Reads: variant, variant_overrides, pods, install_root, model_dir, container_registry, lock_file,
 serving_bind_address, serving_api_key_file, serving_health_timeout_s, serving_keep_generations,
-hf_token_file (or $HF_TOKEN on the control machine), gpu_interconnect (with the GPU topology read
-now), and the driver task's reboot decision.
+hf_token_file (or $HF_TOKEN on the control machine), gpu_interconnect (with the GPU topology: read
+while planning, or, on a rig whose driver this run installs, when the files are written), and the driver
+task's reboot decision.
 Restarts: rigup-<pod>.service only when its compose.yaml, .env, unit or release.json changed after
 the service started (a new image, source commit, model revision or file manifest, engine setting or
 secret), judged on the rig, so a run interrupted after writing them is finished by the next; a pod
@@ -37,13 +38,11 @@ import posixpath
 from io import StringIO
 
 from pyinfra import host, logger
-from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.operations import apt, files
 
 from rigup.desired.cluster import FIREWALL_FILE, FIREWALL_UNIT, MEMBER_SCRIPT, firewall_text, firewall_unit_text
 from rigup.desired.knobs import knob, knob_int
 from rigup.desired.lock import LockError
-from rigup.desired.plan import host_plans
 from rigup.desired.recipe import RecipeError
 from rigup.desired.release import release_path
 from rigup.desired.secrets import SecretError
@@ -61,16 +60,18 @@ from rigup.operations.serving import (
     sole_variant,
     variant_service,
 )
+from rigup.operations.serving_plans import PodPlans, text_file
 from rigup.operations.units import unit_runs_current_files
 from rigup.rig import SERVINGCTL_SCRIPT
 from rigup.runstate import driver_changed, pins_missing, serving_blocked
 
-# The interconnect plan (NCCL / custom all-reduce) comes from the GPU topology read now, as preflight,
-# status and doctor read it. On a host whose driver is installed in this same run it is unknown here
-# (no nvidia-smi yet): the gpu_interconnect knob decides, and the next run applies what is detected.
-topology = host.get_fact(GpuTopology)
+# The interconnect plan (NCCL / custom all-reduce / NVLINK_MODE) comes from the GPU topology, as preflight,
+# status and doctor read it. On a host whose driver is installed in this same run it is unknown here (no
+# nvidia-smi yet): the files take their text when they are written, planned again with the topology read
+# then (PodPlans), so the first converge writes what the next one plans.
 with stop_the_run_on(host, LockError, RecipeError, SecretError, ValueError):
-    plans = host_plans(cluster_host_data(host), host.name, topology, require_lock=False)
+    pod_plans = PodPlans(host, cluster_host_data(host), host.get_fact(GpuTopology), require_lock=False)
+    plans = pod_plans.planned
     env_texts = [plan.env_text() for plan in plans]  # refuses quotes/newlines that would break the .env
     timeouts = [health_timeout_s(plan.recipe, knob(host.data, "serving_health_timeout_s")) for plan in plans]
     keep = knob_int(host.data, "serving_keep_generations", minimum=1)
@@ -120,32 +121,32 @@ if blocked is None and not missing_pins:
     for ref in host.loop(dict.fromkeys(plan.recipe.image.ref for plan in plans)):
         image_pulled(name="Pull the container image", ref=ref)
 
-    for plan, env_text, _ in host.loop(pods):
+    for index, (plan, _, _) in host.loop(enumerate(pods)):
         pod, recipe = plan.pod_suffix, plan.recipe
         files.directory(name=f"Create the variant directory{pod}", path=recipe.paths.variant_dir, mode="755")
         for cache_dir in host.loop(recipe.host_dirs):
             files.directory(name=f"Create the variant's cache directories{pod}", path=cache_dir, mode="755")
-        files.put(
+        text_file(
             name=f"Write the compose file{pod}",
-            src=StringIO(plan.compose.content),
+            text=pod_plans.text(index, "compose"),
             dest=recipe.paths.compose_file,
             mode="644",
         )
         secret_file(
             name=f"Write the environment file (0600: the only place secrets go){pod}",
             path=recipe.paths.env_file,
-            content=HiddenValue(env_text),
+            content=pod_plans.text(index, "env"),  # called when it runs: the secrets never enter pyinfra's output
             mode=plan.env.mode,
         )
-        files.put(
+        text_file(
             name=f"Write the systemd unit{pod}",
-            src=StringIO(plan.unit.content),
+            text=pod_plans.text(index, "unit"),
             dest=recipe.paths.unit_file,
             mode="644",
         )
-        files.put(
+        text_file(
             name=f"Write the release file (pins and file hashes){pod}",
-            src=StringIO(plan.release_text),
+            text=pod_plans.text(index, "release"),
             dest=release_path(recipe),
             mode="644",
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pyinfra import host
@@ -48,12 +48,13 @@ def ctl_path(install_root: str) -> str:
 
 
 @operation()
-def secret_file(path: str, content: HiddenValue | str, mode: str = "600", owner: str = "root"):
+def secret_file(path: str, content: HiddenValue | str | Callable[[], str], mode: str = "600", owner: str = "root"):
     """
     Write a file holding secrets, readable by its owner only (root by default).
 
     + path: file on the rig
-    + content: full text (a ``HiddenValue`` keeps it out of pyinfra's output); must end in a newline
+    + content: full text (a ``HiddenValue`` keeps it out of pyinfra's output), or a function giving it when
+      the operation runs (rigup.operations.serving_plans.PodPlans.text); must end in a newline
     + mode: octal mode, ``600`` by default
     + owner: the user owning it (and its group of that name), e.g. ``prometheus`` for a key it reads
 
@@ -71,7 +72,7 @@ def secret_file(path: str, content: HiddenValue | str, mode: str = "600", owner:
             content=HiddenValue(env_text),
         )
     """
-    text = content.unmask() if isinstance(content, HiddenValue) else content
+    text = content.unmask() if isinstance(content, HiddenValue) else content() if callable(content) else content
     if not text.endswith("\n"):
         raise OperationValueError("secret_file content must end with a newline")
     if not mode.isdigit() or len(mode.lstrip("0")) > 3:

@@ -43,7 +43,7 @@ def fit_responses(kind: str, memory: str | None = None, cuda: str | None = None)
 
 
 def offline_lock(host_data: dict[str, Any], path: Path) -> Path:
-    """Write a lock file that satisfies every need of the host's variant and its GPU exporter, with made-up
+    """Write a lock file that satisfies every need of the host's variant (each pod's) and its GPU exporter, with made-up
     commits and hashes (no network): enough for rigup.desired.plan.host_plan, which only compares names and refs."""
     from rigup.desired.lock import (
         SHA40,
@@ -57,10 +57,12 @@ def offline_lock(host_data: dict[str, Any], path: Path) -> Path:
         exporter_needs,
         needs_for,
     )
-    from rigup.desired.recipe import resolve
+    from rigup.desired.recipe import pods_of, resolve
 
+    pods = [pod for pod in pods_of(host_data) if pod.listed]  # a host that lists pods (or a cluster member) resolves each
+    recipes = [resolve(host_data, None, pod=pod) for pod in pods] or [resolve(host_data, None)]
     lock = LockFile()
-    for need in [*needs_for(resolve(host_data, None), host_data), *exporter_needs(host_data)]:
+    for need in [*(n for recipe in recipes for n in needs_for(recipe, host_data)), *exporter_needs(host_data)]:
         if isinstance(need, GitNeed):
             commit = need.ref if SHA40.match(need.ref) else "a" * 40
             lock.git[need.name] = GitPin(need.name, need.url, need.ref, commit)
