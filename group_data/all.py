@@ -6,7 +6,7 @@
 _sudo = True  # pyinfra global argument: run operations through sudo (the SSH user needs it)
 
 # --- Variant -------------------------------------------------------------------------------
-variant = "dual"  # catalog variant this host serves (list: python -m rigup render --list)
+variant = "dual"  # catalog variant this host serves (list: .venv/bin/rigup render --list)
 gpu_count = None  # int or None: GPUs this host must have; preflight fails on a different count
 variant_overrides = {}  # per-host recipe overrides: max_model_len, gpu_memory_utilization, port, ...
 cluster = None  # derived, never set by hand: the fleet file's `clusters` entry this host is a member of, with its rank (rigup.desired.cluster)

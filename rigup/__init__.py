@@ -2,6 +2,7 @@
 
 import compileall
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -15,6 +16,21 @@ DEPLOY_ROOT = _CHECKOUT if IN_CHECKOUT else PACKAGE_DIR / "_deploy"
 # directory rigup runs in ($RIGUP_HOME overrides both).
 WORK_DIR = Path(os.environ["RIGUP_HOME"]) if os.environ.get("RIGUP_HOME") else (_CHECKOUT if IN_CHECKOUT else Path.cwd())
 REPO_ROOT = DEPLOY_ROOT  # historic name: the directory pyinfra runs the deploy in
+
+
+def command(tool: str = "rigup") -> str:
+    """How to run `tool` (rigup, pyinfra) as written, from a fresh shell in the current directory: the
+    program beside the Python that runs rigup (in a checkout `.venv/bin/rigup`: nothing to activate), or
+    the bare name when that is what PATH finds (an installed rigup). Every command rigup prints uses it,
+    as the README uses `.venv/bin/...` (tests/test_readme.py runs them in a clean shell)."""
+    program = Path(sys.executable).parent / tool  # not resolved: a venv's python links to the system's
+    if not IN_CHECKOUT and shutil.which(tool) == str(program):
+        return tool
+    try:
+        relative = program.relative_to(Path.cwd())
+    except ValueError:
+        return str(program)
+    return str(relative) if relative.parent != Path(".") else f"./{relative}"
 
 
 def _cache_own_bytecode() -> None:

@@ -1,12 +1,14 @@
-"""`python -m rigup sandbox up|down|status`: a local fleet of simulated rigs to run the real deploy on.
+"""`rigup sandbox up|down|status`: a local fleet of simulated rigs to run the real deploy on.
 
 `up` boots N Debian 12 hosts (systemd-nspawn, each in its own network namespace, real SSH) and the
 mirrors they use (apt repositories, a container registry, git remotes, a Hugging Face endpoint) in a hub
 namespace, writes sandbox/rigs.yaml and returns, leaving everything running in the background. The rigs
 install Docker's real engine and pull the hub's real registry's images; the GPU and vLLM are simulated.
-Then, as root:
+Then, as root, from the checkout (`up` prints these steps with the paths of this install):
 
-    RIGUP_RIGS=sandbox/rigs.yaml pyinfra -y inventory.py deploy.py
+    export RIGUP_RIGS=sandbox/rigs.yaml
+    .venv/bin/rigup lock --image-digests
+    .venv/bin/pyinfra -y inventory.py deploy.py
 
 `down` removes every trace (processes, mounts, namespaces, cgroups, sandbox/). Needs root, and the
 Debian packages scripts/setup installs (debootstrap, systemd-container, iproute2, ...).
@@ -23,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rigup import WORK_DIR
+from rigup import DEPLOY_ROOT, WORK_DIR, command
 
 SANDBOX_DIR = WORK_DIR / "sandbox"
 FLEET_FILE = SANDBOX_DIR / "rigs.yaml"
@@ -176,12 +178,23 @@ def _up(args: argparse.Namespace) -> int:
         return 0
     _print_rows(bed.status())
     print(f"\nmirrors at {bed.ledger.info['hub_ip']} (namespace {INSTANCE}-hub); up in {bed.timings.get('up_s', 0):.1f}s")
-    print(
-        f"fleet file: {_rel(fleet)}\n\nnext:  export RIGUP_RIGS={_rel(fleet)}\n"
-        "       python -m rigup lock --image-digests    # pin sources, models and images (by digest)\n"
-        "       pyinfra -y inventory.py deploy.py"
-    )
+    print(f"fleet file: {_rel(fleet)}\n\n{next_steps(fleet)}")
     return 0
+
+
+def next_steps(fleet: Path) -> str:
+    """What `up` tells the user to run next, each command as it runs from a fresh shell here (rigup.command:
+    `.venv/bin/...` in a checkout; tests/test_readme.py runs them in a clean environment)."""
+    deploy = " ".join(_rel(DEPLOY_ROOT / name) for name in ("inventory.py", "deploy.py"))
+    steps = (
+        (f"export RIGUP_RIGS={_rel(fleet)}", ""),
+        (f"{command()} lock --image-digests", "pin sources, models and images (by digest)"),
+        (f"{command('pyinfra')} -y {deploy}", "converge the sandbox's rigs"),
+        (f"{command()} sandbox down", "when done: remove everything the sandbox made"),
+    )
+    width = max(len(step) for step, _ in steps)
+    lines = [f"{step:<{width}}    # {why}" if why else step for step, why in steps]
+    return "next:  " + "\n       ".join(lines)
 
 
 def _down(args: argparse.Namespace) -> int:
@@ -211,7 +224,7 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps({"up": bed.created, "fleet_file": str(FLEET_FILE) if FLEET_FILE.exists() else None, "hosts": rows}, indent=2))
         return 0
     if not bed.created:
-        print("no sandbox is up (python -m rigup sandbox up --hosts N)")
+        print(f"no sandbox is up ({command()} sandbox up --hosts N)")
         return 0
     _print_rows(rows)
     print(f"\nfleet file: {_rel(FLEET_FILE)}")
