@@ -3,9 +3,10 @@ with drift marked.
 
 Desired: the release the serving task would write for the host (variant, image, source commits,
 model revisions and file manifests, engine settings, hashes of the rendered compose file, .env and
-unit), the GPU count and the driver branch. Actual, gathered over SSH on all rigs at once: the
-provenance file the health gate wrote ({install_root}/state/provenance.json), the files on disk
-now, the rigup-<variant> units (systemctl is-active), the driver, GPUs and VRAM in use
+unit), the GPU count and the driver branch, rendered as the deploy renders it: with the GPU topology
+and, on a cluster member, the interface and addresses read on the rig. Actual, gathered over SSH on
+all rigs at once: the provenance file the health gate wrote ({install_root}/state/provenance.json), the
+files on disk now, the rigup-<variant> units (systemctl is-active), the driver, GPUs and VRAM in use
 (nvidia-smi --query-gpu), and /v1/models asked from the control machine.
 
 Each item is ok, drift (the rig is not what the fleet file and lock say: converge it), unhealthy (it
@@ -24,20 +25,25 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import requests
+from pyinfra.api.exceptions import FactProcessError
 
 from rigup.checks.preflight import check_capabilities
 from rigup.cli.runner import Target, add_target_arguments, fleet_targets, progress, run_fleet_command
 from rigup.client.openai_client import ApiClient
-from rigup.client.ssh import LOCAL_HOST, LazySsh, RemoteError, Runner, gpu_memory
+from rigup.client.ssh import LOCAL_HOST, LazySsh, RemoteError, Runner, SshSettings, gpu_memory
+from rigup.desired.cluster import MemberNetwork, cluster_of, member_data, member_net
+from rigup.desired.fleet import Fleet, load_fleet
 from rigup.desired.knobs import knob
 from rigup.desired.lock import LockError
 from rigup.desired.plan import host_plan
-from rigup.desired.recipe import RecipeError
+from rigup.desired.recipe import RecipeError, pods_of
 from rigup.desired.release import Provenance, ProvenanceError, parse_provenance, provenance_path, recipe_provenance_path
 from rigup.desired.secrets import SecretError
 from rigup.facts.gpu import GpuTopology, NvidiaGpus
+from rigup.facts.network import ClusterPeerRoutes
 from rigup.facts.serving import RigupVariantUnits
 from rigup.facts.system import HostCapabilities
+from rigup.parsers.iproute import PeerRoutes
 from rigup.parsers.nvidia_smi import SmiQuery
 from rigup.parsers.system import Capabilities
 from rigup.parsers.topology import Topology
@@ -75,6 +81,7 @@ class Facts:
     smi: SmiQuery | None = None  # None: nvidia-smi not installed
     memory: list[tuple[int, int]] | None = None  # (used, total) MiB per GPU
     topology: Topology | None = None  # GpuTopology: what the deploy renders the interconnect from
+    peer_routes: PeerRoutes | None = None  # ClusterPeerRoutes of a cluster member: its interface and addresses
     file_hashes: dict[str, str | None] = field(default_factory=dict)  # relpath / "unit" -> sha256 now
     unit_logs: dict[str, list[str]] = field(default_factory=dict)  # a failed unit -> its journal's last lines
     capabilities: Capabilities | None = None  # HostCapabilities: whether systemd runs there at all
@@ -100,10 +107,11 @@ class Item:
 # desired state (control machine)
 
 
-def desired_state(target: Target, topology: Topology | None = None) -> Desired:
-    """The release tasks/serving.py would write for this host, from the fleet data, the lock and the
-    rig's GPU topology (NVLink changes the rendered NCCL settings, as in the deploy)."""
-    data = target.data
+def desired_state(target: Target, topology: Topology | None = None, network: MemberNetwork | None = None) -> Desired:
+    """The release tasks/serving.py would write for this host, from the fleet data, the lock, the rig's GPU
+    topology (NVLink changes the rendered NCCL settings, as in the deploy) and, on a cluster member, its
+    network as read on it (`member_network`: the interface and addresses its compose names)."""
+    data = member_data(target.data, network)
     branch = knob(data, "nvidia_driver_branch")
     base = {
         "host": target.name,
@@ -116,7 +124,10 @@ def desired_state(target: Target, topology: Topology | None = None) -> Desired:
         "host_units": target.host_units,
     }
     try:
-        plan = host_plan(data, target.host or target.name, topology, pod=target.pod)
+        pod = target.pod
+        if pod is not None:  # a member's pod carries its `cluster` knob: take the one with the `net` read
+            pod = next(p for p in pods_of(data) if p.name == pod.name)
+        plan = host_plan(data, target.host or target.name, topology, pod=pod)
     except (LockError, RecipeError, SecretError, ValueError) as exc:
         return Desired(**base, release=None, release_sha256=None, problem=str(exc))
     return Desired(**base, release=dict(plan.release or {}), release_sha256=plan.release_sha256)
@@ -126,16 +137,43 @@ def desired_state(target: Target, topology: Topology | None = None) -> Desired:
 # actual state (over SSH)
 
 
+def cluster_peers(fleet: Fleet, host: str) -> dict[str, str]:
+    """The other members of `host`'s cluster as the deploy reaches them (rigup.operations.cluster.peer_addresses:
+    their ssh_hostname, else their name); {} for a host in no cluster."""
+    member = knob(fleet.resolved_data(host), "cluster")
+    if not member:
+        return {}
+    return {name: SshSettings.from_data(name, fleet.resolved_data(name)).hostname
+            for name in cluster_of(member).hosts if name != host}
+
+
+def member_network(target: Target, read: PeerRoutes | None) -> MemberNetwork | None:
+    """A cluster member's interface and addresses decided from what it read, as the deploy decides them
+    (rigup.desired.cluster.member_net); None for a host in no cluster or when nothing was read."""
+    member = knob(target.data, "cluster")
+    if not member or read is None:
+        return None
+    return member_net(cluster_of(member), target.host or target.name, read)
+
+
 def read_capabilities(runner: Runner) -> Capabilities:
     """What the host can run (HostCapabilities, read without sudo): whether systemd runs there at all."""
     probe = HostCapabilities()
     return probe.process(runner.run(probe.command, timeout=30).stdout.splitlines())
 
 
-def gather_facts(runner: Runner, install_root: str, record: str | None = None) -> Facts:
+def gather_facts(runner: Runner, install_root: str, record: str | None = None,
+                 peers: Mapping[str, str] | None = None) -> Facts:
     """Everything status needs from one rig, in a few commands over one connection; `record`: the
-    pod's provenance.json (default: the one of a host without pods)."""
+    pod's provenance.json (default: the one of a host without pods); `peers`: a cluster member's other
+    members (cluster_peers), whose routes it reads as the deploy does."""
     facts = Facts(reachable=True, capabilities=read_capabilities(runner))
+    if peers:
+        routes = ClusterPeerRoutes()
+        try:
+            facts.peer_routes = routes.process(runner.run(routes.command(dict(peers)), timeout=60).stdout.splitlines())
+        except FactProcessError as exc:
+            raise RemoteError(f"reading the routes to the cluster's other members: {exc}") from exc
     path = record or provenance_path(install_root)
     result = runner.run(f"cat {shlex.quote(path)} 2>/dev/null || echo __RIGUP_ABSENT__", timeout=30)
     text = result.stdout
@@ -454,7 +492,8 @@ class HostStatus:
         return "DRIFT" if self.drift else "UNHEALTHY" if self.unhealthy else "OK"
 
 
-def host_status(target: Target, quiet: bool = False) -> HostStatus:
+def host_status(target: Target, quiet: bool = False, peers: Mapping[str, str] | None = None) -> HostStatus:
+    """Desired against actual for one target; `peers`: the other members of its cluster (cluster_peers)."""
     if not quiet:
         where = "here (pyinfra's local connector)" if target.name == LOCAL_HOST else "over SSH"
         progress(f"[{target.name}] gathering state {where} ...")
@@ -472,13 +511,16 @@ def host_status(target: Target, quiet: bool = False) -> HostStatus:
         return HostStatus(target.name, target.variant, None, items)
     ssh = LazySsh(target.ssh)
     try:
-        facts = gather_facts(ssh, target.recipe.paths.install_root, recipe_provenance_path(target.recipe))
+        facts = gather_facts(ssh, target.recipe.paths.install_root, recipe_provenance_path(target.recipe), peers)
     except RemoteError as exc:
         facts = Facts(reachable=False, error=str(exc))
     finally:
         ssh.close()
-    desired = desired_state(target, facts.topology)
+    network = member_network(target, facts.peer_routes)
+    desired = desired_state(target, facts.topology, network)
     items = compare(desired, facts, check_health(target))
+    if network is not None and network.problem is not None:  # preflight fails the member for it too
+        items.insert(0, Item("cluster network", "decided from the member's routes", network.problem, UNHEALTHY))
     if target.error is not None:
         items.insert(0, Item("api key", "readable", target.error, DRIFT))
     if target.gateway_url or target.gateway_error:
@@ -535,10 +577,18 @@ def status_document(statuses: list[HostStatus]) -> dict[str, Any]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    peers: dict[str, dict[str, str]] = {}  # target -> the other members of its cluster
+
+    def select() -> list[Target]:
+        fleet = load_fleet()
+        targets = fleet_targets(args.limit, fleet)
+        peers.update({t.name: cluster_peers(fleet, t.host) for t in targets if t.host is not None})
+        return targets
+
     code, _ = run_fleet_command(
         "status",
-        lambda: fleet_targets(args.limit),
-        lambda t: host_status(t, args.quiet or args.json),
+        select,
+        lambda t: host_status(t, args.quiet or args.json, peers.get(t.name)),
         as_json=args.json,
         document=status_document,
         table=render_table,

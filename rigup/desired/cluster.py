@@ -71,7 +71,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from rigup import DEPLOY_ROOT
@@ -498,6 +498,17 @@ def member_net(cluster: Cluster, host: str, read: PeerRoutes) -> MemberNetwork:
                         f"size (a TP2 x PP2 run used at most 25 Mb/s of 1 GbE while decoding: vllm-project/vllm#11874)")
     return MemberNetwork(host, ClusterNet(ifname, src, head_address), None, read.mtu.get(dev), speed, tuple(warnings),
                          read.clock_offset_s)
+
+
+def member_data(data: Mapping[str, Any], network: MemberNetwork | None) -> dict[str, Any]:
+    """A member's host data with its `cluster` knob's `net` filled in from what it read (`network`, from
+    member_net), so its compose names its real interface and addresses; unchanged where nothing was decided
+    (not a member, or a problem that preflight fails the host for). The deploy's render and `rigup status`
+    both go through here: a status that compared against the unread variables saw drift on every member."""
+    out = dict(data)
+    if network is not None and network.net is not None:
+        out["cluster"] = {**out["cluster"], "net": asdict(network.net)}
+    return out
 
 
 def mtu_disagreement(networks: Sequence[MemberNetwork]) -> str | None:

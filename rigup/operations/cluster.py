@@ -3,14 +3,21 @@ firewall of a host that is no longer a member."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 from pyinfra import host as current_host
 from pyinfra.api import StringCommand, operation
 from pyinfra.facts.files import File
 
-from rigup.desired.cluster import FIREWALL_FILE, FIREWALL_TABLE, FIREWALL_UNIT, MemberNetwork, cluster_of, member_net
+from rigup.desired.cluster import (
+    FIREWALL_FILE,
+    FIREWALL_TABLE,
+    FIREWALL_UNIT,
+    MemberNetwork,
+    cluster_of,
+    member_data,
+    member_net,
+)
 from rigup.desired.knobs import knob
 from rigup.facts.network import ClusterPeerRoutes
 from rigup.parsers.iproute import PeerRoutes
@@ -42,11 +49,7 @@ def cluster_host_data(host: Any) -> dict[str, Any]:
     """The host's data with its cluster knob's `net` filled in from what it read (when it could be
     decided: preflight fails the host otherwise), so a member's compose names its real interface and
     addresses."""
-    data = host.data.dict()
-    network = member_network(host)
-    if network is not None and network.net is not None:
-        data["cluster"] = {**data["cluster"], "net": asdict(network.net)}
-    return data
+    return member_data(host.data.dict(), member_network(host))
 
 
 @operation()

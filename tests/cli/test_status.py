@@ -286,10 +286,10 @@ def test_gather_facts_reads_a_failed_units_journal_as_root() -> None:
 def test_host_status_marks_an_unreachable_rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target, release = rig(tmp_path)
 
-    def refuse(runner: Any, install_root: str, record: str | None = None) -> S.Facts:
+    def refuse(runner: Any, install_root: str, record: str | None = None, peers: Any = None) -> S.Facts:
         raise RemoteError("ssh ops@10.0.0.1:22: connection refused")
 
-    monkeypatch.setattr(S, "desired_state", lambda t, topology=None: desired(t, release))
+    monkeypatch.setattr(S, "desired_state", lambda t, topology=None, network=None: desired(t, release))
     monkeypatch.setattr(S, "gather_facts", refuse)
     monkeypatch.setattr(S, "check_health", lambda t: S.Health(False, "GET /v1/models: no response (connection refused)"))
     status = S.host_status(target, quiet=True)
@@ -311,7 +311,8 @@ def test_cli_prints_json_and_exits_with_drift_and_health_bits(
     verdicts = {"rig-01": S.Item("release", "a", "b", S.DRIFT), "rig-02": S.Item("health", "x", "y", S.UNHEALTHY)}
     seen: list[str] = []
 
-    def fake(target: Target, quiet: bool = False) -> S.HostStatus:
+    def fake(target: Target, quiet: bool = False, peers: Any = None) -> S.HostStatus:
+        assert peers == {}  # in no cluster
         seen.append(target.name)
         assert target.api_url == f"http://10.0.0.{target.name[-1]}:{target.recipe.host_port}"
         return S.HostStatus(target.name, target.variant, target.api_url, [verdicts[target.name]])

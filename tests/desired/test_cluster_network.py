@@ -6,7 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from rigup.checks.preflight import check_cluster_network
-from rigup.desired.cluster import Cluster, ClusterNet, MemberNetwork, clock_skew, member_net, mtu_disagreement
+from rigup.desired.cluster import (
+    Cluster,
+    ClusterNet,
+    MemberNetwork,
+    clock_skew,
+    member_data,
+    member_net,
+    mtu_disagreement,
+)
 from rigup.parsers.iproute import PeerRoutes
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "iproute"
@@ -110,3 +118,16 @@ def test_members_clocks_far_apart_are_named() -> None:
                                                 {"fab0": 1500}, {"fab0": 10_000}, clock_offset_s=3.0))
     checks = check_cluster_network(good, [MemberNetwork("rig-b", None, None, mtu=1500, clock_offset_s=0.0)])
     assert [(c.name, c.severity) for c in checks if not c.ok] == [("cluster-clock", "warning")]
+
+
+def test_the_network_read_fills_the_members_cluster_knob_and_a_problem_leaves_it_unread() -> None:
+    """What the deploy renders from and `rigup status` compares with (rigup.desired.cluster.member_data)."""
+    data = {"variant": TRIO.variant, "cluster": {"name": "big", "rank": 0}}
+    read = _read({"rig-b": _route("fab0-peer1"), "rig-c": _route("fab0-peer2")})
+    filled = member_data(data, member_net(TRIO, "rig-a", read))
+    assert filled["cluster"] == {"name": "big", "rank": 0,
+                                 "net": {"ifname": "fab0", "address": "10.250.1.1", "head_address": "10.250.1.1"}}
+    assert "net" not in data["cluster"]  # the fleet's data is not changed
+    unresolved = member_net(TRIO, "rig-a", _read({"rig-b": _route("fab0-peer1"), "rig-c": ""}, **{"rig-c": None}))
+    assert unresolved.problem is not None and member_data(data, unresolved) == data
+    assert member_data(data, None) == data
