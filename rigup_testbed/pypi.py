@@ -20,7 +20,13 @@ target's wheel tags (cp311, abi3 or none, manylinux up to glibc 2.36, x86_64). A
 and renamed into place under a lock, and reused without any network once there; wheels an earlier
 build already holds (another key in `out_dir`) are hard-linked instead of downloaded again.
 
-    python -m rigup_testbed.pypi REQUIREMENTS OUT_DIR      builds (or reuses) and prints the served dir
+    python -m rigup_testbed.pypi [-v] REQUIREMENTS OUT_DIR      builds (or reuses) and prints the served dir
+
+A build is quiet: one line when pip starts downloading and one summary line when it is done, each naming
+the log (`out_dir/build-<key>.log`) that holds pip's whole output. pip's warnings (on this machine, one
+per project from its own pip configuration: an extra index in /etc/pip.conf that is not there) are
+counted, by kind, in the summary. With -v (or RIGUP_VERBOSE=1, as `rigup sandbox up -v` sets) every line
+of pip's is relayed too.
 """
 
 from __future__ import annotations
@@ -82,6 +88,7 @@ PLATFORMS: tuple[str, ...] = (
     "linux_x86_64",
 )
 OUTPUT_TAIL_LINES = 60  # of pip's output, quoted when it fails
+VERBOSE_ENV = "RIGUP_VERBOSE"  # "1": relay every line of pip's output (rigup sandbox up -v)
 COMMENT = re.compile(r"(^|\s+)#.*$")  # as pip strips comments
 
 
@@ -203,6 +210,21 @@ def _progress(message: str) -> None:
     print(f"pypi: {message}", file=sys.stderr, flush=True)
 
 
+def verbose() -> bool:
+    return os.environ.get(VERBOSE_ENV, "") not in ("", "0")
+
+
+def warnings_summary(warnings: Iterable[str]) -> str:
+    """pip's warnings counted by kind (quoted names, which differ per project, left out), most first:
+    `70 x "Location '...' is ignored: it is neither a file nor a directory."`; "" for none."""
+    kinds: dict[str, int] = {}
+    for warning in warnings:
+        kind = re.sub(r"'[^']*'", "'...'", warning.removeprefix("WARNING: ").strip())
+        kinds[kind] = kinds.get(kind, 0) + 1
+    ranked = sorted(kinds.items(), key=lambda item: -item[1])
+    return "; ".join(f'{count} x "{kind}"' for kind, count in ranked)
+
+
 def _wheel_of(filename: str) -> tuple[str, Version, frozenset[Tag]]:
     name, version, _build, tags = parse_wheel_filename(filename)
     return str(name), version, frozenset(tags)
@@ -245,8 +267,9 @@ def _link_from_earlier_builds(out_dir: Path, pins: list[Pin], packages: Path, ta
     return provided
 
 
-def _pip_download(pins: list[Pin], packages: Path, work: Path) -> None:
-    """pip download the pins' wheels for the target into `packages`, relaying its progress to stderr."""
+def _pip_download(pins: list[Pin], packages: Path, work: Path, log: Path) -> list[str]:
+    """pip download the pins' wheels for the target into `packages`; pip's output goes to `log` (and, with
+    verbose(), to stderr line by line). Returns pip's warnings."""
     wanted = work / "download.txt"
     wanted.write_text("".join(f"{pin.line()}\n" for pin in pins))
     cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-input",
@@ -256,16 +279,24 @@ def _pip_download(pins: list[Pin], packages: Path, work: Path) -> None:
            *(arg for platform in PLATFORMS for arg in ("--platform", platform)),
            "--dest", str(packages), "-r", str(wanted)]  # fmt: skip
     tail: deque[str] = deque(maxlen=OUTPUT_TAIL_LINES)
+    warnings: list[str] = []
     collected = 0
+    relay = verbose()
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=work)
     except OSError as exc:
         raise IndexBuildError(f"cannot run pip ({sys.executable} -m pip): {exc}") from exc
     assert proc.stdout is not None
-    with proc:
+    with proc, log.open("w") as record:
+        record.write(f"$ {' '.join(cmd)}\n")
         for raw in proc.stdout:
             line = raw.rstrip()
+            record.write(line + "\n")
             tail.append(line)
+            if line.startswith("WARNING: "):
+                warnings.append(line)
+            if not relay:
+                continue
             if line.startswith("Collecting "):
                 collected += 1
                 _progress(f"[{collected}/{len(pins)}] {line.removeprefix('Collecting ')}")
@@ -275,9 +306,10 @@ def _pip_download(pins: list[Pin], packages: Path, work: Path) -> None:
                 _progress(f"  pip: {line.strip()}")
     if proc.returncode != 0:
         raise IndexBuildError(
-            f"pip download failed (exit {proc.returncode}) for the wheels of {len(pins)} pins:\n"
-            f"  {' '.join(cmd)}\n" + "\n".join(tail)
+            f"pip download failed (exit {proc.returncode}) for the wheels of {len(pins)} pins (all of pip's "
+            f"output: {log}):\n  {' '.join(cmd)}\n" + "\n".join(tail)
         )
+    return warnings
 
 
 def _write_simple_index(dest: Path, files: list[dict[str, str | int]]) -> None:
@@ -304,16 +336,19 @@ def _write_simple_index(dest: Path, files: list[dict[str, str | int]]) -> None:
 
 def _build(dest: Path, out_dir: Path, requirements_text: str, key: str) -> None:
     started = time.monotonic()
+    log = out_dir / f"build-{key}.log"
     pins = select_pins(parse_requirements(requirements_text))
     tags = target_tags()
     packages = dest / "packages"
     packages.mkdir()
     reused = _link_from_earlier_builds(out_dir, pins, packages, tags)
     missing = [pin for pin in pins if pin.name not in reused]
-    _progress(f"{len(pins)} pins apply to CPython {TARGET_ENVIRONMENT['python_full_version']} linux x86_64; "
-              f"{len(reused)} linked from earlier builds, downloading {len(missing)}")
+    warnings: list[str] = []
     if missing:
-        _pip_download(missing, packages, dest)
+        _progress(f"the gateway's wheels for the hub's PyPI mirror: {len(pins)} pins apply to CPython "
+                  f"{TARGET_ENVIRONMENT['python_full_version']} linux x86_64, {len(reused)} linked from earlier "
+                  f"builds, downloading {len(missing)} (pip's output: {log})")
+        warnings = _pip_download(missing, packages, dest, log)
         (dest / "download.txt").unlink()
     # One file per pin, with a pinned hash and a target tag: what pip on the host will take, and nothing else.
     by_name: dict[str, list[Path]] = {}
@@ -340,7 +375,10 @@ def _build(dest: Path, out_dir: Path, requirements_text: str, key: str) -> None:
              "platforms": list(PLATFORMS), "files": files, "bytes": sum(int(f["size"]) for f in files),
              "build_seconds": round(time.monotonic() - started, 2)}  # fmt: skip
     (dest / "index.json").write_text(json.dumps(index, indent=1) + "\n")
-    _progress(f"{len(files)} wheels, {index['bytes'] / 1e6:.1f} MB, in {index['build_seconds']:.1f}s")
+    warned = (f"; pip's warnings (this machine's pip configuration: pip config list): {warnings_summary(warnings)}"
+              if warnings else "")
+    _progress(f"mirror built: {len(files)} wheels, {index['bytes'] / 1e6:.1f} MB, in {index['build_seconds']:.1f}s"
+              f"{warned}" + (f" (log: {log})" if missing else ""))
 
 
 def build_index(requirements: Path, out_dir: Path) -> Path:
@@ -371,8 +409,11 @@ def build_index(requirements: Path, out_dir: Path) -> Path:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["-v"]:
+        os.environ[VERBOSE_ENV] = "1"
+        argv = argv[1:]
     if len(argv) != 2:
-        print("usage: python -m rigup_testbed.pypi REQUIREMENTS OUT_DIR", file=sys.stderr)
+        print("usage: python -m rigup_testbed.pypi [-v] REQUIREMENTS OUT_DIR", file=sys.stderr)
         return 2
     try:
         print(build_index(Path(argv[0]), Path(argv[1])))

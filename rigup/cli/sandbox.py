@@ -60,6 +60,9 @@ def add_parser(subparsers: Any) -> None:
                     help="the first N rigs (2x RTX 3090 each) serve one model together as cluster 'big' (README: "
                          "Clusters): 2 serve a 4-GPU variant as TP 2 x PP 2, 4 an 8-GPU one as TP 2 x PP 4 (default 0)")
     up.add_argument("--replace", action="store_true", help="tear down a running sandbox first")
+    up.add_argument("-v", "--verbose", action="store_true",
+                    help="relay every line of the builds' tools (pip's for the hub's PyPI mirror); by default one "
+                         "summary line each, naming the log that holds the rest")
     up.add_argument("--json", action="store_true", help="print the result as JSON")
     down = commands.add_parser("down", help="stop and remove everything the sandbox created")
     down.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -129,6 +132,8 @@ def _up(args: argparse.Namespace) -> int:
     if not 1 <= args.hosts <= 64:
         print("rigup sandbox: --hosts must be between 1 and 64", file=sys.stderr)
         return 2
+    if args.verbose:  # read by the test bed's builds (rigup_testbed.pypi.VERBOSE_ENV), here and in its services
+        os.environ["RIGUP_VERBOSE"] = "1"
     bed = _testbed()
     if bed.created:
         if not args.replace:

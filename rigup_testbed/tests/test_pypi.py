@@ -182,8 +182,10 @@ def test_second_build_needs_no_network(tiny: tuple[Path, Path, Path], monkeypatc
     # The same requirements into an empty cache must download, and fail loudly with pip's error.
     with pytest.raises(pypi.IndexBuildError, match=r"(?s)pip download failed.*six==1\.17\.0"):
         pypi.build_index(requirements, tmp_path / "empty-cache")
-    # Nothing but the lock file: no half build left behind.
-    assert [p.name for p in (tmp_path / "empty-cache").iterdir()] == [f".{root.name}.lock"]
+    # Nothing but the lock file and pip's log: no half build left behind.
+    left = sorted(p.name for p in (tmp_path / "empty-cache").iterdir())
+    assert left == [f".{root.name}.lock", f"build-{root.name}.log"]
+    assert "six==1.17.0" in (tmp_path / "empty-cache" / f"build-{root.name}.log").read_text()
 
 
 def test_new_key_links_the_wheels_it_already_holds(tiny: tuple[Path, Path, Path],
@@ -219,6 +221,52 @@ def test_pip_installs_the_pins_from_the_served_index(tiny: tuple[Path, Path, Pat
         check=True, capture_output=True, text=True,
     ).stdout.split()
     assert versions == ["1.17.0", "0.1.2"]
+
+
+# --- what a build prints ------------------------------------------------------------------------
+
+
+def test_a_build_prints_two_lines_and_counts_the_machines_pip_warnings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                       capfd: pytest.CaptureFixture[str]) -> None:
+    """Was: every line of pip's relayed (449 `pypi:` lines for the gateway's pins, 210 of them this
+    machine's pip configuration warning about an extra index that is not there, once per project)."""
+    config = tmp_path / "pip.conf"  # as this machine's /etc/pip.conf: an extra index that does not exist
+    config.write_text(f"[global]\nextra-index-url = file://{tmp_path}/no-such-index/simple\n")
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(config))
+    monkeypatch.delenv(pypi.VERBOSE_ENV, raising=False)
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text(TINY_REQUIREMENTS)
+    root = pypi.build_index(requirements, tmp_path / "cache")
+    err = capfd.readouterr().err
+    lines = err.splitlines()
+    log = tmp_path / "cache" / f"build-{root.name}.log"
+    assert len(lines) == 2 and all(line.startswith("pypi: ") for line in lines), err
+    assert f"pip's output: {log}" in lines[0] and "downloading 2" in lines[0]
+    assert lines[1].startswith("pypi: mirror built: 2 wheels") and f"(log: {log})" in lines[1]
+    assert '2 x "Location \'...\' is ignored' in lines[1], lines[1]  # one per project, counted once
+    assert "Collecting six==1.17.0" in log.read_text() and "WARNING: Location" in log.read_text()
+
+
+def test_verbose_relays_every_line_of_pips(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capfd: pytest.CaptureFixture[str]) -> None:
+    canned = ("Looking in indexes: https://pypi.org/simple\n"
+              "WARNING: Location 'file:///x/simple/six/' is ignored: it is neither a file nor a directory.\n"
+              "Collecting six==1.17.0\n  Downloading six-1.17.0-py2.py3-none-any.whl (11 kB)\n")
+    real_popen = subprocess.Popen
+    monkeypatch.setattr(pypi.subprocess, "Popen", lambda cmd, **kw: real_popen(
+        [sys.executable, "-c", f"import sys; sys.stdout.write({canned!r})"], **kw))
+    pin = pypi.parse_requirements(TINY_REQUIREMENTS)[0]
+    for verbose, expected in (("0", []), ("1", ["pypi:   pip: Looking in indexes: https://pypi.org/simple",
+                                                "pypi:   pip: WARNING: Location 'file:///x/simple/six/' is ignored: it "
+                                                "is neither a file nor a directory.",
+                                                "pypi: [1/1] six==1.17.0",
+                                                "pypi:     Downloading six-1.17.0-py2.py3-none-any.whl (11 kB)"])):
+        monkeypatch.setenv(pypi.VERBOSE_ENV, verbose)
+        log = tmp_path / f"build-{verbose}.log"
+        warnings = pypi._pip_download([pin], tmp_path, tmp_path, log)
+        assert capfd.readouterr().err.splitlines() == expected
+        assert warnings == [canned.splitlines()[1]] and canned in log.read_text()
+    assert pypi.warnings_summary(warnings * 3) == '3 x "Location \'...\' is ignored: it is neither a file nor a directory."'
 
 
 # --- the hub service ---------------------------------------------------------------------------
