@@ -67,7 +67,7 @@ def test_sandbox_up_with_a_cluster_writes_it_into_the_fleet_file(monkeypatch: py
     monkeypatch.setattr(sandbox, "_testbed", lambda: bed)
     monkeypatch.setattr(sandbox, "missing_prerequisites", lambda: [])
     args = argparse.Namespace(sandbox_command="up", hosts=3, hardware="1x3090", canary=1, gateway=1, pods=0, cluster=2,
-                              replace=False, json=True)
+                              replace=False, json=True, verbose=False)
     assert sandbox.run(args) == 0
     assert [(s.name, s.hardware) for s in bed.specs] == [("rig-01", "2x3090"), ("rig-02", "2x3090"), ("rig-03", "1x3090")]
     assert bed.fleet_kwargs["clusters"] == [{"name": "big", "variant": "qwen-multi4-autoround-int4-mtp",
