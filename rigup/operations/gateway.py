@@ -19,6 +19,9 @@ from rigup.operations.live_output import streamed
 from rigup.operations.serving import served_now
 from rigup.runstate import account
 
+PIP_LOG = "pip-install.log"  # in the venv: pip's whole output of the build
+PIP_TAIL_LINES = 40  # of that log, shown when the install fails
+
 
 @operation()
 def gateway_venv(venv: str, requirements: str, requirements_sha256: str, index_url: str | None):
@@ -47,11 +50,25 @@ def gateway_venv(venv: str, requirements: str, requirements_sha256: str, index_u
         index = ["--index-url", QuoteString(index_url)]
         if url.scheme == "http" and url.hostname:
             index += ["--trusted-host", QuoteString(url.hostname)]
+    pip = [QuoteString(f"{venv}/bin/pip"), "install --disable-pip-version-check --no-input --progress-bar off",
+           "--require-hashes --no-deps", *index, "-r", QuoteString(requirements)]
+    if host.state.print_noop_info:  # pyinfra -v: every line of pip's as it comes
+        install = pip
+    else:
+        # Quiet: pip's ~240 Collecting/Downloading lines go to a 0600 log in the venv (an index URL from
+        # the host's pip.conf may carry credentials), then one line: packages, pip's warnings, the log.
+        # A failure shows the log's tail.
+        log = QuoteString(f"{venv}/{PIP_LOG}")
+        install = [
+            "{ ( umask 077 &&", *pip, ">", log, "2>&1 ) || { tail -n", str(PIP_TAIL_LINES), log, ">&2;",
+            "echo", QuoteString(f"rigup: the gateway's pip install failed; all of its output: {venv}/{PIP_LOG}"),
+            ">&2; exit 1; }; } && echo \"rigup: gateway venv: $(grep -c '^Collecting' ", log, ") packages installed,",
+            "$(grep -c '^WARNING' ", log, ") warnings from pip (its configuration on this host);",
+            f"pip's output: {venv}/{PIP_LOG}\"",
+        ]  # fmt: skip
     yield streamed(
         StringCommand(
-            "rm -rf", QuoteString(venv), "&& python3 -m venv", QuoteString(venv),
-            "&&", QuoteString(f"{venv}/bin/pip"), "install --disable-pip-version-check --no-input --progress-bar off",
-            "--require-hashes --no-deps", *index, "-r", QuoteString(requirements),
+            "rm -rf", QuoteString(venv), "&& python3 -m venv", QuoteString(venv), "&&", *install,
             "&& echo", QuoteString(requirements_sha256), ">", QuoteString(f"{venv}/.rigup-installed"),
         ),  # fmt: skip
         lambda h, ok, output, s: account(h, f"gateway venv built in {s:.0f} s" if ok else "gateway venv build failed"),
