@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 import time
@@ -253,6 +254,35 @@ def registration_alive(entry: dict[str, Any]) -> bool:
     if pidns and pidns != own_pidns() and in_container():
         return True
     return host_pid(pid, pidns, entry.get("starttime")) is not None
+
+
+# --- how busy a GPU's engine is ------------------------------------------------------------------
+# An engine (responder.py) records in its /run/nvidia-standin/procs entry whether it has a request
+# running, each time that changes, with exponential averages of that 0/1 signal over these time
+# constants (seconds): what nvidia_smi.Gpu reads its utilisation and power (fast) and its temperature
+# (slow, a heatsink's) from. A record stays valid without rewrites: its averages move toward `busy`.
+UTIL_TAU_S = 1.0  # NVML averages utilisation over a sample period of 1/6 s to 1 s (nvml.h, nvmlUtilization_t)
+THERMAL_TAU_S = 30.0
+
+
+def activity_at(record: dict[str, Any] | None, now: float) -> tuple[float, float]:
+    """(fast, slow) averages of an engine's busy signal at `now` (wall clock) from its last record."""
+    if not isinstance(record, dict):
+        return 0.0, 0.0
+    busy, at = float(record.get("busy", 0)), float(record.get("at", now))
+    elapsed = max(0.0, now - at)
+
+    def toward(value: Any, tau: float) -> float:
+        start = float(value or 0.0)
+        return busy + (start - busy) * math.exp(-elapsed / tau)
+
+    return toward(record.get("fast"), UTIL_TAU_S), toward(record.get("slow"), THERMAL_TAU_S)
+
+
+def activity_record(previous: dict[str, Any] | None, busy: bool, now: float) -> dict[str, Any]:
+    """The record an engine writes when it becomes busy or idle: the averages carried to `now`."""
+    fast, slow = activity_at(previous, now)
+    return {"busy": 1 if busy else 0, "at": now, "fast": fast, "slow": slow}
 
 
 def in_container() -> bool:

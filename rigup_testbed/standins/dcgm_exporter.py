@@ -251,7 +251,8 @@ class Gpus:
             entry = common.read_json(os.path.join(d, name)) if name.endswith(".json") else None
             if isinstance(entry, dict) and common.registration_alive(entry):
                 procs += [{"pid": entry.get("pid"), "name": entry.get("name", ""), "uuid": u,
-                           "used_mib": int(entry.get("used_mib", 0))} for u in entry.get("gpus", [])]
+                           "used_mib": int(entry.get("used_mib", 0)), "activity": entry.get("activity")}
+                          for u in entry.get("gpus", [])]
         state = smi.load_state()
         gpus = [smi.Gpu(g, state, procs, minor) for minor, g in enumerate(hw_gpus)]
         driver = common.loaded_driver_version() or ""

@@ -15,6 +15,11 @@ error; 0: none) override hardware.json's value of the same name (see `set_gpu_st
 get /run/nvidia-standin from the toolkit's hook, so what reads it there (nvidia-smi, the DCGM exporter
 stand-in) sees a change at once.
 
+Unless a test sets them, utilisation, power, temperature and the clock event reasons follow the load of
+the engines on the GPU: each records when it has requests running (responder.py, common.activity_record)
+and `Gpu` turns that into a real RTX 3090's readings (the constants below; `thermal_c_per_w`, also a
+gpu-state key, is how many degrees a watt adds: the rig's airflow).
+
 Supported: plain table, -L, -q [-d POWER|MEMORY|PERFORMANCE|TEMPERATURE], --query-gpu=... and
 --query-compute-apps=... with --format=csv[,noheader][,nounits], -i, -pm, -pl, topo -m, topo -p2p r,
 --version. Anything else exits 2 with the real tool's "invalid combination" message.
@@ -100,8 +105,23 @@ def processes(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for uuid in entry.get("gpus", []):
             if uuid in uuids:
                 found.append({"pid": pid, "name": entry.get("name", "python3"), "uuid": uuid,
-                              "used_mib": int(entry.get("used_mib", 0))})
+                              "used_mib": int(entry.get("used_mib", 0)), "activity": entry.get("activity")})
     return found
+
+
+# --- a GPU under load (FACTS.md section 12, "under load") ----------------------------------------
+# With no engine on it the card idles at IDLE_*; an engine loaded and idle holds it at READY_*. Running
+# requests (the engines' activity records, common.activity_at) raise utilisation and power at once, up
+# to the power limit under full load, and the temperature over THERMAL_TAU_S toward where that power
+# takes it: READY_TEMP_C plus thermal_c_per_w per watt above READY_POWER_W (the rig's airflow; a
+# hardware.json or gpu-state key). GeForce GPU Boost holds the card at its target temperature by
+# lowering clocks and power (clock event reason SW thermal slowdown); below it, full load runs at the
+# power limit (reason SW power cap).
+IDLE_TEMP_C, READY_TEMP_C = 35, 45
+IDLE_POWER_W, READY_POWER_W = 20.0, 110.0
+THERMAL_C_PER_W = (READY_TEMP_C - IDLE_TEMP_C) / (READY_POWER_W - IDLE_POWER_W)
+TARGET_TEMP_C = 83  # a real RTX 3090's "GPU Target Temperature" (gpu_target_temperature)
+REASON_IDLE, REASON_SW_POWER_CAP, REASON_SW_THERMAL = 0x1, 0x4, 0x20  # DCGM_CLOCKS_EVENT_REASON_*
 
 
 class Gpu:
@@ -112,6 +132,11 @@ class Gpu:
         self.st = state["gpus"].setdefault(hw["uuid"], {})
         self.minor = minor
         self.procs = [p for p in procs if p["uuid"] == hw["uuid"]]
+        # how busy its busiest engine has been: (fast: utilisation and power, slow: temperature)
+        now = time.time()
+        levels = [common.activity_at(p.get("activity"), now) for p in self.procs]
+        self.fast = max((f for f, _ in levels), default=0.0)
+        self.slow = max((s for _, s in levels), default=0.0)
 
     def get(self, key: str, default: Any) -> Any:
         value = self.hw.get(key)
@@ -171,20 +196,47 @@ class Gpu:
         return bool(self.procs)
 
     @property
+    def thermal_c_per_w(self) -> float:
+        return float(self.live("thermal_c_per_w", THERMAL_C_PER_W))
+
+    def _load_power(self, level: float) -> float:
+        """The power an engine at this busy level draws: READY_POWER_W idle, the power limit under full load."""
+        ready = min(READY_POWER_W, self.power_limit)
+        return ready + (self.power_limit - ready) * level
+
+    def _heat(self) -> tuple[float, bool]:
+        """(temperature, held at the target by GPU Boost) from the slow busy level and the airflow."""
+        if not self.busy:
+            return float(IDLE_TEMP_C), False
+        rise = READY_TEMP_C + self.thermal_c_per_w * (self._load_power(self.slow) - READY_POWER_W)
+        return (float(TARGET_TEMP_C), True) if rise >= TARGET_TEMP_C else (rise, False)
+
+    @property
+    def thermally_held(self) -> bool:
+        return self._heat()[1]
+
+    @property
     def temperature(self) -> int:
-        return int(self.live("temperature_c", 45 if self.busy else 35))
+        return int(self.live("temperature_c", round(self._heat()[0])))
 
     @property
     def power_draw(self) -> float:
-        return float(self.live("power_draw_w", 110.0 if self.busy else 20.0))
+        if not self.busy:
+            return float(self.live("power_draw_w", IDLE_POWER_W))
+        power = self._load_power(self.fast)
+        if self.thermally_held:  # the power that keeps the card at its target temperature
+            power = min(power, READY_POWER_W + (TARGET_TEMP_C - READY_TEMP_C) / self.thermal_c_per_w)
+        return float(self.live("power_draw_w", round(power, 2)))
 
     @property
     def utilization(self) -> int:
-        return int(self.live("utilization_gpu", 0))
+        return int(self.live("utilization_gpu", round(100 * self.fast)))
 
     @property
     def utilization_memory(self) -> int:
-        return int(self.live("utilization_memory", 0))
+        # decoding reads the weights and the KV cache every step: the memory controller is busy whenever
+        # the engine is (the share of it is not from a capture)
+        return int(self.live("utilization_memory", round(100 * self.fast)))
 
     @property
     def xid(self) -> int:
@@ -193,9 +245,18 @@ class Gpu:
 
     @property
     def clocks_event_reasons(self) -> int:
-        """Why the clocks are held down, as DCGM's bitmask (DCGM_CLOCKS_EVENT_REASON_*): idle (0x1) when no
-        process uses the GPU, else none unless the state says otherwise."""
-        return int(self.live("clocks_event_reasons", 0 if self.busy else 0x1))
+        """Why the clocks are held down, as DCGM's bitmask (DCGM_CLOCKS_EVENT_REASON_*): idle (0x1) while
+        no engine on it has work; under load, SW thermal slowdown while GPU Boost holds the target
+        temperature, else SW power cap while it draws its power limit."""
+        if self.fast < 0.5:
+            reasons = REASON_IDLE
+        elif self.thermally_held:
+            reasons = REASON_SW_THERMAL
+        elif self._load_power(self.fast) >= 0.97 * self.power_limit:
+            reasons = REASON_SW_POWER_CAP
+        else:
+            reasons = 0
+        return int(self.live("clocks_event_reasons", reasons))
 
     @property
     def sm_clock(self) -> int:

@@ -299,8 +299,21 @@ class App:
         for n, (name, mine, util) in enumerate(engines):
             pf = d / (f"{tag}-{os.getpid()}.json" if n == 0 else f"{tag}-{os.getpid()}-{n}.json")
             common.write_json_atomic(pf, {"pid": os.getpid(), "pidns": pidns, "starttime": common.proc_starttime(), "name": name, "gpus": [g["uuid"] for g in mine],
-                                          "used_mib": int(util * int(mine[0]["memory_total_mib"]))})
+                                          "used_mib": int(util * int(mine[0]["memory_total_mib"])),
+                                          "activity": common.activity_record(None, False, time.time())})
             self.procs_files.append(pf)
+        if self.engine is not None:
+            self.engine.on_busy = self.record_activity
+
+    def record_activity(self, busy: bool) -> None:
+        """The engine started or stopped having a request running: its GPUs' registrations say so, and
+        nvidia-smi and the DCGM exporter read utilisation, power and temperature from that (common.activity_at)."""
+        now = time.time()
+        for pf in self.procs_files:
+            entry = common.read_json(pf, None)
+            if isinstance(entry, dict):
+                entry["activity"] = common.activity_record(entry.get("activity"), busy, now)
+                common.write_json_atomic(pf, entry)
 
     def output_refusal(self, req: dict[str, Any]) -> str | None:
         """Why the stand-in cannot answer this chat request (None: it can). vLLM-Omni sends a request through

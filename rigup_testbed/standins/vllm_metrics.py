@@ -265,6 +265,10 @@ class EngineStats:
         self.cached: OrderedDict[bytes, None] = OrderedDict()  # prefix-cache block hashes, least recent first
         self.registry = Registry()
         self._families(engine, gpu_memory_utilization, cache_dtype, num_gpu_blocks_override)
+        # called (under the engine's lock) when the engine starts or stops having a request running: how
+        # the responder makes its GPUs' utilisation, power and temperature follow what it serves
+        self.on_busy: Any = None
+        self._busy = False
 
     # --- the families, in vLLM's registration order
 
@@ -428,6 +432,10 @@ class EngineStats:
             changed = True
         if changed:
             self.cond.notify_all()
+        if bool(self.running) != self._busy:
+            self._busy = bool(self.running)
+            if self.on_busy is not None:
+                self.on_busy(self._busy)
 
     def _emit(self, req: Request, n: int) -> None:
         with self.cond:

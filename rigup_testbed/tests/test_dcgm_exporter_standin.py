@@ -196,6 +196,29 @@ def test_a_hot_gpu_an_xid_and_a_gpu_process_show_at_the_next_scrape(exporter: tu
     assert per_gpu(fams, "DCGM_FI_DEV_GPU_TEMP")["1"].value == 35 and per_gpu(fams, "DCGM_FI_DEV_XID_ERRORS")["1"].value == 0
 
 
+
+def test_an_engine_serving_moves_utilisation_power_and_temperature_at_the_next_scrape(
+        exporter: tuple[GpuContainer, str, Any]) -> None:
+    """What an engine serves shows in DCGM's fields (the GPU stand-in under load, tests/test_gpu_load.py):
+    an engine busy for ten minutes on a badly ventilated GPU 0 runs it at 100 %, held at the 83 C
+    target with less than its power limit; GPU 1, idle, stays idle; the engine idle again cools down."""
+    container, url, _ = exporter
+    container.set_gpu_state(0, thermal_c_per_w=0.2)
+    procs = container.path / "run/nvidia-standin/procs"
+    now = time.time()
+    busy = {"busy": 1, "at": now - 600, "fast": 0.0, "slow": 0.0}
+    entry = {"pid": os.getpid(), "pidns": "", "name": "VLLM::EngineCore", "gpus": [container.hw.gpus[0].uuid],
+             "used_mib": 21000, "activity": busy}
+    (procs / "vllm.json").write_text(json.dumps(entry))
+    _, fams, _ = scrape(url)
+    assert per_gpu(fams, "DCGM_FI_DEV_GPU_UTIL")["0"].value == 100 and per_gpu(fams, "DCGM_FI_DEV_GPU_UTIL")["1"].value == 0
+    assert per_gpu(fams, "DCGM_FI_DEV_GPU_TEMP")["0"].value == 83 and per_gpu(fams, "DCGM_FI_DEV_GPU_TEMP")["1"].value == 35
+    assert per_gpu(fams, "DCGM_FI_DEV_POWER_USAGE")["0"].value == 300  # what holds 83 C, under the 350 W limit
+    idle = {"busy": 0, "at": now - 600, "fast": 1.0, "slow": 1.0}
+    (procs / "vllm.json").write_text(json.dumps({**entry, "activity": idle}))
+    _, fams, _ = scrape(url)
+    assert per_gpu(fams, "DCGM_FI_DEV_GPU_UTIL")["0"].value == 0 and per_gpu(fams, "DCGM_FI_DEV_GPU_TEMP")["0"].value == 45
+
 def test_geforce_profiling_fields_are_skipped_with_the_exporters_warnings(exporter: tuple[GpuContainer, str, Any]) -> None:
     _, _, proc = exporter
     proc.terminate()
