@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -179,9 +180,16 @@ def parallel(items: Sequence[T], work: Callable[[T], R], workers: int | None = N
         return list(pool.map(work, items))
 
 
+_PROGRESS_LOCK = threading.Lock()
+
+
 def progress(line: str) -> None:
-    """A progress line on stderr (stdout stays for the table or JSON)."""
-    print(line, file=sys.stderr, flush=True)
+    """A progress line on stderr (stdout stays for the table or JSON). The hosts' threads each write
+    theirs whole, line end included, one at a time: print() writes the text and its newline apart, and
+    another host's line then began before this one ended ("... over SSH ...[rig-02] gathering ...")."""
+    with _PROGRESS_LOCK:
+        sys.stderr.write(line.rstrip("\n") + "\n")
+        sys.stderr.flush()
 
 
 def service_log(target: Target, runner: Runner, log_file: str | None) -> ServiceLog | None:
