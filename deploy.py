@@ -17,7 +17,7 @@ Phases, in order (each task file's docstring says what is true afterwards and wh
   monitoring         on monitor_group hosts: Prometheus over every pod, GPU, node and gateway; alerts
 When the run ends, a table of what the converge did on each host.
 
-Run: pyinfra inventory.py deploy.py [--limit GROUP] [--dry]
+Run: .venv/bin/pyinfra inventory.py deploy.py [--limit GROUP] [--dry]
 """
 
 from pyinfra import host, local, state

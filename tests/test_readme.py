@@ -130,3 +130,12 @@ def test_documented_and_printed_commands_work_as_written_in_a_clean_shell():
 ])  # fmt: skip
 def test_a_command_that_cannot_run_as_written_is_caught(line, why):
     assert why in (problem_running(line) or ""), problem_running(line)
+
+
+def test_phase_table_lists_every_task_deploy_py_includes_in_its_order():
+    # Was: the metrics and monitoring phases were missing from the table.
+    readme = (REPO_ROOT / "README.md").read_text()
+    table = section(readme, "## What a converge does").split("\n\n### ")[0]
+    rows = re.findall(r"^\| [^|]+ \| `(tasks/\w+\.py)` \|", table, re.M)
+    included = list(dict.fromkeys(re.findall(r'local\.include\("(tasks/\w+\.py)"\)', (REPO_ROOT / "deploy.py").read_text())))
+    assert rows == included
