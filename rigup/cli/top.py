@@ -12,7 +12,7 @@ Read directly, rates and quantiles are the difference between two scrapes, so th
 "-" for them. When the fleet's Prometheus does not answer, the frame is read directly and the header
 says why. A target that does not answer is a row saying so.
 
-Ctrl-C quits (exit 0). --once prints one frame (direct: after two scrapes --interval apart) and exits
+q or Ctrl-C quits (exit 0). --once prints one frame (direct: after two scrapes --interval apart) and exits
 0 when every target answered, 1 when one did not; 2: the fleet file or --limit could not be used (one
 line says why).
 """
@@ -20,10 +20,16 @@ line says why).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
+import select
 import sys
+import termios
 import time
+import tty
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -40,6 +46,7 @@ from rigup.parsers.prometheus import (
     Exposition,
     Histogram,
     Sample,
+    counter_increase,
     histogram_increase,
     merge_histograms,
     parse_exposition,
@@ -74,6 +81,8 @@ ROUTE_STATES = {0: "healthy", 1: "partial outage", 2: "complete outage"}
 
 UP = "up"
 NO_ROUTES = "no routes yet"  # LiteLLM reports a deployment's state once a request went to it
+ANSWER_LOOKBACK = "1h"  # how far back Prometheus looks for a route's latest success and failure
+UNKNOWN_IDLE = "unknown (idle)"  # its series disagree and no answer was seen since: nothing says which is now
 
 
 # --------------------------------------------------------------------------------------------------
@@ -316,73 +325,177 @@ def route_state(value: float) -> str:
     return ROUTE_STATES[int(value)] if value in ROUTE_STATES else f"state {value:g}"
 
 
-def answer_rates(success: float | None, failure: float | None) -> tuple[float | None, float | None]:
-    """LiteLLM has no series of a route's successes before its first success (of failures likewise):
-    the missing one is 0 once the other exists."""
-    if success is None and failure is None:
-        return None, None
-    return success or 0.0, failure or 0.0
-
-
 def route_base(api_base: str | None) -> str | None:
     """A route's API base as rigup wrote it (http://host:port/v1): LiteLLM labels some series with the
-    endpoint it called (.../v1/chat/completions) instead."""
-    if api_base is None or "/v1/" not in api_base:
-        return api_base
-    return api_base.split("/v1/", 1)[0] + "/v1"
+    endpoint it called (.../v1/chat/completions) instead. None for a series of no route (LiteLLM writes
+    its counters with empty deployment labels for a request it refused before picking one)."""
+    if not api_base:
+        return None
+    if "/v1/" in api_base:
+        return api_base.split("/v1/", 1)[0] + "/v1"
+    return api_base.rstrip("/")
 
 
-def merged_routes(rows: Sequence[RouteRow]) -> list[RouteRow]:
-    """One row per gateway, model and API base. LiteLLM keeps a series of a route's state per label set
-    it saw (with and without model_id, per endpoint path): the merged row names the route, shows the
-    worst state and sums the answers."""
-    order = {name: i for i, name in enumerate(ROUTE_STATES.values())}
-    merged: dict[tuple[str, str | None, str | None], RouteRow] = {}
-    for row in rows:
-        key = (row.gateway, row.model, route_base(row.api_base))
-        known = merged.get(key)
-        if known is None or not row.answered or row.model is None:
-            merged[key] = RouteRow(row.gateway, row.model, row.route, key[2], row.state, row.answered,
-                                   row.success_rps, row.failure_rps)
+def current_route_state(states: Sequence[float], last_success_at: float | None, last_failure_at: float | None) -> str:
+    """A route's state now. LiteLLM 1.108 writes litellm_deployment_state under a different label set per
+    event (integrations/prometheus.py: a success sets 0 with api_base .../v1/chat/completions and no
+    model_id, a failure 1 and a cooldown 2 with api_base .../v1 and the model_id), so after a heal the
+    failure's series keeps its 1 or 2 forever beside the success's 0. The series written last is the one
+    of the latest answer: a success makes the route healthy, a failure gives LiteLLM's failure state,
+    both within the latest step is a partial outage. Without any answer seen, series that disagree say
+    nothing of now: unknown."""
+    failing = max((s for s in states if s > 0), default=None)
+    if failing is None:
+        return ROUTE_STATES[0] if states else NO_ROUTES
+    if not any(s == 0 for s in states):
+        return route_state(failing)  # never answered well since LiteLLM started
+    if last_success_at is None and last_failure_at is None:
+        return UNKNOWN_IDLE
+    if last_failure_at is None or (last_success_at is not None and last_success_at > last_failure_at):
+        return ROUTE_STATES[0]
+    if last_success_at is None or last_failure_at > last_success_at:
+        return route_state(failing)
+    return ROUTE_STATES[1]
+
+
+def address_of(api_base: str) -> str:
+    """host:port of an API base, what names a route when nothing else does."""
+    return urllib.parse.urlsplit(api_base).netloc or api_base
+
+
+RouteNames = Callable[[str, str], str | None]  # (gateway host, API base) -> the route's name (<host>/<unit>)
+
+
+@dataclass
+class RouteEvidence:
+    """Everything a gateway's series say of one route (the gateway and the route's API base)."""
+
+    gateway: str
+    api_base: str
+    model: str | None = None
+    route: str | None = None  # LiteLLM's model_id where a series carries it (rigup writes <host>/<unit>)
+    states: list[float] = field(default_factory=list)
+    success_rps: float | None = None
+    failure_rps: float | None = None
+    last_success_at: float | None = None  # when its latest success was counted, as far as the source saw
+    last_failure_at: float | None = None
+
+    def learn(self, labels: Callable[[str], str | None]) -> None:
+        self.model = self.model or route_model(labels("litellm_model_name"))
+        self.route = self.route or labels("model_id") or None
+
+    def add_rates(self, success: float | None, failure: float | None) -> None:
+        for attr, value in (("success_rps", success), ("failure_rps", failure)):
+            if value is not None:
+                setattr(self, attr, (getattr(self, attr) or 0.0) + value)
+
+    def row(self, names: RouteNames | None) -> RouteRow:
+        name = self.route or (names(self.gateway, self.api_base) if names else None) or address_of(self.api_base)
+        success, failure = self.success_rps, self.failure_rps
+        if success is not None or failure is not None:  # LiteLLM has no series of a count before its first
+            success, failure = success or 0.0, failure or 0.0
+        state = current_route_state(self.states, self.last_success_at, self.last_failure_at)
+        return RouteRow(self.gateway, self.model, name, self.api_base, state, success_rps=success, failure_rps=failure)
+
+
+def route_rows_of(evidence: Mapping[Any, RouteEvidence], names: RouteNames | None) -> list[RouteRow]:
+    """A row per route LiteLLM reports a state of (a route only in counters is a request it refused)."""
+    rows = (e.row(names) for e in evidence.values() if e.states)
+    return sorted(rows, key=lambda r: (r.gateway, r.model or "", r.route or ""))
+
+
+def fleet_route_names(targets: Sequence[Target]) -> RouteNames:
+    """The name rigup gives each route (<host>/<unit>, LiteLLM's model_id), found from its API base: the
+    pod listening on that port at that address (127.0.0.1 for a pod on the gateway's own host). LiteLLM
+    1.108 labels a route's successes without its model_id, so a route that never failed has no name in
+    the gateway's series."""
+    pods: list[tuple[int, set[str], str, str]] = []  # (port, addresses, host, name)
+    for target in targets:
+        if target.recipe is None or target.api_url is None or target.host is None:
             continue
-        known.route = known.route or row.route
-        if order.get(row.state, len(order)) > order.get(known.state, len(order)):
-            known.state = row.state
-        for attr in ("success_rps", "failure_rps"):
-            values = [v for v in (getattr(known, attr), getattr(row, attr)) if v is not None]
-            setattr(known, attr, sum(values) if values else None)
-    return list(merged.values())
+        url = urllib.parse.urlsplit(target.api_url)
+        if url.port is None:
+            continue
+        addresses = {target.host, url.hostname or ""}
+        if target.ssh is not None:
+            addresses.add(target.ssh.hostname)
+        pods.append((url.port, addresses, target.host, f"{target.host}/{target.recipe.paths.unit_name}"))
+
+    def name(gateway: str, api_base: str) -> str | None:
+        url = urllib.parse.urlsplit(api_base)
+        address = (url.hostname or "").strip("[]")
+        loopback = address in ("127.0.0.1", "::1", "localhost")
+        found = {n for port, addresses, host, n in pods
+                 if port == url.port and (address in addresses or (loopback and host == gateway))}
+        return found.pop() if len(found) == 1 else None
+
+    return name
 
 
-def route_rows(now: Scrape, before: Scrape | None) -> list[RouteRow]:
+def gateway_evidence(gateway: str, metrics: Exposition) -> dict[str, RouteEvidence]:
+    """The routes a gateway's /metrics shows, by API base: its state series and the names its counters carry."""
+    routes: dict[str, RouteEvidence] = {}
+    for name in (ROUTE_STATE, ROUTE_SUCCESS, ROUTE_FAILURE):
+        for sample in metrics.samples(name):
+            base = route_base(sample.label("api_base"))
+            if base is None:
+                continue
+            evidence = routes.setdefault(base, RouteEvidence(gateway, base))
+            evidence.learn(sample.label)
+            if name == ROUTE_STATE:
+                evidence.states.append(sample.value)
+    return routes
+
+
+def answers_between(before: Exposition, now: Exposition, name: str) -> dict[str, float]:
+    """Per route (API base), how much counter `name` grew between two scrapes. A series the earlier scrape
+    lacks counts from 0: LiteLLM creates a route's series at its first success or failure."""
+    earlier = {s.labels: s.value for s in before.samples(name)}
+    grown: dict[str, float] = {}
+    for sample in now.samples(name):
+        base = route_base(sample.label("api_base"))
+        if base is not None:
+            grown[base] = grown.get(base, 0.0) + counter_increase(earlier.get(sample.labels, 0.0), sample.value)
+    return grown
+
+
+LastAnswers = dict[tuple[str, str], list[float | None]]  # (gateway, API base) -> [last success, last failure] at
+
+
+def route_rows(now: Scrape, before: Scrape | None, seen: LastAnswers | None = None,
+               names: RouteNames | None = None) -> list[RouteRow]:
+    """A gateway's routes from two scrapes; `seen` carries each route's latest success and failure from
+    frame to frame (direct reading has no history but what it saw)."""
     endpoint = now.endpoint
     if now.metrics is None:
         return [RouteRow(endpoint.host, None, None, None, now.error or "down", answered=False)]
-    metrics = now.metrics
-    states = metrics.samples(ROUTE_STATE)
-    if not states:
-        return [RouteRow(endpoint.host, None, None, None, NO_ROUTES)]
-    rows = []
-    for sample in states:
-        model_id = sample.label("model_id")
-        row = RouteRow(endpoint.host, route_model(sample.label("litellm_model_name")), model_id,
-                       sample.label("api_base"), route_state(sample.value))
-        if before is not None and before.metrics is not None and model_id is not None:
-            seconds = now.at - before.at
-            row.success_rps, row.failure_rps = answer_rates(
-                _rate(before.metrics, metrics, ROUTE_SUCCESS, seconds, model_id=model_id),
-                _rate(before.metrics, metrics, ROUTE_FAILURE, seconds, model_id=model_id))
-        rows.append(row)
-    return merged_routes(rows)
+    routes = gateway_evidence(endpoint.host, now.metrics)
+    seen = seen if seen is not None else {}
+    if before is not None and before.metrics is not None and now.at > before.at:
+        seconds = now.at - before.at
+        ok = answers_between(before.metrics, now.metrics, ROUTE_SUCCESS)
+        failed = answers_between(before.metrics, now.metrics, ROUTE_FAILURE)
+        for base, evidence in routes.items():
+            evidence.add_rates(ok.get(base, 0.0) / seconds, failed.get(base, 0.0) / seconds)
+            last = seen.setdefault((endpoint.host, base), [None, None])
+            if ok.get(base):
+                last[0] = now.at
+            if failed.get(base):
+                last[1] = now.at
+    for base, evidence in routes.items():
+        evidence.last_success_at, evidence.last_failure_at = seen.get((endpoint.host, base), (None, None))
+    return route_rows_of(routes, names) or [RouteRow(endpoint.host, None, None, None, NO_ROUTES)]
 
 
 class DirectSource(Source):
     """Scrapes the endpoints every frame; rates and quantiles from the difference to the last frame."""
 
-    def __init__(self, endpoints: Sequence[Endpoint], timeout: float) -> None:
+    def __init__(self, endpoints: Sequence[Endpoint], timeout: float, route_names: RouteNames | None = None) -> None:
         self.endpoints = list(endpoints)
         self.timeout = timeout
+        self.route_names = route_names
         self.previous: dict[Endpoint, Scrape] = {}
+        self.last_answers: LastAnswers = {}
         self.description = f"direct: {len(self.endpoints)} targets"
 
     def frame(self) -> Frame:
@@ -395,7 +508,7 @@ class DirectSource(Source):
             elif now.endpoint.kind == "gpu":
                 frame.gpus.extend(gpu_rows(now))
             else:
-                frame.routes.extend(route_rows(now, before))
+                frame.routes.extend(route_rows(now, before, self.last_answers, self.route_names))
         self.previous = {s.endpoint: s for s in scrapes if s.metrics is not None}
         return frame
 
@@ -441,9 +554,13 @@ def query_prometheus(url: str, promql: str, at: float, timeout: float) -> Vector
     return out
 
 
-def prometheus_queries(rate_window: str = "1m", ttft_window: str = "5m") -> dict[str, str]:
-    """What a frame asks Prometheus: the fleet's jobs (rigup.desired.monitoring) and their labels."""
+def prometheus_queries(rate_window: str = "1m", ttft_window: str = "5m", scrape_interval: str = "15s",
+                       step_window: str = "30s") -> dict[str, str]:
+    """What a frame asks Prometheus: the fleet's jobs (rigup.desired.monitoring) and their labels. A route's
+    latest success and failure: the last step (one scrape interval) of the past ANSWER_LOOKBACK at which its
+    counter grew over `step_window` (two scrape intervals, the least increase() can see)."""
     by_pod = "host, pod"
+    by_route = "host, litellm_model_name, model_id, api_base"  # rigup.cli.top merges a route's api_base forms
     pods, gpus, gateways = f'job="{JOB_PODS}"', f'job="{JOB_GPU}"', f'job=~"{JOB_GATEWAY}-.*"'
     queries = {
         "pod_up": f"up{{{pods}}}",
@@ -456,9 +573,12 @@ def prometheus_queries(rate_window: str = "1m", ttft_window: str = "5m") -> dict
         "gpu_fields": f'{{{gpus},__name__=~"{"|".join(GPU_FIELDS)}"}}',
         "gateway_up": f"up{{{gateways}}}",
         "route_state": f"{ROUTE_STATE}{{{gateways}}}",
-        "success_rps": f"sum by (host, model_id) (rate({ROUTE_SUCCESS}{{{gateways}}}[{rate_window}]))",
-        "failure_rps": f"sum by (host, model_id) (rate({ROUTE_FAILURE}{{{gateways}}}[{rate_window}]))",
+        "success_rps": f"sum by ({by_route}) (rate({ROUTE_SUCCESS}{{{gateways}}}[{rate_window}]))",
+        "failure_rps": f"sum by ({by_route}) (rate({ROUTE_FAILURE}{{{gateways}}}[{rate_window}]))",
     }
+    for name, counter in (("last_success_at", ROUTE_SUCCESS), ("last_failure_at", ROUTE_FAILURE)):
+        queries[name] = (f"max by (host, api_base) (max_over_time((timestamp(increase({counter}{{{gateways}}}"
+                         f"[{step_window}]) > 0))[{ANSWER_LOOKBACK}:{scrape_interval}]))")
     for name, q in (("ttft_p50_s", 0.5), ("ttft_p95_s", 0.95)):
         queries[name] = (f"histogram_quantile({q}, sum by (le, {by_pod}) "
                          f"(rate({TTFT}_bucket{{{pods}}}[{ttft_window}])))")
@@ -474,12 +594,15 @@ Keep = Callable[[str, str | None], bool]  # (host, pod or None) -> whether --lim
 
 
 class PrometheusSource(Source):
-    def __init__(self, url: str, timeout: float, *, scrape_interval_s: int = 15, keep: Keep | None = None) -> None:
+    def __init__(self, url: str, timeout: float, *, scrape_interval_s: int = 15, keep: Keep | None = None,
+                 route_names: RouteNames | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
         # rate() needs two samples in its window: four scrape intervals, at least Grafana's usual 1m / 5m
-        self.queries = prometheus_queries(duration(max(60, 4 * scrape_interval_s)), duration(max(300, 4 * scrape_interval_s)))
+        self.queries = prometheus_queries(duration(max(60, 4 * scrape_interval_s)), duration(max(300, 4 * scrape_interval_s)),
+                                          duration(scrape_interval_s), duration(2 * scrape_interval_s))
         self.keep: Keep = keep or (lambda host, pod: True)
+        self.route_names = route_names
         self.description = f"Prometheus {self.url}"
 
     def frame(self) -> Frame:
@@ -541,20 +664,32 @@ class PrometheusSource(Source):
         return sorted(rows, key=lambda r: (r.host, _index(r.gpu)))
 
     def _routes(self, results: Mapping[str, Vector]) -> list[RouteRow]:
-        rows: list[RouteRow] = []
-        success = {(lab.get("host"), lab.get("model_id")): v for lab, v in results["success_rps"]}
-        failure = {(lab.get("host"), lab.get("model_id")): v for lab, v in results["failure_rps"]}
-        with_routes: set[str] = set()
+        routes: dict[tuple[str, str], RouteEvidence] = {}
+
+        def evidence(labels: Mapping[str, str]) -> RouteEvidence | None:
+            host, base = labels.get("host", "?"), route_base(labels.get("api_base"))
+            if base is None or not self.keep(host, None):
+                return None
+            found = routes.setdefault((host, base), RouteEvidence(host, base))
+            found.learn(labels.get)
+            return found
+
         for labels, value in results["route_state"]:
-            host = labels.get("host", "?")
-            if not self.keep(host, None):
-                continue
-            with_routes.add(host)
-            key = (host, labels.get("model_id"))
-            row = RouteRow(host, route_model(labels.get("litellm_model_name")), labels.get("model_id"),
-                           labels.get("api_base"), route_state(value))
-            row.success_rps, row.failure_rps = answer_rates(_finite(success.get(key)), _finite(failure.get(key)))
-            rows.append(row)
+            if (route := evidence(labels)) is not None:
+                route.states.append(value)
+        for labels, value in results["success_rps"]:
+            if (route := evidence(labels)) is not None:
+                route.add_rates(_finite(value), None)
+        for labels, value in results["failure_rps"]:
+            if (route := evidence(labels)) is not None:
+                route.add_rates(None, _finite(value))
+        for attr in ("last_success_at", "last_failure_at"):
+            for labels, value in results[attr]:
+                route = routes.get((labels.get("host", "?"), route_base(labels.get("api_base")) or ""))
+                if route is not None and _finite(value) is not None:
+                    setattr(route, attr, max(value, getattr(route, attr) or value))
+        rows = route_rows_of({key: r for key, r in routes.items() if r.states}, self.route_names)
+        with_routes = {row.gateway for row in rows}
         for labels, value in results["gateway_up"]:
             host = labels.get("host", labels.get("instance", "?"))
             if not self.keep(host, None) or host in with_routes:
@@ -563,7 +698,7 @@ class PrometheusSource(Source):
                 rows.append(RouteRow(host, None, None, None, NO_ROUTES))
             else:
                 rows.append(RouteRow(host, None, None, None, "down (Prometheus: up 0)", answered=False))
-        return sorted(merged_routes(rows), key=lambda r: (r.gateway, r.model or "", r.route or ""))
+        return sorted(rows, key=lambda r: (r.gateway, r.model or "", r.route or ""))
 
 
 def _index(gpu: str | None) -> tuple[int, str]:
@@ -642,12 +777,12 @@ def seconds_text(value: float | None) -> str:
     return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
 
 
-def memory_text(used: float | None, free: float | None) -> str:
+def memory_text(used: float | None, free: float | None, unit: str = " GiB") -> str:
     if used is None:
         return "-"
     if free is None:
-        return f"{used / 1024:.1f} GiB"
-    return f"{used / 1024:.1f}/{(used + free) / 1024:.1f} GiB"
+        return f"{used / 1024:.1f}{unit}"
+    return f"{used / 1024:.1f}/{(used + free) / 1024:.1f}{unit}"
 
 
 def _state_style(state: str, answered: bool) -> str:
@@ -658,56 +793,175 @@ def _state_style(state: str, answered: bool) -> str:
     return "yellow"
 
 
-def render(frame: Frame, interval: float, live: bool) -> Any:
-    """The frame as rich renderables: a header line and the pods', GPUs' and routes' tables."""
-    from rich import box  # deferred with rich.console: see tests/test_layout.py DEFERRED_IMPORTS
-    from rich.console import Group
+def short_route(name: str) -> str:
+    """rig-01/rigup-dual.service -> rig-01/dual: rigup names every unit rigup-<pod>.service."""
+    host, _, unit = name.rpartition("/")
+    short = unit.removeprefix("rigup-").removesuffix(".service")
+    return f"{host}/{short}" if host else short
+
+
+def short_gpu_name(name: str) -> str:
+    """NVIDIA GeForce RTX 3090 -> RTX 3090."""
+    for prefix in ("NVIDIA GeForce ", "NVIDIA "):
+        if name.startswith(prefix):
+            return name.removeprefix(prefix)
+    return name
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    short: str  # its header when the terminal is narrow
+    justify: str = "left"
+    drop: int = 0  # 1: the first to go when the terminal is narrow, 2 the next, ...; 0: never (host, pod, state)
+
+
+@dataclass(frozen=True)
+class Cell:
+    text: str
+    short: str | None = None  # the value when the terminal is narrow (a shorter form of the same name)
+    style: str | None = None
+
+    def shown(self, narrow: bool) -> str:
+        return self.short if narrow and self.short is not None else self.text
+
+
+COLUMN_GAP = 2  # a table's columns are this far apart (show_edge off, paddings collapsed)
+
+
+def table_width(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], keep: Sequence[int], narrow: bool) -> int:
+    from rich.cells import cell_len  # deferred with rich.console: see tests/test_layout.py DEFERRED_IMPORTS
+
+    widths = [max([cell_len(columns[i].short if narrow else columns[i].header),
+                   *(cell_len(row[i].shown(narrow)) for row in rows)]) for i in keep]
+    return sum(widths) + COLUMN_GAP * (len(widths) - 1)
+
+
+def fit_columns(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], width: int) -> tuple[list[int], bool]:
+    """Which columns to show in `width` characters, and whether in their short forms: every column at
+    ease; else short headers and names; else without the least useful column, then the next. A column
+    that never drops stays; when even they do not fit, those alone (the terminal wraps nothing: the
+    state column folds)."""
+    keep = list(range(len(columns)))
+    if table_width(columns, rows, keep, False) <= width:
+        return keep, False
+    for column in sorted((c for c in columns if c.drop), key=lambda c: c.drop):
+        if table_width(columns, rows, keep, True) <= width:
+            break
+        keep.remove(columns.index(column))
+    return keep, True
+
+
+def fitted_table(title: str, columns: Sequence[Column], rows: Sequence[Sequence[Cell]], width: int,
+                 empty: str) -> Any:
+    from rich import box  # deferred: see table_width()
     from rich.table import Table
     from rich.text import Text
 
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(frame.taken_at))
-    header = Text.assemble(("rigup top", "bold"), f"  {frame.source}  {when}")
-    if live:
-        header.append(f"  every {interval:g} s, Ctrl-C quits", style="dim")
+    keep, narrow = fit_columns(columns, rows, width)
+    hidden = len(columns) - len(keep)
+    table = Table(title=title + (f" ({hidden} more columns in a wider terminal)" if hidden else ""),
+                  title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, show_edge=False,
+                  collapse_padding=True, pad_edge=False)
+    for i in keep:
+        column = columns[i]
+        # a column that never drops folds rather than ends in "…": what is cut is lost to the reader
+        table.add_column(column.short if narrow else column.header, justify=column.justify,  # type: ignore[arg-type]
+                         no_wrap=bool(column.drop), overflow="ellipsis" if column.drop else "fold")
+    for row in rows:
+        table.add_row(*(Text(row[i].shown(narrow), style=row[i].style or "") for i in keep))
+    if not rows:
+        table.caption, table.caption_justify = empty, "left"
+    return table
+
+
+POD_COLUMNS = (
+    Column("HOST", "HOST"), Column("POD", "POD"), Column("MODEL", "MODEL", drop=1), Column("STATE", "STATE"),
+    Column("RUN", "RUN", "right", drop=8), Column("WAIT", "WAIT", "right", drop=6),
+    Column("GEN TOK/S", "GEN/S", "right", drop=7), Column("PROMPT TOK/S", "PROMPT/S", "right", drop=2),
+    Column("TTFT P50", "TTFT50", "right", drop=5), Column("TTFT P95", "TTFT95", "right", drop=3),
+    Column("KV CACHE", "KV", "right", drop=4),
+)
+GPU_COLUMNS = (
+    Column("HOST", "HOST"), Column("GPU", "GPU", "right", drop=6), Column("NAME", "NAME", drop=1),
+    Column("STATE", "STATE"), Column("UTIL", "UTIL", "right", drop=5), Column("MEMORY", "MEMORY", "right", drop=4),
+    Column("TEMP", "TEMP", "right", drop=3), Column("POWER", "POWER", "right", drop=2),
+)
+ROUTE_COLUMNS = (
+    Column("GATEWAY", "GW", drop=3), Column("MODEL", "MODEL", drop=2), Column("ROUTE", "ROUTE"),
+    Column("API BASE", "API BASE", drop=1), Column("STATE", "STATE"), Column("OK/S", "OK/S", "right"),
+    Column("FAIL/S", "FAIL/S", "right"),
+)
+
+
+def pod_cells(p: PodRow) -> list[Cell]:
+    return [Cell(p.host), Cell(p.pod), Cell(p.model or "-"), Cell(p.state, style=_state_style(p.state, p.answered)),
+            Cell(_num(p.running, ".0f")), Cell(_num(p.waiting, ".0f")), Cell(_num(p.generation_tps, ".1f")),
+            Cell(_num(p.prompt_tps, ".1f")), Cell(seconds_text(p.ttft_p50_s)), Cell(seconds_text(p.ttft_p95_s)),
+            Cell(_num(None if p.kv_usage is None else p.kv_usage * 100, ".1f", "%"))]
+
+
+def gpu_cells(g: GpuRow) -> list[Cell]:
+    return [Cell(g.host), Cell(g.gpu or "-"), Cell(g.name or "-", short_gpu_name(g.name or "-")),
+            Cell(g.state, style=_state_style(g.state, g.answered)), Cell(_num(g.util_pct, ".0f", "%")),
+            Cell(memory_text(g.mem_used_mib, g.mem_free_mib), memory_text(g.mem_used_mib, g.mem_free_mib, "G")),
+            Cell(_num(g.temp_c, ".0f", " C")), Cell(_num(g.power_w, ".0f", " W"))]
+
+
+def route_cells(r: RouteRow) -> list[Cell]:
+    return [Cell(r.gateway), Cell(r.model or "-"), Cell(r.route or "-", short_route(r.route) if r.route else None),
+            Cell(r.api_base or "-"), Cell(r.state, style=_state_style(r.state, r.answered)),
+            Cell(_num(r.success_rps, ".2f")), Cell(_num(r.failure_rps, ".2f"))]
+
+
+def header_line(frame: Frame, interval: float, live: bool, width: int) -> tuple[Any, str | None]:
+    """The frame's first line, as much as `width` holds (richest first), and the line that says why the
+    source is what it is when the header has no room for it."""
+    from rich.cells import cell_len  # deferred: see table_width()
+    from rich.text import Text
+
+    when = time.localtime(frame.taken_at)
+    source, _, why = frame.source.partition(" (")
+    why = f"({why}" if why else ""
+    keys = "q or Ctrl-C quits" if live else ""
+    every = f"every {interval:g} s" if live else ""
+    variants = [
+        (frame.source, time.strftime("%Y-%m-%d %H:%M:%S", when), ", ".join(p for p in (every, keys) if p), None),
+        (frame.source, time.strftime("%H:%M:%S", when), keys, None),
+        (source, time.strftime("%H:%M:%S", when), keys, why or None),
+        (source, time.strftime("%H:%M:%S", when), "q quits" if live else "", why or None),
+        (source, "", "", why or None),
+    ]
+    for text, at, tail, note in variants:  # the last one, cut to the width, when none fits
+        if cell_len("  ".join(p for p in ("rigup top", text, at, tail) if p)) <= width:
+            break
+    header = Text.assemble(("rigup top", "bold"), *(f"  {p}" for p in (text, at) if p))
+    if tail:
+        header.append(f"  {tail}", style="dim")
+    header.truncate(width, overflow="ellipsis")
+    return header, note
+
+
+def render(frame: Frame, interval: float, live: bool, width: int = BATCH_WIDTH) -> Any:
+    """The frame as rich renderables `width` characters wide: a header line and the pods', GPUs' and
+    routes' tables, each with the columns that fit (fit_columns)."""
+    from rich.console import Group  # deferred: see table_width()
+    from rich.text import Text
+
+    header, why = header_line(frame, interval, live, width)
     parts: list[Any] = [header]
+    if why:
+        parts.append(Text(why, style="yellow"))
     if frame.first_scrape:
         parts.append(Text("rates and TTFT need a second scrape: \"-\" until the next frame", style="dim"))
     for note in frame.notes:
         parts.append(Text(note, style="yellow"))
-
-    def table(title: str, columns: Sequence[tuple[str, str]]) -> Table:
-        t = Table(title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-        for name, justify in columns:
-            # a long reason or URL is cut short rather than squeezing the numbers out of the row
-            wide = name in ("STATE", "API BASE", "ROUTE", "MODEL")
-            t.add_column(name, justify=justify, no_wrap=True, overflow="ellipsis",  # type: ignore[arg-type]
-                         max_width=WIDE_COLUMN if wide else None)
-        return t
-
-    pods = table("Pods", [("HOST", "left"), ("POD", "left"), ("MODEL", "left"), ("STATE", "left"), ("RUN", "right"),
-                          ("WAIT", "right"), ("GEN TOK/S", "right"), ("PROMPT TOK/S", "right"), ("TTFT P50", "right"),
-                          ("TTFT P95", "right"), ("KV CACHE", "right")])
-    for p in frame.pods:
-        pods.add_row(p.host, p.pod, p.model or "-", Text(p.state, style=_state_style(p.state, p.answered)),
-                     _num(p.running, ".0f"), _num(p.waiting, ".0f"), _num(p.generation_tps, ".1f"),
-                     _num(p.prompt_tps, ".1f"), seconds_text(p.ttft_p50_s), seconds_text(p.ttft_p95_s),
-                     _num(None if p.kv_usage is None else p.kv_usage * 100, ".1f", "%"))
-    gpus = table("GPUs", [("HOST", "left"), ("GPU", "right"), ("NAME", "left"), ("STATE", "left"), ("UTIL", "right"),
-                          ("MEMORY", "right"), ("TEMP", "right"), ("POWER", "right")])
-    for g in frame.gpus:
-        gpus.add_row(g.host, g.gpu or "-", g.name or "-", Text(g.state, style=_state_style(g.state, g.answered)),
-                     _num(g.util_pct, ".0f", "%"), memory_text(g.mem_used_mib, g.mem_free_mib),
-                     _num(g.temp_c, ".0f", " C"), _num(g.power_w, ".0f", " W"))
-    routes = table("Gateway routes", [("GATEWAY", "left"), ("MODEL", "left"), ("ROUTE", "left"), ("API BASE", "left"),
-                                      ("STATE", "left"), ("OK/S", "right"), ("FAIL/S", "right")])
-    for r in frame.routes:
-        routes.add_row(r.gateway, r.model or "-", r.route or "-", r.api_base or "-",
-                       Text(r.state, style=_state_style(r.state, r.answered)),
-                       _num(r.success_rps, ".2f"), _num(r.failure_rps, ".2f"))
-    for t, what in ((pods, "pods"), (gpus, "GPU exporters"), (routes, "gateways")):
-        if not t.row_count:
-            t.caption, t.caption_justify = f"no {what} in the selection", "left"
-        parts.append(t)
+    for title, columns, rows, what in (
+        ("Pods", POD_COLUMNS, [pod_cells(p) for p in frame.pods], "pods"),
+        ("GPUs", GPU_COLUMNS, [gpu_cells(g) for g in frame.gpus], "GPU exporters"),
+        ("Gateway routes", ROUTE_COLUMNS, [route_cells(r) for r in frame.routes], "gateways"),
+    ):
+        parts += [Text(""), fitted_table(title, columns, rows, width, f"no {what} in the selection")]
     return Group(*parts)
 
 
@@ -735,12 +989,13 @@ def choose_source(args: argparse.Namespace, timeout: float) -> Source:
     if args.prometheus and not args.limit:
         return PrometheusSource(args.prometheus, timeout)
     fleet = load_fleet(args.fleet)
+    names = fleet_route_names(fleet_targets(fleet=fleet))  # every rig: a gateway routes beyond --limit
 
     def direct() -> DirectSource:
-        return DirectSource(direct_endpoints(fleet_targets(args.limit, fleet=fleet)), timeout)
+        return DirectSource(direct_endpoints(fleet_targets(args.limit, fleet=fleet)), timeout, names)
 
     if args.prometheus:
-        return PrometheusSource(args.prometheus, timeout, keep=selection_filter(fleet, args.limit))
+        return PrometheusSource(args.prometheus, timeout, keep=selection_filter(fleet, args.limit), route_names=names)
     monitor = None if args.direct else fleet_monitor(fleet)
     if monitor is None:
         return direct()
@@ -749,7 +1004,8 @@ def choose_source(args: argparse.Namespace, timeout: float) -> Source:
         source.description += f" ({monitor.problem})"
         return source
     keep = selection_filter(fleet, args.limit)
-    primary = PrometheusSource(monitor.url, timeout, scrape_interval_s=monitor.scrape_interval_s, keep=keep)
+    primary = PrometheusSource(monitor.url, timeout, scrape_interval_s=monitor.scrape_interval_s, keep=keep,
+                               route_names=names)
     return FallbackSource(primary, direct())  # the targets resolved (and --limit checked) up front
 
 
@@ -779,21 +1035,58 @@ def once(source: Source, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(frame_document(frame), indent=2))
     else:
-        make_console().print(render(frame, args.interval, live=False))
+        console = make_console()
+        console.print(render(frame, args.interval, live=False, width=console.width))
     return EXIT_UNANSWERED if frame.unanswered else 0
 
 
 def make_console() -> Any:
     """The terminal; a file or pipe gets lines of at least BATCH_WIDTH (rich would assume 80)."""
-    from rich.console import Console  # deferred: see render()
+    from rich.console import Console  # deferred: see table_width()
 
     console = Console()
     return console if console.is_terminal else Console(width=max(console.width, BATCH_WIDTH))
 
 
+QUIT_KEYS = frozenset("qQ")
+KEY_POLL_S = 0.2  # how soon a key or a resized terminal is seen between frames
+
+
+class Keys:
+    """The terminal's keys as they are typed (cbreak mode: no Enter needed; Ctrl-C still interrupts),
+    the terminal's settings restored on the way out."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.saved: list[Any] | None = None
+        self.closed = False
+
+    def __enter__(self) -> Keys:
+        self.saved = termios.tcgetattr(self.fd)
+        tty.setcbreak(self.fd, termios.TCSANOW)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.saved is not None:
+            termios.tcsetattr(self.fd, termios.TCSADRAIN, self.saved)
+
+    def read(self, timeout: float) -> str:
+        """What was typed within `timeout` seconds ("" for nothing)."""
+        if self.closed:
+            time.sleep(timeout)
+            return ""
+        ready, _, _ = select.select([self.fd], [], [], max(0.0, timeout))
+        if not ready:
+            return ""
+        typed = os.read(self.fd, 64)
+        self.closed = not typed  # the end of input: wait out the interval from now on
+        return typed.decode(errors="replace")
+
+
 def watch(source: Source, interval: float) -> int:
-    """Redraw until Ctrl-C; on a terminal in its alternate screen (as top does), else frame after frame."""
-    from rich.live import Live  # deferred: see render()
+    """Redraw until q or Ctrl-C; on a terminal in its alternate screen (as top does), laid out again when
+    the terminal is resized; else frame after frame."""
+    from rich.live import Live  # deferred: see table_width()
     from rich.text import Text
 
     console = make_console()
@@ -801,14 +1094,25 @@ def watch(source: Source, interval: float) -> int:
         if not console.is_terminal:
             while True:
                 started = time.monotonic()
-                console.print(render(source.frame(), interval, live=True))
+                console.print(render(source.frame(), interval, live=True, width=console.width))
                 time.sleep(max(0.0, interval - (time.monotonic() - started)))
-        with Live(Text(f"rigup top: reading {source.description} ..."), console=console, screen=True,
-                  auto_refresh=False) as live:
+        keys = Keys(sys.stdin.fileno()) if sys.stdin.isatty() else None
+        with keys or contextlib.nullcontext(), Live(Text(f"rigup top: reading {source.description} ..."),
+                                                    console=console, screen=True, auto_refresh=False) as live:
             while True:
                 started = time.monotonic()
-                live.update(render(source.frame(), interval, live=True), refresh=True)
-                time.sleep(max(0.0, interval - (time.monotonic() - started)))
+                frame = source.frame()
+                size = console.size
+                live.update(render(frame, interval, live=True, width=size.width), refresh=True)
+                while (left := interval - (time.monotonic() - started)) > 0:
+                    typed = keys.read(min(left, KEY_POLL_S)) if keys else ""
+                    if keys is None:
+                        time.sleep(min(left, KEY_POLL_S))
+                    if QUIT_KEYS & set(typed):
+                        return 0
+                    if console.size != size:  # resized: this frame laid out again at once
+                        size = console.size
+                        live.update(render(frame, interval, live=True, width=size.width), refresh=True)
     except KeyboardInterrupt:
         return 0
 

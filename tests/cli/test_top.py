@@ -34,27 +34,36 @@ from rigup.cli import main
 from rigup.cli.runner import fleet_targets
 from rigup.cli.top import (
     NO_ROUTES,
+    POD_COLUMNS,
+    UNKNOWN_IDLE,
     UP,
     DirectSource,
     Endpoint,
     FallbackSource,
+    PodRow,
     PrometheusSource,
     PrometheusUnreachable,
     Scrape,
+    current_route_state,
     direct_endpoints,
+    fit_columns,
     fleet_monitor,
+    fleet_route_names,
     gpu_rows,
+    pod_cells,
     pod_row,
     prometheus_queries,
     query_prometheus,
     route_rows,
     scrape,
     selection_filter,
+    table_width,
 )
 from rigup.desired.fleet import load_fleet
 from rigup.parsers.prometheus import parse_exposition
 from tests.support.exporters import Gpu, MetricsServer, Route, VllmPod, dcgm_text, litellm_text
 from tests.support.json_http import JsonHandler
+from tests.support.litellm_routes import ServedRoute, litellm_1108_text
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "prometheus"
@@ -111,12 +120,20 @@ def fleet(tmp_path: Path) -> Iterator[FakeFleet]:
     left = VllmPod(MODEL, started=started, running=1, waiting=0, kv_usage=0.105, generation_tps=400.0)
     right = VllmPod(MODEL, started=started, running=0, waiting=0, kv_usage=0.0, generation_tps=0.0, prompt_tps=0.0,
                     ttft_per_s=0.0)
+    # each route as LiteLLM 1.108 writes it (tests/support/litellm_routes.py), each with its own traffic
     routes = [
-        Route(MODEL, "rig-1/rigup-dual.service", "http://127.0.0.1:{rig-1}/v1"),
-        Route(MODEL, "rig-2/rigup-left.service", "http://127.0.0.1:{rig-2/left}/v1", state=1, success_per_s=1.0,
-              failure_per_s=0.5),
-        Route(MODEL, "rig-2/rigup-right.service", "http://127.0.0.1:{rig-2/right}/v1", state=2, success_per_s=0.0,
-              failure_per_s=1.0),
+        # never failed: no series names it (LiteLLM labels successes without model_id)
+        ServedRoute(MODEL, "rig-1/rigup-dual.service", "http://127.0.0.1:{rig-1}/v1", success_per_s=20.0,
+                    earlier_successes=50),
+        # healed after a cooldown: its failure's 2 stays beside the 0 of its successes since
+        ServedRoute(MODEL, "rig-2/rigup-left.service", "http://127.0.0.1:{rig-2/left}/v1", success_per_s=8.0,
+                    earlier_successes=20, earlier_failures=6, failure_state=2),
+        # failing one answer in three
+        ServedRoute(MODEL, "rig-2/rigup-right.service", "http://127.0.0.1:{rig-2/right}/v1", success_per_s=4.0,
+                    failure_per_s=2.0, failure_state=1),
+        # its pod is down: failing since its earlier successes
+        ServedRoute(MODEL, "rig-3/rigup-dual.service", f"http://127.0.0.1:{DEAD_PORT}/v1", failure_per_s=6.0,
+                    earlier_successes=30, failure_state=2),
     ]
     with contextlib.ExitStack() as stack:
         def serve(text: Callable[[], str], path: str = "/metrics", key: str | None = None) -> int:
@@ -133,7 +150,7 @@ def fleet(tmp_path: Path) -> Iterator[FakeFleet]:
         }
         for route in routes:
             route.api_base = route.api_base.format_map(ports)
-        ports["gateway"] = serve(lambda: litellm_text(routes, started), "/metrics/", GATEWAY_KEY)
+        ports["gateway"] = serve(lambda: litellm_1108_text(routes, started), "/metrics/", GATEWAY_KEY)
         yield FakeFleet(write_fleet(tmp_path, ports), ports)
 
 
@@ -150,77 +167,142 @@ def wait_for(read: Callable[[], str], done: Callable[[str], bool], seconds: floa
     return text
 
 
-NUMBER = r"[0-9]+(?:\.[0-9]+)?"
-DURATION = rf"{NUMBER} (?:ms|s)|-"  # "-": no first token between the scrapes
+# every header a table may show, in full and short forms: a header cut short ("GEN TO…") is none of them
+HEADERS = {"Pods": {"HOST", "POD", "MODEL", "STATE", "RUN", "WAIT", "GEN TOK/S", "GEN/S", "PROMPT TOK/S", "PROMPT/S",
+                    "TTFT P50", "TTFT50", "TTFT P95", "TTFT95", "KV CACHE", "KV"},
+           "GPUs": {"HOST", "GPU", "NAME", "STATE", "UTIL", "MEMORY", "TEMP", "POWER"},
+           "Gateway routes": {"GATEWAY", "GW", "MODEL", "ROUTE", "API BASE", "STATE", "OK/S", "FAIL/S"}}
 
 
-def pod_line(screen: str, host: str, pod: str) -> re.Match[str] | None:
-    """A pod's row: host, pod, model, state, run, wait, gen tok/s, prompt tok/s, TTFT p50, p95, KV %."""
-    return re.search(
-        rf"^ *{re.escape(host)} +{re.escape(pod)} +(?P<model>\S+) +up +(?P<run>{NUMBER}) +(?P<wait>{NUMBER}) +"
-        rf"(?P<gen>{NUMBER}) +(?P<prompt>{NUMBER}) +(?P<p50>{DURATION}) +(?P<p95>{DURATION}) +(?P<kv>{NUMBER})%",
-        screen, re.MULTILINE)
+def read_table(screen: str, title: str) -> list[dict[str, str]]:
+    """A table as a reader reads it: the line under its title names the columns, a rule, then a row a
+    line until a blank line; cells are two or more spaces apart (one space is inside a cell: "100 ms")."""
+    lines = screen.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith(title)), None)
+    assert start is not None, f"no {title!r} table on the screen:\n{screen}"
+    headers = re.split(r" {2,}", lines[start + 1].strip())
+    assert set(headers) <= HEADERS[title], f"{title}: headers {headers} cut or unknown:\n{screen}"
+    assert set(lines[start + 2].strip()) == {"─"}, f"{title}: no rule under its headers (wrapped?):\n{screen}"
+    rows = []
+    for line in lines[start + 3:]:
+        if not line.strip():
+            break
+        cells = re.split(r" {2,}", line.strip())
+        assert len(cells) == len(headers), f"{title}: {line!r} is not one cell per column {headers}:\n{screen}"
+        rows.append(dict(zip(headers, cells)))
+    return rows
 
 
-def test_top_in_a_terminal(fleet: FakeFleet) -> None:
-    tmux = shutil.which("tmux")
-    assert tmux, "tmux is not installed: run scripts/setup"
-    home = Path(tempfile.mkdtemp(prefix="rigup-top-"))  # short: a unix socket's path has ~100 characters
-    socket, config = home / "tmux.sock", home / "tmux.conf"
-    config.write_text("set -g remain-on-exit on\n")  # the pane outlives the command: what it printed last stays
-    env = {**os.environ, "TERM": os.environ.get("TERM") or "xterm-256color"}  # the server inherits this environment
+def column(row: dict[str, str], *names: str) -> str:
+    """The cell of whichever of a column's forms (full, short) the table shows."""
+    (value,) = [row[n] for n in names if n in row]
+    return value
 
-    def tmux_do(*args: str) -> str:
-        done = subprocess.run([tmux, "-S", str(socket), "-f", str(config), *args], capture_output=True, text=True,
-                              timeout=10, env=env)
+
+class Terminal:
+    """A tmux server of its own with one pane `width` columns wide, running a command."""
+
+    def __init__(self, width: int, command: str) -> None:
+        self.tmux = shutil.which("tmux")
+        assert self.tmux, "tmux is not installed: run scripts/setup"
+        self.home = Path(tempfile.mkdtemp(prefix="rigup-top-"))  # short: a unix socket's path has ~100 characters
+        self.socket, self.config = self.home / "tmux.sock", self.home / "tmux.conf"
+        self.config.write_text("set -g remain-on-exit on\n")  # the pane outlives the command: what it printed last stays
+        # the server inherits this environment; COLUMNS or LINES would override the pane's size for rich
+        self.env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+        self.env["TERM"] = os.environ.get("TERM") or "xterm-256color"
+        self.width = width
+        self.do("new-session", "-d", "-s", "top", "-x", str(width), "-y", "50", "-c", str(ROOT), command)
+
+    def do(self, *args: str) -> str:
+        assert self.tmux
+        done = subprocess.run([self.tmux, "-S", str(self.socket), "-f", str(self.config), *args], capture_output=True,
+                              text=True, timeout=10, env=self.env)
         assert done.returncode == 0, f"tmux {' '.join(args)}: {done.stderr}"
         return done.stdout
 
-    def screen() -> str:
-        return tmux_do("capture-pane", "-p", "-t", "top")
+    def screen(self) -> str:
+        return self.do("capture-pane", "-p", "-t", "top")
 
+    def exited(self, seconds: float) -> str:
+        """The pane's whole history once its command ended ("" while it still runs after `seconds`)."""
+        dead = wait_for(lambda: self.do("display-message", "-p", "-t", "top", "#{pane_dead}"), lambda s: s.strip() == "1",
+                        seconds)
+        return self.do("capture-pane", "-p", "-S", "-100", "-t", "top") if dead.strip() == "1" else ""
+
+    def close(self) -> None:
+        assert self.tmux
+        subprocess.run([self.tmux, "-S", str(self.socket), "kill-server"], capture_output=True, timeout=10, env=self.env)
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+def rates_shown(screen: str) -> bool:
+    return bool(re.search(r"^ *rig-1 +dual +.*up +3 +1 +[0-9]", screen, re.MULTILINE)) and "OK/S" in screen and \
+        bool(re.search(r"rig-1/\S+ .* healthy +[1-9][0-9.]* ", screen))
+
+
+@pytest.mark.parametrize(("width", "quit_key"), [(80, "q"), (120, "q"), (200, "C-c")])
+def test_top_in_a_terminal(fleet: FakeFleet, width: int, quit_key: str) -> None:
+    """What a reader sees at 80, 120 and 200 columns: every pod's host, pod and state whole, its running
+    and waiting requests, each route's own name, state and rates, headers whole and on one line; q quits."""
     top = f"{shlex.quote(sys.executable)} -m rigup top --fleet {shlex.quote(str(fleet.path))} --direct --interval 1"
-    command = f'{top}; echo "rigup top exited with status $?"'  # the pane stays (remain-on-exit) and shows it
+    terminal = Terminal(width, f'{top}; echo "rigup top exited with status $?"')
     try:
-        tmux_do("new-session", "-d", "-s", "top", "-x", "160", "-y", "50", "-c", str(ROOT), command)
-        # the second frame has rates: wait for rig-1's row to show them
-        shown = wait_for(screen, lambda s: pod_line(s, "rig-1", "dual") is not None, 30)
-        assert pod_line(shown, "rig-1", "dual"), f"no rates on the screen:\n{shown}"
-        assert re.search(r"^rigup top +direct: 8 targets +\d{4}-\d\d-\d\d \d\d:\d\d:\d\d +every 1 s, Ctrl-C quits", shown,
-                         re.MULTILINE), shown
+        shown = wait_for(terminal.screen, rates_shown, 30)  # the second frame has rates
+        assert rates_shown(shown), f"no rates on the screen:\n{shown}"
+        lines = shown.splitlines()
+        assert all(len(line) <= width for line in lines)
+        assert re.match(r"rigup top  direct: 8 targets  (\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d  .*q( or Ctrl-C)? quits$",
+                        lines[0]), f"the header is not one whole line:\n{shown}"
+        assert "…" not in shown, f"something is cut short:\n{shown}"
 
-        rig1, left, right = (pod_line(shown, "rig-1", "dual"), pod_line(shown, "rig-2", "left"),
-                             pod_line(shown, "rig-2", "right"))
-        assert rig1 and left and right, shown
-        assert rig1["model"] == MODEL and (rig1["run"], rig1["wait"], rig1["kv"]) == ("3", "1", "42.0")
-        assert float(rig1["gen"]) > 0 and float(rig1["prompt"]) > 0
-        assert 600 < float(rig1["gen"]) < 1100, rig1["gen"]  # 850 tokens a second, over about a second
-        assert (rig1["p50"], rig1["p95"]) == ("100 ms", "450 ms")  # TTFTs of 70, 90, 120 and 300 ms
-        assert float(left["gen"]) > 0 and left["kv"] == "10.5"
-        assert float(right["gen"]) == 0 and right["p50"] == "-"  # idle: no first token to time
-        assert re.search(r"^ *rig-3 +dual +qwen3\.6-27b-autoround +down: connection refused +- +- +- ", shown, re.MULTILINE)
+        pods = {(p["HOST"], p["POD"]): p for p in read_table(shown, "Pods")}
+        assert set(pods) == {("rig-1", "dual"), ("rig-2", "left"), ("rig-2", "right"), ("rig-3", "dual")}, shown
+        rig1, left, right, rig3 = pods["rig-1", "dual"], pods["rig-2", "left"], pods["rig-2", "right"], pods["rig-3", "dual"]
+        assert [p["STATE"] for p in (rig1, left, right)] == ["up", "up", "up"]
+        assert rig3["STATE"] == "down: connection refused"
+        assert (rig1["RUN"], rig1["WAIT"], left["RUN"], left["WAIT"]) == ("3", "1", "1", "0")
+        assert 600 < float(column(rig1, "GEN TOK/S", "GEN/S")) < 1100  # 850 tokens a second, over about a second
+        assert float(column(left, "GEN TOK/S", "GEN/S")) > 0 and float(column(right, "GEN TOK/S", "GEN/S")) == 0
 
-        gpus = re.findall(r"^ *(rig-\d) +(\d) +NVIDIA GeForce RTX 3090 +up +(\d+)% +([\d.]+/[\d.]+ GiB) +(\d+) C +(\d+) W",
-                          shown, re.MULTILINE)
-        assert ("rig-1", "0", "97", "22.3/23.5 GiB", "66", "301") in gpus
-        assert ("rig-1", "1", "97", "22.3/23.5 GiB", "71", "288") in gpus
-        assert sorted(g[4] for g in gpus if g[0] == "rig-2") == ["60", "61", "62", "63"]
-        assert re.search(r"^ *rig-3 +- +- +down: connection refused", shown, re.MULTILINE)
+        gpus = read_table(shown, "GPUs")
+        assert [(g["HOST"], g["STATE"]) for g in gpus] == [("rig-1", "up")] * 2 + [("rig-2", "up")] * 4 + [
+            ("rig-3", "down: connection refused")]
 
-        routes = dict(re.findall(r"^ *gw-1 +qwen3\.6-27b-autoround +(rig-\S+) +http://127\.0\.0\.1:\d+/v1 +"
-                                 r"(healthy|partial outage|complete outage) ", shown, re.MULTILINE))
-        assert routes == {"rig-1/rigup-dual.service": "healthy", "rig-2/rigup-left.service": "partial outage",
-                          "rig-2/rigup-right.service": "complete outage"}
+        routes = {column(r, "ROUTE"): r for r in read_table(shown, "Gateway routes")}
+        names = {"rig-1/rigup-dual.service", "rig-2/rigup-left.service", "rig-2/rigup-right.service",
+                 "rig-3/rigup-dual.service"}
+        assert set(routes) in (names, {n.replace("rigup-", "").removesuffix(".service") for n in names}), shown
+        states = {name.split("/")[0] + "/" + name.split("/")[1].removeprefix("rigup-").removesuffix(".service"): r["STATE"]
+                  for name, r in routes.items()}
+        assert states == {"rig-1/dual": "healthy", "rig-2/left": "healthy", "rig-2/right": "partial outage",
+                          "rig-3/dual": "complete outage"}, shown
+        rates = {name.split("/")[0] + "/" + name.split("/")[1].removeprefix("rigup-").removesuffix(".service"):
+                 (float(r["OK/S"]), float(r["FAIL/S"])) for name, r in routes.items()}
+        # each route's own answers (20, 8, 4 + 2 and 0 + 6 a second, counted in whole answers over about a second)
+        assert 15 < rates["rig-1/dual"][0] < 25 and rates["rig-1/dual"][1] == 0, rates
+        assert 5 < rates["rig-2/left"][0] < 11 and rates["rig-2/left"][1] == 0, rates
+        assert 2 < rates["rig-2/right"][0] < 6 and 1 <= rates["rig-2/right"][1] < 4, rates
+        assert rates["rig-3/dual"][0] == 0 and 4 < rates["rig-3/dual"][1] < 9, rates
 
-        tmux_do("send-keys", "-t", "top", "C-c")
-        dead = wait_for(lambda: tmux_do("display-message", "-p", "-t", "top", "#{pane_dead}"), lambda s: s.strip() == "1", 15)
-        after = tmux_do("capture-pane", "-p", "-S", "-100", "-t", "top")
-        assert dead.strip() == "1", f"still running after Ctrl-C:\n{after}"
+        if width >= 120:  # room for every pod column (short headers: rig-3's state takes 24 columns)
+            assert len(rig1) == 11 and rig1["MODEL"] == MODEL
+        if width >= 200:  # for every column of every table, under its whole header
+            assert set(rig1) == {"HOST", "POD", "MODEL", "STATE", "RUN", "WAIT", "GEN TOK/S", "PROMPT TOK/S", "TTFT P50",
+                                 "TTFT P95", "KV CACHE"}
+            assert set(gpus[0]) == HEADERS["GPUs"] and gpus[0]["NAME"] == "NVIDIA GeForce RTX 3090"
+            assert set(next(iter(routes.values()))) == HEADERS["Gateway routes"] - {"GW"}
+            assert routes["rig-1/rigup-dual.service"]["API BASE"] == f"http://127.0.0.1:{fleet.ports['rig-1']}/v1"
+        if width == 80:  # what did not fit is said
+            assert re.search(r"^Pods \(\d more columns in a wider terminal\)$", shown, re.MULTILINE), shown
+
+        terminal.do("send-keys", "-t", "top", quit_key)
+        after = terminal.exited(15)
+        assert after, f"still running after {quit_key}:\n{terminal.screen()}"
         assert "rigup top exited with status 0" in after, after
         assert "Traceback" not in after and "Pods" not in after  # its alternate screen is gone, the shell's is back
     finally:
-        subprocess.run([tmux, "-S", str(socket), "kill-server"], capture_output=True, timeout=10, env=env)
-        shutil.rmtree(home, ignore_errors=True)
+        terminal.close()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -246,8 +328,11 @@ def test_once_as_json_reads_twice_and_exits_1_for_a_target_that_did_not_answer(
     assert pods[("rig-1", "dual")]["kv_usage"] == 0.42 and pods[("rig-1", "dual")]["model"] == MODEL
     assert pods[("rig-3", "dual")]["state"] == "down: connection refused" and pods[("rig-3", "dual")]["running"] is None
     assert len(frame["gpus"]) == 2 + 4 + 1
-    routes = {r["route"]: r for r in frame["routes"]}
-    assert routes["rig-2/rigup-right.service"]["state"] == "complete outage"
+    routes = {r["route"]: (r["state"], r["success_rps"] > 0, r["failure_rps"] > 0) for r in frame["routes"]}
+    assert routes == {"rig-1/rigup-dual.service": ("healthy", True, False),
+                      "rig-2/rigup-left.service": ("healthy", True, False),
+                      "rig-2/rigup-right.service": ("partial outage", True, True),
+                      "rig-3/rigup-dual.service": ("complete outage", False, True)}
 
 
 def test_once_prints_the_tables(fleet: FakeFleet, capsys: pytest.CaptureFixture[str]) -> None:
@@ -256,9 +341,11 @@ def test_once_prints_the_tables(fleet: FakeFleet, capsys: pytest.CaptureFixture[
     assert code == 0, out
     assert "scraping again in 0.3 s" in err
     assert out.startswith("rigup top  direct: 3 targets  ")
-    assert pod_line(out, "rig-1", "dual") and "rig-3" not in out and "rig-2 " not in out.replace("rig-2/", "")
-    for title in ("Pods", "GPUs", "Gateway routes"):
-        assert f"\n{title}" in out
+    (pod,) = read_table(out, "Pods")
+    assert (pod["HOST"], pod["POD"], pod["MODEL"], pod["STATE"], pod["RUN"]) == ("rig-1", "dual", MODEL, "up", "3")
+    assert float(pod["GEN TOK/S"]) > 0
+    assert [g["HOST"] for g in read_table(out, "GPUs")] == ["rig-1", "rig-1"]
+    assert len(read_table(out, "Gateway routes")) == 4  # the gateway's routes, to every rig
 
 
 def test_a_bad_limit_or_fleet_file_is_one_line_and_exit_2(fleet: FakeFleet, capsys: pytest.CaptureFixture[str],
@@ -459,7 +546,14 @@ def test_a_frame_from_what_a_real_prometheus_answered(prometheus: Callable[..., 
     missing = sorted(set(queries.values()) - set(captured))
     assert not missing, f"queries changed since the capture (re-capture it against a real Prometheus): {missing}"
     server = prometheus({q: (a["status_code"], a["body"]) for q, a in captured.items()})
-    frame = PrometheusSource(server.url, timeout=2.0).frame()
+    pod_ports = {m["metric"]["instance"].rsplit(":", 1)[1]: m["metric"]["host"]
+                 for m in captured['up{job="vllm"}']["body"]["data"]["result"]}
+
+    def names(gateway: str, api_base: str) -> str | None:  # as the fleet file names the pods (fleet_route_names)
+        host = pod_ports.get(urllib.parse.urlsplit(api_base).netloc.rsplit(":", 1)[1])
+        return f"{host}/rigup-dual.service" if gateway == "gw-1" and host else None
+
+    frame = PrometheusSource(server.url, timeout=2.0, route_names=names).frame()
     assert frame.source == f"Prometheus {server.url}" and frame.notes == [] and not frame.first_scrape
     assert {tuple(p["query"]) for p in server.asked} == {(q,) for q in queries.values()}
     assert len({p["time"][0] for p in server.asked}) == 1  # one evaluation time for the whole frame
@@ -473,9 +567,14 @@ def test_a_frame_from_what_a_real_prometheus_answered(prometheus: Callable[..., 
     assert [(g.host, g.gpu, g.temp_c) for g in frame.gpus] == [
         ("rig-1", "0", 66.0), ("rig-1", "1", 71.0), ("rig-2", "0", 58.0), ("rig-3", None, None)]
     assert frame.gpus[0].mem_used_mib == 22850.0 and frame.gpus[0].power_w == 301.456 and not frame.gpus[3].answered
+    # rig-2's route healed after a cooldown (its failure's 2 stays in LiteLLM's series), rig-3's fails since
+    # its earlier successes; each with its own rates, rig-1's named by the fleet (no series names it)
     assert [(r.gateway, r.route, r.state) for r in frame.routes] == [
-        ("gw-1", "rig-1/rigup-dual.service", "healthy"), ("gw-1", "rig-2/rigup-dual.service", "partial outage")]
-    assert frame.routes[0].failure_rps == 0.0 and frame.routes[1].failure_rps == pytest.approx(0.5, rel=0.05)
+        ("gw-1", "rig-1/rigup-dual.service", "healthy"), ("gw-1", "rig-2/rigup-dual.service", "healthy"),
+        ("gw-1", "rig-3/rigup-dual.service", "complete outage")]
+    assert [(r.success_rps, r.failure_rps) for r in frame.routes] == [
+        (pytest.approx(2.0, rel=0.05), 0.0), (pytest.approx(1.0, rel=0.05), 0.0), (0.0, pytest.approx(0.5, rel=0.05))]
+    assert all(r.api_base and r.api_base.endswith("/v1") for r in frame.routes)
     assert frame.unanswered == 2
 
 
@@ -554,19 +653,77 @@ def test_the_fleet_prometheus(tmp_path: Path) -> None:
     assert local.url == "http://127.0.0.1:9090"
 
 
-def test_litellms_several_series_of_one_route_are_one_row() -> None:
-    """As the sandbox's gateway reported them: a route's state with and without model_id, one labelled
-    with the endpoint LiteLLM called; they are one route, named, at its worst state."""
-    from rigup.cli.top import RouteRow, merged_routes
+def test_a_routes_current_state_is_its_latest_answers() -> None:
+    """LiteLLM's state series of a route disagree once it failed: the latest answer says which holds."""
+    assert current_route_state([0.0], None, None) == "healthy"
+    assert current_route_state([], None, None) == NO_ROUTES
+    assert current_route_state([2.0], None, 5.0) == "complete outage"  # never answered well
+    assert current_route_state([0.0, 2.0], 9.0, 5.0) == "healthy"  # healed: the stale 2 says nothing now
+    assert current_route_state([0.0, 2.0], 5.0, 9.0) == "complete outage"
+    assert current_route_state([0.0, 1.0], 5.0, 9.0) == "partial outage"
+    assert current_route_state([0.0, 2.0], 9.0, 9.0) == "partial outage"  # both since the last look
+    assert current_route_state([0.0, 2.0], None, None) == UNKNOWN_IDLE  # nothing seen since: no guess
 
-    rows = [
-        RouteRow("rig-03", "qwen", None, "http://10.213.0.11:8010/v1/chat/completions", "healthy"),
-        RouteRow("rig-03", "qwen", "rig-01/rigup-dual.service", "http://10.213.0.11:8010/v1", "partial outage",
-                 success_rps=2.0, failure_rps=0.5),
-        RouteRow("rig-03", "qwen", None, "http://127.0.0.1:8011/v1/chat/completions", "healthy", success_rps=1.0),
-    ]
-    merged = sorted(merged_routes(rows), key=lambda r: r.api_base or "")
-    assert [(r.route, r.api_base, r.state, r.success_rps, r.failure_rps) for r in merged] == [
-        ("rig-01/rigup-dual.service", "http://10.213.0.11:8010/v1", "partial outage", 2.0, 0.5),
-        (None, "http://127.0.0.1:8011/v1", "healthy", 1.0, None),
-    ]
+
+def gateway_scrape(at: float, *routes: ServedRoute) -> Scrape:
+    return scraped("gateway", litellm_1108_text(routes, 0.0, 0.0), at, host="gw-1")
+
+
+def test_a_route_that_fails_then_heals_as_litellm_1108_reports_it() -> None:
+    """The sandbox's rig-01: its pod crashed (failures, a cooldown: state 2 under .../v1 with its
+    model_id), came back (successes: 0 under .../v1/chat/completions, no model_id): healthy, though the
+    failure's series keeps its 2; it stays healthy while idle. Each route has its own rates and name."""
+    base = "http://10.213.0.11:8010/v1"
+
+    def rig01(successes: int, failures: int) -> ServedRoute:
+        return ServedRoute(MODEL, "rig-01/rigup-dual.service", base, earlier_successes=successes,
+                           earlier_failures=failures, failure_state=2)
+
+    other = ServedRoute(MODEL, "rig-02/rigup-dual.service", "http://10.213.0.12:8010/v1", earlier_successes=7)
+    quiet = ServedRoute(MODEL, "rig-03/rigup-left.service", "http://10.213.0.13:8011/v1", earlier_successes=1)
+    names = {"http://10.213.0.12:8010/v1": "rig-02/rigup-dual.service"}
+    seen: dict[tuple[str, str], list[float | None]] = {}
+    history = [gateway_scrape(10.0, rig01(10, 0), other, quiet), gateway_scrape(12.0, rig01(10, 4), other, quiet),
+               gateway_scrape(14.0, rig01(15, 4), other, quiet), gateway_scrape(16.0, rig01(15, 4), other, quiet)]
+    frames = []
+    for before, now in zip([None, *history], history):
+        rows = route_rows(now, before, seen, lambda gateway, api_base: names.get(api_base))
+        frames.append({r.route: (r.state, r.success_rps, r.failure_rps, r.api_base) for r in rows})
+    assert frames[0] == {"10.213.0.11:8010": ("healthy", None, None, base),  # no series names it before it fails
+                         "rig-02/rigup-dual.service": ("healthy", None, None, "http://10.213.0.12:8010/v1"),
+                         "10.213.0.13:8011": ("healthy", None, None, "http://10.213.0.13:8011/v1")}
+    assert frames[1]["rig-01/rigup-dual.service"] == ("complete outage", 0.0, 2.0, base)
+    assert frames[2]["rig-01/rigup-dual.service"] == ("healthy", 2.5, 0.0, base)
+    assert frames[3]["rig-01/rigup-dual.service"] == ("healthy", 0.0, 0.0, base)
+    assert frames[3]["rig-02/rigup-dual.service"][1:3] == (0.0, 0.0)
+
+    # one frame of a gateway seen for the first time: its series disagree and no answer was seen
+    (row, *_) = route_rows(gateway_scrape(1.0, rig01(15, 4)), None, {})
+    assert (row.route, row.state, row.success_rps) == ("rig-01/rigup-dual.service", UNKNOWN_IDLE, None)
+
+
+def test_fleet_route_names(fleet: FakeFleet) -> None:
+    """A route's name from the fleet file: the pod at its API base (127.0.0.1 is the gateway's own host)."""
+    names = fleet_route_names(fleet_targets(fleet=load_fleet(fleet.path)))
+    p = fleet.ports
+    assert names("gw-1", f"http://127.0.0.1:{p['rig-2/left']}/v1") == "rig-2/rigup-left.service"
+    assert names("gw-1", f"http://127.0.0.1:{p['rig-1']}/v1") == "rig-1/rigup-dual.service"
+    assert names("gw-1", "http://127.0.0.1:1/v1") is None  # no pod listens there
+    assert names("gw-1", f"http://10.9.9.9:{p['rig-1']}/v1") is None  # another address
+
+
+def test_a_narrow_terminal_drops_the_least_useful_columns_first() -> None:
+    rows = [pod_cells(PodRow("rig-01", "dual", MODEL, "down: connection refused", answered=False)),
+            pod_cells(PodRow("rig-02", "left", MODEL, running=3, waiting=1, generation_tps=712.6, prompt_tps=2400.0,
+                             ttft_p50_s=0.1, ttft_p95_s=0.45, kv_usage=0.42))]
+    headers = [c.header for c in POD_COLUMNS]
+    for width, shown, short in [
+        (200, headers, False),
+        (120, headers, True),  # every column, under short headers
+        (80, ["HOST", "POD", "STATE", "RUN", "WAIT", "GEN TOK/S", "TTFT P50", "TTFT P95", "KV CACHE"], True),
+        (60, ["HOST", "POD", "STATE", "RUN", "WAIT", "GEN TOK/S"], True),
+        (30, ["HOST", "POD", "STATE"], True),  # host, pod and state stay whatever the width
+    ]:
+        keep, narrow = fit_columns(POD_COLUMNS, rows, width)
+        assert ([headers[i] for i in keep], narrow) == (shown, short), width
+        assert table_width(POD_COLUMNS, rows, keep, narrow) <= width or len(keep) == 3
