@@ -29,8 +29,11 @@ An OpenAI-compatible HTTP server (stdlib http.server) that starts like vLLM does
     line (--max-num-seqs, --block-size, --num-gpu-blocks-override, --speculative-config).
 
 Faults come from /etc/rigup-testbed/responder.json, read at start and per request:
-  {"mode": "ok" | "fail" | "slow" | "crash", "delay_s": 2, "startup_delay_s": 0, "check_model": true}
-  fail: /health 500 and completions 500; slow: every answer waits delay_s; crash: exits 1 after start.
+  {"mode": "ok" | "fail" | "slow" | "crash", "delay_s": 2, "startup_delay_s": 0, "check_model": true,
+   "tokens_per_s": 0, "ttft_ms": 0}
+  fail: /health 500 and completions 500; slow: every answer waits delay_s; crash: exits 1 after start;
+  tokens_per_s / ttft_ms: openai_responder's decode pacing for each request (0: as fast as it can), so
+  that load keeps the engine, and through it the GPU stand-in, busy.
 
 Usage: responder.py SPEC.json  (written by dockerd: args, GPUs, listening fds, container socket; or by
 container.py's vllm shim when a container's own script runs `exec vllm serve "$@"`: then "args" are the
@@ -633,6 +636,9 @@ if rich is not None:
             f = faults()
             if f.get("mode") == "slow":
                 time.sleep(float(f.get("delay_s", 2)))
+            # a decode rate makes requests take the time a GPU takes, so load keeps the engine busy
+            self.server.config.tokens_per_s = float(f.get("tokens_per_s") or 0)
+            self.server.config.ttft_ms = float(f.get("ttft_ms") or 0)
             if f.get("mode") == "fail" and self.path.startswith("/v1/"):
                 length = int(self.headers.get("Content-Length") or 0)
                 self.rfile.read(length)

@@ -7,15 +7,20 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import sys
+import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rigup_testbed import hardware
-from rigup_testbed.standin_modules import load_standin
+from rigup_testbed.standin_modules import STANDINS, load_standin
 
+sys.path.insert(0, str(STANDINS.parent))  # openai_responder.py, shipped next to responder.py in the images
 common = load_standin("common")
 smi = load_standin("nvidia_smi")
 responder = load_standin("responder")
@@ -92,23 +97,30 @@ def test_a_state_a_test_sets_still_wins_over_the_load() -> None:
     assert gpu(busy_since(600), clocks_event_reasons=0x40).clocks_event_reasons == 0x40
 
 
+def started_engine(root: Path) -> Any:
+    """responder.py's App on a scratch root, past its startup checks: its engine registered on GPU 0."""
+    (root / "etc/rigup-testbed").mkdir(parents=True)
+    (root / "etc/rigup-testbed/hardware.json").write_text(json.dumps(HW))
+    app = responder.App({"args": {"model": "qwen", "served_model_names": ["qwen"]}, "kind": "vllm", "gpus": [UUID],
+                         "status_file": str(root / "status.json")})
+    app.startup_checks({})
+    return app
+
+
+def seen() -> Any:
+    """GPU 0 as nvidia-smi reads it now, with the engines registered on it."""
+    procs = smi.processes(HW["gpus"])
+    assert [p["pid"] for p in procs] == [os.getpid()]
+    return smi.Gpu(HW["gpus"][0], {"gpus": {}}, procs, 0)
+
+
 def test_the_engine_records_its_activity_in_its_gpu_registration_as_it_serves(tmp_path: Path,
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """responder.py's engine on a scratch root: its registration in /run/nvidia-standin/procs flips to busy
     when a request runs and back when it finishes, and nvidia-smi's view of the GPU moves with it."""
     monkeypatch.setenv(common.ROOT_ENV, str(tmp_path))
-    (tmp_path / "etc/rigup-testbed").mkdir(parents=True)
-    (tmp_path / "etc/rigup-testbed/hardware.json").write_text(json.dumps(HW))
-    app = responder.App({"args": {"model": "qwen", "served_model_names": ["qwen"]}, "kind": "vllm", "gpus": [UUID],
-                         "status_file": str(tmp_path / "status.json")})
-    app.startup_checks({})
+    app = started_engine(tmp_path)
     (registration,) = app.procs_files
-
-    def seen() -> Any:
-        procs = smi.processes(HW["gpus"])
-        assert [p["pid"] for p in procs] == [os.getpid()]
-        return smi.Gpu(HW["gpus"][0], {"gpus": {}}, procs, 0)
-
     assert json.loads(registration.read_text())["activity"]["busy"] == 0
     assert seen().utilization == 0
     with app.engine.add_request(12, "Say hello.", 16) as run:
@@ -122,3 +134,40 @@ def test_the_engine_records_its_activity_in_its_gpu_registration_as_it_serves(tm
     assert json.loads(registration.read_text())["activity"]["busy"] == 0
     time.sleep(1.5)
     assert seen().utilization < during.utilization
+
+
+def test_paced_requests_through_the_api_keep_the_gpu_busy_and_it_idles_after(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The served API (openai_responder under responder.py) with a decode rate from responder.json: a
+    request takes the time its tokens take, the GPU reads busy meanwhile and idle after."""
+    assert responder.rich is not None
+    monkeypatch.setenv(common.ROOT_ENV, str(tmp_path))
+    app = started_engine(tmp_path)
+    (tmp_path / "etc/rigup-testbed/responder.json").write_text(json.dumps({"mode": "ok", "tokens_per_s": 20}))
+    sock = socket.create_server(("127.0.0.1", 0))
+    server = responder.tcp_server(sock, app)
+    responder.serve(server, app)
+    body = json.dumps({"model": "qwen", "max_tokens": 40, "messages": [{"role": "user", "content": "Count."}]}).encode()
+    took: list[float] = []
+
+    def ask() -> None:
+        started = time.monotonic()
+        request = urllib.request.Request(f"http://127.0.0.1:{sock.getsockname()[1]}/v1/chat/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            assert reply.status == 200
+        took.append(time.monotonic() - started)
+
+    client = threading.Thread(target=ask)
+    client.start()
+    try:
+        time.sleep(1.2)
+        during = seen()
+        assert during.utilization > 60 and during.power_draw > 250
+    finally:
+        client.join(timeout=30)
+        server.shutdown()
+    assert took and took[0] >= 1.5  # 40 tokens at 20 per second
+    time.sleep(1.5)
+    after = seen()
+    assert after.utilization < 30 and after.power_draw < during.power_draw
