@@ -12,9 +12,10 @@ import subprocess
 
 import pytest
 
-from rigup import REPO_ROOT
+from rigup import REPO_ROOT, command
 from rigup.desired.catalog import variant_names
 from rigup.desired.knobs import load_defaults
+from rigup.desired.lock import LOCK_COMMAND
 
 
 def load_script():
@@ -77,7 +78,9 @@ def printed_commands() -> list[str]:
     hint = sandbox.next_steps(sandbox.FLEET_FILE)
     assert hint.startswith("next:  ")
     described = [line.strip() for line in (sandbox.__doc__ or "").splitlines() if line.startswith("    ")]
-    return [line.strip() for line in hint.removeprefix("next:  ").splitlines()] + described
+    # what the deploy, doctor and `rigup lock` tell the user to run (rigup.command's form)
+    hints = [LOCK_COMMAND, f"{LOCK_COMMAND} --prune", f"{command()} render --list"]
+    return [line.strip() for line in hint.removeprefix("next:  ").splitlines()] + described + hints
 
 
 def problem_running(line: str) -> str | None:

@@ -1,7 +1,7 @@
 """Preflight checks: pure functions from (facts, recipe, host data) to a list of Check results.
 
 tasks/preflight.py (through rigup.operations.preflight.preflight_checks) fails a host on any failed check of
-severity "error"; `python -m rigup doctor` prints the same list as a table or JSON. The recipe's fit
+severity "error"; `rigup doctor` prints the same list as a table or JSON. The recipe's fit
 on the host (VRAM envelope, driver CUDA vs the image, GPU layout, interconnect) comes from
 rigup.checks.fit.assess and is reported as checks of the same kind.
 """
@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from rigup import command
 from rigup.checks.driver_plan import (
     BRANCH_CUDA,
     DriverPlan,
@@ -26,6 +27,7 @@ from rigup.checks.fit import assess
 from rigup.desired.cluster import clock_skew, mtu_disagreement
 from rigup.desired.gpu_power import LOW_CAP_SHARE, power_cap
 from rigup.desired.knobs import REBOOT_POLICIES, knob
+from rigup.desired.lock import LOCK_COMMAND
 from rigup.desired.plan import host_plan
 from rigup.desired.pods import pod_data, ports_used_twice
 from rigup.desired.recipe import pods_of
@@ -153,7 +155,7 @@ def host_recipe(
     """The recipe every later phase will build (rigup.desired.plan.host_plan: lock pins + the interconnect
     of `topology`) for `pod` (default: the host's only one). Without a usable lock, the catalog's refs
     stand in so the hardware checks still run; the sources, model and serving phases refuse to run
-    until `python -m rigup lock` is done."""
+    until `rigup lock` is done."""
     try:
         plan = host_plan(host_data, host_name, topology, base_dir=base_dir, require_lock=False, read_secrets=False,
                          pod=pod)
@@ -560,7 +562,7 @@ def check_container_network(recipe: Any | None, host_data: Mapping[str, Any]) ->
         return _ok("container-network", f"{what} (allowed: container_network_at_start)", "container_network_at_start")
     return _fail("container-network", f"{what}, and container_network_at_start is false",
                  "allow the rig to reach PyPI and set container_network_at_start: true, or pick a variant that "
-                 "installs nothing at start (python -m rigup render --list)", "container_network_at_start")
+                 f"installs nothing at start ({command()} render --list)", "container_network_at_start")
 
 
 def check_capabilities(caps: Capabilities | None, host_data: Mapping[str, Any]) -> list[Check]:
@@ -638,7 +640,7 @@ def run_checks(
             _fail(
                 "recipe",
                 f"no recipe for this host: {recipe_error or 'unknown error'}",
-                "fix variant / variant_overrides (python -m rigup render --list)",
+                f"fix variant / variant_overrides ({command()} render --list)",
                 "variant",
             )
         )
@@ -651,7 +653,7 @@ def run_checks(
                 False,
                 "warning",
                 f"checked against the catalog's refs: {lock_problem}",
-                "python -m rigup lock (the sources, model and serving phases refuse to run without it)",
+                f"{LOCK_COMMAND} (the sources, model and serving phases refuse to run without it)",
                 "lock_file",
             )
         )

@@ -1,4 +1,4 @@
-"""`python -m rigup doctor`: the preflight checks of tasks/preflight.py, run read-only against the
+"""`rigup doctor`: the preflight checks of tasks/preflight.py, run read-only against the
 fleet's hosts through pyinfra's API, printed as a table or JSON. Nothing on the hosts changes.
 
 Exit status: 0 when every host passes, 1 when a check fails or a host cannot be reached, 2 for a

@@ -13,7 +13,7 @@ from typing import Any
 
 from rigup.desired.fleet import FleetError, load_fleet
 from rigup.desired.knobs import knob
-from rigup.desired.lock import LockError, LockFile, lock_path, need_problem
+from rigup.desired.lock import LOCK_COMMAND, LockError, LockFile, lock_path, need_problem
 from rigup.desired.pins import Resolver, fleet_lock_file, fleet_needs, update_lock
 from rigup.desired.recipe import RecipeError, pods_of, resolve
 from rigup.desired.secrets import SecretError, read_hf_token
@@ -46,9 +46,9 @@ def run_lock(args: argparse.Namespace, out: Any = None) -> int:
             for name in extra:
                 say(f"unused: {name}")
             if extra:
-                say(f"{path}: {_count(len(extra))} no host needs (kept; `python -m rigup lock --prune` removes them)")
+                say(f"{path}: {_count(len(extra))} no host needs (kept; `{LOCK_COMMAND} --prune` removes them)")
             if problems:
-                say(f"{path}: {len(problems)} entries missing or stale; run `python -m rigup lock`")
+                say(f"{path}: {len(problems)} entries missing or stale; run `{LOCK_COMMAND}`")
                 return 1
             say(f"{path}: covers all {len(needs)} pins the fleet needs")
             return 0
@@ -81,7 +81,7 @@ def run_lock(args: argparse.Namespace, out: Any = None) -> int:
     for name in unused:
         say(f"kept, unused: {name}")
     if unused:
-        say(f"{path}: kept {_count(len(unused))} no host needs; `python -m rigup lock --prune` removes them")
+        say(f"{path}: kept {_count(len(unused))} no host needs; `{LOCK_COMMAND} --prune` removes them")
     for name in pruned:
         say(f"pruned: {name}")
     if pruned:

@@ -1,6 +1,6 @@
-"""`python -m rigup rollout`: converge a fleet canary first, then in batches, stopping on failures.
+"""`rigup rollout`: converge a fleet canary first, then in batches, stopping on failures.
 
-    python -m rigup rollout [--inventory inventory.py] [--deploy deploy.py] [--canary GROUP]
+    rigup rollout [--inventory inventory.py] [--deploy deploy.py] [--canary GROUP]
                             [--batch N] [--max-failures N] [--plan] [--json] [-- PYINFRA ARGS...]
 
 Why a driver around pyinfra rather than a pyinfra flag: pyinfra 3.10 has `--serial` (the whole op list

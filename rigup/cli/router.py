@@ -1,6 +1,6 @@
-"""`python -m rigup router`: a LiteLLM proxy config with one OpenAI endpoint over the healthy rigs.
+"""`rigup router`: a LiteLLM proxy config with one OpenAI endpoint over the healthy rigs.
 
-    python -m rigup router [--limit HOST|GROUP ...] [--out litellm.yaml] [--include-unhealthy]
+    rigup router [--limit HOST|GROUP ...] [--out litellm.yaml] [--include-unhealthy]
     litellm --config litellm.yaml        # then every client talks to the proxy
 
 Each rig of the fleet whose /v1/models lists its variant's served model becomes one deployment of
@@ -93,7 +93,7 @@ def _cmd_router(args: argparse.Namespace) -> int:
         return 1
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     text = (
-        f"# LiteLLM proxy config written by `python -m rigup router` at {stamp}.\n"
+        f"# LiteLLM proxy config written by `rigup router` at {stamp}.\n"
         f"# Run: litellm --config {args.out or 'litellm.yaml'}"
         + (f"  (with {args.api_key_env} exported: the rigs need an API key)" if any(r.target.api_key for r in rigs) else "")
         + "\n"

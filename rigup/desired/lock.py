@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from rigup import command
 from rigup.desired.catalog import load_catalog
 from rigup.desired.dashboards import served_vllm_refs, vllm_lock_name
 from rigup.desired.fleet import fleet_path
@@ -33,10 +34,12 @@ SHORT_HEX = re.compile(r"^[0-9a-f]{4,39}$")
 # Non-LFS files bigger than this are refused instead of downloaded by the lock tool (the hub always
 # publishes a sha256 for LFS files; a huge non-LFS file means something unusual is going on).
 MAX_HASHED_DOWNLOAD = 64 * 1024 * 1024
+# The command that writes the lock, as it runs from a fresh shell here (.venv/bin/rigup lock in a checkout).
+LOCK_COMMAND = f"{command()} lock"
 HEADER = """\
 # rigup lock file: exact pins for everything rigup puts on a rig from outside.
-# Written by `python -m rigup lock` on the control machine; commit it next to the fleet file.
-# Move one pin on purpose: `python -m rigup lock --upgrade NAME` (prints the difference).
+# Written by `rigup lock` (in a checkout: .venv/bin/rigup lock) on the control machine; commit it next to
+# the fleet file. Move one pin on purpose: `rigup lock --upgrade NAME` (prints the difference).
 # The deploy refuses to run when an entry a host's variant needs is missing or stale.
 """
 
@@ -223,7 +226,7 @@ class LockFile:
             text = path.read_text()
         except FileNotFoundError:
             raise LockError(
-                f"{path}: lock file not found; run `python -m rigup lock` on the control machine and commit it"
+                f"{path}: lock file not found; run `{LOCK_COMMAND}` on the control machine and commit it"
             ) from None
         lock = cls.parse(text, str(path))
         lock.path = path
@@ -385,7 +388,7 @@ def deploy_lock(host_data: Mapping[str, Any], base_dir: Path | None = None) -> L
         mtime = path.stat().st_mtime_ns
     except FileNotFoundError:
         raise LockError(
-            f"{path}: lock file not found (knob lock_file); run `python -m rigup lock` on the control "
+            f"{path}: lock file not found (knob lock_file); run `{LOCK_COMMAND}` on the control "
             "machine and commit the file next to the fleet file"
         ) from None
     cached = _LOADED.get(path)
@@ -397,7 +400,6 @@ def deploy_lock(host_data: Mapping[str, Any], base_dir: Path | None = None) -> L
 
 
 # -- the deploy without a usable lock ------------------------------------------------------------
-LOCK_COMMAND = "python -m rigup lock"
 
 # The deploy phases that need pins, in order (preflight, driver, Docker and the toolkit need none).
 PINNED_PHASES = ("sources", "model", "serving")

@@ -20,7 +20,7 @@ from typing import Any
 from rigup.desired.image_mirror import image_ref, local_registry, pinned_through
 from rigup.desired.interconnect import detect
 from rigup.desired.knobs import declared_values, knob
-from rigup.desired.lock import LockError, LockFile, deploy_lock, lock_problems
+from rigup.desired.lock import LOCK_COMMAND, LockError, LockFile, deploy_lock, lock_problems
 from rigup.desired.pods import Pod
 from rigup.desired.recipe import Recipe, pods_of, resolve
 from rigup.desired.release import build_release, release_json, release_sha256
@@ -174,7 +174,7 @@ def host_plan(
         lock_problem = (
             f"{lock.path}: missing or stale entries for {host_name} ({pod.label() if pod else 'variant ' + recipe.variant}): "
             + "; ".join(problems)
-            + ". Run `python -m rigup lock` (it adds missing entries and keeps the others) and commit the file."
+            + f". Run `{LOCK_COMMAND}` (it adds missing entries and keeps the others) and commit the file."
         )
         if require_lock:
             raise LockError(lock_problem)

@@ -11,7 +11,7 @@ from pyinfra.api.exceptions import DeployError
 
 from rigup.desired.dashboards import DashboardError, VllmDashboard, served_vllm_refs, vllm_dashboards
 from rigup.desired.knobs import knob
-from rigup.desired.lock import LockError, dashboard_needs, deploy_lock, exporter_needs, need_problem
+from rigup.desired.lock import LOCK_COMMAND, LockError, dashboard_needs, deploy_lock, exporter_needs, need_problem
 from rigup.desired.models import ModelPlan, plan_models
 from rigup.desired.monitoring import RigExporters, rig_exporters
 from rigup.desired.plan import host_plans
@@ -63,7 +63,7 @@ def rig_exporters_or_stop(host: Any) -> RigExporters | None:
         problem = next((p for p in (need_problem(n, lock) for n in exporter_needs(data)) if p is not None), None)
     if problem is None:
         return exporters
-    message = (f"the GPU exporter's image is not pinned ({problem}); run `python -m rigup lock` on the control "
+    message = (f"the GPU exporter's image is not pinned ({problem}); run `{LOCK_COMMAND}` on the control "
                "machine and commit the file")
     if not pyinfra_dry_run():
         raise DeployError(f"{host.name}: {message}")
@@ -87,7 +87,7 @@ def vllm_dashboards_or_stop(host: Any, fleet: Any) -> tuple[list[VllmDashboard],
     except LockError as exc:
         problem = str(exc)
     if problem is not None:
-        message = (f"vLLM's dashboards are not pinned ({problem}); run `python -m rigup lock` on the control "
+        message = (f"vLLM's dashboards are not pinned ({problem}); run `{LOCK_COMMAND}` on the control "
                    "machine and commit the file")
         if not pyinfra_dry_run():
             raise DeployError(f"{host.name}: {message}")

@@ -7,6 +7,7 @@ import hashlib
 import http.server
 import io
 import json
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from rigup.cli.lock import run_lock
 from rigup.desired.catalog import load_catalog
 from rigup.desired.lock import (
+    LOCK_COMMAND,
     FilePin,
     GitNeed,
     GitPin,
@@ -214,7 +216,7 @@ def test_lock_file_rejects_bad_entries(old: str, new: str, message: str) -> None
 
 
 def test_missing_lock_file_says_what_to_run(tmp_path: Path) -> None:
-    with pytest.raises(LockError, match="python -m rigup lock"):
+    with pytest.raises(LockError, match=re.escape(LOCK_COMMAND)):
         deploy_lock({"lock_file": "rigs.lock.yaml"}, base_dir=tmp_path)
 
 
@@ -488,19 +490,19 @@ def test_phases_without_a_lock_say_what_the_lock_pins_and_how_to_make_it() -> No
     from rigup.desired.recipe import resolve
 
     recipe = resolve({**load_defaults(), "variant": "dual-turbo"})
-    problem = "/x/rigs.lock.yaml: lock file not found (knob lock_file); run `python -m rigup lock` on the control machine"
+    problem = f"/x/rigs.lock.yaml: lock file not found (knob lock_file); run `{LOCK_COMMAND}` on the control machine"
     lines = {phase: phase_without_lock(phase, recipe, problem, dry=True) for phase in PINNED_PHASES}
     assert lines["sources"].startswith("SOURCES SKIPPED in this dry run (a real run stops here): it needs the lock")
     assert "git commits of vllm-fork (marlin-pad-sub-tile-n), genesis (" in lines["sources"]
     assert "SHA-256 of every file" in lines["model"] and recipe.models[0].repo_id in lines["model"]
     assert f"image digest of {recipe.image.repository}:{recipe.image.tag} and the release" in lines["serving"]
     for line in lines.values():
-        assert "\n" not in line and line.endswith(problem) and line.count("python -m rigup lock") == 1
+        assert "\n" not in line and line.endswith(problem) and line.count(LOCK_COMMAND) == 1
     real = phase_without_lock("model", recipe, problem, dry=False)
     assert real.startswith("model cannot run: it needs the lock, which pins the model revisions")
     # A problem that does not say how to make the lock gets the command appended.
     assert phase_without_lock("serving", recipe, "bad YAML.", dry=False).endswith(
-        "bad YAML; run `python -m rigup lock` on the control machine and commit the file"
+        f"bad YAML; run `{LOCK_COMMAND}` on the control machine and commit the file"
     )
     with pytest.raises(ValueError, match="needs no pins"):
         phase_without_lock("docker", recipe, problem, dry=True)

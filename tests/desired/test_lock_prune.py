@@ -11,7 +11,19 @@ from pathlib import Path
 
 from rigup import REPO_ROOT
 from rigup.desired.fleet import load_fleet
-from rigup.desired.lock import SHA40, FilePin, GitNeed, GitPin, ImagePin, LockFile, ModelNeed, ModelPin, Need, needs_for
+from rigup.desired.lock import (
+    LOCK_COMMAND,
+    SHA40,
+    FilePin,
+    GitNeed,
+    GitPin,
+    ImagePin,
+    LockFile,
+    ModelNeed,
+    ModelPin,
+    Need,
+    needs_for,
+)
 from rigup.desired.pins import Resolver, fleet_needs, update_lock
 from rigup.desired.recipe import resolve
 from rigup_testbed import hfhub
@@ -88,7 +100,7 @@ def test_lock_command_keeps_lists_and_prunes(hub: hfhub.HfHub, remotes: tuple[Re
     code, out = _run(fleet)
     assert code == 0
     assert f"kept, unused: {UNUSED}\n" in out
-    assert f"{lock}: kept 1 pin no host needs; `python -m rigup lock --prune` removes them" in out
+    assert f"{lock}: kept 1 pin no host needs; `{LOCK_COMMAND} --prune` removes them" in out
     assert out.endswith(f"{lock}: unchanged (5 pins, 1 unused)\n")
     assert lock.read_text() == text
 

@@ -11,10 +11,12 @@ file (rig-nolock) beside one with a lock (rig-locked):
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +24,9 @@ from rigup import REPO_ROOT
 from rigup.desired.knobs import load_defaults
 from rigup.pyinfra_patches.fact_batching import is_fact_batch
 from tests.support.fit_fake import offline_lock
+
+# What the deploy (run in REPO_ROOT by this venv's pyinfra) prints as the command that writes the lock.
+LOCK_COMMAND = f"{os.path.relpath(Path(sys.executable).with_name('rigup'), REPO_ROOT)} lock"
 
 NOLOCK, LOCKED = "@fake/rig-nolock", "@fake/rig-locked"
 
@@ -88,7 +93,7 @@ def test_dry_run_without_a_lock_plans_what_needs_no_pins_and_says_what_the_lock_
     for line, phase in zip(warnings, ("SOURCES", "MODEL", "SERVING")):
         assert line.startswith(f"[{NOLOCK}] {phase} SKIPPED in this dry run"), line
         assert f"{result['missing']}: lock file not found" in line
-        assert "`python -m rigup lock`" in line
+        assert f"`{LOCK_COMMAND}`" in line
     assert "the git commits of vllm-fork (marlin-pad-sub-tile-n) that variant dual checks out" in sources
     assert "the model revisions of Lorbus/Qwen3.6-27B-int4-AutoRound and the SHA-256 of every file" in model
     assert re.search(r"the image digest of vllm/vllm-openai:\S+ and the release", serving), serving
@@ -113,7 +118,7 @@ def test_real_run_without_a_lock_stops_at_sources_with_the_explanation(run) -> N
     assert result["exception"] is not None and "DeployError" in result["exception"], result["exception"]
     message = result["exception"]
     assert f"{NOLOCK}: sources cannot run: it needs the lock, which pins the git commits of vllm-fork" in message
-    assert f"{result['missing']}: lock file not found" in message and "python -m rigup lock" in message
+    assert f"{result['missing']}: lock file not found" in message and f"`{LOCK_COMMAND}`" in message
     assert "SKIPPED in this dry run" not in output
     assert "Beginning operation run" not in output  # nothing ran on any rig
     for commands in result["commands"].values():
