@@ -66,10 +66,10 @@ def fires_once_at(name: str, times: list[str], labels: dict[str, str], annotatio
 CRASH_LOOP = {**UNIT, "severity": "critical"}, {
     "summary": "rig-1: rigup-dual.service keeps restarting or has failed",
     "runbook": "on the rig: journalctl -u rigup-dual.service -n 100 (boot OOM, context that does not fit, a missing model file)"}
-ROUTE_FAILING = {"host": "gw", "model_id": "rig-1/rigup-dual.service", "requested_model": "qwen", "severity": "warning"}, {
-    "summary": "gateway gw: the route of qwen to rig-1/rigup-dual.service is failing",
+ROUTE_FAILING = {"host": "gw", "api_base": "http://10.0.0.11:8000/v1", "requested_model": "qwen", "severity": "warning"}, {
+    "summary": "gateway gw: the route of qwen to http://10.0.0.11:8000/v1 is failing",
     "runbook": "the gateway keeps a failing route out of rotation; a model with no healthy route answers 400/500: "
-               "rigup status on the rig the route names (rig-1/rigup-dual.service is rig/unit)"}
+               "check the rig behind api_base (rigup status --limit it)"}
 
 
 CASES: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
@@ -233,8 +233,10 @@ SCENARIOS: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
         [{"eval_time": t, "alertname": "RigupUnitCrashLooping", "exp_alerts": []} for t in ("3m", "5m", "10m")],
     ),
     "RigupGatewayRouteUnhealthy without requests keeps the route's last outcome": (
-        # a single failure (the counter's first sample) after successes, and no request since: failing
-        [series("litellm_deployment_success_responses_total", {**GATEWAY, **responses(RIG1, "/v1/chat/completions")},
+        # a single failure (the counter's first sample) after successes, and no request since: failing.
+        # The route is its API base: LiteLLM leaves model_id off some series
+        [series("litellm_deployment_success_responses_total",
+                {k: v for k, v in {**GATEWAY, **responses(RIG1, "/v1/chat/completions")}.items() if k != "model_id"},
                 "0+6x4 24x20"),
          series("litellm_deployment_failure_responses_total",
                 {**GATEWAY, **responses(RIG1, "/v1"), "exception_status": "500", "exception_class": "Openai.APIConnectionError"},

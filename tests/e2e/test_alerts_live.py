@@ -1,0 +1,254 @@
+"""rigup's alert rules on the live bed: each fault the bed can cause fires its alert (once per cause),
+and the alert clears after the heal without waiting out a window. Debian's real Prometheus evaluates
+the rules as rendered (prometheus_scrape_interval_s 5, which is also the evaluation interval), over the
+real node_exporter, the DCGM exporter stand-in in its container, the vLLM stand-in and the real LiteLLM.
+
+One bed (gw-01: gateway and Prometheus; rig-01 and rig-02 serve the same model, so the gateway has two
+routes for it). Faults run side by side to keep the module short:
+  1. the gateway stopped (RigupGatewayDown); rig-01's GPUs under load with poor airflow (RigupGpuHot,
+     RigupGpuThrottled; the GPU stand-in follows the load), its node_exporter stopped (RigupExporterDown),
+     rig-02's release file edited (RigupReleaseDrift); healed: rig-01 under load at its power limit
+     (RigupGpuAtPowerCap), then idle;
+  2. rig-02's pod crash-looping while clients use the gateway (RigupUnitCrashLooping, RigupPodDown,
+     RigupGatewayRouteUnhealthy), healed by a converge.
+Alerts whose `for:` is longer than the module can wait (5 and 15 min) are checked pending (their
+condition holds) and cleared; the others firing and cleared. Every time is printed (-s) as the README's
+monitoring table has it: seconds from the fault to pending/firing, and from the heal to gone.
+"""
+
+from __future__ import annotations
+
+import calendar
+import json
+import shlex
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import requests
+import yaml
+
+from rigup_testbed.fleet import Testbed
+from rigup_testbed.hosts import Host, HostSpec
+from tests.e2e.helpers import key_files
+from tests.e2e.test_monitoring import GATEWAY_KEY, SCRAPE_S, prometheus, query, targets, wait_for
+from tests.e2e.test_serving import API_KEY, VARIANT, Bed, port_of, served_name, sh
+
+pytestmark = pytest.mark.e2e
+
+UNIT = f"rigup-{VARIANT}.service"
+RESTART_DROPIN = f"/etc/systemd/system/{UNIT}.d"
+TABLE: list[tuple[str, str, float | None, float | None]] = []  # alert, state reached, s to it, s to clear
+
+
+def alerts(bed: Bed, name: str, **labels: str) -> list[dict[str, Any]]:
+    """Prometheus' active alerts `name` whose labels include these."""
+    return [a for a in prometheus(bed, "/api/v1/alerts")["alerts"]
+            if a["labels"]["alertname"] == name and all(a["labels"].get(k) == v for k, v in labels.items())]
+
+
+def evaluated_since(bed: Bed, group: str, since: float) -> bool:
+    """Whether Prometheus evaluated the rule group after `since` (Unix seconds)."""
+    (found,) = [g for g in prometheus(bed, "/api/v1/rules")["groups"] if g["name"] == group]
+    stamp = found["lastEvaluation"]  # RFC 3339 with nanoseconds and Z
+    seconds = calendar.timegm(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S"))
+    return seconds + float("0." + (stamp[20:].rstrip("Z") or "0")) > since
+
+
+class Watch:
+    """An alert a fault should raise: when it reached `state` (pending: its condition holds; firing: past
+    its `for:`), that it is one alert per cause, and when it was gone after the heal."""
+
+    def __init__(self, bed: Bed, name: str, state: str, count: int = 1, **labels: str) -> None:
+        self.bed, self.name, self.state, self.count, self.labels = bed, name, state, count, labels
+        self.started = time.monotonic()
+        self.reached: float | None = None
+        self.healed_at: float | None = None
+        self.cleared: float | None = None
+
+    def check(self) -> bool:
+        """Poll once: True once it reached its state (`count` alerts of these labels, no more)."""
+        if self.reached is None:
+            found = alerts(self.bed, self.name, **self.labels)
+            wanted = [a for a in found if a["state"] == self.state or self.state == "pending"]
+            assert len(found) <= self.count, f"{self.name}: {len(found)} alerts for one cause: {found}"
+            if len(wanted) == self.count:
+                self.reached = time.monotonic() - self.started
+        return self.reached is not None
+
+    def heal(self) -> None:
+        self.healed_at = time.monotonic()
+
+    def gone(self) -> bool:
+        if self.cleared is None and not alerts(self.bed, self.name, **self.labels):
+            assert self.healed_at is not None
+            self.cleared = time.monotonic() - self.healed_at
+        return self.cleared is not None
+
+    def record(self) -> None:
+        TABLE.append((self.name, self.state, self.reached, self.cleared))
+        print(f"{self.name} {self.labels}: {self.state} after {self.reached:.0f} s, cleared {self.cleared:.0f} s "
+              "after the heal")
+
+
+def wait_all(watches: list[Watch], what: Callable[[Watch], bool], timeout: float, doing: str) -> None:
+    def done() -> bool:
+        return all([what(w) for w in watches])
+
+    try:
+        wait_for(done, timeout, doing)
+    except AssertionError:
+        late = [(w.name, w.labels, w.reached, w.cleared) for w in watches]
+        raise AssertionError(f"timed out {doing}: {late}; active: {prometheus(watches[0].bed, '/api/v1/alerts')}") from None
+
+
+class Load:
+    """Clients sending chat requests to `url` until stopped, each request paced by the stand-in's decode
+    rate (responder.json tokens_per_s), so the engines behind stay busy."""
+
+    def __init__(self, url: str, key: str, model: str, clients: int = 6) -> None:
+        self.url, self.key, self.model = url, key, model
+        self.stop = threading.Event()
+        self.statuses: dict[int, int] = {}
+        self.threads = [threading.Thread(target=self.run, daemon=True) for _ in range(clients)]
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                reply = requests.post(self.url, headers={"Authorization": f"Bearer {self.key}"}, timeout=30,
+                                      json={"model": self.model, "max_tokens": 32,
+                                            "messages": [{"role": "user", "content": "Count to thirty."}]})
+                self.statuses[reply.status_code] = self.statuses.get(reply.status_code, 0) + 1
+            except requests.RequestException:
+                self.statuses[0] = self.statuses.get(0, 0) + 1
+                time.sleep(0.5)
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=35)
+
+
+def root(host: Host, command: str) -> str:
+    return sh(host, command)
+
+
+def set_gpu_state(rig: Host, **values: object) -> None:
+    """Every GPU of `rig` (the GPU stand-in's /run state: nvidia_smi.set_gpu_state)."""
+    code = ("import json, sys; sys.path.insert(0, '/usr/lib/nvidia-standin/utils'); import common, nvidia_smi; "
+            "[nvidia_smi.set_gpu_state(g['uuid'], **json.loads(sys.argv[1])) for g in common.hardware()['gpus']]")
+    root(rig, f"python3 -c {shlex.quote(code)} {shlex.quote(json.dumps(values))}")
+
+
+def route_base(bed: Bed, rig: str) -> str:
+    """The API base of `rig`'s route in the gateway's config (http://address:port/v1)."""
+    doc = yaml.safe_load(sh(bed.host("gw-01"), "cat /opt/rigup/gateway/config.yaml"))
+    (base,) = [e["litellm_params"]["api_base"] for e in doc["model_list"] if e["model_info"]["rigup_host"] == rig]
+    return str(base)
+
+
+def responder_faults(rig: Host, **faults: object) -> None:
+    root(rig, f"echo {shlex.quote(json.dumps(faults))} > /etc/rigup-testbed/responder.json")
+
+
+@pytest.fixture(scope="module")
+def bed(testbed_factory: Callable[..., Testbed], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
+    specs = [HostSpec("gw-01", hardware="none", group="gateway", data={"serves_variant": False}),
+             HostSpec("rig-01", group="rigs"), HostSpec("rig-02", group="lab")]
+    testbed = testbed_factory(specs, "alerts")
+    b = Bed(testbed, testbed.workdir)
+    keys = key_files(tmp_path_factory.mktemp("keys"), rig=API_KEY, gateway=GATEWAY_KEY)
+    b.data = {**b.data, "serving_api_key_file": str(keys["rig"]), "prometheus_scrape_interval_s": SCRAPE_S,
+              "gateway_health_check_interval_s": 5}
+    b.group_data = {"gateway": {"gateway_api_key_file": str(keys["gateway"])}}
+    b.write()
+    b.deploy()
+    wait_for(lambda: len(targets(b)) == 8 and all(t["health"] == "up" for t in targets(b)), 90, "every target up")
+    yield b
+    if TABLE:
+        print("\n| alert | state checked | time to it | time to clear after the heal |")
+        for name, state, reached, cleared in TABLE:
+            print(f"| {name} | {state} | {reached:.0f} s | {cleared:.0f} s |")
+    testbed.down()
+
+
+def test_gateway_down_hot_gpus_exporter_down_and_release_drift_fire_and_clear(bed: Bed) -> None:
+    gw, rig1, rig2 = bed.host("gw-01"), bed.host("rig-01"), bed.host("rig-02")
+    assert not [a for a in prometheus(bed, "/api/v1/alerts")["alerts"] if a["state"] == "firing"]
+    release_file = f"/opt/rigup/variants/{VARIANT}/release.json"
+    root(rig2, f"cp -p {release_file} /root/release.json.good")
+    pod = f"http://{rig1.ip}:{port_of(VARIANT)}/v1/chat/completions"
+    responder_faults(rig1, mode="ok", tokens_per_s=50)
+    with Load(pod, API_KEY, served_name(VARIANT)) as load:
+        root(gw, "systemctl stop rigup-gateway.service")
+        down = Watch(bed, "RigupGatewayDown", "firing", host="gw-01")
+        set_gpu_state(rig1, thermal_c_per_w=0.2)  # airflow that cannot carry 350 W away
+        hot = Watch(bed, "RigupGpuHot", "pending", count=2, host="rig-01")
+        throttled = Watch(bed, "RigupGpuThrottled", "pending", count=2, host="rig-01")
+        root(rig1, "systemctl stop prometheus-node-exporter.service")
+        exporter = Watch(bed, "RigupExporterDown", "pending", host="rig-01", job="node")
+        root(rig2, f"echo ' ' >> {release_file}")
+        drift = Watch(bed, "RigupReleaseDrift", "pending", host="rig-02", pod=VARIANT)
+        watches = [down, hot, throttled, exporter, drift]
+        wait_all(watches, Watch.check, 120 + 6 * SCRAPE_S + 30, "the faults' alerts")
+        temps = {r["metric"]["gpu"]: float(r["value"][1]) for r in query(bed, 'DCGM_FI_DEV_GPU_TEMP{host="rig-01"}')}
+        assert temps == {"0": 83.0, "1": 83.0}, temps  # held at the target temperature
+        root(gw, "systemctl start rigup-gateway.service")
+        down.heal()
+        set_gpu_state(rig1, thermal_c_per_w=None)
+        hot.heal()
+        throttled.heal()
+        root(rig1, "systemctl start prometheus-node-exporter.service")
+        exporter.heal()
+        root(rig2, f"cp -p /root/release.json.good {release_file}")
+        drift.heal()
+        # still under load, now with air: at its power limit
+        at_cap = Watch(bed, "RigupGpuAtPowerCap", "pending", count=2, host="rig-01")
+        wait_all([*watches, at_cap], lambda w: w.gone() if w is not at_cap else w.check(), 120, "the heals")
+        assert load.statuses.get(200, 0) > 0, load.statuses
+    at_cap.heal()  # the load ends
+    wait_all([at_cap], Watch.gone, 60, "the power cap alert to clear once the load ends")
+    responder_faults(rig1, mode="ok")
+    for watch in [*watches, at_cap]:
+        watch.record()
+
+
+def test_a_crash_looping_pod_fires_one_alert_per_cause_and_a_converge_clears_them(bed: Bed) -> None:
+    gw, rig2 = bed.host("gw-01"), bed.host("rig-02")
+    wait_for(lambda: query(bed, 'up{job="gateway-gw-01"} == 1'), 60, "the gateway scraped again")
+    responder_faults(bed.host("rig-01"), mode="ok", tokens_per_s=200)
+    gateway = f"http://{gw.ip}:4000/v1/chat/completions"
+    # the server now dies at every start; a drop-in shortens RestartSec so the loop takes seconds
+    root(rig2, f"mkdir -p {RESTART_DROPIN} && printf '[Service]\\nRestartSec=1\\n' > {RESTART_DROPIN}/fast.conf && "
+               "systemctl daemon-reload")
+    responder_faults(rig2, mode="crash")
+    with Load(gateway, GATEWAY_KEY, served_name(VARIANT), clients=3) as load:
+        root(rig2, f"systemctl restart {UNIT}")
+        crash = Watch(bed, "RigupUnitCrashLooping", "firing", host="rig-02", name=UNIT)
+        pod_down = Watch(bed, "RigupPodDown", "firing", host="rig-02", pod=VARIANT)
+        route = Watch(bed, "RigupGatewayRouteUnhealthy", "firing", host="gw-01", api_base=route_base(bed, "rig-02"))
+        watches = [crash, pod_down, route]
+        wait_all(watches, Watch.check, 60 + 60 + 6 * SCRAPE_S + 60, "the crash loop's alerts")
+        # one alert per cause: the crash loop's both branches hold once the unit failed at its start limit
+        both = (f'node_systemd_unit_state{{host="rig-02", name="{UNIT}", state="failed"}} == 1 and on (instance, name) '
+                f'increase(node_systemd_service_restart_total{{host="rig-02", name="{UNIT}"}}[15m]) >= 3')
+        wait_for(lambda: query(bed, both), 180, "the unit failed at its start limit after 3+ restarts")
+        held = time.time()
+        wait_for(lambda: evaluated_since(bed, "rigup-pods", held), 3 * SCRAPE_S + 10, "the rules evaluated again")
+        assert len(alerts(bed, "RigupUnitCrashLooping", host="rig-02")) == 1
+        root(rig2, f"rm -r {RESTART_DROPIN} /etc/rigup-testbed/responder.json && systemctl daemon-reload")
+        for watch in watches:
+            watch.heal()
+        bed.deploy("--limit", "rig-02")  # the converge brings the recorded release back
+        wait_all(watches, Watch.gone, 120, "the crash loop's alerts to clear after the converge")
+        assert load.statuses.get(200, 0) > 0, load.statuses
+    responder_faults(bed.host("rig-01"), mode="ok")
+    for watch in watches:
+        watch.record()
