@@ -214,6 +214,19 @@ CASES: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
 
 # More scenarios of the alerts above, run in the same promtool test.
 SCENARIOS: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
+    "RigupGpuXid as dcgm-exporter labels it": (
+        # the field carries the XID's code and text: XID 79 is a new series, the "No Error" one goes stale
+        [series("DCGM_FI_DEV_XID_ERRORS", {**GPU, "err_code": "0", "err_msg": "No Error"}, "0x5"),
+         series("DCGM_FI_DEV_XID_ERRORS", {**GPU, "err_code": "79", "err_msg": "GPU has fallen off the bus"},
+                "_x6 79x30")],
+        [{"eval_time": "4m", "alertname": "RigupGpuXid", "exp_alerts": []},
+         *fires_once_at("RigupGpuXid", ["7m", "20m"],
+                        {**GPU, "err_code": "79", "err_msg": "GPU has fallen off the bus", "severity": "critical"},
+                        {"summary": "rig-1 GPU 0: XID 79",
+                         "runbook": "on the rig: journalctl -k | grep -i xid; 79 (fallen off the bus) means power or "
+                                    "riser; 13/31/43 usually the engine: restart the pod"}),
+         {"eval_time": "25m", "alertname": "RigupGpuXid", "exp_alerts": []}],
+    ),
     "RigupUnitCrashLooping heals by itself": (
         # three automatic restarts (minutes 6-8), then the unit stays up from 8: it resolves once it has
         # been active for 5 minutes (13), though the 15-minute restart count still says 3

@@ -189,7 +189,7 @@ def test_gateway_down_hot_gpus_exporter_down_and_release_drift_fire_and_clear(be
     with Load(pod, API_KEY, served_name(VARIANT)) as load:
         root(gw, "systemctl stop rigup-gateway.service")
         down = Watch(bed, "RigupGatewayDown", "firing", host="gw-01")
-        set_gpu_state(rig1, thermal_c_per_w=0.2)  # airflow that cannot carry 350 W away
+        set_gpu_state(rig1, thermal_c_per_w=0.4)  # airflow that cannot carry the 230 W cap away: 93 C
         hot = Watch(bed, "RigupGpuHot", "pending", count=2, host="rig-01")
         throttled = Watch(bed, "RigupGpuThrottled", "pending", count=2, host="rig-01")
         root(rig1, "systemctl stop prometheus-node-exporter.service")
