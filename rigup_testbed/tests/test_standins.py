@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -110,8 +111,12 @@ class Root:
 
 
 @pytest.fixture
-def root(tmp_path: Path, repo: aptrepo.RepoInfo) -> Root:
-    return Root(tmp_path / "root", repo)
+def root(repo: aptrepo.RepoInfo) -> Iterator[Root]:
+    # A short directory of its own, not tmp_path: the stand-ins' AF_UNIX sockets under this root must stay
+    # within 107 bytes whatever pytest's temporary paths are (its workers add popen-gwN/ to them).
+    base = Path(tempfile.mkdtemp(prefix="rigup-root-", dir="/tmp"))
+    yield Root(base / "root", repo)
+    shutil.rmtree(base, ignore_errors=True)
 
 
 UA = "ubuntu-archive/pool"
