@@ -23,13 +23,14 @@ def test_phases_are_summed_per_kind_and_module() -> None:
     timings = SuiteTimings()
     for r in (
         report("tests/a.py::t1", 1.5), report("tests/a.py::t1", 0.5), report("tests/b.py::t2", 2.0),
-        report("tests/e2e/test_x.py::s1", 90.0, e2e=True, props=((BED_UP_PROPERTY, 30.0),)),
+        report("tests/e2e/test_x.py::s1", 80.0, e2e=True, props=((BED_UP_PROPERTY, 30.0),)),
+        report("tests/e2e/test_x.py::s1", 10.0, e2e=True, props=((BED_UP_PROPERTY, 30.0),)),  # its call: same bed
         report("tests/e2e/test_x.py::s2", 10.0, e2e=True),
         report("tests/e2e/test_y.py::s1", 200.0, e2e=True, props=((BED_UP_PROPERTY, 40.5), ("other", 1))),
     ):
         timings.add(r)  # type: ignore[arg-type]
     figures = timings.as_dict()
-    assert figures["tests"] == 5
+    assert figures["tests"] == 5  # reports of one test's phases count it once
     assert figures["unit"] == {"tests": 2, "seconds": 4.0}
     assert figures["bed_bring_up"] == {"beds": 2, "seconds": 70.5}
     assert list(figures["e2e_modules"]) == ["tests/e2e/test_y.py", "tests/e2e/test_x.py"]  # longest first

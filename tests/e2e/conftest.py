@@ -33,6 +33,7 @@ from rigup.desired.upstream import TREES_ENV
 from rigup_testbed.fleet import Testbed, host_names
 from rigup_testbed.hosts import HostSpec
 from rigup_testbed.image import REPO_ROOT
+from tests.support.timing import BED_UP_PROPERTY, over_budget
 
 REQUIRED_TOOLS = ("debootstrap", "systemd-nspawn", "ip", "unshare", "ssh", "ssh-keygen", "mount")
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
@@ -62,6 +63,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 RUNS_ENV = "RIGUP_TESTBED_RUNS"
 MACHINE_RUNS = Path("/var/tmp/rigup-testbed/runs")
 NAMED_BED_WAIT_S = 45 * 60  # a whole e2e session of another checkout, at most
+# No e2e module may take longer than this, its beds' bring-up included (measured on the 2-core CI machine;
+# tests/README.md has the table): a module that grows past it fails, so growth is seen when it lands.
+E2E_MODULE_BUDGET_S = 420
 
 
 def runs_dir() -> Path:
@@ -135,6 +139,22 @@ def clean_stale_runs() -> list[str]:
     return cleaned
 
 
+_running_item: list[pytest.Item] = []
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _running_item[:] = [item]  # whose setup boots a bed: its report carries the bed's bring-up time
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _within_the_module_budget(request: pytest.FixtureRequest) -> Iterator[None]:
+    started = time.monotonic()
+    yield
+    problem = over_budget(request.module.__name__, time.monotonic() - started, E2E_MODULE_BUDGET_S)
+    if problem:
+        pytest.fail(problem, pytrace=False)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _recipes_from_the_git_remotes() -> Iterator[None]:
     """rigup and pyinfra run by e2e tests read upstream's recipes from the test bed's git remotes, as on
@@ -162,41 +182,77 @@ def _testbed_session() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-@pytest.fixture(scope="session")
-def testbed_factory(_testbed_session: None) -> Iterator[Callable[..., Testbed]]:
-    beds: list[tuple[Testbed, InstanceLock]] = []
-    session_id = f"{os.getpid() % 100000:05d}"
+_factories: list["BedFactory"] = []  # the session's, once made
 
-    def make(specs: Sequence[HostSpec], instance: str | None = None, *, hub: bool = True) -> Testbed:
+
+class BedFactory:
+    """make(specs, instance=None, hub=True) -> a booted Testbed. A bed lives until the end of the module
+    that made it (a booted bed left behind would take CPU from every module after it); the session's
+    default bed (`testbed`) until the end of the session."""
+
+    def __init__(self) -> None:
+        self.beds: list[tuple[Testbed, InstanceLock, bool]] = []
+        self.session_id = f"{os.getpid() % 100000:05d}"
+        self.made = 0
+
+    def __call__(self, specs: Sequence[HostSpec], instance: str | None = None, *, hub: bool = True,
+                 for_the_session: bool = False) -> Testbed:
         """Boot a bed of `specs`. Without `instance`, a name unique to this session is used (several
         sessions can run at once: each bed has its own namespaces, cgroups and subnet)."""
-        name = instance or f"t{session_id}{len(beds)}"
+        name = instance or f"t{self.session_id}{self.made}"
+        self.made += 1
         try:
             lock = lock_instance(name, NAMED_BED_WAIT_S if instance else 0.0)
         except InstanceBusy as exc:
             pytest.fail(str(exc))
         bed = Testbed(runs_dir() / name, name, hub=hub)
-        beds.append((bed, lock))
+        self.beds.append((bed, lock, for_the_session))
         if bed.created:  # left by a crashed session that used the same name
             bed.down()
         # what an earlier session's tests left in a named bed's directory (a lock file pinning that
         # session's moved commits, a token) must not carry into this one
         shutil.rmtree(bed.workdir, ignore_errors=True)
         bed.up(specs)
+        if _running_item:
+            _running_item[0].user_properties.append((BED_UP_PROPERTY, round(bed.timings.get("up_s", 0.0), 1)))
         return bed
 
-    try:
-        yield make
-    finally:
+    def down(self, *, module_beds_only: bool) -> list[str]:
+        """Tear down the beds (newest first), only those made for a module if asked. Returns problems."""
         problems = []
-        for bed, lock in reversed(beds):
+        for entry in reversed(list(self.beds)):
+            bed, lock, for_the_session = entry
+            if module_beds_only and for_the_session:
+                continue
             try:
                 bed.down()
                 lock.release()
+                self.beds.remove(entry)
             except Exception as exc:  # tear down the others anyway; a kept lock marks the bed in use
                 problems.append(f"{bed.instance}: {exc}")
+        return problems
+
+
+@pytest.fixture(scope="session")
+def testbed_factory(_testbed_session: None) -> Iterator[BedFactory]:
+    factory = BedFactory()
+    _factories.append(factory)
+    try:
+        yield factory
+    finally:
+        _factories.remove(factory)
+        problems = factory.down(module_beds_only=False)
         if problems:
             pytest.fail("test-bed teardown: " + "; ".join(problems))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _module_beds_down_after_it() -> Iterator[None]:
+    yield
+    for factory in _factories:  # none until a module asked for a bed: no stale-bed sweep for the others
+        problems = factory.down(module_beds_only=True)
+        if problems:
+            pytest.fail("test-bed teardown: " + "; ".join(problems), pytrace=False)
 
 
 def default_specs() -> list[HostSpec]:
@@ -206,8 +262,8 @@ def default_specs() -> list[HostSpec]:
 
 
 @pytest.fixture(scope="session")
-def testbed(testbed_factory: Callable[..., Testbed]) -> Testbed:
-    return testbed_factory(default_specs())
+def testbed(testbed_factory: BedFactory) -> Testbed:
+    return testbed_factory(default_specs(), for_the_session=True)
 
 
 @pytest.fixture(scope="session")

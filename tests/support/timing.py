@@ -42,6 +42,7 @@ class SuiteTimings:
         self.unit_module_s: dict[str, float] = defaultdict(float)
         self.module_tests: dict[str, set[str]] = defaultdict(set)
         self.beds_up_s: list[float] = []
+        self._beds_counted: dict[str, int] = {}
 
     def add(self, report: pytest.TestReport) -> None:
         module = report.nodeid.split("::", 1)[0]
@@ -53,7 +54,11 @@ class SuiteTimings:
             self.unit_s += report.duration
             self.unit_module_s[module] += report.duration
             self.unit_tests.add(report.nodeid)
-        self.beds_up_s.extend(float(value) for name, value in report.user_properties if name == BED_UP_PROPERTY)
+        # a test's user properties ride on each of its reports (setup, call, teardown): count each once
+        beds = [float(value) for name, value in report.user_properties if name == BED_UP_PROPERTY]
+        counted = self._beds_counted.get(report.nodeid, 0)
+        self.beds_up_s.extend(beds[counted:])
+        self._beds_counted[report.nodeid] = max(counted, len(beds))
 
     def as_dict(self) -> dict[str, Any]:
         return {
