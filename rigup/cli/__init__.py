@@ -48,7 +48,7 @@ EXIT_CODES: dict[str, tuple[tuple[str, str, str], ...]] = {
                 ("1", "failed", "up failed (what it made is removed) or a sandbox is already up; down failed; "
                                 "status: a rig is stopped"),
                 ("2", "cannot run here", "not root, a tool the test bed needs is missing, or a bad argument")),
-    "verify": (("0", "every check passed", ""), ("N", "N checks failed", "at most 125"),
+    "verify": (("0", "every check passed", ""), ("N", "that many checks failed", "at most 125"),
                ("2", "also: " + BAD_INPUT[0], BAD_INPUT[1])),
     "bench": (("0", "every run answered", ""), ("1", "a run failed", ""), ("2", *BAD_INPUT)),
     "status": (("0", "ok", "every host serves what the fleet file and lock say, and is healthy"), ("1", "drift", ""),
