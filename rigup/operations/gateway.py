@@ -57,10 +57,11 @@ def gateway_venv(venv: str, requirements: str, requirements_sha256: str, index_u
     else:
         # Quiet: pip's ~240 Collecting/Downloading lines go to a 0600 log in the venv (an index URL from
         # the host's pip.conf may carry credentials), then one line: packages, pip's warnings, the log.
-        # A failure shows the log's tail.
+        # A failure shows the log's tail. Only the log is made under umask 077: pip itself keeps the
+        # caller's, or the venv's files would be unreadable to the gateway's user.
         log = QuoteString(f"{venv}/{PIP_LOG}")
         install = [
-            "{ ( umask 077 &&", *pip, ">", log, "2>&1 ) || { tail -n", str(PIP_TAIL_LINES), log, ">&2;",
+            "( umask 077 && : >", log, ") && {", *pip, ">", log, "2>&1 || { tail -n", str(PIP_TAIL_LINES), log, ">&2;",
             "echo", QuoteString(f"rigup: the gateway's pip install failed; all of its output: {venv}/{PIP_LOG}"),
             ">&2; exit 1; }; } && echo \"rigup: gateway venv: $(grep -c '^Collecting' ", log, ") packages installed,",
             "$(grep -c '^WARNING' ", log, ") warnings from pip (its configuration on this host);",

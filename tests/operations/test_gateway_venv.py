@@ -89,6 +89,7 @@ FAKE_PYTHON3 = """#!/bin/sh
 mkdir -p "$3/bin"
 cat > "$3/bin/pip" <<'PIP'
 #!/bin/sh
+umask > "$(dirname "$0")/../umask-pip-ran-with"
 for p in six mdurl; do
   echo "WARNING: Location 'file:///opt/pypi-more/simple/$p/' is ignored: it is neither a file nor a directory."
   echo "Collecting $p==1.0 (from -r /opt/rigup/gateway/requirements.txt (line 1))"
@@ -102,6 +103,9 @@ chmod +x "$3/bin/pip"
 """
 
 
+CALLER_UMASK = 0o022
+
+
 def run_build(tmp_path: Any, verbose: bool, fails: bool = False) -> tuple[subprocess.CompletedProcess, Path]:
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
@@ -109,7 +113,8 @@ def run_build(tmp_path: Any, verbose: bool, fails: bool = False) -> tuple[subpro
     (bindir / "python3").chmod(0o755)
     venv = tmp_path / "venv-abc"
     env = {"PATH": f"{bindir}:/usr/bin:/bin", **({"PIP_FAILS": "1"} if fails else {})}
-    result = subprocess.run(["sh", "-c", build_command(None, str(venv), verbose)], env=env, capture_output=True, text=True)
+    command = f"umask {CALLER_UMASK:03o} && {build_command(None, str(venv), verbose)}"
+    result = subprocess.run(["sh", "-c", command], env=env, capture_output=True, text=True)
     return result, venv
 
 
@@ -124,6 +129,9 @@ def test_the_build_prints_one_line_and_keeps_pips_output_in_a_0600_log(tmp_path:
     assert result.stderr == ""
     assert "Collecting six==1.0" in log.read_text() and "Successfully installed" in log.read_text()
     assert stat.S_IMODE(log.stat().st_mode) == 0o600  # an index URL from pip.conf may carry credentials
+    # pip installs with the caller's umask: under 077 the gateway's user could not read the venv (a real
+    # bed's gateway then failed "cannot import name 'run_server' from 'litellm' (unknown location)")
+    assert int((venv / "umask-pip-ran-with").read_text(), 8) == CALLER_UMASK
     assert (venv / MARKER).read_text() == "abc\n"
 
 
