@@ -860,7 +860,8 @@ def fitted_table(title: str, columns: Sequence[Column], rows: Sequence[Sequence[
 
     keep, narrow = fit_columns(columns, rows, width)
     hidden = len(columns) - len(keep)
-    table = Table(title=title + (f" ({hidden} more columns in a wider terminal)" if hidden else ""),
+    more = f" ({hidden} more column{'s' if hidden > 1 else ''} in a wider terminal)" if hidden else ""
+    table = Table(title=title + more,
                   title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, show_edge=False,
                   collapse_padding=True, pad_edge=False)
     for i in keep:
