@@ -2,7 +2,10 @@
 
 Per pod: requests running and waiting, generated and prompt tokens per second, time to first token
 (p50, p95) and KV-cache use. Per GPU: utilisation, memory, temperature and power. Per gateway route:
-LiteLLM's state of the deployment (healthy, partial or complete outage) and its answers per second.
+its name, its answers per second and its state now (healthy, partial or complete outage) as its latest
+answers say: LiteLLM keeps a failure's state beside the healthy state of later successes ("unknown
+(idle)": they disagree and no answer was seen since). The columns fit the terminal: short headers
+first, then the least useful columns go; host, pod and state always show.
 
 Where it reads: the fleet's Prometheus (the first host of monitor_group, by default gateway_group's,
 at prometheus_listen_address) through its HTTP API, or the one --prometheus names. With --direct, or
