@@ -580,8 +580,12 @@ def prometheus_queries(rate_window: str = "1m", ttft_window: str = "5m", scrape_
         "failure_rps": f"sum by ({by_route}) (rate({ROUTE_FAILURE}{{{gateways}}}[{rate_window}]))",
     }
     for name, counter in (("last_success_at", ROUTE_SUCCESS), ("last_failure_at", ROUTE_FAILURE)):
-        queries[name] = (f"max by (host, api_base) (max_over_time((timestamp(increase({counter}{{{gateways}}}"
-                         f"[{step_window}]) > 0))[{ANSWER_LOOKBACK}:{scrape_interval}]))")
+        series = f"{counter}{{{gateways}}}"
+        # a series new within the window counts too: LiteLLM creates it at a route's first success or failure,
+        # which increase() cannot see (as the alert rule RigupGatewayRouteUnhealthy does)
+        grew = f"increase({series}[{step_window}]) > 0 or ({series} unless {series} offset {step_window})"
+        queries[name] = (f"max by (host, api_base) (max_over_time(timestamp({grew})"
+                         f"[{ANSWER_LOOKBACK}:{scrape_interval}]))")
     for name, q in (("ttft_p50_s", 0.5), ("ttft_p95_s", 0.95)):
         queries[name] = (f"histogram_quantile({q}, sum by (le, {by_pod}) "
                          f"(rate({TTFT}_bucket{{{pods}}}[{ttft_window}])))")
