@@ -1,10 +1,12 @@
-"""`rigup top`, used the way a person uses it: in a terminal (tmux, 160x50) against a fleet whose pods,
-GPU exporters and gateway are HTTP servers on 127.0.0.1 printing what vLLM, dcgm-exporter and LiteLLM
-print (tests/support/exporters.py), counters moving between scrapes; the screen is read and Ctrl-C
-ends it. Then the pieces: the direct reading's arithmetic over two scrapes, the Prometheus reading
-against a fake /api/v1/query answering in Prometheus' JSON (answers a real Prometheus 2.42 gave, in
-tests/fixtures/prometheus/api-query-2.42.0.json, and hand-made ones), where the fleet's Prometheus is,
-and the exit codes."""
+"""`rigup top`, used the way a person uses it: in a terminal (tmux at 80, 120 and 200 columns) against a
+fleet whose pods, GPU exporters and gateway are HTTP servers on 127.0.0.1 printing what vLLM,
+dcgm-exporter and LiteLLM 1.108 print (tests/support/exporters.py, tests/support/litellm_routes.py),
+counters moving between scrapes; the screen is read table by table as a reader reads it, the terminal is
+resized, and q or Ctrl-C ends it. Then the pieces: the direct reading's arithmetic over two scrapes, a
+route's state from its latest answers, the columns that fit a width, the Prometheus reading against a
+fake /api/v1/query answering in Prometheus' JSON (answers a real Prometheus 2.42 gave, in
+tests/fixtures/prometheus/api-query-2.42.0.json, re-captured by tests/support/capture_prometheus_answers.py,
+and hand-made ones), where the fleet's Prometheus is, and the exit codes."""
 
 from __future__ import annotations
 
@@ -727,3 +729,24 @@ def test_a_narrow_terminal_drops_the_least_useful_columns_first() -> None:
         keep, narrow = fit_columns(POD_COLUMNS, rows, width)
         assert ([headers[i] for i in keep], narrow) == (shown, short), width
         assert table_width(POD_COLUMNS, rows, keep, narrow) <= width or len(keep) == 3
+
+
+def test_a_resized_terminal_is_laid_out_again_and_q_quits_between_frames(fleet: FakeFleet) -> None:
+    """Frames 30 s apart: a terminal narrowed from 200 to 80 columns gets the 80-column layout of the same
+    frame within a second or two, and q ends it without waiting for the next frame."""
+    top = f"{shlex.quote(sys.executable)} -m rigup top --fleet {shlex.quote(str(fleet.path))} --direct --interval 30"
+    terminal = Terminal(200, f'{top}; echo "rigup top exited with status $?"')
+    try:
+        wide = wait_for(terminal.screen, lambda s: "Gateway routes" in s, 20)
+        assert "GEN TOK/S" in wide and "API BASE" in wide, wide
+        terminal.do("resize-window", "-t", "top", "-x", "80", "-y", "50")
+        narrow = wait_for(terminal.screen, lambda s: "GEN/S" in s, 3)
+        assert "GEN/S" in narrow and "API BASE" not in narrow, narrow
+        assert all(p["STATE"] for p in read_table(narrow, "Pods")) and read_table(narrow, "Gateway routes")
+        started = time.monotonic()
+        terminal.do("send-keys", "-t", "top", "q")
+        after = terminal.exited(5)
+        assert after and "rigup top exited with status 0" in after, terminal.screen()
+        assert time.monotonic() - started < 5  # not the 30 s to the next frame
+    finally:
+        terminal.close()
