@@ -43,10 +43,10 @@ RESTART_DROPIN = f"/etc/systemd/system/{UNIT}.d"
 TABLE: list[tuple[str, str, float | None, float | None]] = []  # alert, state reached, s to it, s to clear
 
 
-def alerts(bed: Bed, name: str, **labels: str) -> list[dict[str, Any]]:
-    """Prometheus' active alerts `name` whose labels include these."""
+def alerts(bed: Bed, alert: str, **labels: str) -> list[dict[str, Any]]:
+    """Prometheus' active alerts `alert` whose labels include these."""
     return [a for a in prometheus(bed, "/api/v1/alerts")["alerts"]
-            if a["labels"]["alertname"] == name and all(a["labels"].get(k) == v for k, v in labels.items())]
+            if a["labels"]["alertname"] == alert and all(a["labels"].get(k) == v for k, v in labels.items())]
 
 
 def evaluated_since(bed: Bed, group: str, since: float) -> bool:
@@ -61,8 +61,8 @@ class Watch:
     """An alert a fault should raise: when it reached `state` (pending: its condition holds; firing: past
     its `for:`), that it is one alert per cause, and when it was gone after the heal."""
 
-    def __init__(self, bed: Bed, name: str, state: str, count: int = 1, **labels: str) -> None:
-        self.bed, self.name, self.state, self.count, self.labels = bed, name, state, count, labels
+    def __init__(self, bed: Bed, alert: str, state: str, count: int = 1, **labels: str) -> None:
+        self.bed, self.name, self.state, self.count, self.labels = bed, alert, state, count, labels
         self.started = time.monotonic()
         self.reached: float | None = None
         self.healed_at: float | None = None
