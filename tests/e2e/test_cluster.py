@@ -5,7 +5,7 @@ serve` joins the members' real Ray cluster and places a worker on each simulated
 One bed: rig-a (the head; group gateway, so it also runs the fleet gateway) and rig-b (the worker). In
 file order: bring-up, with each member's gate passing only once the whole cluster serves; the gateway
 routes to the head alone; the firewall admits the members alone to Ray's ports and the ephemeral range;
-a converged re-run changes nothing; a wrong socket interface fails the gate with Gloo's error and rolls
+the second converge of the fresh cluster changes nothing and `rigup status` finds no drift; a wrong socket interface fails the gate with Gloo's error and rolls
 both members back together; a stopped worker takes the cluster down and the next converge heals it.
 """
 
@@ -139,16 +139,28 @@ def test_outside_the_cluster_no_ray_port_answers(bed: Bed) -> None:
     assert _reaches(bed, None, "rig-a", PORT)  # the API stays open
 
 
-def test_a_converged_rerun_changes_nothing(bed: Bed) -> None:
-    # The first converge installed the driver after the plan was made, so it rendered the interconnect
-    # from the gpu_interconnect knob alone (tasks/serving.py); this one applies what the driver now
-    # detects (NVLINK_MODE) and restarts the cluster once. The one after it must change nothing.
-    bed.deploy()
+def test_a_fresh_clusters_second_converge_changes_nothing_and_status_says_so(bed: Bed) -> None:
+    # The first converge installed the driver after the deploy was planned: it wrote the files with the
+    # interconnect the driver then reported (rigup.operations.serving_plans), so the second plans the same
+    # files and restarts nothing (issue 41: it restarted both members for NVLINK_MODE=auto -> force_off).
+    members = {host: bed.testbed.host(host) for host in ("rig-a", "rig-b")}
+    started = {host: unit_prop(rig, UNIT, "ExecMainStartTimestampMonotonic") for host, rig in members.items()}
+    for host in members:
+        assert _env(bed, host)["NVLINK_MODE"] == "force_off", host  # the bed's PCIe GPUs, without P2P
     proc = bed.pyinfra("--json", "deploy.py")
     assert proc.returncode == 0, _tail(proc)
     result = json.loads(proc.stdout)
     changed = {op["name"]: op["success"] for op in result["results"]["operations"] if op["success"]}
-    assert changed == {}, f"operations that changed on a converged re-run: {changed}"
+    assert changed == {}, f"operations that changed on the second converge: {changed}"
+    assert {host: unit_prop(rig, UNIT, "ExecMainStartTimestampMonotonic") for host, rig in members.items()} == started
+    # status renders each member as the deploy did (its interface and addresses read on it): no drift
+    proc = subprocess.run([sys.executable, "-m", "rigup", "status", "--json"], cwd=REPO_ROOT, env=bed.env(),
+                          capture_output=True, text=True, timeout=300)
+    report = json.loads(proc.stdout)
+    drifted = {h["host"]: [i for i in h["items"] if i["state"] != "ok" and i["state"] != "info"] for h in report["hosts"]}
+    assert proc.returncode == 0, (drifted, proc.stderr[-2000:])
+    assert {h["host"]: h["verdict"] for h in report["hosts"]} == {"rig-a/big": "OK", "rig-b/big": "OK"}, drifted
+    assert "DRIFT" not in proc.stdout
 
 
 def _env(bed: Bed, host: str) -> dict[str, str]:
