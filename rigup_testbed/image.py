@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rigup import DEPLOY_ROOT as REPO_ROOT  # noqa: F401 - where pyinfra runs the deploy (tests use it)
-from rigup import WORK_DIR
 
 SUITE = "bookworm"
 MIRROR = os.environ.get("RIGUP_TESTBED_DEBIAN_MIRROR", "http://deb.debian.org/debian")
@@ -68,11 +67,15 @@ MASKED_UNITS: tuple[str, ...] = (
 PREPARE_VERSION = 3
 
 
+# Machine-wide, so a fresh clone (CI's) starts warm: every entry is named by a hash of what shaped it
+# (image spec, package set, requirements, layer digest) and built under a lock, so checkouts share it.
+MACHINE_CACHE = Path("/var/tmp/rigup-testbed/cache")
+
+
 def cache_dir() -> Path:
-    """Where images live: $RIGUP_TESTBED_CACHE, else .cache/testbed in the checkout (git-ignored) or in
-    the directory an installed rigup runs in."""
+    """Where images, archives, mirrors and layers live: $RIGUP_TESTBED_CACHE, else MACHINE_CACHE."""
     env = os.environ.get("RIGUP_TESTBED_CACHE")
-    return Path(env) if env else WORK_DIR / ".cache" / "testbed"
+    return Path(env) if env else MACHINE_CACHE
 
 
 @dataclass(frozen=True)
