@@ -1,4 +1,5 @@
-"""The README's knob and variant tables match group_data/all.py and the catalog."""
+"""The README and the docs/ pages: their generated tables are current, the commands they show run as
+written, the README's phase table is deploy.py's, and every page is reachable and every link resolves."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 import shlex
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -17,30 +19,39 @@ from rigup.desired.catalog import variant_names
 from rigup.desired.knobs import load_defaults
 from rigup.desired.lock import LOCK_COMMAND
 
+README = REPO_ROOT / "README.md"
+DOCS = REPO_ROOT / "docs"
+
 
 def load_script():
-    loader = importlib.machinery.SourceFileLoader("readme_tables", str(REPO_ROOT / "scripts" / "readme-tables"))
-    spec = importlib.util.spec_from_loader("readme_tables", loader)
+    loader = importlib.machinery.SourceFileLoader("doc_tables", str(REPO_ROOT / "scripts" / "doc-tables"))
+    spec = importlib.util.spec_from_loader("doc_tables", loader)
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module
 
 
-def test_readme_tables_are_current():
-    readme = (REPO_ROOT / "README.md").read_text()
-    assert load_script().render(readme) == readme, "README tables are stale: run scripts/readme-tables"
+def test_generated_tables_are_current_and_each_is_on_one_page():
+    script = load_script()
+    pages = {page: (REPO_ROOT / page).read_text() for page in script.PAGES}
+    for page, text in pages.items():
+        assert script.render(text) == text, f"{page}: tables are stale: run scripts/doc-tables"
+    for marker in script.TABLES:
+        holders = [page for page, text in pages.items() if f"<!-- {marker}:begin -->" in text]
+        assert len(holders) == 1, f"the {marker} table is on {holders or 'no page'}; scripts/doc-tables PAGES lists where"
 
 
 def test_every_knob_and_variant_is_documented():
-    readme = (REPO_ROOT / "README.md").read_text()
+    knobs = (DOCS / "knobs.md").read_text()
     for knob in load_defaults():
-        assert f"| `{knob}` |" in readme, knob
+        assert f"| `{knob}` |" in knobs, knob
+    variants = (DOCS / "variants.md").read_text()
     for variant in variant_names():
-        assert f"| `{variant}` |" in readme, variant
+        assert f"| `{variant}` |" in variants, variant
 
 
 # --------------------------------------------------------------------------------------------
-# Every command the README's quick start and sandbox section show, and every command rigup prints as a
+# Every command the README and the sandbox section of docs/testbed.md show, and every command rigup prints as a
 # next step, works as written from a fresh shell in the checkout: nothing activated, PATH=/usr/bin:/bin.
 # Commands that need a fleet or a bed cannot run here; each must at least resolve (its program exists)
 # and answer `--help` for the subcommand it names, and the files it reads must exist.
@@ -50,12 +61,12 @@ CLEAN_PATH = "/usr/bin:/bin"
 COMMAND_START = re.compile(r"^(?:[A-Za-z_]\w*=\S+\s+)*(?:sudo\s+)?(?:\./\w|\.venv/bin/\w|scripts/\w|python3?\s|pyinfra\s|rigup\s|export\s)")
 
 
-def section(readme: str, heading: str) -> str:
-    """The README's text under `heading` down to the next heading of the same or a higher level."""
+def section(text: str, heading: str) -> str:
+    """A page's text under `heading` down to the next heading of the same or a higher level."""
     level = len(heading) - len(heading.lstrip("#"))
-    start = readme.index(f"\n{heading}\n")
-    ends = [m.start() for m in re.finditer(r"^#{1,%d} " % level, readme[start + 1:], re.M)][1:]
-    return readme[start: start + 1 + ends[0]] if ends else readme[start:]
+    start = text.index(f"\n{heading}\n")
+    ends = [m.start() for m in re.finditer(r"^#{1,%d} " % level, text[start + 1:], re.M)][1:]
+    return text[start: start + 1 + ends[0]] if ends else text[start:]
 
 
 def commands_in(text: str) -> list[str]:
@@ -65,10 +76,9 @@ def commands_in(text: str) -> list[str]:
     return lines + spans
 
 
-def readme_commands() -> list[str]:
-    readme = (REPO_ROOT / "README.md").read_text()
-    quick_start = readme[: readme.index("\n### The machine you are on\n")]
-    return commands_in(quick_start) + commands_in(section(readme, "## The test bed and the sandbox"))
+def documented_commands() -> list[str]:
+    sandbox = section((DOCS / "testbed.md").read_text(), "## The test bed and the sandbox")
+    return commands_in(README.read_text()) + commands_in(sandbox)
 
 
 def printed_commands() -> list[str]:
@@ -118,7 +128,7 @@ def problem_running(line: str) -> str | None:
 
 
 def test_documented_and_printed_commands_work_as_written_in_a_clean_shell():
-    commands = readme_commands() + printed_commands()
+    commands = documented_commands() + printed_commands()
     assert any(c.startswith(".venv/bin/pyinfra") for c in commands) and any("sandbox up" in c for c in commands)
     problems = {command: problem for command in dict.fromkeys(commands) if (problem := problem_running(command))}
     assert not problems, "\n".join(f"{command}\n    -> {why}" for command, why in problems.items())
@@ -137,8 +147,78 @@ def test_a_command_that_cannot_run_as_written_is_caught(line, why):
 
 def test_phase_table_lists_every_task_deploy_py_includes_in_its_order():
     # Was: the metrics and monitoring phases were missing from the table.
-    readme = (REPO_ROOT / "README.md").read_text()
-    table = section(readme, "## What a converge does").split("\n\n### ")[0]
+    table = section(README.read_text(), "## What a converge does")
     rows = re.findall(r"^\| [^|]+ \| `(tasks/\w+\.py)` \|", table, re.M)
     included = list(dict.fromkeys(re.findall(r'local\.include\("(tasks/\w+\.py)"\)', (REPO_ROOT / "deploy.py").read_text())))
     assert rows == included
+
+
+# --------------------------------------------------------------------------------------------
+# The README is the way in: every docs/ page is linked from it, and every relative link of the README and
+# the docs leads to a file of the checkout and, with a #anchor, to a heading of that page.
+
+LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)\)")
+
+
+def prose(text: str) -> str:
+    """`text` without its code blocks and inline code, where brackets are not links."""
+    return re.sub(r"`[^`\n]*`", "", re.sub(r"^```.*?^```", "", text, flags=re.S | re.M))
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The ids GitHub gives a page's headings: lower case, punctuation but - and _ dropped, spaces as -,
+    a repeated one suffixed -1, -2, ..."""
+    anchors: set[str] = set()
+    seen: dict[str, int] = {}
+    for heading in re.findall(r"^#{1,6} (.+?)\s*$", re.sub(r"^```.*?^```", "", text, flags=re.S | re.M), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        repeats = seen.get(slug, 0)
+        seen[slug] = repeats + 1
+        anchors.add(f"{slug}-{repeats}" if repeats else slug)
+    return anchors
+
+
+def broken_links(page: Path) -> list[str]:
+    """One line per relative link of `page` that leads nowhere: no such file, or no heading of that anchor."""
+    problems = []
+    for target in LINK.findall(prose(page.read_text())):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto: leave the checkout
+            continue
+        path, _, anchor = target.partition("#")
+        destination = (page.parent / path).resolve() if path else page
+        if not destination.exists():
+            problems.append(f"{page.name}: ({target}): no such file")
+        elif anchor and destination.suffix == ".md" and anchor not in heading_anchors(destination.read_text()):
+            problems.append(f"{page.name}: ({target}): {destination.name} has no heading with that anchor")
+    return problems
+
+
+def doc_pages() -> list[Path]:
+    return sorted(DOCS.glob("*.md"))
+
+
+def test_every_docs_page_is_linked_from_the_readme():
+    linked = {(REPO_ROOT / target.partition("#")[0]).resolve() for target in LINK.findall(prose(README.read_text()))}
+    assert doc_pages(), "docs/ has no pages"
+    unlinked = [page.name for page in doc_pages() if page.resolve() not in linked]
+    assert not unlinked, f"docs/ pages the README does not link: {unlinked}"
+
+
+def test_every_relative_link_of_the_readme_and_docs_resolves():
+    problems = [problem for page in [README, *doc_pages()] for problem in broken_links(page)]
+    assert not problems, "\n".join(problems)
+
+
+def test_a_link_to_a_missing_file_or_heading_is_caught(tmp_path):
+    (tmp_path / "b.md").write_text("# Moving bytes: a fleet's chain\n\n## Tests\n\n## Tests\n\n```sh\n# not a heading\n```\n")
+    (tmp_path / "a.md").write_text(
+        "[ok](b.md) [ok](b.md#moving-bytes-a-fleets-chain) [ok](b.md#tests-1) [ok](https://pyinfra.com) [ok](#top)\n"
+        "[gone](c.md) [gone](b.md#not-a-heading) [gone](b.md#tests-2) [gone](#nowhere)\n"
+        "```\n[code, not a link](d.md)\n```\n`[inline code](e.md)`\n\n# Top\n"
+    )
+    assert broken_links(tmp_path / "a.md") == [
+        "a.md: (c.md): no such file",
+        "a.md: (b.md#not-a-heading): b.md has no heading with that anchor",
+        "a.md: (b.md#tests-2): b.md has no heading with that anchor",
+        "a.md: (#nowhere): a.md has no heading with that anchor",
+    ]
