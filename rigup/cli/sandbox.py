@@ -57,8 +57,8 @@ def add_parser(subparsers: Any) -> None:
                     help="last rigs given four simulated RTX 3090s serving two dual pods, 'left' on GPUs 0-1 "
                          "(port 8010) and 'right' on GPUs 2-3 (port 8011) (default 0)")
     up.add_argument("--cluster", type=int, default=0, choices=(0, 2, 4),
-                    help="the first N rigs (2x RTX 3090 each) serve one model together as cluster 'big' (README: "
-                         "Clusters): 2 serve a 4-GPU variant as TP 2 x PP 2, 4 an 8-GPU one as TP 2 x PP 4 (default 0)")
+                    help="the first N rigs (2x RTX 3090 each) serve one model together as cluster 'big' "
+                         "(docs/clusters.md): 2 serve a 4-GPU variant as TP 2 x PP 2, 4 an 8-GPU one as TP 2 x PP 4 (default 0)")
     up.add_argument("--replace", action="store_true", help="tear down a running sandbox first")
     up.add_argument("-v", "--verbose", action="store_true",
                     help="relay every line of the builds' tools (pip's for the hub's PyPI mirror); by default one "
@@ -155,9 +155,9 @@ def _up(args: argparse.Namespace) -> int:
         return 2
 
     def spec(i: int, name: str) -> Any:
-        if i < args.cluster:  # a cluster member: two GPUs, its share of the cluster (README: Clusters)
+        if i < args.cluster:  # a cluster member: two GPUs, its share of the cluster (docs/clusters.md)
             return HostSpec(name, hardware="2x3090", group=group(i))
-        if i >= args.hosts - args.pods:  # a rig of pods (README: Pods)
+        if i >= args.hosts - args.pods:  # a rig of pods (docs/pods.md)
             return HostSpec(name, hardware="4x3090", group=group(i), data={"pods": [dict(p) for p in SANDBOX_PODS]})
         return HostSpec(name, hardware=presets[i % len(presets)], group=group(i))
 

@@ -22,7 +22,7 @@ from rigup.desired.cluster import ClusterMember
 from rigup.desired.compose_doc import ComposeEdit, ComposeError, interpolate, walk_strings
 from rigup.desired.interconnect import NcclSettings
 
-# name -> what it does (the README's transform table and `--explain` use these words)
+# name -> what it does (docs/variants.md's transform table and `--explain` use these words)
 TRANSFORMS: dict[str, str] = {
     "image-pin": "the image is the catalog's, from the configured registry, pinned by the lock's digest "
                  "(or by the catalog's, for an image upstream pins by digest)",

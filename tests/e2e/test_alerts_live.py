@@ -12,8 +12,8 @@ routes for it). Faults run side by side to keep the module short:
   2. rig-02's pod crash-looping while clients use the gateway (RigupUnitCrashLooping, RigupPodDown,
      RigupGatewayRouteUnhealthy), healed by a converge.
 Alerts whose `for:` is longer than the module can wait (5 and 15 min) are checked pending (their
-condition holds) and cleared; the others firing and cleared. Every time is printed (-s) as the README's
-monitoring table has it: seconds from the fault to pending/firing, and from the heal to gone.
+condition holds) and cleared; the others firing and cleared. Every time is printed (-s) as docs/monitoring.md's
+alert table has it: seconds from the fault to pending/firing, and from the heal to gone.
 """
 
 from __future__ import annotations
