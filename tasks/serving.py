@@ -24,6 +24,10 @@ whose files did not change keeps running. Reloads systemd only when systemd repo
 changed (a reload can detach GPUs from running containers).
 Stops: every other rigup variant unit (the pods own the GPUs), and on a host in no cluster the
 firewall a cluster left (rigup-cluster-firewall.service, its rules file and table).
+A failed gate the fleet no longer asks for: a pod whose record says a release failed its gate and was
+rolled back, when this converge renders the release it serves (the fleet file reverted), has that
+failure marked superseded (one command, once), so RigupGateFailed clears; a fleet still asking for the
+failed release restarts it, gates it, fails and rolls back again, and the alert stays.
 Not idempotent: "Health-gate the (re)started variant" runs only after a (re)start, enable or
 driver change and then reports a change; when it fails it restores the pod's previous good
 generation, restarts it, gates it again, and fails the host saying it was rolled back. A cluster
@@ -158,7 +162,7 @@ if blocked is None and not missing_pins:
         unit=[plan.recipe.paths.unit_name for plan in plans],
         install_root=paths.install_root,
     )
-    for plan, _, timeout_s in host.loop(pods):
+    for index, (plan, _, timeout_s) in host.loop(enumerate(pods)):
         pod, recipe = plan.pod_suffix, plan.recipe
         service = variant_service(
             name=f"Run the variant on its current files (restart only if they changed since it started){pod}",
@@ -205,6 +209,7 @@ if blocked is None and not missing_pins:
             name=f"Ensure the variant serves its recorded release{pod}",
             ctl=ctl,
             release=release_path(recipe),
+            release_text=pod_plans.text(index, "release"),
             timeout_s=timeout_s,
             keep=keep,
         )

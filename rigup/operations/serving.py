@@ -262,12 +262,15 @@ def health_gate(ctl: str, release: str, timeout_s: int, keep: int = 2, rollback:
 
 
 @operation()
-def serving_verified(ctl: str, release: str, timeout_s: int, keep: int = 2, rollback: bool = True):
+def serving_verified(ctl: str, release: str, release_text: Callable[[], str], timeout_s: int, keep: int = 2,
+                     rollback: bool = True):
     """
     Make sure the variant serves the release it was last gated with; gate it when it does not.
 
     + ctl: path of rigup-servingctl on the rig
     + release: the variant's release.json on the rig
+    + release_text: the release file's text as this converge renders it (PodPlans.text), called when
+      the operation is planned and when it runs
     + timeout_s: seconds the gate waits for the served model
     + keep: generations to keep for rollback
     + rollback: roll back when the gate fails
@@ -275,6 +278,12 @@ def serving_verified(ctl: str, release: str, timeout_s: int, keep: int = 2, roll
     Converged means: the unit is active, ``/v1/models`` lists the served model, and provenance.json
     records this exact release as having passed the gate. Anything else (a crashed service, a
     deploy interrupted between restart and gate) runs the full gate.
+
+    A pod that serves as recorded while its record says a release's gate failed (rolled back), when
+    this converge renders neither that release nor anything but the one that serves (the fleet file
+    was reverted), has that failure marked superseded (``rigup-servingctl supersede``, once): the fleet
+    no longer asks for a release that failed, so RigupGateFailed clears without a gate. A fleet that
+    still asks for the failed release renders it again: it restarts, is gated, fails and rolls back.
 
     **Example:**
 
@@ -284,6 +293,7 @@ def serving_verified(ctl: str, release: str, timeout_s: int, keep: int = 2, roll
             name="Ensure the variant serves its recorded release",
             ctl="/opt/rigup/bin/rigup-servingctl",
             release="/opt/rigup/variants/dual/release.json",
+            release_text=pod_plans.text(0, "release"),
             timeout_s=900,
         )
     """
@@ -295,6 +305,15 @@ def serving_verified(ctl: str, release: str, timeout_s: int, keep: int = 2, roll
         and recorded.get("gate_result") == "passed"
         and recorded.get("release_sha256") == status.get("release_sha256")
     ):
+        failed = recorded.get("failed_release_sha256")
+        if failed and failed != hashlib.sha256(release_text().encode()).hexdigest() == status.get("release_sha256"):
+            yield streamed(
+                StringCommand("python3", QuoteString(ctl), "supersede", "--release", QuoteString(release)),
+                lambda h, ok, output, s: account(
+                    h, f"gate failure of release {failed[:12]} superseded (asked for the one that serves)"
+                    if ok else "superseding a gate failure failed"),
+            )
+            return
         host.noop(
             f"{status.get('unit')} serves {status.get('models')} as recorded (generation {recorded.get('generation')})"
         )

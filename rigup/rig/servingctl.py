@@ -17,11 +17,13 @@ rig has nothing else we can count on. Commands:
            records nor rolls back: the control machine decides once every member's gate ended.
   rollback restore the last good generation, restart it and gate it (a cluster member whose release
            passed or not, when another member's gate failed: the cluster rolls back as one unit).
+  supersede  a converge found the pod asked for the release it serves, not the one whose failed gate
+           the last rollback records: mark that failure superseded (the fleet no longer asks for it).
   textfile rigup's facts for node_exporter's textfile collector, written atomically (a timer runs it,
            and `gate` after every result): per pod the release it serves, its generation, the last
-           gate's result and time, its rollbacks, its pinned commits and whether its release file
-           still is the one that passed; the NVIDIA driver branch loaded and wanted; the filesystem
-           holding the models.
+           gate's result and time, whether the fleet still asks for a release that failed its gate,
+           its rollbacks, its pinned commits and whether its release file still is the one that
+           passed; the NVIDIA driver branch loaded and wanted; the filesystem holding the models.
 
 Files (all under {install_root}):
   variants/<pod>/release.json             what the control machine wants to run (written by pyinfra; a
@@ -736,6 +738,49 @@ def note_rollback(provenance_path: str, record: Dict[str, Any], failed: Release,
     atomic_write(provenance_path, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode(), 0o644)
 
 
+def standing_gate_failure(record: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The record's last rollback while its failure stands: no gate passed after it, and no converge has
+    since found the pod asked for a release other than the one that failed (`supersede`). None otherwise."""
+    rollback = record.get("last_rollback")
+    if not isinstance(rollback, dict) or rollback.get("superseded_at"):
+        return None
+    gate = record.get("gate") if isinstance(record.get("gate"), dict) else {}
+    passed_at = epoch_seconds(gate.get("at")) if gate.get("result") == "passed" else None
+    failed_at = epoch_seconds(rollback.get("at"))
+    if passed_at is not None and (failed_at is None or passed_at >= failed_at):
+        return None
+    return rollback
+
+
+def supersede(release_path: str, out: Callable[[str], None] = print) -> int:
+    """The converge asks the pod for the release at `release_path` (the one it serves, as recorded), not
+    the one whose failed gate the last rollback records: mark that rollback superseded, atomically as
+    note_rollback writes it, so the textfile stops reporting a failed release the fleet asks for.
+    Returns 1, changing nothing, when the release asked for is the failed one or not the one that serves."""
+    release = Release.load(release_path)
+    record = read_json(release.provenance_path)
+    failure = standing_gate_failure(record) if record else None
+    if record is None or failure is None:
+        out(f"rigup: {release.unit}: no failed gate stands in {release.provenance_path}; nothing to supersede")
+        return 0
+    failed_sha = str(failure.get("failed_release_sha256") or "")
+    if failed_sha == release.sha256:
+        out(f"rigup: {release.unit}: {release.path} is the release that failed its gate at {failure.get('at')}; "
+            f"its failure stands")
+        return 1
+    if record.get("release_sha256") != release.sha256:
+        out(f"rigup: {release.unit}: {release.path} is not the release that serves (generation "
+            f"{record.get('generation')}); gate it first")
+        return 1
+    record = dict(record)
+    record["last_rollback"] = {**failure, "superseded_at": now_iso(), "superseded_by_release_sha256": release.sha256}
+    record["written_at"] = now_iso()
+    atomic_write(release.provenance_path, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode(), 0o644)
+    out(f"rigup: {release.unit}: the fleet asks for release {release.sha256[:12]} (generation {record.get('generation')}, "
+        f"serving), no longer for {failed_sha[:12]}, whose gate failed at {failure.get('at')}")
+    return 0
+
+
 # ----------------------------------------------------------------------------------------------
 # metrics: rigup's facts as a node_exporter textfile (the fleet's Prometheus scrapes them with the node)
 
@@ -821,6 +866,10 @@ def textfile_metrics(install_root: str, wanted_driver_branch: int, model_dir: st
         last_passed = passed_at is not None and (failed_at is None or passed_at >= failed_at)
         add("rigup_gate_last_passed", "gauge", "1 when the pod's last health gate passed, 0 when it failed (and was rolled back).",
             _labels(pod=pod, variant=variant), 1 if last_passed else 0)
+        add("rigup_release_failed_gate", "gauge",
+            "1 while the fleet asks the pod for a release that failed its health gate (rolled back): until a gate "
+            "passes or a converge asks it for another release.",
+            _labels(pod=pod, variant=variant), 0 if standing_gate_failure(record) is None else 1)
         last = max([t for t in (passed_at, failed_at) if t is not None], default=None)
         if last is not None:
             add("rigup_gate_last_timestamp_seconds", "gauge", "When the pod's last health gate ended.", _labels(pod=pod), last)
@@ -928,11 +977,14 @@ def probe(release_path: str, systemd: Systemd) -> Dict[str, Any]:
                 result["error"] = f"{release.served_model_name!r} not listed"
     prov = read_json(release.provenance_path) or {}
     gate = prov.get("gate") if isinstance(prov.get("gate"), dict) else {}
+    failure = standing_gate_failure(prov)
     result["provenance"] = {
         "variant": prov.get("variant"),
         "generation": prov.get("generation"),
         "release_sha256": prov.get("release_sha256"),
         "gate_result": gate.get("result"),
+        # the release whose failed gate still stands (the converge supersedes it when it asks for another)
+        "failed_release_sha256": failure.get("failed_release_sha256") if failure else None,
     }
     return result
 
@@ -1116,6 +1168,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p_back.add_argument("--release", required=True, help="the variant's release.json (the one to take out)")
     p_back.add_argument("--timeout", type=float, required=True, help="seconds to wait for the restored model")
     p_back.add_argument("--reason", required=True, help="why, for the record (another member's failed gate)")
+    p_super = sub.add_parser("supersede", help="the fleet asks for the release that serves: a failed gate of another no longer stands")
+    p_super.add_argument("--release", required=True, help="the pod's release.json (as the converge rendered it)")
     p_text = sub.add_parser("textfile", help="write rigup's facts for node_exporter's textfile collector")
     p_text.add_argument("--install-root", required=True)
     p_text.add_argument("--out", required=True, help="the .prom file, in node_exporter's textfile directory")
@@ -1133,6 +1187,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     def out(line: str) -> None:
         print(line, flush=True)
 
+    if args.command == "supersede":
+        return supersede(args.release, out=out)
     if args.command == "rollback":
         return roll_back(args.release, args.reason, args.timeout, systemd, out=out)
     return gate(args.release, args.timeout, args.keep, not args.no_rollback, systemd, out=out, hold=args.hold)

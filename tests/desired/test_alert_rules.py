@@ -81,11 +81,14 @@ CASES: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
               "the next converge restarts it", quiet_at="1m"),
     ),
     "RigupGateFailed": (
-        [series("rigup_gate_last_passed", {**NODE, "pod": "dual", "variant": "dual"}, "1 1 0 0 1 1")],
+        # a gate fails at minute 2 and is rolled back; at 4 the operator reverts the fleet file and converges:
+        # no gate runs (the last gate stays failed), the converge supersedes the failure, the alert clears
+        [series("rigup_gate_last_passed", {**NODE, "pod": "dual", "variant": "dual"}, "1 1 0 0 0 0"),
+         series("rigup_release_failed_gate", {**NODE, "pod": "dual", "variant": "dual"}, "0 0 1 1 0 0")],
         alert("RigupGateFailed", "2m", "4m", {**NODE, "pod": "dual", "variant": "dual", "severity": "critical"},
-              "rig-1/dual: the last health gate failed (dual)",
-              "rigup status --limit rig-1 shows the rollback and its reason; fix the fleet file or pins and converge",
-              quiet_at="1m"),
+              "rig-1/dual: the release the fleet asks for failed its health gate (dual)",
+              "rigup status --limit rig-1 shows the rollback and its reason; fix or revert the fleet file or pins "
+              "and converge", quiet_at="1m"),
     ),
     "RigupUnitCrashLooping": (
         # rigup-dual crashes from minute 6, hits its start limit at 10 (failed) and a converge starts it at

@@ -227,7 +227,7 @@ def probe_output(**over: Any) -> list[str]:
 
 
 def test_serving_verified_noop_when_serving_the_recorded_release():
-    executed, meta = run(serving_verified, {PROBE: probe_output()}, ctl=CTL, release=RELEASE, timeout_s=900)
+    executed, meta = run(serving_verified, {PROBE: probe_output()}, ctl=CTL, release=RELEASE, release_text=rendered(GOOD), timeout_s=900)
     assert changes(executed, (PROBE,)) == []
     assert not meta.did_change()
 
@@ -242,9 +242,52 @@ def test_serving_verified_noop_when_serving_the_recorded_release():
     ],
 )
 def test_serving_verified_gates_otherwise(over):
-    executed, meta = run(serving_verified, {PROBE: probe_output(**over)}, ctl=CTL, release=RELEASE, timeout_s=900)
+    executed, meta = run(serving_verified, {PROBE: probe_output(**over)}, ctl=CTL, release=RELEASE, release_text=rendered(GOOD),
+                         timeout_s=900)
     assert changes(executed, (PROBE,)) == [GATE]
     assert meta.did_change()
+
+
+GOOD, BAD = '{"image": "v1"}\n', '{"image": "v2"}\n'  # release files as a converge renders them
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def rendered(text: str):
+    return lambda: text
+
+
+SUPERSEDE = f"python3 {CTL} supersede --release {RELEASE}"
+
+
+def rolled_back(failed: str) -> list[str]:
+    """The probe after a failed gate of `failed` rolled back to GOOD, which serves as recorded."""
+    return probe_output(release_sha256=sha(GOOD), provenance={"variant": "dual", "generation": 2, "release_sha256": sha(GOOD),
+                                                              "gate_result": "passed", "failed_release_sha256": failed})
+
+
+def test_serving_verified_supersedes_a_failed_gate_the_fleet_no_longer_asks_for():
+    # the fleet file was reverted: the converge renders the release that serves, not the one that failed
+    executed, meta = run(serving_verified, {PROBE: rolled_back(sha(BAD))}, ctl=CTL, release=RELEASE,
+                         release_text=rendered(GOOD), timeout_s=900)
+    assert changes(executed, (PROBE,)) == [SUPERSEDE]
+    assert meta.did_change()
+
+
+@pytest.mark.parametrize(
+    ("probe", "asked"),
+    [
+        (rolled_back(sha(BAD)), BAD),  # --dry while the fleet still asks for the failed release (the disk holds GOOD)
+        (rolled_back(None), GOOD),  # no failed gate stands (none, superseded, or a gate passed since)
+    ],
+)
+def test_serving_verified_leaves_a_failed_gate_the_fleet_still_asks_for(probe, asked):
+    executed, meta = run(serving_verified, {PROBE: probe}, ctl=CTL, release=RELEASE, release_text=rendered(asked),
+                         timeout_s=900)
+    assert changes(executed, (PROBE,)) == []
+    assert not meta.did_change()
 
 
 def test_serving_status_fact_before_the_first_deploy():

@@ -6,6 +6,7 @@ Covers the gate's waiting and checks, generation bookkeeping, provenance content
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import http.server
 import json
@@ -552,6 +553,79 @@ def test_rollback_takes_a_release_that_passed_out_for_another_members_failure(ri
     assert prov["last_rollback"]["failed_image"] == "docker.io/vllm/vllm-openai:v2"
 
 
+@pytest.fixture
+def seconds_pass(monkeypatch):
+    """Each record the gate writes is a second later than the one before (a real failed gate takes several):
+    the order of a pass and a rollback is read from their times, which have whole seconds."""
+    moments = iter(range(10_000))
+    monkeypatch.setattr(ctl, "now_iso", lambda: datetime.datetime.fromtimestamp(
+        1796000000 + next(moments), datetime.timezone.utc).isoformat())
+
+
+def failed_gate_gauge(rig: Rig) -> float:
+    text = ctl.textfile_metrics(str(rig.install_root), 580, str(rig.root / "models"))
+    return next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("rigup_release_failed_gate{"))
+
+
+def test_a_reverted_fleet_file_supersedes_the_failed_gate_and_a_repeated_failure_stands_again(rig, systemd, server,
+                                                                                              seconds_pass):
+    good = rig.deploy("dual", MODEL, tag="v1")
+    assert run_gate(good, systemd)[0] == ctl.EXIT_PASSED
+    good_sha = ctl.sha256_file(str(good))
+    bad = rig.deploy("dual", "broken", tag="v2")
+    bad_sha = ctl.sha256_file(str(bad))
+    systemd.restart("rigup-dual.service")
+    assert run_gate(bad, systemd, timeout=0.3)[0] == ctl.EXIT_ROLLED_BACK
+    # rolled back: the good release is on disk and serves, yet the fleet still asks for the bad one
+    assert ctl.sha256_file(str(good)) == good_sha
+    assert ctl.probe(str(good), systemd)["provenance"]["failed_release_sha256"] == bad_sha
+    assert failed_gate_gauge(rig) == 1
+    # the converge renders the bad release again (before its restart): supersede refuses, nothing written
+    rig.deploy("dual", "broken", tag="v2")
+    lines: list[str] = []
+    before = (rig.install_root / "state/provenance.json").read_bytes()
+    assert ctl.supersede(str(good), out=lines.append) == 1
+    assert "is the release that failed its gate" in lines[0] and "its failure stands" in lines[0]
+    assert (rig.install_root / "state/provenance.json").read_bytes() == before
+    # the operator reverts the fleet file: the converge renders the good release, which serves
+    rig.deploy("dual", MODEL, tag="v1")
+    assert ctl.sha256_file(str(good)) == good_sha
+    lines.clear()
+    assert ctl.supersede(str(good), out=lines.append) == 0
+    assert f"no longer for {bad_sha[:12]}" in lines[0]
+    record = rig.provenance
+    assert record["last_rollback"]["superseded_by_release_sha256"] == good_sha
+    assert record["last_rollback"]["failed_release_sha256"] == bad_sha  # rigup status still tells the story
+    assert record["gate"]["result"] == "passed" and record["generation"] == 1 and record["rollbacks"] == 1
+    assert ctl.probe(str(good), systemd)["provenance"]["failed_release_sha256"] is None
+    assert failed_gate_gauge(rig) == 0
+    assert 'rigup_gate_last_passed{pod="dual",variant="dual"} 0' in ctl.textfile_metrics(
+        str(rig.install_root), 580, str(rig.root / "models"))  # the last gate did fail: that gauge says so
+    lines.clear()
+    assert ctl.supersede(str(good), out=lines.append) == 0 and "nothing to supersede" in lines[0]
+    assert rig.provenance == record
+    # the fleet asks for the bad release once more: it fails and rolls back again, and that failure stands
+    bad = rig.deploy("dual", "broken", tag="v2")
+    systemd.restart("rigup-dual.service")
+    assert run_gate(bad, systemd, timeout=0.3)[0] == ctl.EXIT_ROLLED_BACK
+    assert "superseded_at" not in rig.provenance["last_rollback"] and rig.provenance["rollbacks"] == 2
+    assert ctl.probe(str(good), systemd)["provenance"]["failed_release_sha256"] == bad_sha
+    assert failed_gate_gauge(rig) == 1
+
+
+def test_supersede_refuses_a_release_that_does_not_serve(rig, systemd, server, seconds_pass):
+    good = rig.deploy("dual", MODEL, tag="v1")
+    assert run_gate(good, systemd)[0] == ctl.EXIT_PASSED
+    bad = rig.deploy("dual", "broken", tag="v2")
+    systemd.restart("rigup-dual.service")
+    assert run_gate(bad, systemd, timeout=0.3)[0] == ctl.EXIT_ROLLED_BACK
+    third = rig.deploy("dual", MODEL, tag="v3")  # neither the failed release nor the one that passed: gate it first
+    lines: list[str] = []
+    assert ctl.main(["supersede", "--release", str(third)]) == 1
+    assert ctl.supersede(str(third), out=lines.append) == 1 and "gate it first" in lines[0]
+    assert "superseded_at" not in rig.provenance["last_rollback"]
+
+
 def test_rollback_without_a_good_generation_says_there_is_none(rig, systemd, server):
     first = rig.deploy("dual", MODEL, tag="v1")
     lines: list[str] = []
@@ -659,6 +733,7 @@ def test_probe_reports_serving_and_the_recorded_release(rig, systemd, server):
         "generation": 1,
         "release_sha256": after["release_sha256"],
         "gate_result": "passed",
+        "failed_release_sha256": None,
     }
     server.behaviour.model = "other"
     assert ctl.probe(str(release), systemd)["serving"] is False

@@ -19,7 +19,8 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "proc-nvidia-ve
 
 
 def write_pod(root: Path, pod: str | None, variant: str, *, gate_at: str = "2026-12-01T10:00:00+00:00",
-              rollback_at: str | None = None, rollbacks: int = 0, release_edit: str = "") -> None:
+              rollback_at: str | None = None, rollbacks: int = 0, release_edit: str = "",
+              superseded_at: str | None = None) -> None:
     """A pod's release.json and its provenance record, as the serving task and the gate leave them."""
     variant_dir = root / "variants" / (pod or variant)
     variant_dir.mkdir(parents=True)
@@ -34,7 +35,10 @@ def write_pod(root: Path, pod: str | None, variant: str, *, gate_at: str = "2026
     if pod:
         record["pod"] = pod
     if rollback_at:
-        record["last_rollback"] = {"at": rollback_at, "reason": "boot OOM", "outcome": "rolled back"}
+        record["last_rollback"] = {"at": rollback_at, "reason": "boot OOM", "outcome": "rolled back",
+                                   "failed_release_sha256": "f" * 64}
+        if superseded_at:  # a later converge asked for the release that serves (rigup-servingctl supersede)
+            record["last_rollback"].update(superseded_at=superseded_at, superseded_by_release_sha256=record["release_sha256"])
     if rollbacks:
         record["rollbacks"] = rollbacks
     state = root / "state" / ("pods/" + pod if pod else "")
@@ -69,6 +73,9 @@ def test_pods_gates_rollbacks_pins_and_drift(tmp_path: Path) -> None:
     assert got['rigup_gate_last_passed{pod="chat",variant="dual"}'] == 1
     assert got['rigup_gate_last_passed{pod="code",variant="single"}'] == 0
     assert got['rigup_gate_last_timestamp_seconds{pod="code"}'] == 1796198400  # the rollback, later than the pass
+    # the fleet still asks "code" for the release that failed; "chat" never failed
+    assert got['rigup_release_failed_gate{pod="code",variant="single"}'] == 1
+    assert got['rigup_release_failed_gate{pod="chat",variant="dual"}'] == 0
     assert got['rigup_rollbacks_total{pod="code"}'] == 2 and got['rigup_rollbacks_total{pod="chat"}'] == 0
     assert got['rigup_generation{pod="chat"}'] == 3
     assert got[f'rigup_source_info{{pod="chat",source="genesis",commit="{"c" * 40}"}}'] == 1
@@ -81,6 +88,22 @@ def test_pods_gates_rollbacks_pins_and_drift(tmp_path: Path) -> None:
     lint = subprocess.run([str(debarchive.promtool()), "check", "metrics"], input=text, capture_output=True, text=True,
                           timeout=60)
     assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_a_failed_gate_stands_until_a_gate_passes_or_a_converge_asks_for_another_release(tmp_path: Path) -> None:
+    # rolled back, and the fleet still asks for the failed release: the alert's gauge is 1
+    write_pod(tmp_path, "asked", "dual", rollback_at="2026-12-02T08:00:00+00:00")
+    # rolled back, then a converge found the fleet asks for the release that serves (reverted): no gate ran
+    write_pod(tmp_path, "reverted", "dual", rollback_at="2026-12-02T08:00:00+00:00",
+              superseded_at="2026-12-02T08:05:00+00:00")
+    # rolled back, then a gate passed (a fixed release)
+    write_pod(tmp_path, "fixed", "dual", rollback_at="2026-12-02T08:00:00+00:00", gate_at="2026-12-02T08:10:00+00:00")
+    got = samples(ctl.textfile_metrics(str(tmp_path), 580, str(tmp_path / "models")))
+    failed = {pod: got[f'rigup_release_failed_gate{{pod="{pod}",variant="dual"}}'] for pod in ("asked", "reverted", "fixed")}
+    assert failed == {"asked": 1, "reverted": 0, "fixed": 0}
+    # the last gate's own result is unchanged by a supersede: it did fail
+    last = {pod: got[f'rigup_gate_last_passed{{pod="{pod}",variant="dual"}}'] for pod in ("asked", "reverted", "fixed")}
+    assert last == {"asked": 0, "reverted": 0, "fixed": 1}
 
 
 def test_no_driver_loaded_reads_zero_and_a_missing_root_gives_host_facts_only(tmp_path: Path) -> None:
