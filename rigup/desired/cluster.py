@@ -77,6 +77,7 @@ from typing import Any
 from rigup import DEPLOY_ROOT
 from rigup.desired.catalog import load_catalog
 from rigup.desired.knobs import knob
+from rigup.desired.templating import render_template
 from rigup.parsers.iproute import PeerRoutes, interface_for_peers, route_to
 
 CLUSTER_KEYS = ("name", "variant", "hosts", "gpus_per_host", "port", "variant_overrides", "socket_interface")
@@ -568,19 +569,5 @@ def firewall_text(cluster: Cluster, members: Mapping[str, str], ports: RayPorts,
 
 
 def firewall_unit_text() -> str:
-    return (
-        "# Written by rigup (tasks/serving.py): the cluster's firewall (rigup.desired.cluster.firewall_text).\n"
-        "[Unit]\n"
-        "Description=rigup: admit only the cluster's members to Ray's and NCCL's ports\n"
-        "Wants=network-pre.target\n"
-        "Before=network-pre.target docker.service\n"
-        "\n"
-        "[Service]\n"
-        "Type=oneshot\n"
-        "RemainAfterExit=yes\n"
-        f"ExecStart=/usr/sbin/nft -f {FIREWALL_FILE}\n"
-        f"ExecStop=/usr/sbin/nft delete table inet {FIREWALL_TABLE}\n"
-        "\n"
-        "[Install]\n"
-        "WantedBy=multi-user.target\n"
-    )
+    return render_template("rigup-cluster-firewall.service.j2", firewall_file=FIREWALL_FILE,
+                           firewall_table=FIREWALL_TABLE)

@@ -21,6 +21,7 @@ from rigup.desired.catalog import load_catalog
 from rigup.desired.knobs import knob
 from rigup.desired.monitoring import JOB_GPU, JOB_NODE, JOB_PODS
 from rigup.desired.recipe import pods_of
+from rigup.desired.templating import render_template
 
 GRAFANA_PACKAGE = "grafana"
 GRAFANA_UNIT = "grafana-server.service"
@@ -146,7 +147,7 @@ def dashboards_provider_text(vllm_refs: Iterable[str] = ()) -> str:
 
 
 def port_dropin_text(port: int) -> str:
-    return f"# Written by rigup (tasks/monitoring.py): grafana_port.\n[Service]\nEnvironment=GF_SERVER_HTTP_PORT={port}\n"
+    return render_template("grafana-server-rigup-port.conf.j2", port=port)
 
 
 # --- vLLM's official dashboards, at the vLLM version of each image the fleet serves ------------------------

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rigup.desired.knobs import knob, url_host
+from rigup.desired.templating import render_template
 
 CONFIG_FILE = "/etc/rigup/image-mirror.yml"
 KEEP_FILE = "/etc/rigup/image-mirror-keep.json"  # the prune script's input: bound and the pins to keep
@@ -106,21 +107,15 @@ class MirrorRole:
 
 
 def dropin_text() -> str:
-    return ("# rigup: run the registry on rigup's config (the package's own config.yml is left as shipped)\n"
-            "[Service]\nExecStart=\n"
-            f"ExecStart={BINARY} serve {CONFIG_FILE}\n"
-            "Restart=on-failure\nRestartSec=2\n")
+    return render_template("docker-registry-rigup.conf.j2", binary=BINARY, config_file=CONFIG_FILE)
 
 
 def prune_unit_text(script: str) -> str:
-    return ("[Unit]\nDescription=rigup: keep the image mirror's cache under its bound\n\n"
-            f"[Service]\nType=oneshot\nExecStart=/usr/bin/python3 {script} prune {KEEP_FILE}\n")
+    return render_template("rigup-image-mirror-prune.service.j2", script=script, keep_file=KEEP_FILE)
 
 
 def prune_timer_text() -> str:
-    return ("[Unit]\nDescription=rigup: prune the image mirror's cache daily\n\n"
-            "[Timer]\nOnBootSec=15min\nOnUnitActiveSec=1d\nRandomizedDelaySec=1h\n\n"
-            "[Install]\nWantedBy=timers.target\n")
+    return render_template("rigup-image-mirror-prune.timer.j2")
 
 
 def helper_path(install_root: str) -> str:

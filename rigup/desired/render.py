@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import jinja2
-
-from rigup import DEPLOY_ROOT
 from rigup.desired.recipe import Recipe
-
-TEMPLATES_DIR = DEPLOY_ROOT / "templates"
-
+from rigup.desired.templating import render_template
 
 # .env keys of the secrets, and the compose file's references to them (recipe.environment_refs).
 HF_TOKEN_KEY = "HF_TOKEN"
@@ -45,24 +39,8 @@ class RenderedFile:
         return "".join(lines)
 
 
-@functools.cache
-def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
-    return env
-
-
 def _render(template: str, recipe: Recipe) -> str:
     return render_template(template, recipe=recipe)
-
-
-def render_template(template: str, **values: object) -> str:
-    """One of templates/, strict about undefined names."""
-    return _environment().get_template(template).render(**values)
 
 
 def render_variant(recipe: Recipe, *, hf_token_present: bool, api_key_present: bool) -> dict[str, RenderedFile]:
