@@ -4,8 +4,8 @@ True afterwards: prometheus-node-exporter (the OS package) runs on node_exporter
 collector over rigup's and Docker's units and the textfile collector reading
 /var/lib/prometheus/node-exporter (flags in /etc/default/prometheus-node-exporter);
 rigup-metrics.timer runs `rigup-servingctl textfile` every 15 s, writing rigup.prom there: per pod the
-release it serves, its generation, the last gate's result, rollbacks, pinned commits and release
-drift, the driver branch loaded and wanted, the models' filesystem; the GPU exporter image
+release it serves, its generation, the last gate's result, whether the fleet still asks it for a
+release that failed its gate, rollbacks, pinned commits and release drift, the driver branch loaded and wanted, the models' filesystem; the GPU exporter image
 (gpu_exporter_image, by its locked digest) is pulled and rigup-gpu-exporter.service runs it with every
 GPU on gpu_exporter_port, at boot too, reading rigup's DCGM fields (files/monitoring/dcgm-counters.csv,
 uploaded to {install_root}/metrics/).
