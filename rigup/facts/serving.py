@@ -32,10 +32,12 @@ class ServingStatus(FactBase[dict[str, Any]]):
             "serving": True,
             "error": None,
             "provenance": {"variant": "dual", "generation": 3,
-                           "release_sha256": "4f1c...", "gate_result": "passed"},
+                           "release_sha256": "4f1c...", "gate_result": "passed",
+                           "failed_release_sha256": None},
         }
 
-    ``{"release_present": False, "serving": False}`` before the first deploy.
+    ``{"release_present": False, "serving": False}`` before the first deploy. ``failed_release_sha256``:
+    the release whose failed gate (rolled back) still stands, None when none does.
     """
 
     default = dict
