@@ -27,8 +27,8 @@ import yaml
 
 from rigup import DEPLOY_ROOT
 from rigup.desired.knobs import knob, knob_int
-from rigup.desired.render import render_template
 from rigup.desired.secrets import SecretError, load_api_key, read_secret_file
+from rigup.desired.templating import render_template
 
 REQUIREMENTS_FILE = DEPLOY_ROOT / "files" / "gateway" / "requirements.txt"
 UNIT_NAME = "rigup-gateway.service"

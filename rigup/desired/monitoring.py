@@ -29,8 +29,8 @@ import yaml
 from rigup import DEPLOY_ROOT
 from rigup.desired.gateway import current_records, is_gateway, is_loopback, reach_address
 from rigup.desired.knobs import knob, knob_int
-from rigup.desired.render import render_template
 from rigup.desired.secrets import SecretError, read_secret_file
+from rigup.desired.templating import render_template
 
 # Debian's and Ubuntu's prometheus packages: the unit reads ARGS from /etc/default/prometheus and
 # the configuration from /etc/prometheus (prometheus-node-exporter likewise, with the textfile
