@@ -10,7 +10,9 @@ routes for it). Faults run side by side to keep the module short:
      rig-02's release file edited (RigupReleaseDrift); healed: rig-01 under load at its power limit
      (RigupGpuAtPowerCap), then idle;
   2. rig-02's pod crash-looping while clients use the gateway (RigupUnitCrashLooping, RigupPodDown,
-     RigupGatewayRouteUnhealthy), healed by a converge.
+     RigupGatewayRouteUnhealthy) and, meanwhile, a converge of rig-01 whose fleet settings fail its gate
+     and roll it back (RigupGateFailed); healed by one converge of both after the fleet file is reverted
+     (rig-01's release is then the one that serves: nothing restarts, no gate runs, and the alert clears).
 Alerts whose `for:` is longer than the module can wait (5 and 15 min) are checked pending (their
 condition holds) and cleared; the others firing and cleared. Every time is printed (-s) as docs/monitoring.md's
 alert table has it: seconds from the fault to pending/firing, and from the heal to gone.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import calendar
 import json
 import shlex
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -34,7 +37,7 @@ from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import Host, HostSpec
 from tests.e2e.helpers import key_files
 from tests.e2e.test_monitoring import GATEWAY_KEY, SCRAPE_S, prometheus, query, targets, wait_for
-from tests.e2e.test_serving import API_KEY, VARIANT, Bed, port_of, served_name, sh
+from tests.e2e.test_serving import API_KEY, VARIANT, Bed, port_of, served_name, sh, unit_prop
 
 pytestmark = pytest.mark.e2e
 
@@ -91,6 +94,27 @@ class Watch:
         TABLE.append((self.name, self.state, self.reached, self.cleared))
         print(f"{self.name} {self.labels}: {self.state} after {self.reached:.0f} s, cleared {self.cleared:.0f} s "
               "after the heal")
+
+
+class AfterConverge(Watch):
+    """A watch whose fault is a converge, run in the background (the other watches go on meanwhile) and
+    timed from its end: `output` is what it printed."""
+
+    def __init__(self, bed: Bed, alert: str, state: str, converge: Callable[[], subprocess.CompletedProcess[str]],
+                 **labels: str) -> None:
+        super().__init__(bed, alert, state, **labels)
+        self.output: str | None = None
+        self.converge = converge
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        proc = self.converge()
+        self.started = time.monotonic()
+        self.output = proc.stdout + proc.stderr
+
+    def check(self) -> bool:
+        return self.output is not None and super().check()
 
 
 def wait_all(watches: list[Watch], what: Callable[[Watch], bool], timeout: float, doing: str) -> None:
@@ -220,7 +244,7 @@ def test_gateway_down_hot_gpus_exporter_down_and_release_drift_fire_and_clear(be
         watch.record()
 
 
-def test_a_crash_looping_pod_fires_one_alert_per_cause_and_a_converge_clears_them(bed: Bed) -> None:
+def test_a_crash_looping_pod_and_a_failed_gate_fire_one_alert_per_cause_and_a_converge_clears_them(bed: Bed) -> None:
     gw, rig2 = bed.host("gw-01"), bed.host("rig-02")
     wait_for(lambda: query(bed, 'up{job="gateway-gw-01"} == 1'), 60, "the gateway scraped again")
     responder_faults(bed.host("rig-01"), mode="ok", tokens_per_s=200)
@@ -229,13 +253,20 @@ def test_a_crash_looping_pod_fires_one_alert_per_cause_and_a_converge_clears_the
     root(rig2, f"mkdir -p {RESTART_DROPIN} && printf '[Service]\\nRestartSec=1\\n' > {RESTART_DROPIN}/fast.conf && "
                "systemctl daemon-reload")
     responder_faults(rig2, mode="crash")
+    # side by side: the fleet file publishes rig-01's pod on an address the rig does not have (as
+    # test_serving's failed gate): its converge's gate fails and rolls back to the generation that served
+    bed.group_data = {**bed.group_data, "rigs": {"serving_bind_address": "192.0.2.55"}}
+    bed.write(relock=False)
     with Load(gateway, GATEWAY_KEY, served_name(VARIANT), clients=3) as load:
         root(rig2, f"systemctl restart {UNIT}")
         crash = Watch(bed, "RigupUnitCrashLooping", "firing", host="rig-02", name=UNIT)
         pod_down = Watch(bed, "RigupPodDown", "firing", host="rig-02", pod=VARIANT)
         route = Watch(bed, "RigupGatewayRouteUnhealthy", "firing", host="gw-01", api_base=route_base(bed, "rig-02"))
-        watches = [crash, pod_down, route]
-        wait_all(watches, Watch.check, 60 + 60 + 6 * SCRAPE_S + 60, "the crash loop's alerts")
+        gate = AfterConverge(bed, "RigupGateFailed", "firing", lambda: bed.deploy("--limit", "rig-01", expect_ok=False),
+                             host="rig-01", pod=VARIANT)
+        watches = [crash, pod_down, route, gate]
+        wait_all(watches, Watch.check, 60 + 60 + 6 * SCRAPE_S + 60, "the crash loop's and the failed gate's alerts")
+        assert gate.output is not None and "FAILED and ROLLED BACK" in gate.output, gate.output
         # one alert per cause: the crash loop's both branches hold once the unit failed at its start limit
         both = (f'node_systemd_unit_state{{host="rig-02", name="{UNIT}", state="failed"}} == 1 and on (instance, name) '
                 f'increase(node_systemd_service_restart_total{{host="rig-02", name="{UNIT}"}}[15m]) >= 3')
@@ -244,11 +275,21 @@ def test_a_crash_looping_pod_fires_one_alert_per_cause_and_a_converge_clears_the
         wait_for(lambda: evaluated_since(bed, "rigup-pods", held), 3 * SCRAPE_S + 10, "the rules evaluated again")
         assert len(alerts(bed, "RigupUnitCrashLooping", host="rig-02")) == 1
         root(rig2, f"rm -r {RESTART_DROPIN} /etc/rigup-testbed/responder.json && systemctl daemon-reload")
+        bed.group_data = {k: v for k, v in bed.group_data.items() if k != "rigs"}  # the operator reverts the fleet file
+        bed.write(relock=False)
+        rig1_started = unit_prop(bed.host("rig-01"), UNIT, "ExecMainStartTimestamp")
         for watch in watches:
             watch.heal()
-        bed.deploy("--limit", "rig-02")  # the converge brings the recorded release back
-        wait_all(watches, Watch.gone, 120, "the crash loop's alerts to clear after the converge")
+        # the converge brings rig-02's recorded release back, and asks rig-01 for the release it serves
+        healed = bed.deploy("--limit", "rig-01", "--limit", "rig-02")
+        assert "superseded" in healed.stdout + healed.stderr, healed.stdout[-3000:]
+        wait_all(watches, Watch.gone, 120, "the crash loop's and the failed gate's alerts to clear after the converge")
         assert load.statuses.get(200, 0) > 0, load.statuses
+    # rig-01 was not restarted, and its next converge has nothing to supersede (the probe it runs says so)
+    assert unit_prop(bed.host("rig-01"), UNIT, "ExecMainStartTimestamp") == rig1_started
+    probe = json.loads(root(bed.host("rig-01"), f"python3 /opt/rigup/bin/rigup-servingctl probe "
+                                                f"--release /opt/rigup/variants/{VARIANT}/release.json"))
+    assert probe["serving"] and probe["provenance"]["failed_release_sha256"] is None, probe
     responder_faults(bed.host("rig-01"), mode="ok")
     for watch in watches:
         watch.record()
