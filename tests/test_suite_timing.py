@@ -80,3 +80,25 @@ def test_the_longest_modules_run_first_and_unmeasured_ones_before_them(tmp_path:
     assert module_seconds(tmp_path / "missing.json") == {}
     assert longest_first(nodeids, {}) == ["tests/test_u.py", "tests/e2e/test_a.py", "tests/test_v.py",
                                           "tests/e2e/test_new.py", "tests/e2e/test_b.py"]
+
+
+def test_the_durations_table_puts_two_runs_side_by_side(tmp_path: Path) -> None:
+    def run(wall: float, unit: float, modules: dict[str, tuple[int, float]]) -> dict:
+        return {"wall_s": wall, "tests": 10 + sum(n for n, _ in modules.values()),
+                "unit": {"tests": 10, "seconds": unit}, "bed_bring_up": {"beds": 2, "seconds": 61.0},
+                "e2e_modules": {m: {"tests": n, "seconds": s} for m, (n, s) in modules.items()}}
+
+    before = run(3154.0, 410.0, {"tests/e2e/test_a.py": (5, 527.4), "tests/e2e/test_b.py": (2, 600.0)})
+    after = run(1500.0, 300.0, {"tests/e2e/test_a.py": (6, 300.0), "tests/e2e/test_new.py": (1, 30.0)})
+    (tmp_path / "before.json").write_text(json.dumps(before))
+    (tmp_path / "after.json").write_text(json.dumps(after))
+    proc = subprocess.run([sys.executable, "-m", "tests.support.durations_table", str(tmp_path / "before.json"),
+                           str(tmp_path / "after.json")], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[2] == "| wall clock | 17 -> 17 | 52:34 | 25:00 |"
+    assert lines[3] == "| unit tests | 10 -> 10 | 6:50 | 5:00 |"
+    # modules longest (before) first; one only in the later run has no time before
+    assert [line.split(" | ")[0] for line in lines[5:]] == [
+        "| `tests/e2e/test_b.py`", "| `tests/e2e/test_a.py`", "| `tests/e2e/test_new.py`"]
+    assert lines[5].endswith("| 2 -> - | 10:00 | - |") and lines[7].endswith("| - -> 1 | - | 0:30 |")

@@ -194,11 +194,17 @@ def test_a_wrong_socket_interface_fails_the_gate_with_the_rendezvous_error_and_r
         assert _env(bed, host)["GLOO_SOCKET_IFNAME"] == routed[host]  # the good generation's files are back
         assert unit_prop(bed.testbed.host(host), UNIT, "ActiveState") == "active"
     assert served_name(VARIANT) in served(bed, "rig-a")
-    # the fleet file is right again and the cluster serves it: a converge changes nothing
+    # the fleet file is right again and the cluster serves it: a converge restarts nothing; it only marks
+    # each member's standing gate failure superseded (the fleet no longer asks for it), so RigupGateFailed clears
+    started = {host: unit_prop(bed.testbed.host(host), UNIT, "ExecMainStartTimestampMonotonic") for host in good}
     proc = bed.pyinfra("--json", "deploy.py")
     assert proc.returncode == 0, _tail(proc)
     changed = {op["name"] for op in json.loads(proc.stdout)["results"]["operations"] if op["success"]}
-    assert changed == set(), changed
+    assert changed == {"tasks/serving.py | Ensure the variant serves its recorded release [pod big]"}, changed
+    for host in good:
+        rec = record(bed, host)
+        assert rec["generation"] == good[host] and rec["last_rollback"].get("superseded_at"), (host, rec)
+        assert unit_prop(bed.testbed.host(host), UNIT, "ExecMainStartTimestampMonotonic") == started[host]
 
 
 def test_a_stopped_worker_takes_the_cluster_down_and_the_next_converge_heals_it(bed: Bed) -> None:
