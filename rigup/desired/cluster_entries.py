@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from rigup.desired.catalog import load_catalog
+from rigup.desired.catalog import closest_variants, load_catalog
 from rigup.desired.cluster import (
     CLUSTER_KEYS,
     Cluster,
@@ -86,7 +86,7 @@ def parse_clusters(listed: Any, known_hosts: Iterable[str]) -> list[Cluster]:
         names[name] = where
         variant = entry["variant"]
         if variant not in variants:
-            raise ClusterError(f"{where}: variant: {variant!r} is not in the catalog (known: {', '.join(variants)})")
+            raise ClusterError(f"{where}: variant: {variant!r} is not in the catalog ({closest_variants(variant)})")
         hosts = _hosts(where, entry["hosts"], known)
         for host in hosts:
             if host in members:

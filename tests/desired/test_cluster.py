@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from rigup.desired.catalog import variant_names
 from rigup.desired.cluster import (
     SPLIT_EXPLANATION,
     SPLIT_TRANSFORM,
@@ -236,7 +237,13 @@ def test_lmcache_is_refused() -> None:
                               "gateway, gpu-power): it names the unit rigup-<name>.service on every member, got 'Big'"),
         ([entry(name="gateway")], "clusters[0] (gateway): name: must be lowercase"),
         ([entry(name=7)], "clusters[0]: name: must be lowercase letters, digits and '-'"),
-        ([entry(variant="quad")], "clusters[0] (big): variant: 'quad' is not in the catalog (known: dual, "),
+        # a mistyped variant: its closest names, not all 72 (issue 41)
+        ([entry(variant="qwen38-multi4-autoround-int4-mpt")],
+         "clusters[0] (big): variant: 'qwen38-multi4-autoround-int4-mpt' is not in the catalog (did you mean "
+         "'qwen38-multi4-autoround-int4-mtp' or 'qwen38-multi8-autoround-int4-mtp' or 'qwen-multi4-autoround-int4-mtp'? "
+         f"`rigup render --list` lists all {len(variant_names())} variants)"),
+        ([entry(variant="quad")], "clusters[0] (big): variant: 'quad' is not in the catalog (`rigup render --list` lists "
+                                  f"all {len(variant_names())} variants)"),
         ([entry(hosts="rig-a,rig-b")], "clusters[0] (big): hosts: must be a list of at least 2 host names of the fleet "
                                        "file, the head first (e.g. [rig-a, rig-b]), got 'rig-a,rig-b'"),
         ([entry(hosts=["rig-a"])], "clusters[0] (big): hosts: must be a list of at least 2 host names of the fleet file, "
