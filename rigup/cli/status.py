@@ -601,7 +601,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "status",
-        help="desired (fleet + lock) against actual state of every rig, drift marked (exit 1 drift, 2 unhealthy)",
+        help="each rig's actual state against the fleet file and lock: OK, DRIFT (converge it) or UNHEALTHY per host",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -655,7 +655,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "verify",
-        help="check every rig's API like the seeds' verify scripts (exit code = failed checks)",
+        help="check every rig's API like the seeds' verify scripts, counting the checks that fail",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
