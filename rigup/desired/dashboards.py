@@ -19,7 +19,7 @@ import yaml
 
 from rigup.desired.catalog import load_catalog
 from rigup.desired.knobs import knob
-from rigup.desired.monitoring import JOB_GPU, JOB_NODE, JOB_PODS
+from rigup.desired.monitoring import JOB_GPU, JOB_NODE, JOB_PODS, route_failing_expr
 from rigup.desired.recipe import pods_of
 from rigup.desired.templating import render_template
 
@@ -86,11 +86,14 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
     )),
     ("Gateway and rollouts", (
         Panel("Gateway up", 'up{job=~"gateway-.+"}', "{{host}}"),
-        Panel("Gateway routes (0 healthy, 1 partial, 2 down)", "litellm_deployment_state",
-              "{{host}} {{litellm_model_name}} {{api_base}}"),
+        # judged as RigupGatewayRouteUnhealthy judges it, not by litellm_deployment_state (a failed route's
+        # series stays 2 after the heal)
+        Panel("Gateway routes failing (1: the route's latest answer failed, 0: it succeeded)", route_failing_expr(),
+              "{{host}} {{api_base}}"),
         Panel("Releases served", "rigup_release_info", "{{host}}/{{pod}} {{variant}} {{release}}"),
         Panel("Generation", "rigup_generation", POD),
         Panel("Last gate passed", "rigup_gate_last_passed", POD),
+        Panel("Asked for a release that failed its gate (RigupGateFailed)", "rigup_release_failed_gate", POD),
         Panel("Rollbacks", "rigup_rollbacks_total", POD),
     )),
 )

@@ -64,6 +64,31 @@ SYSTEMD_UNITS_WATCHED = r"(rigup-.+|docker|containerd|prometheus-node-exporter)\
 # the systemd collector's start-time metrics): longer than a pod that loads for minutes and then
 # crashes stays up, so such a loop does not flap; a start by hand or by a converge resolves it at once.
 CRASH_LOOP_STABLE_S = 300
+# LiteLLM's per-route response counters: a route's state is whichever of them moved last.
+ROUTE_FAILURES, ROUTE_SUCCESSES = "litellm_deployment_failure_responses_total", "litellm_deployment_success_responses_total"
+
+
+def route_last_counted(metric: str) -> str:
+    """PromQL: per series, the last time (Unix seconds, within the past hour) a counter of a gateway route
+    moved: a minute in which it rose, or its first sample (LiteLLM creates a route's series at its first
+    count, which increase() cannot see). The route is its API base as rigup wrote it (http://rig:port/v1):
+    LiteLLM labels a route's series with that or with the endpoint's path appended
+    (.../v1/chat/completions), and not all of them with a model_id."""
+    return (f'max_over_time(label_replace(timestamp(increase({metric}{{api_base!=""}}[1m]) > 0 or '
+            f'({metric}{{api_base!=""}} unless {metric} offset 1m)), "api_base", "$1", "api_base", "(.*/v1)(/.*)?")[1h:])')
+
+
+def route_failing_expr() -> str:
+    """PromQL: per gateway route (host, api_base), 1 while its latest outcome is a failure (the gateway
+    counted a failure to it later than its last success), 0 while it is a success: the state
+    RigupGatewayRouteUnhealthy alerts on, for a graph. LiteLLM's litellm_deployment_state cannot say it:
+    a failure writes state 2 under api_base ".../v1" and a success 0 under ".../v1/chat/completions", so
+    the failed series stays 2 after the heal."""
+    failed = f"max by (host, api_base) ({route_last_counted(ROUTE_FAILURES)})"
+    served = f"max by (host, api_base) ({route_last_counted(ROUTE_SUCCESSES)})"
+    return f"({failed} > bool {served}) or ({failed} * 0 + 1) or ({served} * 0)"
+
+
 # node_exporter's filesystem defaults (1.5) leave out /mnt and /media, where models often live, and
 # overlay, which a rig's root may be: both kept here, so the models' disk always has its series.
 # Docker's own overlay mounts stay out by their mount point.
@@ -319,6 +344,9 @@ def rules_text(data: Mapping[str, Any]) -> str:
         gpu_temp_c=float(knob(data, "alert_gpu_temp_c")),
         disk_free_ratio=float(knob(data, "alert_disk_free_ratio")),
         stable_s=CRASH_LOOP_STABLE_S,
+        last_counted=route_last_counted,
+        failures=ROUTE_FAILURES,
+        successes=ROUTE_SUCCESSES,
         jobs={"pods": JOB_PODS, "gpu": JOB_GPU, "node": JOB_NODE, "gateway": JOB_GATEWAY},
     )
 
