@@ -83,7 +83,7 @@ def documented_commands() -> list[str]:
 
 def printed_commands() -> list[str]:
     """The commands `sandbox up` prints as its next steps and its --help shows (run from the checkout)."""
-    from rigup.cli import sandbox
+    from rigup_testbed import sandbox
 
     hint = sandbox.next_steps(sandbox.FLEET_FILE)
     assert hint.startswith("next:  ")

@@ -14,12 +14,14 @@ from rigup.desired.lock import LockError
 from rigup.desired.recipe import RecipeError, check_overrides
 from rigup.desired.secrets import SecretError
 
-# Each module exposes add_parser(subparsers); the parser it adds sets `func` (args -> exit code).
+# Each module exposes add_parser(subparsers); the parser it adds sets `func` (args -> exit code). They are
+# imported by name: `sandbox` is the test bed's own command (rigup_testbed sits above the product, which
+# imports nothing from it).
 COMMAND_MODULES = (
     "rigup.cli.render",
     "rigup.cli.doctor",
     "rigup.cli.lock",
-    "rigup.cli.sandbox",
+    "rigup_testbed.sandbox",
     "rigup.cli.verify",
     "rigup.cli.bench",
     "rigup.cli.status",

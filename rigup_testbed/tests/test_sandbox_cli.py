@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from rigup.cli import sandbox
+from rigup_testbed import sandbox
 
 
 def test_missing_tools_are_named_with_their_packages(monkeypatch: pytest.MonkeyPatch) -> None:
