@@ -107,6 +107,7 @@ prometheus_scrape_interval_s = 15  # seconds between scrapes of every target
 alert_ttft_p95_s = 10.0  # seconds: time to first token p95 over 5 min above this, for 10 min, alerts
 alert_gpu_temp_c = 83  # degrees C: a GPU at or above this for 5 min alerts (the RTX 3090's slowdown is ~83-88 C)
 alert_disk_free_ratio = 0.10  # the model directory's filesystem with less than this fraction free alerts
+alert_for_s = {}  # alert name -> seconds its condition must hold before it fires (Prometheus' for:), over rigup's (docs/monitoring.md), e.g. {RigupReleaseDrift: 1800}
 alertmanager_webhook_url_file = None  # control-machine path of a 0600 file holding a webhook URL; set: Alertmanager (OS archive) sends every alert there
 alertmanager_port = 9093  # Alertmanager's TCP port on the monitor host (its own default)
 grafana = False  # True: Grafana on the monitor host with rigup's datasource and dashboards (from grafana_apt_url)

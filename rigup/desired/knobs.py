@@ -7,6 +7,7 @@ fleet file validation need the same names and defaults, so they read the one fil
 from __future__ import annotations
 
 import copy
+import difflib
 import functools
 import ipaddress
 import json
@@ -290,6 +291,28 @@ def _pods() -> Rule:
     )
 
 
+def _alert_for() -> Rule:
+    from rigup.desired.monitoring import ALERT_FOR_S  # it reads knobs: imported when the rules are built
+
+    def problem(v: Any) -> str | None:
+        if not isinstance(v, Mapping):
+            return None
+        for name, seconds in v.items():
+            if name not in ALERT_FOR_S:
+                close = difflib.get_close_matches(str(name), list(ALERT_FOR_S), n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                return f"{name!r} is not a rigup alert that waits before it fires ({hint}those that do: {', '.join(ALERT_FOR_S)})"
+            if not is_strict_int(seconds) or seconds < 0:
+                return f"{name!r}: must be whole seconds, 0 or more, got {seconds!r}"
+        return None
+
+    return Rule(
+        "a mapping of alert name (RigupPodDown, RigupGpuHot, ...) to whole seconds (e.g. {RigupReleaseDrift: 1800})",
+        lambda v: isinstance(v, Mapping) and problem(v) is None,
+        lambda name, v: f"{name!r}: {problem(v)}",
+    )
+
+
 @functools.cache
 def _rule_table() -> dict[str, Rule]:
     """Knob name -> what it accepts beyond its type."""
@@ -370,6 +393,7 @@ def _rule_table() -> dict[str, Rule]:
         "alert_ttft_p95_s": Rule("a number of seconds above 0", lambda v: _is_number(v) and v > 0),
         "alert_gpu_temp_c": Rule("a temperature in C from 40 to 110", lambda v: _is_number(v) and 40 <= v <= 110),
         "alert_disk_free_ratio": Rule("a fraction above 0 and below 1 (e.g. 0.1)", lambda v: _is_number(v) and 0 < v < 1),
+        "alert_for_s": _alert_for(),
         "alertmanager_webhook_url_file": _text("a file path on the control machine"),
         "alertmanager_port": port,
         "grafana_port": port,

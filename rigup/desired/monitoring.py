@@ -64,6 +64,26 @@ SYSTEMD_UNITS_WATCHED = r"(rigup-.+|docker|containerd|prometheus-node-exporter)\
 # the systemd collector's start-time metrics): longer than a pod that loads for minutes and then
 # crashes stays up, so such a loop does not flap; a start by hand or by a converge resolves it at once.
 CRASH_LOOP_STABLE_S = 300
+# How long each alert's condition must hold before it fires (Prometheus' `for:`), in seconds, unless
+# the fleet's alert_for_s says otherwise. Event-like causes (a failed gate, a crash loop, an XID) have
+# none: they fire at the first evaluation. RigupReleaseDrift's 15 min outlasts a converge's own
+# drift (its release file is written before the restart and the health gate); RigupGpuAtPowerCap's is
+# what "sustained" means for an info alert.
+ALERT_FOR_S = {
+    "RigupPodDown": 60, "RigupKvCacheFull": 300, "RigupTtftHigh": 600, "RigupGpuHot": 300, "RigupGpuThrottled": 300,
+    "RigupGpuAtPowerCap": 900, "RigupExporterDown": 300, "RigupModelDiskFull": 300, "RigupDriverDrift": 900,
+    "RigupReleaseDrift": 900, "RigupGatewayDown": 120, "RigupGatewayRouteUnhealthy": 60,
+}
+
+
+def prometheus_duration(seconds: int) -> str:
+    """A Prometheus duration of whole seconds, in its largest exact unit (900 -> 15m, 90 -> 90s)."""
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds and seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
 # LiteLLM's per-route response counters: a route's state is whichever of them moved last.
 ROUTE_FAILURES, ROUTE_SUCCESSES = "litellm_deployment_failure_responses_total", "litellm_deployment_success_responses_total"
 
@@ -345,6 +365,7 @@ def rules_text(data: Mapping[str, Any]) -> str:
         disk_free_ratio=float(knob(data, "alert_disk_free_ratio")),
         stable_s=CRASH_LOOP_STABLE_S,
         last_counted=route_last_counted,
+        held_for=lambda alert: prometheus_duration({**ALERT_FOR_S, **(knob(data, "alert_for_s") or {})}[alert]),
         failures=ROUTE_FAILURES,
         successes=ROUTE_SUCCESSES,
         jobs={"pods": JOB_PODS, "gpu": JOB_GPU, "node": JOB_NODE, "gateway": JOB_GATEWAY},

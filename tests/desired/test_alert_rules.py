@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from rigup.desired.knobs import load_defaults
-from rigup.desired.monitoring import rules_text
+from rigup.desired.knobs import KnobError, check_knob, load_defaults
+from rigup.desired.monitoring import ALERT_FOR_S, prometheus_duration, rules_text
 from rigup_testbed import debarchive
 
 POD = {"job": "vllm", "instance": "10.0.0.11:8000", "host": "rig-1", "pod": "dual", "variant": "dual", "model": "qwen"}
@@ -296,3 +296,30 @@ def test_the_thresholds_are_the_knobs(tmp_path: Path, alert_name: str, knobs: di
     result = promtool_test(tmp_path, {alert_name: CASES[alert_name]}, **knobs)
     assert result.returncode != 0
     assert f'alertname: {alert_name}' in result.stdout + result.stderr and "got:[]" in result.stdout + result.stderr
+
+
+def test_how_long_a_condition_holds_before_it_fires_is_the_alert_for_s_knob(tmp_path: Path) -> None:
+    # rig-1's release file drifts from minute 1 to 21: under rigup's 15 minutes the alert is quiet at 10m
+    # (the case above); with RigupReleaseDrift held 2 minutes it fires at 4m and clears after the heal
+    drift = [series("rigup_release_drift", {**NODE, "pod": "dual"}, "0x1 1x20 0x3")]
+    checks = alert("RigupReleaseDrift", "4m", "24m", {**NODE, "pod": "dual", "severity": "warning"},
+                   "rig-1/dual does not serve the release its files pin (lock)",
+                   "the last converge's release did not pass its gate or was not applied: rigup status --limit rig-1",
+                   quiet_at="2m")
+    assert "for: 2m" in rules_text({**load_defaults(), "alert_for_s": {"RigupReleaseDrift": 120}})
+    result = promtool_test(tmp_path, {"drift held 2 min": (drift, checks)}, alert_for_s={"RigupReleaseDrift": 120})
+    assert result.returncode == 0, result.stdout + result.stderr
+    result = promtool_test(tmp_path, {"drift held 15 min": (drift, checks)})
+    assert result.returncode != 0 and "got:[]" in result.stdout + result.stderr
+
+
+def test_every_alert_that_waits_is_in_alert_for_s_and_a_mistyped_name_is_refused() -> None:
+    rules = [r for g in yaml.safe_load(rules_text(load_defaults()))["groups"] for r in g["rules"]]
+    assert {r["alert"]: r["for"] for r in rules if "for" in r} == {
+        name: prometheus_duration(s) for name, s in ALERT_FOR_S.items()}
+    with pytest.raises(KnobError) as refused:
+        check_knob("alert_for_s", {"RigupReleaseDrif": 60})
+    assert str(refused.value).startswith("'alert_for_s': 'RigupReleaseDrif' is not a rigup alert that waits before it "
+                                         "fires (did you mean 'RigupReleaseDrift'? those that do: RigupPodDown, ")
+    with pytest.raises(KnobError, match="'RigupGpuHot': must be whole seconds, 0 or more, got '5m'"):
+        check_knob("alert_for_s", {"RigupGpuHot": "5m"})
