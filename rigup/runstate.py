@@ -1,10 +1,14 @@
 """Decisions one task file makes that a later task file reads in the same run: the one place for them.
 
 pyinfra runs each task file for every host in turn, so a later file cannot see an earlier file's
-local variables. What crosses files is recorded here, per host (keyed weakly on pyinfra's Host):
+local variables. What crosses files is recorded here, per host (keyed weakly on pyinfra's Host) or per
+run (keyed weakly on pyinfra's State):
 
+  fleet_plan(state)              every task file: the run's FleetPlan (rigup.desired.fleet_plan), each
+                                 host's roles and plans, built once per run; .host(name) is a host's part
   record_preflight(host, passed) tasks/preflight.py: the host's verdict, judged while the deploy is planned
   runs_rig_tasks(host)           deploy.py: include the driver..serving tasks (passed, serves a variant)
+  runs_image_mirror_task(host)   deploy.py: include tasks/image_mirror.py (passed, the mirror or a relay)
   runs_gateway_task(host)        deploy.py: include tasks/gateway.py (passed, in gateway_group)
   runs_monitor_task(host)        deploy.py: include tasks/monitoring.py (passed, in monitor_group)
   record(host, HostDriverState)  tasks/nvidia_driver.py: the driver plan, the reboot policy and
@@ -16,18 +20,21 @@ local variables. What crosses files is recorded here, per host (keyed weakly on 
   changed(host, *keys)           tasks/container_toolkit.py: run the GPU smoke test after either
   pyinfra_dry_run()              tasks/sources.py, model.py, serving.py: --dry without a lock plans on
   pins_missing(host, phase, plan)  the same files: a phase without its pins warns (--dry) or fails the host
+  cluster_gates(state)           rigup.operations.cluster_gate: per cluster, when each member gates
+                                 (planned) and what its gate said (execute time)
   account(host, line)            operations, at execute time: what they did (driver loaded, GB fetched
                                  from the hub or a peer, image pulled, variant restarted, gate passed);
                                  print_summary_at_the_end(state) (deploy.py) prints every host's lines
                                  when the run ends
 
-Nothing else is shared between task files; everything decided before the run is in the host plan
-(rigup.desired.plan)."""
+Nothing else is shared between task files; everything decided before the run is in the FleetPlan.
+"""
 
 from __future__ import annotations
 
 import re
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -42,10 +49,9 @@ from rich.console import Console
 from rich.table import Table
 
 from rigup.checks.driver_plan import DriverPlan
-from rigup.desired.gateway import is_gateway
-from rigup.desired.knobs import knob
+from rigup.desired.fleet_plan import FleetEntry, FleetPlan, plan_fleet
 from rigup.desired.lock import phase_without_lock
-from rigup.desired.monitoring import is_monitor
+from rigup.desired.roles import HostRoles
 from rigup.pyinfra_patches.fact_batching import remote_commands
 
 
@@ -89,29 +95,74 @@ def passed_preflight(host: Any) -> bool:
     return _PREFLIGHT_PASSED.get(_real(host), False)
 
 
+def fleet_plan(state: Any) -> FleetPlan:
+    """This run's FleetPlan (rigup.desired.fleet_plan): every host of the inventory, planned once per run.
+    Built by the first host that asks (pyinfra loads every host's files in greenlets of their own: the
+    others wait for it, under threading's lock that gevent has made a greenlet lock)."""
+    run = getattr(state, "_get_module", None)
+    run = run() if callable(run) else state
+    with _PLANNING:
+        held = _FLEET_PLANS.get(run)
+        if held is None:
+            active = set(getattr(run, "activated_hosts", ()) or ())
+            held = _FLEET_PLANS[run] = plan_fleet(
+                FleetEntry(h.name, h.data.dict(), tuple(h.groups),
+                           handle=h, active=h in active)
+                for h in run.inventory
+            )
+    return held
+
+
+_FLEET_PLANS: weakref.WeakKeyDictionary[Any, FleetPlan] = weakref.WeakKeyDictionary()
+_PLANNING = threading.Lock()
+
+
+def host_roles(host: Any) -> HostRoles:
+    real = _real(host)
+    return fleet_plan(real.state).roles(real.name)
+
+
 def runs_rig_tasks(host: Any) -> bool:
     """deploy.py's gate for the driver, Docker, toolkit, sources, model and serving tasks: the host passed
     preflight and serves a variant (a gateway-only host does not)."""
-    return passed_preflight(host) and bool(knob(host.data, "serves_variant"))
+    return passed_preflight(host) and host_roles(host).rig
 
 
 def runs_image_mirror_task(host: Any) -> bool:
     """deploy.py's gate for tasks/image_mirror.py: the host passed preflight and runs a registry of the
-    fleet's images: the mirror (some host names it as its image_mirror_host) or a relay (it names one and serves a variant: it pins images)."""
-    return passed_preflight(host) and (
-        bool(knob(host.data, "image_mirror") and knob(host.data, "serves_variant"))
-        or any((knob(other.data, "image_mirror") or {}).get("host") == host.name for other in host.inventory)
-    )
+    fleet's images: the mirror (some host names it as its image_mirror_host) or a relay (it names one and
+    serves a variant: it pins images)."""
+    return passed_preflight(host) and host_roles(host).image_registry
 
 
 def runs_gateway_task(host: Any) -> bool:
     """deploy.py's gate for tasks/gateway.py: the host passed preflight and is in gateway_group."""
-    return passed_preflight(host) and is_gateway(host.data, host.groups)
+    return passed_preflight(host) and host_roles(host).gateway
 
 
 def runs_monitor_task(host: Any) -> bool:
     """deploy.py's gate for tasks/monitoring.py: the host passed preflight and is in monitor_group."""
-    return passed_preflight(host) and is_monitor(host.data, host.groups)
+    return passed_preflight(host) and host_roles(host).monitor
+
+
+@dataclass
+class ClusterGates:
+    """One run's cluster gates (rigup.operations.cluster_gate): cluster -> member -> what its gate said
+    (None: passed), and cluster -> member -> whether that member gates in this run (execute time)."""
+
+    results: dict[str, dict[str, str | None]]
+    gating: dict[str, dict[str, Callable[[], bool]]]
+
+
+_CLUSTER_GATES: weakref.WeakKeyDictionary[Any, ClusterGates] = weakref.WeakKeyDictionary()
+
+
+def cluster_gates(state: Any) -> ClusterGates:
+    """This run's cluster gates (pyinfra's State)."""
+    held = _CLUSTER_GATES.get(state)
+    if held is None:
+        held = _CLUSTER_GATES[state] = ClusterGates({}, {})
+    return held
 
 
 def record(host: Any, state: HostDriverState) -> None:

@@ -22,7 +22,7 @@ Included by deploy.py on gateway_group hosts that passed preflight only.
 
 from io import StringIO
 
-from pyinfra import host
+from pyinfra import host, state
 from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.operations import apt, files
 
@@ -31,7 +31,6 @@ from rigup.desired.gateway import (
     UNIT_FILE,
     UNIT_NAME,
     GatewayError,
-    gateway_plan,
     requirements_sha256,
     unit_text,
 )
@@ -41,10 +40,10 @@ from rigup.operations.gateway import gateway_config, gateway_venv, other_venvs_r
 from rigup.operations.planning_errors import stop_the_run_on
 from rigup.operations.serving import secret_file
 from rigup.operations.units import answers_http, unit_runs_current_files
+from rigup.runstate import fleet_plan
 
 with stop_the_run_on(host, GatewayError, SecretError, KnobError):
-    fleet = [(other.name, other.data.dict()) for other in host.inventory]
-    plan = gateway_plan(host.name, host.data.dict(), host.groups, fleet)
+    plan = fleet_plan(state).host(host.name).gateway()  # routes to every rig of the fleet
 assert plan is not None  # deploy.py includes this file on gateway_group hosts only
 paths = plan.paths
 apt.packages(name="Install python3-venv and curl for the gateway", packages=["python3-venv", "curl"])

@@ -26,7 +26,7 @@ Included by deploy.py after Docker (its apt sources are settled by then), before
 
 from io import StringIO
 
-from pyinfra import host
+from pyinfra import host, state
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files, systemd
 
@@ -42,24 +42,21 @@ from rigup.desired.image_mirror import (
     helper_path,
     prune_timer_text,
     prune_unit_text,
-    registry_role,
 )
 from rigup.desired.knobs import knob
 from rigup.desired.models import script_path
-from rigup.desired.plan import mirror_pins
 from rigup.operations.docker import image_mirror_cached, image_mirror_pruned
 from rigup.operations.image_chain import image_blobs_staged, image_chain_members
-from rigup.operations.model import RIGFETCH_SRC
+from rigup.operations.model import rigfetch_upload
 from rigup.operations.units import answers_http, unit_runs_current_files
 from rigup.rig import imagemirror
-from rigup.runstate import note_change
+from rigup.runstate import fleet_plan, note_change
 
-fleet = [(other.name, other.data.dict()) for other in host.inventory]
-pins = {name: mirror_pins(name, data) for name, data in fleet}
-role = registry_role(host.name, host.data.dict(), fleet, pins)
+fleet = fleet_plan(state)  # every host's pins planned once per run
+role = fleet.host(host.name).registry
 assert role is not None  # deploy.py includes this file on the mirror host and its clients only
 script = helper_path(str(knob(host.data, "install_root")))
-members = image_chain_members(list(host.inventory), KEEP_FILE, pins)  # the op keeps those in the run
+members = image_chain_members(fleet, KEEP_FILE)  # the op keeps those in the run
 
 if PACKAGE not in (host.get_fact(DebPackages) or {}):  # only then are the lists refreshed
     apt.update(name="Update apt before installing the image mirror")
@@ -91,7 +88,7 @@ answers_http(
 files.directory(name="Create rigup's bin directory", path=script.rsplit("/", 1)[0], mode="755")
 files.put(name="Upload the image registry's helper (cache check, stage, warm, prune)", src=imagemirror.__file__,
           dest=script, mode="755")
-files.put(name="Upload rigfetch (the image chain's fetch and verify helper)", src=str(RIGFETCH_SRC),
+files.put(name="Upload rigfetch (the image chain's fetch and verify helper)", src=rigfetch_upload(),
           dest=script_path(str(knob(host.data, "install_root"))), mode="755")
 files.put(name="Write the pins the registry keeps and its bound", src=StringIO(role.keep_text()), dest=KEEP_FILE,
           mode="644")

@@ -33,7 +33,7 @@ Included by deploy.py on monitor_group hosts that passed preflight, after the ga
 
 from io import StringIO
 
-from pyinfra import host, logger
+from pyinfra import host, logger, state
 from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import FindDirectories
@@ -69,7 +69,6 @@ from rigup.desired.monitoring import (
     RULES_FILE,
     TARGETS_DIR,
     MonitoringError,
-    monitor_plan,
     targets_file,
     targets_text,
 )
@@ -78,10 +77,11 @@ from rigup.operations.monitoring import checked_file, pod_targets_file
 from rigup.operations.planning_errors import stop_the_run_on, vllm_dashboards_or_stop
 from rigup.operations.serving import secret_file
 from rigup.operations.units import answers_http, unit_runs_current_files
+from rigup.runstate import fleet_plan
 
 with stop_the_run_on(host, MonitoringError, KnobError):
-    fleet = [(other.name, other.data.dict(), other.groups) for other in host.inventory]
-    plan = monitor_plan(host.name, host.data.dict(), host.groups, fleet)
+    fleet = fleet_plan(state)
+    plan = fleet.host(host.name).monitor()  # targets: every rig, exporter and gateway of the fleet
 assert plan is not None  # deploy.py includes this file on monitor_group hosts only
 
 packages = ["prometheus"] + (["prometheus-alertmanager"] if plan.alertmanager_port is not None else [])
@@ -185,7 +185,7 @@ if plan.grafana_port is not None:
         dest=DATASOURCE_FILE,
         mode="644",
     )
-    vllm_boards, vllm_notes = vllm_dashboards_or_stop(host, fleet)
+    vllm_boards, vllm_notes = vllm_dashboards_or_stop(host, fleet.named_groups())
     for note in vllm_notes:
         logger.info(f"{host.print_prefix}{note}")
     vllm_dirs = sorted({vllm_ref_dir(board.ref) for board in vllm_boards})

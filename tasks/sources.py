@@ -12,18 +12,18 @@ Without a usable lock: the first phase that needs pins. A real run stops here (p
 file raises), saying what the lock pins and how to make it; a --dry run warns so in one line and plans nothing here.
 """
 
-from pyinfra import host
+from pyinfra import host, state
 from pyinfra.operations import apt, files
 
 from rigup.desired.lock import LockError
-from rigup.desired.plan import host_plans, host_sources
+from rigup.desired.plan import host_sources
 from rigup.desired.recipe import RecipeError
 from rigup.operations.git import git_checkout
 from rigup.operations.planning_errors import stop_the_run_on
-from rigup.runstate import pins_missing
+from rigup.runstate import fleet_plan, pins_missing
 
 with stop_the_run_on(host, LockError, RecipeError):
-    plans = host_plans(host.data.dict(), host.name, read_secrets=False, require_lock=False)
+    plans = fleet_plan(state).host(host.name).pods
 wanted = host_sources(plans)  # every pod's sources, each once, with the paths all of them mount
 # a variant without sources needs no pins here (the model phase refuses then)
 sources = () if wanted and any(pins_missing(host, "sources", plan) for plan in plans) else wanted

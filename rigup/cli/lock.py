@@ -12,10 +12,10 @@ import sys
 from typing import Any
 
 from rigup.desired.fleet import FleetError, load_fleet
-from rigup.desired.knobs import knob
 from rigup.desired.lock import LOCK_COMMAND, LockError, LockFile, lock_path, need_problem
 from rigup.desired.pins import Resolver, fleet_lock_file, fleet_needs, update_lock
 from rigup.desired.recipe import RecipeError, pods_of, resolve
+from rigup.desired.roles import serves_variant
 from rigup.desired.secrets import SecretError, read_hf_token
 
 
@@ -105,7 +105,7 @@ def rendered_diffs(fleet: Any, old: LockFile, new: LockFile) -> list[tuple[str, 
     seen: set[str] = set()
     # every pod the fleet serves: (host or host/pod, host data, pod)
     served = [(pod.target(h.name), data, pod)
-              for h in fleet.hosts for data in [fleet.resolved_data(h.name)] if knob(data, "serves_variant")
+              for h in fleet.hosts for data in [fleet.resolved_data(h.name)] if serves_variant(data)
               for pod in pods_of(data)]
     def body(text: str) -> list[str]:
         return [line for line in text.splitlines() if not line.startswith("#")]

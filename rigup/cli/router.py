@@ -24,7 +24,7 @@ import yaml
 from rigup.cli.runner import Target, fleet_targets, parallel
 from rigup.client.openai_client import ApiClient
 from rigup.client.ssh import RemoteError
-from rigup.desired.knobs import knob
+from rigup.desired.roles import serves_variant
 
 API_KEY_ENV = "RIGUP_API_KEY"
 
@@ -82,7 +82,7 @@ def _cmd_router(args: argparse.Namespace) -> int:
     except RemoteError as exc:
         print(f"rigup router: {exc}", file=sys.stderr)
         return 2
-    targets = [t for t in targets if knob(t.data, "serves_variant")]  # a gateway-only host serves nothing
+    targets = [t for t in targets if serves_variant(t.data)]  # a gateway-only host serves nothing
     rigs = parallel(targets, check)
     for rig in rigs:
         mark = "ok  " if rig.healthy else "SKIP" if not args.include_unhealthy else "bad "

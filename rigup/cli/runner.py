@@ -16,11 +16,12 @@ from typing import Any, TypeVar
 
 from rigup.client.ssh import LOCAL_HOST, FileLog, JournalLog, RemoteError, Runner, ServiceLog, SshSettings
 from rigup.desired.fleet import Fleet, load_fleet
+from rigup.desired.fleet_plan import fleet_entries, plan_fleet
 from rigup.desired.gateway import GatewayError, gateway_plan
 from rigup.desired.knobs import knob, url_host
-from rigup.desired.plan import host_plan
 from rigup.desired.pods import Pod
 from rigup.desired.recipe import Recipe, RecipeError, pods_of
+from rigup.desired.roles import serves_variant
 from rigup.desired.secrets import SecretError, load_api_key, read_secret_file
 
 T = TypeVar("T")
@@ -92,12 +93,13 @@ def fleet_targets(limit: Sequence[str] | None = None, fleet: Fleet | None = None
     host without pods, named after the host; "<host>/<pod>" for each pod a host lists. The recipe is the
     pod's plan, as a preview: the API URL, model and unit do not depend on pins (status needs the lock)."""
     fleet = fleet if fleet is not None else load_fleet()
+    planned = plan_fleet(fleet_entries(fleet))  # each selected host planned when first asked for
     targets = []
     for name, only in limit_selection(fleet, limit).items():
         data = fleet.resolved_data(name)
         ssh = SshSettings.from_data(name, data)
         gateway_url, gateway_key, gateway_error = gateway_of(fleet, name, data, ssh)
-        if not knob(data, "serves_variant"):  # a gateway-only host
+        if not planned.roles(name).rig:  # a gateway-only host
             targets.append(Target(name, None, data=data, ssh=ssh, gateway_url=gateway_url, gateway_key=gateway_key,
                                   gateway_error=gateway_error, host=name))
             continue
@@ -124,7 +126,7 @@ def fleet_targets(limit: Sequence[str] | None = None, fleet: Fleet | None = None
             gateway = (gateway_url, gateway_key, gateway_error) if len(targets) == first else (None, None, None)
             label = pod.target(name)
             try:
-                recipe = host_plan(data, name, require_lock=False, read_secrets=False, pod=pod).recipe
+                recipe = planned.pod(name, pod).recipe
             except (RecipeError, KeyError, ValueError) as exc:
                 targets.append(Target(label, None, data=data, error=f"recipe: {exc}", ssh=ssh, host=name, pod=pod,
                                       host_units=units))
@@ -169,7 +171,7 @@ def api_targets(url: str | None, api_key_file: str | None, limit: Sequence[str] 
     variant (--limit)."""
     if url:
         return [url_target(url, api_key_file)]
-    return [t for t in fleet_targets(limit) if knob(t.data, "serves_variant")]  # a gateway-only host serves no model
+    return [t for t in fleet_targets(limit) if serves_variant(t.data)]  # a gateway-only host serves no model
 
 
 def parallel(items: Sequence[T], work: Callable[[T], R], workers: int | None = None) -> list[R]:

@@ -18,9 +18,9 @@ from typing import Any
 import yaml
 
 from rigup.desired.catalog import load_catalog
-from rigup.desired.knobs import knob
 from rigup.desired.monitoring import JOB_GPU, JOB_NODE, JOB_PODS, route_failing_expr
 from rigup.desired.recipe import pods_of
+from rigup.desired.roles import serves_variant
 from rigup.desired.templating import render_template
 
 GRAFANA_PACKAGE = "grafana"
@@ -197,7 +197,7 @@ def served_vllm_refs(
     refs: dict[str, list[str]] = {}
     notes: list[str] = []
     for name, data, _groups in fleet:
-        if not knob(data, "serves_variant"):
+        if not serves_variant(data):
             continue
         for pod in pods_of(data):
             image_key = catalog["variants"][pod.variant]["image"]

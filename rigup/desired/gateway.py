@@ -27,6 +27,7 @@ import yaml
 
 from rigup import DEPLOY_ROOT
 from rigup.desired.knobs import knob, knob_int
+from rigup.desired.roles import is_gateway, serves_variant
 from rigup.desired.secrets import SecretError, load_api_key, read_secret_file
 from rigup.desired.templating import render_template
 
@@ -293,10 +294,6 @@ class GatewayPlan:
         return f"http://{address}:{self.port}/health/readiness"
 
 
-def is_gateway(data: Mapping[str, Any], groups: Iterable[str]) -> bool:
-    return knob(data, "gateway_group") in set(groups)
-
-
 def gateway_plan(
     host_name: str,
     data: Mapping[str, Any],
@@ -318,7 +315,7 @@ def gateway_plan(
     rigs, roots, rig_keys = [], {}, {}
     origins = {MASTER_KEY_ENV: "gateway_api_key_file"}
     for name, rig_data in fleet:
-        if not knob(rig_data, "serves_variant"):
+        if not serves_variant(rig_data):
             continue
         try:
             key = load_api_key(rig_data) if read_secrets else None

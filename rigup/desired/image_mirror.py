@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rigup.desired.knobs import knob, url_host
+from rigup.desired.roles import mirror_host
 from rigup.desired.templating import render_template
 
 CONFIG_FILE = "/etc/rigup/image-mirror.yml"
@@ -234,7 +235,7 @@ def mirror_role(name: str, host_data: Mapping[str, Any], fleet: Iterable[tuple[s
                 pins: Mapping[str, Iterable[str]] | None = None) -> MirrorRole | None:
     """The mirror host's role; None when no host names it. `fleet` is (name, data) of every host; `pins`
     maps a client to the images it pins through the mirror (repository@digest), what pruning keeps."""
-    clients = [(other, data) for other, data in fleet if (knob(data, "image_mirror") or {}).get("host") == name]
+    clients = [(other, data) for other, data in fleet if mirror_host(data) == name]
     if not clients:
         return None
     upstream = upstream_url(clients[0][1])

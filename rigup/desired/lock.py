@@ -18,7 +18,8 @@ from rigup.desired.dashboards import served_vllm_refs, vllm_lock_name
 from rigup.desired.fleet import fleet_path
 from rigup.desired.image_mirror import insecure_registries
 from rigup.desired.knobs import knob
-from rigup.desired.monitoring import is_monitor, rig_exporters
+from rigup.desired.monitoring import rig_exporters
+from rigup.desired.roles import is_monitor
 
 LOCK_VERSION = 1
 SHA40 = re.compile(r"^[0-9a-f]{40}$")

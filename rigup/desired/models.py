@@ -4,12 +4,12 @@ mode, for each model, the rigs that hold it: the operation orders them into a ch
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from rigup.desired.knobs import MODEL_FLEET_MODES, knob, url_host
-from rigup.desired.lock import LockError, ModelPin
-from rigup.desired.plan import host_plans
+from rigup.desired.lock import ModelPin
 
 
 def script_path(install_root: str) -> str:
@@ -82,7 +82,9 @@ def in_fleet_chains(name: str, data: Any) -> bool:
 
 @dataclass
 class _HostInfo:
-    host: Any
+    name: str
+    handle: Any  # pyinfra's Host in the deploy
+    active: bool
     recipe: Any  # the first pod's (paths are the host's)
     lock: Any
     data: dict[str, Any]
@@ -90,53 +92,35 @@ class _HostInfo:
     models: tuple[Any, ...] = ()  # every pod's models, each once
 
 
-_PLANS: dict[int, tuple[Any, dict[str, ModelPlan], dict[str, str]]] = {}
+def plan_models(hosts: Iterable[tuple[str, Mapping[str, Any], Any, bool, Sequence[Any]]]) -> tuple[dict[str, ModelPlan], dict[str, str]]:
+    """The model plan of every rig, planned together (rigup.desired.fleet_plan, once per run).
 
-
-def plan_models(state: Any, current: Any) -> ModelPlan:
-    """The model plan of `current`, computed once per run for every activated host.
-
-    Raises LockError when `current` has no usable lock (missing file, or entries missing or stale:
-    the message is the plan's lock_problem). Rigs without a usable lock are left out of the fleet
-    plan (they neither serve nor fetch from peers); a real run has stopped at their sources by then.
-    """
-    cached = _PLANS.get(id(state))
-    if cached is None or cached[0] is not state:
-        cached = (state, *_plan_all(state))
-        _PLANS[id(state)] = cached
-    _, plans, problems = cached
-    if current.name not in plans and current.name not in problems:
-        # Not activated (e.g. connected later): plan it alone against the hub.
-        plans, problems = _plan_all(state, only=current)
-    if current.name in problems:
-        raise LockError(problems[current.name])
-    return plans[current.name]
-
-
-def _plan_all(state: Any, only: Any = None) -> tuple[dict[str, ModelPlan], dict[str, str]]:
-    hosts = [only] if only is not None else [h for h in state.inventory if h in state.activated_hosts]
-    hosts = [h for h in hosts if knob(h.data, "serves_variant")]  # a gateway-only host holds no model
+    `hosts`: (name, data, handle, active, pod plans) of each rig, its pod plans previews
+    (rigup.desired.plan.host_plans with require_lock=False); the handle is what a chain member carries to
+    execution (pyinfra's Host in the deploy), and only active rigs (this run's) form chains with others.
+    Returns the plans by rig, and for each rig without a usable lock (missing file, entries missing or
+    stale: the plan's lock_problem) or with a bad model_fleet_source, why: such a rig neither serves nor
+    fetches from peers (a real run has stopped at its sources by then)."""
     infos: list[_HostInfo] = []
-    problems: dict[str, str] = {}  # host name -> why it has no usable lock
-    for h in hosts:
-        data = h.data.dict()
-        pod_plans = host_plans(data, h.name, read_secrets=False, require_lock=False)
+    problems: dict[str, str] = {}  # host name -> why it has no model plan
+    for name, data, handle, active, pod_plans in hosts:
         plan = next((p for p in pod_plans if p.lock is None), pod_plans[0])  # one without a lock speaks for the host
         recipe, lock = plan.recipe, plan.lock
         models = tuple({m.lock_name: m for p in pod_plans for m in p.recipe.models}.values())
         mode = knob(data, "model_fleet_source")
         if mode not in MODEL_FLEET_MODES:
-            raise LockError(f"{h.name}: model_fleet_source must be one of {', '.join(MODEL_FLEET_MODES)}, got {mode!r}")
-        if lock is None:
-            problems[h.name] = plan.lock_problem or f"{h.name}: no usable lock file"
+            problems[name] = f"{name}: model_fleet_source must be one of {', '.join(MODEL_FLEET_MODES)}, got {mode!r}"
             continue
-        infos.append(_HostInfo(h, recipe, lock, data, in_fleet_chains(h.name, data), models))
+        if lock is None:
+            problems[name] = plan.lock_problem or f"{name}: no usable lock file"
+            continue
+        infos.append(_HostInfo(name, handle, active, recipe, lock, dict(data), in_fleet_chains(name, data), models))
 
     members: dict[str, ChainMember] = {}
     for info in infos:
-        members[info.host.name] = ChainMember(
-            host=info.host,
-            base_url=fleet_base_url(info.host.name, info.data),
+        members[info.name] = ChainMember(
+            host=info.handle,
+            base_url=fleet_base_url(info.name, info.data),
             script=script_path(info.recipe.paths.install_root),
             manifest=_rig_manifest(info),
             reverify=bool(knob(info.data, "model_reverify")),
@@ -146,12 +130,14 @@ def _plan_all(state: Any, only: Any = None) -> tuple[dict[str, ModelPlan], dict[
     for info in infos:
         chains: dict[str, tuple[ChainMember, ...]] = {}
         if info.fleet:
+            # an inactive rig (not connected in this run) is a chain of its own, against the hub
+            peers = [other for other in infos if other.active and other.fleet] if info.active else [info]
             for model in info.models:
                 chains[model.dir_name] = tuple(
-                    members[other.host.name] for other in infos if other.fleet and _same_pin(other, info, model.lock_name)
+                    members[other.name] for other in peers if _same_pin(other, info, model.lock_name)
                 )
-        member = members[info.host.name]
-        plans[info.host.name] = ModelPlan(
+        member = members[info.name]
+        plans[info.name] = ModelPlan(
             script=member.script,
             manifest=member.manifest,
             chains=chains,

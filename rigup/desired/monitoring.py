@@ -27,8 +27,9 @@ from typing import Any
 import yaml
 
 from rigup import DEPLOY_ROOT
-from rigup.desired.gateway import current_records, is_gateway, is_loopback, reach_address
+from rigup.desired.gateway import current_records, is_loopback, reach_address
 from rigup.desired.knobs import knob, knob_int
+from rigup.desired.roles import is_gateway, is_monitor, serves_variant
 from rigup.desired.secrets import SecretError, read_secret_file
 from rigup.desired.templating import render_template
 
@@ -203,7 +204,7 @@ class RigExporters:
 
 def rig_exporters(data: Mapping[str, Any], lock: Any = None) -> RigExporters | None:
     """The exporters of a rig (None: metrics_exporters is off, or the host serves no variant)."""
-    if not knob(data, "metrics_exporters") or not knob(data, "serves_variant"):
+    if not knob(data, "metrics_exporters") or not serves_variant(data):
         return None
     return RigExporters(
         node_port=knob(data, "node_exporter_port"),
@@ -372,10 +373,6 @@ def rules_text(data: Mapping[str, Any]) -> str:
     )
 
 
-def is_monitor(data: Mapping[str, Any], groups: Iterable[str]) -> bool:
-    return knob(data, "monitor_group") in set(groups)
-
-
 def monitor_plan(
     host_name: str,
     data: Mapping[str, Any],
@@ -393,7 +390,7 @@ def monitor_plan(
     for name, other, other_groups in fleet:
         local = name == host_name
         address = reach_address(name, other, host_name)
-        if knob(other, "serves_variant"):
+        if serves_variant(other):
             exporters = knob(other, "metrics_exporters")
             rigs.append(ScrapedRig(
                 host=name,

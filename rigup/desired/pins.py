@@ -38,6 +38,7 @@ from rigup.desired.lock import (
     needs_for,
 )
 from rigup.desired.recipe import pods_of, resolve
+from rigup.desired.roles import serves_variant
 
 # GitPython and huggingface_hub are imported in the methods that use them, not at the top: every rigup
 # command imports this module (rigup.cli.lock, to build its parser), and they take about 40 ms and 145 ms
@@ -336,7 +337,7 @@ def fleet_needs(fleet: Any, lock: Any = None) -> tuple[dict[str, Need], str]:
     for name, data, groups in resolved:
         lock_files.add(str(knob(data, "lock_file")))
         host_needs = dashboard_needs(data, groups, resolved)  # a monitor host's, whether it serves or not
-        if knob(data, "serves_variant"):
+        if serves_variant(data):
             host_needs += [n for pod in pods_of(data) for n in needs_for(resolve(data, lock, pod=pod), data)]
             host_needs += exporter_needs(data)
         for need in host_needs:

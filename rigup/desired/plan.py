@@ -10,23 +10,19 @@ refs before there are pins: rigup.desired.pins).
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rigup.desired.image_mirror import image_ref, local_registry, pinned_through
 from rigup.desired.interconnect import detect
-from rigup.desired.knobs import declared_values, knob
+from rigup.desired.knobs import knob
 from rigup.desired.lock import LOCK_COMMAND, LockError, LockFile, deploy_lock, lock_problems
 from rigup.desired.pods import Pod
 from rigup.desired.recipe import Recipe, pods_of, resolve
 from rigup.desired.release import build_release, release_json, release_sha256
 from rigup.desired.render import API_KEY_KEY, HF_TOKEN_KEY, RenderedFile, render_variant
 from rigup.desired.secrets import load_api_key, read_hf_token, secrets_configured
-from rigup.desired.upstream import GitCache, UpstreamReader, default_reader
 from rigup.parsers.topology import Topology
 
 
@@ -80,58 +76,13 @@ class HostPlan:
         return release_sha256(self.release)
 
 
-_RESOLVED: dict[str, tuple[UpstreamReader, Recipe]] = {}
-_RESOLVED_MAX = 256  # distinct inputs kept (a fleet's hosts times their pods, with room to spare)
-# pyinfra loads every host's task files at once, each in its own greenlet, and resolve waits on git: without
-# this, each host found the memo empty and resolved the same inputs again. Under pyinfra, gevent has made
-# threading's lock a greenlet lock.
-_RESOLVING = threading.RLock()
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, (set, frozenset)):
-        return sorted(value, key=repr)
-    raise TypeError(type(value).__name__)
-
-
-def _resolved(host_data: Mapping[str, Any], lock: Any, interconnect: Any, pod: Pod | None) -> Recipe:
-    """resolve, once per distinct input in this process. A converge asks for each host's recipe in
-    several tasks, and each resolve parses and dumps upstream's compose file (tens of ms). The key is
-    the inputs' content; upstream's files are read at pinned commits, so the same inputs give the same
-    recipe. Only while upstream is read from the git cache (local working trees can change under a
-    process), and only for that reader. Errors are not kept: they are raised again on the next call.
-    resolve sees the declared knobs alone (knob() knows no others), so the hosts of a fleet that differ
-    only in their names and SSH settings share one resolve."""
-    host_data = declared_values(host_data)
-    reader = default_reader()
-    try:
-        if not isinstance(reader, GitCache):
-            raise TypeError("upstream read from files that may change")
-        if lock is not None and not isinstance(lock, LockFile):
-            raise TypeError("a lock whose repr may not show its content")
-        key = json.dumps([host_data, repr(lock), repr(interconnect), repr(pod)], sort_keys=True, default=_plain)
-    except (TypeError, ValueError):  # inputs whose content cannot key the memo: resolve as asked
-        return resolve(host_data, lock, interconnect, pod=pod)
-    with _RESOLVING:  # one resolve at a time: a host that asks while another resolves its inputs waits for it
-        kept = _RESOLVED.get(key)
-        if kept is not None and kept[0] is reader:
-            return kept[1]
-        recipe = resolve(host_data, lock, interconnect, pod=pod)
-        if len(_RESOLVED) >= _RESOLVED_MAX:
-            _RESOLVED.clear()
-        _RESOLVED[key] = (reader, recipe)
-        return recipe
-
-
 def recipe_for(host_data: Mapping[str, Any], topology: Topology | None, lock: Any = None, pod: Pod | None = None) -> Recipe:
     """rigup.desired.recipe.resolve with the interconnect detected among the GPUs the pod uses.
     topology None: nothing detected (no driver yet), the gpu_interconnect knob alone decides."""
-    recipe = _resolved(host_data, lock, None, pod)
+    recipe = resolve(host_data, lock, None, pod=pod)
     if topology is None or recipe.gpu_count < 2:
         return recipe
-    return _resolved(host_data, lock, detect(topology, recipe.gpu_count, recipe.gpu_ids), pod)
+    return resolve(host_data, lock, detect(topology, recipe.gpu_count, recipe.gpu_ids), pod=pod)
 
 
 def host_plan(
@@ -217,16 +168,3 @@ def host_sources(plans: list[HostPlan]) -> list[Any]:
             paths = source.required_paths if known is None else tuple(sorted({*known.required_paths, *source.required_paths}))
             merged[source.name] = replace(source, required_paths=paths)
     return list(merged.values())
-
-
-def mirror_pins(name: str, host_data: Mapping[str, Any]) -> list[str]:
-    """What a host pulls through its image mirror (rigup.desired.image_mirror.pinned_through): every pod's
-    image as locked, and the GPU smoke image unless it names its own registry. A host without a mirror,
-    a variant or a usable lock pins nothing (its own run stops at the lock)."""
-    registry = local_registry(host_data)
-    if registry is None or not knob(host_data, "serves_variant"):
-        return []
-    plans = host_plans(dict(host_data), name, read_secrets=False, require_lock=False)
-    refs = {plan.recipe.image.ref for plan in plans if plan.lock is not None}
-    refs.add(image_ref(registry, str(knob(host_data, "gpu_smoke_image"))))  # another registry's: not kept
-    return sorted(pin for ref in refs if (pin := pinned_through(ref, registry)) is not None)

@@ -9,7 +9,7 @@ member that (re)started in this run gates in two operations, each running on all
 1. `cluster_member_gate`: the head runs `rigup-servingctl gate --hold` (wait for the whole cluster,
    record nothing, roll nothing back); a worker whose head gates in this run waits for the head's result
    instead of asking the same question again; a worker whose head did not restart asks the head itself.
-   Each result is kept for this run (`_results`).
+   Each result is kept for this run (rigup.runstate.cluster_gates).
 2. `cluster_gate_verdict`: when every gated member passed and no member failed earlier in the run, each
    runs the ordinary gate, which passes at once and records its generation. Otherwise each runs
    `rigup-servingctl rollback` at the same time (restore, restart and gate the last good generation:
@@ -31,21 +31,14 @@ from pyinfra.connectors.util import CommandOutput
 from rigup.operations.live_output import StreamedCommand
 from rigup.operations.preflight import fail_host_with_reasons
 from rigup.operations.serving import account_gate, check_gate_args, gate_command
-from rigup.runstate import account
+from rigup.runstate import account, cluster_gates
 
 GATE_FAILED = "health gate FAILED for "  # servingctl's failure line (rigup.rig.servingctl._print_failure)
 FOLLOW_POLL_S = 1.0
 
-# Per run (pyinfra's State, by id: a State is not hashable by value): cluster -> member -> what its gate
-# said (None: passed), and cluster -> member -> whether that member gates in this run (execute time).
-_RUNS: dict[int, tuple[Any, dict[str, dict[str, str | None]], dict[str, dict[str, Callable[[], bool]]]]] = {}
-
-
 def _run(state: Any) -> tuple[dict[str, dict[str, str | None]], dict[str, dict[str, Callable[[], bool]]]]:
-    held = _RUNS.get(id(state))
-    if held is None or held[0] is not state:  # a new run (an id can be reused once a State is gone)
-        held = _RUNS[id(state)] = (state, {}, {})
-    return held[1], held[2]
+    gates = cluster_gates(state)  # per run, in rigup.runstate
+    return gates.results, gates.gating
 
 
 def _state_of(target: Any) -> Any:

@@ -16,10 +16,10 @@ from typing import Any
 from pyinfra import host, state
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 
-from rigup.desired.image_mirror import helper_path, registry_role
+from rigup.desired.fleet_plan import FleetPlan
+from rigup.desired.image_mirror import helper_path
 from rigup.desired.knobs import knob
 from rigup.desired.models import ChainMember, fleet_base_url, in_fleet_chains, script_path
-from rigup.desired.plan import mirror_pins
 from rigup.facts.docker import ImageMirrorCache
 from rigup.operations.model import FLEET_TOKEN, chain_fetch, chain_status, rigfetch_options
 from rigup.rig.imagemirror import pin_name
@@ -42,21 +42,16 @@ class ImageChainMember:
     is_mirror: bool
 
 
-def image_chain_members(hosts: list[Any], keep_file: str,
-                        pins: dict[str, list[str]] | None = None) -> tuple[ImageChainMember, ...]:
-    """Every host of `hosts` that runs a registry of the fleet's images (the mirror, the relays), mirror
-    hosts first: with nothing staged anywhere, the mirror is the chain's head and reads upstream. `pins`:
-    each host's mirror_pins, when the caller has them (they render every host's plan)."""
-    fleet = [(h.name, h.data.dict()) for h in hosts]
-    pins = pins if pins is not None else {name: mirror_pins(name, data) for name, data in fleet}
+def image_chain_members(fleet: FleetPlan, keep_file: str) -> tuple[ImageChainMember, ...]:
+    """Every host of the run's FleetPlan that runs a registry of the fleet's images (the mirror, the relays)
+    with pins to keep, mirror hosts first (FleetPlan.image_chain); the operation keeps those in the run."""
     members = []
-    for h, (name, data) in zip(hosts, fleet, strict=True):
-        role = registry_role(name, data, fleet, pins)
-        if role is None or not role.keep:
-            continue
+    for planned in fleet.image_chain():
+        name, data, role = planned.name, planned.data, planned.registry
+        assert role is not None  # image_chain holds registry hosts only
         install_root = str(knob(data, "install_root"))
         members.append(ImageChainMember(
-            host=h,
+            host=planned.entry.handle,
             base_url=fleet_base_url(name, data) if in_fleet_chains(name, data) else None,
             rigfetch=script_path(install_root),
             helper=helper_path(install_root),
@@ -68,7 +63,7 @@ def image_chain_members(hosts: list[Any], keep_file: str,
             sudo=bool(knob(data, "_sudo")),
             is_mirror=not role.is_relay,
         ))
-    return tuple(sorted(members, key=lambda m: not m.is_mirror))
+    return tuple(members)
 
 
 def _cache(member: ImageChainMember) -> dict[str, Any] | None:

@@ -12,12 +12,11 @@ from pyinfra.api.exceptions import DeployError
 from rigup.desired.dashboards import DashboardError, VllmDashboard, served_vllm_refs, vllm_dashboards
 from rigup.desired.knobs import knob
 from rigup.desired.lock import LOCK_COMMAND, LockError, dashboard_needs, deploy_lock, exporter_needs, need_problem
-from rigup.desired.models import ModelPlan, plan_models
+from rigup.desired.models import ModelPlan
 from rigup.desired.monitoring import RigExporters, rig_exporters
-from rigup.desired.plan import host_plans
 from rigup.desired.recipe import RecipeError
 from rigup.desired.upstream import UpstreamError, default_reader
-from rigup.runstate import pins_missing, pyinfra_dry_run
+from rigup.runstate import fleet_plan, pins_missing, pyinfra_dry_run
 
 
 @contextmanager
@@ -31,16 +30,16 @@ def stop_the_run_on(host: Any, *errors: type[Exception]) -> Iterator[None]:
 
 
 def model_plan_or_stop(state: Any, host: Any) -> ModelPlan | None:
-    """The host's model plan (rigup.desired.models.plan_models). None when the lock lacks its pins: a
+    """The host's model plan (the run's FleetPlan: rigup.desired.models.plan_models). None when the lock lacks its pins: a
     --dry run then warns once and the model phase plans nothing (rigup.runstate.pins_missing; a real run
     has stopped at sources already). Any other problem stops the run naming the host: a pod's recipe
     (preflight reports it first in a whole deploy) or a lock problem that is not about missing pins
     (e.g. a bad model_fleet_source)."""
     try:
         with stop_the_run_on(host, RecipeError):
-            return plan_models(state, host)
+            return fleet_plan(state).host(host.name).models
     except LockError as exc:
-        previews = host_plans(host.data.dict(), host.name, read_secrets=False, require_lock=False)
+        previews = fleet_plan(state).host(host.name).pods
         if not any(pins_missing(host, "model", preview) for preview in previews):
             raise DeployError(str(exc)) from None
         return None

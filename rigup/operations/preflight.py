@@ -23,6 +23,7 @@ from rigup.checks.preflight import (
     run_host_checks,
 )
 from rigup.desired.knobs import knob
+from rigup.desired.roles import serves_variant
 from rigup.facts.gpu import GpuTopology
 from rigup.facts.system import FreeDisk, HostCapabilities, OsReleaseInfo
 from rigup.operations.cluster import cluster_host_data, member_network, peer_addresses
@@ -48,7 +49,7 @@ def host_preflight(target: Any, base_dir: Path | None = None) -> tuple[list[Chec
     the one the later phases build (rigup.desired.plan.host_plan with the host's GPU topology); a
     relative lock_file is read from `base_dir` (default: the fleet file's directory)."""
     data = target.data.dict()
-    if not knob(data, "serves_variant"):  # a gateway-only host: no GPU, driver, Docker or variant to check
+    if not serves_variant(data):  # a gateway-only host: no GPU, driver, Docker or variant to check
         caps = target.get_fact(HostCapabilities, _sudo=False)
         if privileges_missing(check_capabilities(caps, data)):
             return gateway_host_checks(caps, None, {}, data), None

@@ -16,11 +16,11 @@ from pyinfra.api.operations import run_ops
 
 from rigup.desired.knobs import load_defaults
 from rigup.desired.lock import FilePin, GitNeed, GitPin, ImagePin, LockError, LockFile, ModelNeed, ModelPin, needs_for
-from rigup.desired.models import plan_models
 from rigup.desired.recipe import resolve
 from rigup.facts.model import ModelFiles
 from rigup.operations.model import model_files
-from rigup.rig.rigfetch import load_manifest
+from rigup.rig.rigfetch.manifest import load_manifest
+from rigup.runstate import fleet_plan
 
 QWEN = "model:Lorbus/Qwen3.6-27B-int4-AutoRound"
 DFLASH = "model:z-lab/Qwen3.6-27B-DFlash"
@@ -69,6 +69,11 @@ def _state(tmp_path: Path, hosts: list[tuple[str, dict[str, Any]]]) -> State:
     return state
 
 
+def _model_plan(state: State, host: Any) -> Any:
+    """The host's model plan, from the run's FleetPlan (every rig of the run planned together, once)."""
+    return fleet_plan(state).host(host.name).models
+
+
 def _names(manifest: dict[str, Any]) -> list[str]:
     return [m["name"] for m in manifest["models"]]
 
@@ -83,7 +88,7 @@ def test_fleet_rigs_holding_a_model_form_its_chain(tmp_path: Path) -> None:
         ],
     )
     host = state.inventory.get_host
-    one, two, three = (plan_models(state, host(f"@fake/rig-0{i}")) for i in (1, 2, 3))
+    one, two, three = (_model_plan(state, host(f"@fake/rig-0{i}")) for i in (1, 2, 3))
 
     main, draft = "qwen3.6-27b-autoround-int4", "qwen3.6-27b-dflash"
     assert _names(one.manifest) == [main] and _names(two.manifest) == [main, draft]
@@ -111,7 +116,7 @@ def test_rigs_locked_to_other_files_of_a_model_are_in_another_chain(tmp_path: Pa
     three = state.inventory.get_host("@fake/rig-03")
     three.data.override_datas["lock_file"] = str(other)  # rig-03 follows another lock
     host = state.inventory.get_host
-    one, rig3 = plan_models(state, host("@fake/rig-01")), plan_models(state, three)
+    one, rig3 = _model_plan(state, host("@fake/rig-01")), _model_plan(state, three)
     name = "qwen3.6-27b-autoround-int4"
     assert [m.host.name for m in one.chains[name]] == ["@fake/rig-01", "@fake/rig-02"]
     assert [m.host.name for m in rig3.chains[name]] == ["@fake/rig-03"]
@@ -127,7 +132,7 @@ def test_fleet_off_rigs_are_in_no_chain(tmp_path: Path) -> None:
         ],
     )
     host = state.inventory.get_host
-    one, two, three = (plan_models(state, host(f"@fake/rig-0{i}")) for i in (1, 2, 3))
+    one, two, three = (_model_plan(state, host(f"@fake/rig-0{i}")) for i in (1, 2, 3))
     assert one.chains == {}
     assert [m.host.name for m in two.chains["qwen3.6-27b-autoround-int4"]] == ["@fake/rig-02", "@fake/rig-03"]
     assert three.chains["qwen3.6-27b-autoround-int4"][0].base_url == "http://@fake/rig-02:8765/"
@@ -135,7 +140,7 @@ def test_fleet_off_rigs_are_in_no_chain(tmp_path: Path) -> None:
 
 def test_a_single_rig_is_a_chain_of_one(tmp_path: Path) -> None:
     state = _state(tmp_path, [("@fake/rig-01", {"variant": "dual-dflash"})])
-    plan = plan_models(state, state.inventory.get_host("@fake/rig-01"))
+    plan = _model_plan(state, state.inventory.get_host("@fake/rig-01"))
     assert len(plan.manifest["models"]) == 2
     assert all(len(chain) == 1 for chain in plan.chains.values())
 
@@ -146,7 +151,7 @@ def test_plan_refuses_a_stale_lock(tmp_path: Path) -> None:
     del lock.models[QWEN]
     lock.save(tmp_path / "rigs.lock.yaml")
     with pytest.raises(LockError, match="no entry"):
-        plan_models(state, state.inventory.get_host("@fake/rig-01"))
+        _model_plan(state, state.inventory.get_host("@fake/rig-01"))
 
 
 # ------------------------------------------------------------------------------------------
@@ -171,7 +176,7 @@ def test_model_files_runs_rigfetch_with_secrets_on_stdin(tmp_path: Path, monkeyp
         tmp_path, [("@fake/rig-01", {"variant": "dual", "model_fleet_source": "off", "fake_responses": {"--check": WORK}})]
     )
     host = state.inventory.get_host("@fake/rig-01")
-    plan = plan_models(state, host)
+    plan = _model_plan(state, host)
     meta = _fetch(state, retries=5, reverify=True)[host]
     assert meta.did_change()
     (command,) = _rigfetch_runs(host)
@@ -230,7 +235,7 @@ def test_a_fleet_where_every_rig_holds_the_files_does_nothing(tmp_path: Path) ->
 def test_a_failed_rig_leaves_the_chain(tmp_path: Path) -> None:
     state = _state(tmp_path, [_rig(1, _check()), _rig(2, WORK)])
     one, two = state.inventory.get_host("@fake/rig-01"), state.inventory.get_host("@fake/rig-02")
-    plans = {h: plan_models(state, h) for h in (one, two)}
+    plans = {h: _model_plan(state, h) for h in (one, two)}
     state.fail_hosts({one})
     metas = _fetch(state, plans=plans)
     (fetch,) = _rigfetch_runs(two)
@@ -249,7 +254,7 @@ def _upstreams(command: str) -> list[str]:
 def _fetch(state: State, plans: dict[Any, Any] | None = None, **kwargs: Any) -> dict[Any, Any]:
     """Add model_files on every active host, each with its own plan, then run it (one op: pyinfra runs it
     on all hosts at once, as in a deploy)."""
-    plans = plans or {h: plan_models(state, h) for h in state.inventory.get_active_hosts()}
+    plans = plans or {h: _model_plan(state, h) for h in state.inventory.get_active_hosts()}
     metas: dict[Any, Any] = {}
     for host in sorted(state.inventory.get_active_hosts(), key=lambda h: h.name):
         plan = plans[host]

@@ -1,0 +1,209 @@
+"""The fleet's plan for one run: every host's roles and plans, and what the fleet's services see of it.
+
+`plan_fleet(entries)` is built once per run: by the deploy from pyinfra's inventory
+(rigup.runstate.fleet_plan(state)), by the CLI from the fleet file (`fleet_entries(fleet)`), through
+this one function. Its FleetPlan holds, for each host:
+  roles            rig, gateway, monitor, image mirror or relay, cluster member (rigup.desired.roles)
+  pods             the plan of each pod, as a preview (rigup.desired.plan.host_plans: no GPU topology,
+                   no secrets, the lock's pins where it has them); the serving task plans again with the
+                   topology it reads
+  models           the model plan: its manifest and, per model, the chain of rigs holding it
+  mirror_pins      the images it pulls through its image mirror; registry: its registry's role
+and for the fleet: the image chain (the registry hosts, the mirror first), each gateway's routes, each
+monitor's targets, the clusters' members. Each host is planned once, when first asked for: planning
+the whole fleet costs linearly in its hosts (bench/plan_fleet.py), and a command that asks about one host
+plans that one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rigup.desired.gateway import GatewayPlan, gateway_plan
+from rigup.desired.image_mirror import MirrorRole, image_ref, local_registry, pinned_through, registry_role
+from rigup.desired.knobs import knob
+from rigup.desired.lock import LockError
+from rigup.desired.models import ModelPlan, plan_models
+from rigup.desired.monitoring import MonitorPlan, monitor_plan
+from rigup.desired.plan import HostPlan, host_plan
+from rigup.desired.pods import Pod
+from rigup.desired.recipe import pods_of
+from rigup.desired.roles import HostRoles, host_roles
+
+
+@dataclass(frozen=True)
+class FleetEntry:
+    """One host as the run sees it."""
+
+    name: str
+    data: Mapping[str, Any]  # every knob (group_data/all.py defaults under the fleet file's values)
+    groups: tuple[str, ...]
+    handle: Any = None  # what a chain member carries to execution: pyinfra's Host in the deploy
+    active: bool = True  # in this run (pyinfra: connected); only active rigs share chains
+
+
+def fleet_entries(fleet: Any) -> list[FleetEntry]:
+    """The entries of a fleet file (rigup.desired.fleet.Fleet), each host in its group."""
+    return [FleetEntry(h.name, fleet.resolved_data(h.name), (h.group,), handle=h.name) for h in fleet.hosts]
+
+
+class HostFleetPlan:
+    """One host's part of the FleetPlan: what its tasks read."""
+
+    def __init__(self, fleet: FleetPlan, entry: FleetEntry, roles: HostRoles) -> None:
+        self.fleet, self.entry, self.roles = fleet, entry, roles
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def data(self) -> Mapping[str, Any]:
+        return self.entry.data
+
+    @property
+    def pods(self) -> list[HostPlan]:
+        """Each pod's preview plan, in the order the host lists them; [] on a host that serves nothing.
+        Raises RecipeError (and CatalogError) naming the host when a pod cannot be planned."""
+        return self.fleet.pods(self.name)
+
+    @property
+    def models(self) -> ModelPlan:
+        """The model plan; LockError (its message the lock's problem) when the host has no usable lock."""
+        return self.fleet.models(self.name)
+
+    @property
+    def mirror_pins(self) -> list[str]:
+        return self.fleet.mirror_pins(self.name)
+
+    @property
+    def registry(self) -> MirrorRole | None:
+        """The registry of the fleet's images the host runs (the mirror's or a relay), or None."""
+        return self.fleet.registry(self.name)
+
+    def gateway(self, read_secrets: bool = True) -> GatewayPlan | None:
+        """The gateway it runs over the fleet's rigs (None: not in gateway_group)."""
+        return gateway_plan(self.name, self.data, self.entry.groups, self.fleet.named_data(), read_secrets=read_secrets)
+
+    def monitor(self, read_secrets: bool = True) -> MonitorPlan | None:
+        """The Prometheus it runs over the fleet's pods, exporters and gateways (None: not in monitor_group)."""
+        return monitor_plan(self.name, self.data, self.entry.groups, self.fleet.named_groups(), read_secrets=read_secrets)
+
+
+class FleetPlan:
+    """Every host's roles and plans for one run (see the module's docstring). Build it with plan_fleet."""
+
+    def __init__(self, entries: Iterable[FleetEntry]) -> None:
+        self.entries = tuple(entries)
+        named = [(e.name, e.data) for e in self.entries]
+        self._hosts = {e.name: HostFleetPlan(self, e, host_roles(e.name, e.data, e.groups, named)) for e in self.entries}
+        # each host planned once, when first asked for (a per-run object: it goes with its run)
+        self._pods: dict[tuple[str, str], HostPlan] = {}  # (host, pod name) -> its preview plan
+        self._pins: dict[str, list[str]] = {}
+        self._registries: dict[str, MirrorRole | None] = {}
+        self._models: tuple[dict[str, ModelPlan], dict[str, str]] | None = None
+
+    def host(self, name: str) -> HostFleetPlan:
+        try:
+            return self._hosts[name]
+        except KeyError:
+            raise KeyError(f"{name!r} is no host of this run (hosts: {', '.join(self._hosts)})") from None
+
+    @property
+    def hosts(self) -> list[HostFleetPlan]:
+        return list(self._hosts.values())
+
+    def roles(self, name: str) -> HostRoles:
+        return self.host(name).roles
+
+    def named_data(self) -> list[tuple[str, Mapping[str, Any]]]:
+        """(name, data) of every host, in order: the shape the gateway and image mirror plans read."""
+        return [(e.name, e.data) for e in self.entries]
+
+    def named_groups(self) -> list[tuple[str, Mapping[str, Any], tuple[str, ...]]]:
+        """(name, data, groups) of every host, in order: the shape the monitor and dashboard plans read."""
+        return [(e.name, e.data, e.groups) for e in self.entries]
+
+    def pods(self, name: str) -> list[HostPlan]:
+        host = self.host(name)
+        return [self.pod(name, pod) for pod in pods_of(host.data)] if host.roles.rig else []
+
+    def pod(self, name: str, pod: Pod) -> HostPlan:
+        """One pod's preview plan (rigup.desired.plan.host_plan); an error is raised again on every call."""
+        plan = self._pods.get((name, pod.name))
+        if plan is None:
+            plan = self._pods[(name, pod.name)] = host_plan(dict(self.host(name).data), name, read_secrets=False,
+                                                            require_lock=False, pod=pod)
+        return plan
+
+    def models(self, name: str) -> ModelPlan:
+        if self._models is None:  # every rig's at once: a model's chain holds every rig of the run that wants it
+            rigs = [h for h in self.hosts if h.roles.rig]
+            self._models = plan_models((h.name, h.data, h.entry.handle, h.entry.active, self.pods(h.name)) for h in rigs)
+        plans, problems = self._models
+        if name in problems:
+            raise LockError(problems[name])
+        if name not in plans:
+            raise LockError(f"{name}: serves no variant, so it holds no model")
+        return plans[name]
+
+    def mirror_pins(self, name: str) -> list[str]:
+        """What a host pulls through its image mirror (rigup.desired.image_mirror.pinned_through): every pod's
+        image as locked, and the GPU smoke image unless it names its own registry. A host without a mirror,
+        a variant or a usable lock pins nothing (its own run stops at the lock)."""
+        pins = self._pins.get(name)
+        if pins is None:
+            host = self.host(name)
+            registry = local_registry(host.data)
+            pins = []
+            if registry is not None and host.roles.rig:
+                refs = {plan.recipe.image.ref for plan in self.pods(name) if plan.lock is not None}
+                refs.add(image_ref(registry, str(knob(host.data, "gpu_smoke_image"))))  # another registry's: not kept
+                pins = sorted(pin for ref in refs if (pin := pinned_through(ref, registry)) is not None)
+            self._pins[name] = pins
+        return pins
+
+    def registry(self, name: str) -> MirrorRole | None:
+        if name not in self._registries:
+            host, role = self.host(name), None
+            if host.roles.image_registry:
+                # the mirror keeps its clients' pins, a relay its own
+                wanted = [h.name for h in self.hosts if h.roles.rig] if host.roles.image_mirror else [name]
+                pins = {other: self.mirror_pins(other) for other in wanted}
+                role = registry_role(name, host.data, self.named_data(), pins)
+            self._registries[name] = role
+        return self._registries[name]
+
+    def image_chain(self) -> list[HostFleetPlan]:
+        """Every host that runs a registry of the fleet's images with pins to keep, mirror hosts first: with
+        nothing staged anywhere, the mirror is the chain's head and reads upstream."""
+        members = [(h, role) for h in self.hosts if (role := self.registry(h.name)) is not None and role.keep]
+        return [h for h, role in sorted(members, key=lambda m: m[1].is_relay)]
+
+    def clusters(self) -> dict[str, list[str]]:
+        """Each cluster of the fleet -> its members, in the fleet's order."""
+        out: dict[str, list[str]] = {}
+        for h in self.hosts:
+            if h.roles.cluster is not None:
+                out.setdefault(h.roles.cluster, []).append(h.name)
+        return out
+
+    def plan_everything(self) -> None:
+        """Plan every host now (what a converge of the whole fleet asks for): pods, models, pins, registries."""
+        for h in self.hosts:
+            self.pods(h.name)
+            self.mirror_pins(h.name)
+        self.image_chain()
+        for h in self.hosts:
+            if h.roles.rig:
+                try:
+                    self.models(h.name)
+                except LockError:  # its tasks say so; the others plan on
+                    pass
+
+
+def plan_fleet(entries: Iterable[FleetEntry]) -> FleetPlan:
+    """The fleet's plan for one run (the deploy's and the CLI's): each host planned once, when first asked for."""
+    return FleetPlan(entries)

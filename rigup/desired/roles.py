@@ -1,0 +1,79 @@
+"""What each host of the fleet is: the one place the role knobs are interpreted.
+
+A host's roles come from its knobs (serves_variant, image_mirror, cluster, gateway_group, monitor_group),
+its inventory groups and, for the image mirror, the other hosts that name it. Everything that asks "does
+this host serve a variant?", "is it the gateway?", "runs it a registry of the fleet's images?" asks here
+(rigup.desired.fleet_plan holds each host's roles for a run; deploy.py's gates read them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rigup.desired.knobs import knob
+
+
+def serves_variant(data: Mapping[str, Any]) -> bool:
+    """Whether the host is a rig (GPU, driver, Docker, sources, model, a variant); False: a gateway-only host."""
+    return bool(knob(data, "serves_variant"))
+
+
+def is_gateway(data: Mapping[str, Any], groups: Iterable[str]) -> bool:
+    """Whether the host runs the fleet's gateway: it is in gateway_group."""
+    return knob(data, "gateway_group") in set(groups)
+
+
+def is_monitor(data: Mapping[str, Any], groups: Iterable[str]) -> bool:
+    """Whether the host runs the fleet's Prometheus: it is in monitor_group."""
+    return knob(data, "monitor_group") in set(groups)
+
+
+def mirror_host(data: Mapping[str, Any]) -> str | None:
+    """The host this one pulls rigup's images through (its image_mirror's host); None without a mirror."""
+    mirror = knob(data, "image_mirror")
+    return str(mirror["host"]) if mirror and mirror.get("host") is not None else None
+
+
+def is_image_relay(data: Mapping[str, Any]) -> bool:
+    """Whether the host runs a relay of the fleet's image mirror: it names a mirror and serves a variant
+    (it pins images; a gateway-only host pulls none)."""
+    return bool(knob(data, "image_mirror")) and serves_variant(data)
+
+
+def cluster_name(data: Mapping[str, Any]) -> str | None:
+    """The cluster the host is a member of (its cluster knob, set by the fleet file's loader); None outside one."""
+    member = knob(data, "cluster")
+    return str(member["name"]) if member else None
+
+
+@dataclass(frozen=True)
+class HostRoles:
+    """Every role of one host in the fleet."""
+
+    rig: bool  # serves a variant (serves_variant)
+    gateway: bool  # in gateway_group
+    monitor: bool  # in monitor_group
+    image_mirror: bool  # some host names it as its image mirror
+    image_relay: bool  # names a mirror and serves a variant
+    cluster: str | None  # the cluster it is a member of
+
+    @property
+    def image_registry(self) -> bool:
+        """Whether it runs a registry of the fleet's images (the mirror, or a relay)."""
+        return self.image_mirror or self.image_relay
+
+
+def host_roles(name: str, data: Mapping[str, Any], groups: Iterable[str],
+               fleet: Iterable[tuple[str, Mapping[str, Any]]]) -> HostRoles:
+    """The roles of host `name`; `fleet` is (name, data) of every host (who names it as a mirror)."""
+    groups = set(groups)
+    return HostRoles(
+        rig=serves_variant(data),
+        gateway=is_gateway(data, groups),
+        monitor=is_monitor(data, groups),
+        image_mirror=any(mirror_host(other) == name for _, other in fleet),
+        image_relay=is_image_relay(data),
+        cluster=cluster_name(data),
+    )
