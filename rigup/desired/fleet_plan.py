@@ -23,14 +23,14 @@ from typing import Any
 
 from rigup.desired.gateway import GatewayPlan, gateway_plan
 from rigup.desired.image_mirror import MirrorRole, image_ref, local_registry, pinned_through, registry_role
-from rigup.desired.knobs import knob
+from rigup.desired.knobs import knob, load_defaults
 from rigup.desired.lock import LockError
 from rigup.desired.models import ModelPlan, plan_models
 from rigup.desired.monitoring import MonitorPlan, monitor_plan
 from rigup.desired.plan import HostPlan, host_plan
 from rigup.desired.pods import Pod
 from rigup.desired.recipe import pods_of
-from rigup.desired.roles import HostRoles, host_roles
+from rigup.desired.roles import HostRoles, host_roles, named_mirrors
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,10 @@ class FleetEntry:
 
 
 def fleet_entries(fleet: Any) -> list[FleetEntry]:
-    """The entries of a fleet file (rigup.desired.fleet.Fleet), each host in its group."""
-    return [FleetEntry(h.name, fleet.resolved_data(h.name), (h.group,), handle=h.name) for h in fleet.hosts]
+    """The entries of a fleet file (rigup.desired.fleet.Fleet), each host in its group, with every knob
+    (what Fleet.resolved_data gives, without looking each host up by name: that is linear in the fleet)."""
+    defaults = load_defaults()
+    return [FleetEntry(h.name, {**defaults, **h.data}, (h.group,), handle=h.name) for h in fleet.hosts]
 
 
 class HostFleetPlan:
@@ -97,8 +99,8 @@ class FleetPlan:
 
     def __init__(self, entries: Iterable[FleetEntry]) -> None:
         self.entries = tuple(entries)
-        named = [(e.name, e.data) for e in self.entries]
-        self._hosts = {e.name: HostFleetPlan(self, e, host_roles(e.name, e.data, e.groups, named)) for e in self.entries}
+        mirrors = named_mirrors(e.data for e in self.entries)
+        self._hosts = {e.name: HostFleetPlan(self, e, host_roles(e.name, e.data, e.groups, mirrors)) for e in self.entries}
         # each host planned once, when first asked for (a per-run object: it goes with its run)
         self._pods: dict[tuple[str, str], HostPlan] = {}  # (host, pod name) -> its preview plan
         self._pins: dict[str, list[str]] = {}
@@ -172,7 +174,8 @@ class FleetPlan:
                 # the mirror keeps its clients' pins, a relay its own
                 wanted = [h.name for h in self.hosts if h.roles.rig] if host.roles.image_mirror else [name]
                 pins = {other: self.mirror_pins(other) for other in wanted}
-                role = registry_role(name, host.data, self.named_data(), pins)
+                # only the mirror's role reads the fleet (its clients): a relay's is its own
+                role = registry_role(name, host.data, self.named_data() if host.roles.image_mirror else (), pins)
             self._registries[name] = role
         return self._registries[name]
 

@@ -8,7 +8,7 @@ this host serve a variant?", "is it the gateway?", "runs it a registry of the fl
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,15 +65,19 @@ class HostRoles:
         return self.image_mirror or self.image_relay
 
 
-def host_roles(name: str, data: Mapping[str, Any], groups: Iterable[str],
-               fleet: Iterable[tuple[str, Mapping[str, Any]]]) -> HostRoles:
-    """The roles of host `name`; `fleet` is (name, data) of every host (who names it as a mirror)."""
+def named_mirrors(fleet: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The hosts some host of `fleet` (each host's data) names as its image mirror."""
+    return {mirror for data in fleet if (mirror := mirror_host(data)) is not None}
+
+
+def host_roles(name: str, data: Mapping[str, Any], groups: Iterable[str], mirrors: Collection[str]) -> HostRoles:
+    """The roles of host `name`; `mirrors`: the hosts the fleet names as its image mirror (named_mirrors)."""
     groups = set(groups)
     return HostRoles(
         rig=serves_variant(data),
         gateway=is_gateway(data, groups),
         monitor=is_monitor(data, groups),
-        image_mirror=any(mirror_host(other) == name for _, other in fleet),
+        image_mirror=name in mirrors,
         image_relay=is_image_relay(data),
         cluster=cluster_name(data),
     )
