@@ -22,17 +22,14 @@ from typing import Any
 
 import yaml
 
-from rigup import WORK_DIR
 from rigup.desired.cluster import Cluster, ClusterError, cluster_knob
 from rigup.desired.cluster_entries import parse_clusters
+from rigup.desired.fleet_file import DEFAULT_FLEET_FILE, FLEET_ENV, fleet_path
 from rigup.desired.image_mirror import MirrorError, resolve_mirrors
 from rigup.desired.knobs import OPTIONAL_KNOB_TYPES as OPTIONAL_KNOB_TYPES  # moved to knobs; kept importable here
 from rigup.desired.knobs import KnobError, check_knob, load_defaults, type_ok
 from rigup.desired.pods import PodError, host_pods
 from rigup.desired.recipe import RecipeError, check_overrides
-
-FLEET_ENV = "RIGUP_RIGS"
-DEFAULT_FLEET_FILE = WORK_DIR / "rigs.yaml"
 
 # Connection settings pyinfra's SSH connector reads from host data. Passwords are not accepted:
 # they would sit in a plain file (use keys and passwordless sudo).
@@ -105,12 +102,6 @@ class Fleet:
     def resolved_data(self, name: str) -> dict[str, Any]:
         """All knobs for one host: group_data/all.py defaults overlaid with the fleet's values."""
         return {**load_defaults(), **self.host(name).data}
-
-
-def fleet_path() -> Path:
-    """The fleet file to read: $RIGUP_RIGS, else rigs.yaml next to inventory.py."""
-    configured = os.environ.get(FLEET_ENV)
-    return Path(configured).expanduser().resolve() if configured else DEFAULT_FLEET_FILE
 
 
 # Where a message places a value given on the command line (`rigup doctor --data KEY=VALUE`).

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rigup.desired.knobs import MODEL_FLEET_MODES, knob, url_host
-from rigup.desired.lock import ModelPin
+from rigup.desired.lock import LockFile, ModelPin
 
 
 def script_path(install_root: str) -> str:
@@ -86,7 +86,7 @@ class _HostInfo:
     handle: Any  # pyinfra's Host in the deploy
     active: bool
     recipe: Any  # the first pod's (paths are the host's)
-    lock: Any
+    lock: LockFile
     data: dict[str, Any]
     fleet: bool
     models: tuple[Any, ...] = ()  # every pod's models, each once

@@ -31,12 +31,10 @@ from rigup.desired.lock import (
     ModelNeed,
     ModelPin,
     Need,
-    dashboard_needs,
-    exporter_needs,
     is_safe_relpath,
     need_problem,
-    needs_for,
 )
+from rigup.desired.needs import dashboard_needs, exporter_needs, needs_for
 from rigup.desired.recipe import pods_of, resolve
 from rigup.desired.roles import serves_variant
 
@@ -325,7 +323,7 @@ def fleet_lock_file(fleet: Any) -> str:
     return files.pop() if files else "rigs.lock.yaml"
 
 
-def fleet_needs(fleet: Any, lock: Any = None) -> tuple[dict[str, Need], str]:
+def fleet_needs(fleet: Any, lock: LockFile | None = None) -> tuple[dict[str, Need], str]:
     """Every need of every host of the fleet, by lock name, plus the fleet's lock_file knob value.
 
     Recipes are rendered from upstream at `lock`'s pins where it has them (what mounts which source

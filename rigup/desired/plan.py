@@ -17,7 +17,8 @@ from typing import Any
 
 from rigup.desired.interconnect import detect
 from rigup.desired.knobs import knob
-from rigup.desired.lock import LOCK_COMMAND, LockError, LockFile, deploy_lock, lock_problems
+from rigup.desired.lock import LOCK_COMMAND, LockError, LockFile, deploy_lock
+from rigup.desired.needs import lock_problems
 from rigup.desired.pods import Pod
 from rigup.desired.recipe import Recipe, pods_of, resolve
 from rigup.desired.release import build_release, release_json, release_sha256
@@ -76,7 +77,8 @@ class HostPlan:
         return release_sha256(self.release)
 
 
-def recipe_for(host_data: Mapping[str, Any], topology: Topology | None, lock: Any = None, pod: Pod | None = None) -> Recipe:
+def recipe_for(host_data: Mapping[str, Any], topology: Topology | None, lock: LockFile | None = None,
+               pod: Pod | None = None) -> Recipe:
     """rigup.desired.recipe.resolve with the interconnect detected among the GPUs the pod uses.
     topology None: nothing detected (no driver yet), the gpu_interconnect knob alone decides."""
     recipe = resolve(host_data, lock, None, pod=pod)

@@ -11,9 +11,10 @@ from pyinfra.api.exceptions import DeployError
 
 from rigup.desired.dashboards import DashboardError, VllmDashboard, served_vllm_refs, vllm_dashboards
 from rigup.desired.knobs import knob
-from rigup.desired.lock import LOCK_COMMAND, LockError, dashboard_needs, deploy_lock, exporter_needs, need_problem
+from rigup.desired.lock import LOCK_COMMAND, LockError, deploy_lock, need_problem
 from rigup.desired.models import ModelPlan
 from rigup.desired.monitoring import RigExporters, rig_exporters
+from rigup.desired.needs import dashboard_needs, exporter_needs
 from rigup.desired.recipe import RecipeError
 from rigup.desired.upstream import UpstreamError, default_reader
 from rigup.runstate import fleet_plan, pins_missing, pyinfra_dry_run

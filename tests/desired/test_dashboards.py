@@ -27,7 +27,7 @@ from rigup.desired.dashboards import (
 )
 from rigup.desired.fleet import load_fleet
 from rigup.desired.knobs import load_defaults
-from rigup.desired.lock import dashboard_needs
+from rigup.desired.needs import dashboard_needs
 from rigup.desired.pins import fleet_needs
 from rigup.desired.upstream import GitCache
 from rigup_testbed import debarchive

@@ -161,7 +161,8 @@ def test_units_run_rigups_config_and_the_helpers_prune() -> None:
 
 
 def test_the_lock_pins_the_image_at_the_upstream_not_at_the_mirror(tmp_path: Path) -> None:
-    from rigup.desired.lock import ImageNeed, needs_for
+    from rigup.desired.lock import ImageNeed
+    from rigup.desired.needs import needs_for
 
     data = dict(load(tmp_path).resolved_data("rig-02"), container_registry="registry.lan:5001",
                 docker_insecure_registries=["registry.lan:5001"])

@@ -29,8 +29,8 @@ from rigup.desired.lock import (
     ModelPin,
     deploy_lock,
     lock_path,
-    needs_for,
 )
+from rigup.desired.needs import needs_for
 from rigup.desired.pins import Resolver, registry_digest, update_lock
 from rigup.desired.plan import host_plan
 from rigup.desired.secrets import SecretError, read_hf_token

@@ -22,8 +22,8 @@ from rigup.desired.lock import (
     ModelNeed,
     ModelPin,
     Need,
-    needs_for,
 )
+from rigup.desired.needs import needs_for
 from rigup.desired.pins import Resolver, fleet_needs, update_lock
 from rigup.desired.recipe import resolve
 from rigup_testbed import hfhub

@@ -15,7 +15,8 @@ from pyinfra.api.operation import add_op
 from pyinfra.api.operations import run_ops
 
 from rigup.desired.knobs import load_defaults
-from rigup.desired.lock import FilePin, GitNeed, GitPin, ImagePin, LockError, LockFile, ModelNeed, ModelPin, needs_for
+from rigup.desired.lock import FilePin, GitNeed, GitPin, ImagePin, LockError, LockFile, ModelNeed, ModelPin
+from rigup.desired.needs import needs_for
 from rigup.desired.recipe import resolve
 from rigup.facts.model import ModelFiles
 from rigup.operations.model import model_files

@@ -54,9 +54,8 @@ def offline_lock(host_data: dict[str, Any], path: Path) -> Path:
         LockFile,
         ModelNeed,
         ModelPin,
-        exporter_needs,
-        needs_for,
     )
+    from rigup.desired.needs import exporter_needs, needs_for
     from rigup.desired.recipe import pods_of, resolve
 
     pods = [pod for pod in pods_of(host_data) if pod.listed]  # a host that lists pods (or a cluster member) resolves each

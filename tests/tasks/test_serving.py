@@ -12,7 +12,8 @@ import pytest
 
 from rigup import REPO_ROOT
 from rigup.desired.knobs import load_defaults
-from rigup.desired.lock import FilePin, GitNeed, GitPin, ImagePin, LockFile, ModelNeed, ModelPin, needs_for
+from rigup.desired.lock import FilePin, GitNeed, GitPin, ImagePin, LockFile, ModelNeed, ModelPin
+from rigup.desired.needs import needs_for
 from rigup.desired.recipe import resolve
 from rigup.desired.upstream import TREES_ENV
 
