@@ -38,9 +38,11 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from rigup.rig import rigfetch  # noqa: E402 - path set above
+from rigup.rig.onefile import write_rigfetch  # noqa: E402 - path set above
+from rigup.rig.rigfetch.disk import hash_file  # noqa: E402
+from rigup.rig.rigfetch.manifest import encode_manifest  # noqa: E402
 
-RIGFETCH = REPO_ROOT / "rigup" / "rig" / "rigfetch.py"
+RIGFETCH = write_rigfetch()  # the zipapp the tasks upload
 GB = 1e9
 
 
@@ -117,7 +119,7 @@ def bench_hash(work: Path, size: int) -> list[tuple[str, str, str]]:
     if shutil.which("sha256sum"):
         t = timed(lambda: subprocess.run(["sha256sum", str(one)], check=True, capture_output=True))
         rows.append(("sha256sum (coreutils), 1 file", f"{size / GB:.1f} GB", f"{size / t / GB:.2f} GB/s"))
-    t = timed(lambda: rigfetch.hash_file(str(one)))
+    t = timed(lambda: hash_file(str(one)))
     single = size / t / GB
     rows.append(("hashlib, one core (rigfetch.hash_file)", f"{size / GB:.1f} GB", f"{single:.2f} GB/s"))
 
@@ -160,7 +162,7 @@ def bench_hash(work: Path, size: int) -> list[tuple[str, str, str]]:
         rows.append((f"sha256sum, same {cores} files one after another", f"{total / GB:.1f} GB", f"{total / t / GB:.2f} GB/s"))
     # Threads in one process vs a process per file: same throughput means the GIL is not in the way.
     with concurrent.futures.ThreadPoolExecutor(cores) as pool:
-        t = timed(lambda: list(pool.map(lambda p: rigfetch.hash_file(str(p)), files)))
+        t = timed(lambda: list(pool.map(lambda p: hash_file(str(p)), files)))
     rows.append((f"hashlib in {cores} threads (in process)", f"{total / GB:.1f} GB", f"{total / t / GB:.2f} GB/s"))
     for path in files:
         path.unlink()
@@ -197,7 +199,7 @@ def bench_download(work: Path, size: int) -> list[tuple[str, str, str]]:
     src_dir.mkdir()
     src = src_dir / "model.safetensors"
     make_file(src, size, 42)
-    digest = rigfetch.hash_file(str(src)).hexdigest()
+    digest = hash_file(str(src)).hexdigest()
     warm(src)
     handler = type("Static", (_Static,), {"path_on_disk": str(src)})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -314,7 +316,7 @@ def bench_rerun(work: Path, model_gb: float) -> list[tuple[str, str, str]]:
         recipe = resolve({**load_defaults(), **data}, lock)
         models = [model_entry(m, lock.models[m.lock_name], url) for m in recipe.models]
         man = {"version": 1, "state_dir": f"{root}/opt/state", "reserve_bytes": 0, "models": models}
-        b64 = rigfetch.encode_manifest(man)
+        b64 = encode_manifest(man)
         t = timed(lambda: subprocess.run([sys.executable, str(RIGFETCH), "--check", "--manifest-b64", b64],
                                          check=True, capture_output=True), repeat=5)  # fmt: skip
         nfiles = sum(len(m["files"]) for m in models)

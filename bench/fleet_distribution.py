@@ -42,9 +42,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_artifacts import machine, make_file, write_results  # noqa: E402 - path set above
+from bench_artifacts import RIGFETCH, machine, make_file, write_results  # noqa: E402 - path set above
 
-RIGFETCH = REPO_ROOT / "rigup" / "rig" / "rigfetch.py"
 SECTION = "## Fleet distribution: one model to N rigs on a shaped LAN (bench/fleet_distribution.py)"
 PREFIX = "rgdist"  # namespace and link names; distinct from every test bed's
 SUBNET = "10.231.0"

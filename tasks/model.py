@@ -21,7 +21,7 @@ from pyinfra import host, state
 from pyinfra.operations import apt, files
 
 from rigup.desired.knobs import knob
-from rigup.operations.model import RIGFETCH_SRC, model_files
+from rigup.operations.model import model_files, rigfetch_upload
 from rigup.operations.planning_errors import model_plan_or_stop
 
 plan = model_plan_or_stop(state, host)  # None: the lock lacks the model pins (--dry warns)
@@ -33,7 +33,7 @@ if plan is not None:
 
     apt.packages(name="Install python3 for rigfetch", packages=["python3"])
     files.directory(name="Create the rigup bin directory", path=plan.script.rsplit("/", 1)[0], mode="755")
-    files.put(name="Upload rigfetch (model fetch and verify helper)", src=str(RIGFETCH_SRC), dest=plan.script, mode="755")
+    files.put(name="Upload rigfetch (model fetch and verify helper)", src=rigfetch_upload(), dest=plan.script, mode="755")
 
     model_files(
         name="Fetch locked model files (fleet: one rig reads the hub, the others forward verified pieces)",

@@ -29,16 +29,34 @@ def modules(package: Path = PACKAGE) -> dict[str, Path]:
     }
 
 
+def imported_from(node: ast.ImportFrom, importer: str | None) -> str | None:
+    """The module a `from ... import` names: a relative one (`from .manifest import x`, the rigfetch package's
+    way: its name on a rig is another) resolved against `importer`, the importing module's package."""
+    if node.level == 0:
+        return node.module
+    if importer is None:
+        return None
+    parts = importer.split(".")
+    base = parts[: len(parts) - (node.level - 1)]  # `.` is the package itself, each further dot its parent
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def package_of(path: Path) -> str:
+    """The package a module's relative imports start from: itself for an __init__.py, else its parent."""
+    name = module_name(path)
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
 def imported(path: Path, known: set[str]) -> set[str]:
     """Every module `path` imports, at any depth of the file (function-level imports count too)."""
     out: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             out.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module)
+        elif isinstance(node, ast.ImportFrom) and (module := imported_from(node, package_of(path))):
+            out.add(module)
             # `from rigup.rig import servingctl` imports the submodule too
-            out.update(f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in known)
+            out.update(f"{module}.{a.name}" for a in node.names if f"{module}.{a.name}" in known)
     return out
 
 
@@ -113,10 +131,11 @@ def test_product_code_never_imports_the_tests_benchmarks_or_test_bed() -> None:
 
 def test_rig_scripts_use_the_standard_library_only() -> None:
     known = set(modules())
-    for path in (PACKAGE / "rig").glob("*.py"):
-        if path.name == "__init__.py":
-            continue
-        outside = {m for m in imported(path, known) if m.split(".")[0] not in sys.stdlib_module_names}
+    for path in (PACKAGE / "rig").rglob("*.py"):
+        if path.parent == PACKAGE / "rig" and path.name in ("__init__.py", "onefile.py"):
+            continue  # the control machine's: the scripts' paths, and the zipapp's build
+        own = {m for m in imported(path, known) if m.startswith("rigup.rig.rigfetch")}  # the package's own modules
+        outside = {m for m in imported(path, known) - own if m.split(".")[0] not in sys.stdlib_module_names}
         assert not outside, f"{path.name} imports {sorted(outside)}: rigs run it with a bare python3"
 
 
@@ -235,9 +254,9 @@ def private_names_taken(source: str, own: str, known: set[str]) -> list[str]:
     return found
 
 
-def function_level_imports(source: str, known: set[str]) -> list[tuple[int, str]]:
+def function_level_imports(source: str, known: set[str], package: str | None = None) -> list[tuple[int, str]]:
     """(line, module) of each import inside a function, at any depth: `from a.b import c` gives a.b.c where
-    that is a module of `known`, else a.b."""
+    that is a module of `known`, else a.b; a relative one resolved against `package`."""
     found: list[tuple[int, str]] = []
     for function in ast.walk(ast.parse(source)):
         if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -245,9 +264,9 @@ def function_level_imports(source: str, known: set[str]) -> list[tuple[int, str]
         for node in ast.walk(function):  # a nested function's imports are seen twice: deduplicated below
             if isinstance(node, ast.Import):
                 found.extend((node.lineno, alias.name) for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                subs = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in known]
-                found.extend((node.lineno, m) for m in subs or [node.module])
+            elif isinstance(node, ast.ImportFrom) and (module := imported_from(node, package)):
+                subs = [f"{module}.{a.name}" for a in node.names if f"{module}.{a.name}" in known]
+                found.extend((node.lineno, m) for m in subs or [module])
     return sorted(set(found))
 
 
@@ -290,6 +309,11 @@ DEFERRED_IMPORTS: dict[tuple[str, str], str] = {
         "build its parser; only doctor's collect() runs it",
     ("rigup.cli.rollout", "pyinfra_cli"): "importing pyinfra_cli monkeypatches the process for gevent (patch_all)",
     ("rigup.cli.rollout", "pyinfra"): "the --worker process imports pyinfra only after pyinfra_cli has patched it",
+    ("rigup.rig.rigfetch.cli", "rigup.rig.rigfetch.fetcher"):
+        "a fetch's modules (http.client, urllib.request, threads) are most of the start-up of `--check`, which "
+        "every converged re-run runs on every rig and which needs none of them",
+    ("rigup.rig.rigfetch.cli", "rigup.rig.rigfetch.fleet_server"):
+        "http.server and hmac, for a rig that serves fleet peers only",
     ("rigup.cli.top", "rich"):
         "about 55 ms to import (rich.console), for `rigup top` only; every rigup command imports rigup.cli.top "
         "to build its parser",
@@ -314,8 +338,13 @@ def test_the_function_level_import_check_finds_each_form() -> None:
         "    class C:\n"
         "        def g(self):\n"
         "            from rigup.rig import servingctl, SERVINGCTL_SCRIPT\n"
+        "def h():\n"
+        "    from . import servingctl\n"
+        "    from ..desired.catalog import variant_names\n"
     )
-    assert function_level_imports(source, known) == [(3, "rigup.desired.catalog"), (4, "yaml"), (7, "rigup.rig.servingctl")]
+    assert function_level_imports(source, known, "rigup.rig") == [
+        (3, "rigup.desired.catalog"), (4, "yaml"), (7, "rigup.rig.servingctl"), (9, "rigup.rig.servingctl"),
+        (10, "rigup.desired.catalog")]
 
 
 def test_function_level_imports_are_deliberate() -> None:
@@ -326,7 +355,7 @@ def test_function_level_imports_are_deliberate() -> None:
     unlisted: list[str] = []
     used: set[tuple[str, str]] = set()
     for name, path in sorted(modules().items()):
-        for line, module in function_level_imports(path.read_text(), known):
+        for line, module in function_level_imports(path.read_text(), known, package_of(path)):
             if layer_of(name) == "rig" and module.split(".")[0] in sys.stdlib_module_names:
                 continue
             key = deferred_import_key(name, module)

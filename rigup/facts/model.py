@@ -8,8 +8,6 @@ from typing import Any
 
 from pyinfra.api import FactBase, FactProcessError, QuoteString, StringCommand
 
-from rigup.facts.util import python_script
-
 
 class ModelFiles(FactBase[dict[str, Any]]):
     """
@@ -32,7 +30,8 @@ class ModelFiles(FactBase[dict[str, Any]]):
 
     def command(self, script: str, script_sha256: str, manifest_b64: str, reverify: bool = False) -> StringCommand:
         script_q = QuoteString(script)
-        check = python_script(script_q, "--check", "--manifest-b64", QuoteString(manifest_b64))
+        # run as the zipapp it is: its __main__ keeps the bytecode of its modules beside it
+        check: list[Any] = ["python3", script_q, "--check", "--manifest-b64", QuoteString(manifest_b64)]
         if reverify:
             check.append("--reverify")
         return StringCommand(

@@ -16,9 +16,10 @@ T = TypeVar("T")
 SECTION_MARKER = "@rigup-section"
 
 
-# How a fact runs one of rigup's rig-side scripts (rigfetch.py, rigup-servingctl): through Python's
-# import machinery, which keeps the script's bytecode in a __pycache__ beside it. Run by path, Python
-# compiles the script again on every call: 10-20 ms of each converged re-run's reads, for each script.
+# How a fact runs one of rigup's rig-side scripts (rigup-servingctl; rigfetch.py, a zipapp, keeps its own
+# bytecode): through Python's import machinery, which keeps the script's bytecode in a __pycache__ beside
+# it. Run by path, Python compiles the script again on every call: 10-20 ms of each converged re-run's
+# reads, for each script.
 # The script's main(argv) gets the arguments; its `if __name__ == "__main__"` block does not run.
 _RUN_CACHED = ("import sys, importlib.machinery as m, importlib.util as u; "
                'l = m.SourceFileLoader("rigup_rig_script", sys.argv[1]); '

@@ -1,11 +1,11 @@
-"""Model operations: rigfetch.py (rigup/rig/rigfetch.py) uploaded to {install_root}/bin/ fetches and
-verifies the locked files on the rig, from the hub or, in fleet mode, along a chain of rigs that
-forward each verified piece as it arrives."""
+"""Model operations: rigfetch.py uploaded to {install_root}/bin/ (the rigup/rig/rigfetch package as one
+zipapp, rigup.rig.onefile) fetches and verifies the locked files on the rig, from the hub or, in fleet
+mode, along a chain of rigs that forward each verified piece as it arrives."""
 
 from __future__ import annotations
 
 import functools
-import hashlib
+import io
 import json
 import secrets
 from collections.abc import Callable
@@ -18,12 +18,10 @@ from rigup.desired.models import ChainMember
 from rigup.desired.secrets import SecretError, read_hf_token
 from rigup.facts.model import ModelFiles, model_files_need_work
 from rigup.operations.live_output import streamed
-from rigup.rig import RIGFETCH_SCRIPT
-from rigup.rig.rigfetch import encode_manifest, human_bytes
+from rigup.rig.onefile import rigfetch_sha256, rigfetch_zipapp
+from rigup.rig.rigfetch.log import human_bytes
+from rigup.rig.rigfetch.manifest import encode_manifest
 from rigup.runstate import account
-
-RIGFETCH_SRC = RIGFETCH_SCRIPT
-
 
 SERVE_IDLE_S = 30  # a serving rig stops after this long without a request from any peer
 
@@ -31,9 +29,10 @@ SERVE_IDLE_S = 30  # a serving rig stops after this long without a request from 
 FLEET_TOKEN = secrets.token_urlsafe(32)
 
 
-@functools.cache
-def rigfetch_sha256() -> str:
-    return hashlib.sha256(RIGFETCH_SRC.read_bytes()).hexdigest()
+def rigfetch_upload() -> io.BytesIO:
+    """What files.put uploads as rigfetch.py: the zipapp, the same bytes for the same sources (a fresh reader
+    each call: files.put reads it to the end)."""
+    return io.BytesIO(rigfetch_zipapp())
 
 
 def _secrets_line(hf_token_file: str | None, fleet: bool) -> str:

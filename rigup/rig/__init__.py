@@ -2,5 +2,4 @@
 
 from pathlib import Path
 
-RIGFETCH_SCRIPT = Path(__file__).with_name("rigfetch.py")
 SERVINGCTL_SCRIPT = Path(__file__).with_name("servingctl.py")

@@ -1,6 +1,7 @@
 """How facts run rigup's rig-side Python scripts (rigup.facts.util.python_script): main(argv) gets the
 arguments and its exit status is the command's, and the script's bytecode is kept beside it, so a
-converged re-run does not compile rigfetch.py and rigup-servingctl again each time."""
+converged re-run does not compile rigup-servingctl again each time; rigfetch.py, a zipapp, is run by path and
+keeps its own modules' bytecode beside it."""
 
 from __future__ import annotations
 
@@ -14,9 +15,8 @@ from pyinfra.api import QuoteString, StringCommand
 from rigup.facts.model import ModelFiles
 from rigup.facts.serving import ServingStatus
 from rigup.facts.util import python_script
-from rigup.operations.model import rigfetch_sha256
-from rigup.rig import RIGFETCH_SCRIPT
-from rigup.rig.rigfetch import encode_manifest
+from rigup.rig.onefile import rigfetch_sha256, write_rigfetch
+from rigup.rig.rigfetch.manifest import encode_manifest
 
 SCRIPT = '''#!/usr/bin/env python3
 import sys
@@ -57,9 +57,10 @@ def test_the_facts_run_rigs_scripts_so(tmp_path: Path) -> None:
     assert proc.returncode == 0 and ServingStatus().process(proc.stdout.splitlines()) == {
         "release_present": False, "serving": False}
     assert (tmp_path / "__pycache__").is_dir()
-    fetch = tmp_path / "rigfetch.py"
-    fetch.write_bytes(RIGFETCH_SCRIPT.read_bytes())
+    fetch = write_rigfetch(tmp_path)
     manifest = encode_manifest({"version": 1, "state_dir": str(tmp_path / "state"), "models": []})
     proc = _run(ModelFiles().command(str(fetch), rigfetch_sha256(), manifest))
     assert proc.returncode == 0, proc.stderr
     assert ModelFiles().process(proc.stdout.splitlines())["files"] == 0
+    # the zipapp keeps its modules' bytecode beside it (rigup/rig/rigfetch/__main__.py)
+    assert (tmp_path / "__pycache__" / f"rigfetch.py.{sys.implementation.cache_tag}" / "rigfetch.cli.pyc").is_file()

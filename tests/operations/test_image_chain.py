@@ -8,8 +8,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from rigup.operations.image_chain import ImageChainMember, chain_manifest
-from rigup.rig import rigfetch
 from rigup.rig.imagemirror import pin_name
+from rigup.rig.rigfetch.manifest import validate_manifest
 
 PIN = "vllm/vllm-openai:nightly-1"
 LAYER, CONFIG = "sha256:" + "a" * 64, "sha256:" + "c" * 64
@@ -32,8 +32,8 @@ CACHE = {"pins": {
 def test_every_member_names_a_pin_alike_and_reads_its_own_upstream() -> None:
     mirror = chain_manifest(member("rig-01", "https://registry-1.docker.io", True), CACHE)
     relay = chain_manifest(member("rig-02", "http://10.0.0.1:5000", False), CACHE)
-    rigfetch.validate_manifest(mirror)
-    rigfetch.validate_manifest(relay)
+    validate_manifest(mirror)
+    validate_manifest(relay)
     (one,), (two,) = mirror["models"], relay["models"]  # the pin upstream lacks is not listed
     assert one["name"] == two["name"] == pin_name(PIN)
     assert one["dir"] == two["dir"] == f"/var/lib/docker-registry/rigup-staging/{pin_name(PIN)}"

@@ -1,5 +1,5 @@
-"""rigfetch.py (the on-rig fetch/verify script) against the fake Hugging Face endpoint, run as the rig
-runs it: a subprocess with a JSON manifest, secrets on stdin, counters on stdout."""
+"""rigfetch.py (the on-rig fetch/verify zipapp, built from rigup/rig/rigfetch) against the fake Hugging Face
+endpoint, run as the rig runs it: a subprocess with a JSON manifest, secrets on stdin, counters on stdout."""
 
 from __future__ import annotations
 
@@ -17,7 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from rigup.rig import rigfetch
+from rigup.rig.onefile import RIGFETCH_PACKAGE
+from rigup.rig.rigfetch.fleet_server import FAILPOINTS_FILE
+from rigup.rig.rigfetch.log import Log
+from rigup.rig.rigfetch.manifest import EXIT_DISK, ManifestError, encode_manifest, load_manifest, validate_manifest
 from rigup_testbed import hfhub
 from tests.support.artifacts import (
     GATED,
@@ -264,7 +267,7 @@ def test_not_enough_disk_space_fails_before_downloading(hub: hfhub.HfHub, tmp_pa
     man = _qwen(hub, tmp_path)
     man["reserve_bytes"] = 10**18
     code, lines, err = run_rigfetch(man)
-    assert code == rigfetch.EXIT_DISK
+    assert code == EXIT_DISK
     assert "not enough disk space" in err
     assert hub.admin().stats()["total_bytes"] == 0
 
@@ -595,7 +598,7 @@ def test_a_peer_that_corrupts_a_piece_is_dropped_and_no_rig_stamps_a_bad_file(ch
     total = _total(c.manifest(0))
     state = c.root / "rig1" / "state"
     state.mkdir(parents=True)
-    (state / rigfetch.FAILPOINTS_FILE).write_text(
+    (state / FAILPOINTS_FILE).write_text(
         json.dumps({"corrupt_served_piece": {"file": f"qwen/{SHARD1}", "piece": 5, "piece_size": PIECE}})
     )
     for i in range(3):
@@ -779,13 +782,13 @@ def test_bad_manifests_are_refused(mutate, message: str, tmp_path: Path) -> None
          "files": [{"path": "a.bin", "size": 1, "sha256": "0" * 64}]},
     )  # fmt: skip
     mutate(man)
-    with pytest.raises(rigfetch.ManifestError, match=message):
-        rigfetch.validate_manifest(man)
+    with pytest.raises(ManifestError, match=message):
+        validate_manifest(man)
 
 
 def test_manifest_b64_round_trip(hub: hfhub.HfHub, tmp_path: Path) -> None:
     man = _qwen(hub, tmp_path)
-    assert rigfetch.load_manifest(None, rigfetch.encode_manifest(man)) == man
+    assert load_manifest(None, encode_manifest(man)) == man
 
 
 def test_script_is_stdlib_only() -> None:
@@ -793,11 +796,12 @@ def test_script_is_stdlib_only() -> None:
     import ast
 
     stdlib = set(sys.stdlib_module_names)
-    tree = ast.parse(RIGFETCH.read_text())
+    trees = [ast.parse(path.read_text()) for path in RIGFETCH_PACKAGE.glob("*.py")]
     imported = {
         (alias.name if isinstance(node, ast.Import) else node.module or "").split(".")[0]
+        for tree in trees
         for node in ast.walk(tree)
-        if isinstance(node, (ast.Import, ast.ImportFrom))
+        if isinstance(node, ast.Import) or (isinstance(node, ast.ImportFrom) and node.level == 0)  # not its own modules
         for alias in node.names
     }
     assert imported - {"__future__"} <= stdlib, imported - stdlib
@@ -811,7 +815,7 @@ def test_hub_commits_used_by_the_tests_differ_in_one_file(hub: hfhub.HfHub) -> N
 
 def test_terse_shows_the_plan_progress_and_end_and_logs_everything(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     log_file = tmp_path / "fetch.log"
-    log = rigfetch.Log(str(log_file), terse=True)
+    log = Log(str(log_file), terse=True)
     for line in ("9 files: 0 stamped, 0 to hash, 9 to download", "downloading 9 files (160.0 MB) with 4 connections",
                  "a/b.safetensors downloaded and verified (40.0 MB)", 'serve: 10.0.0.2 "GET /a HTTP/1.1" 200 -',
                  "progress: downloaded 1.0 GB / 2.0 GB (50%) at 100.0 MB/s, ETA 10s", "done: 9 files ok"):

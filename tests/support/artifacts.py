@@ -10,10 +10,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rigup.rig.onefile import write_rigfetch
 from rigup_testbed import hfhub
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-RIGFETCH = REPO_ROOT / "rigup" / "rig" / "rigfetch.py"
+RIGFETCH = write_rigfetch()  # the zipapp the tasks upload
 QWEN = hfhub.SANDBOX_QWEN
 DFLASH = hfhub.SANDBOX_QWEN_DFLASH
 GATED = hfhub.SANDBOX_GATED
