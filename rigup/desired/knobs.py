@@ -21,6 +21,7 @@ from typing import Any, get_args
 import yaml
 
 from rigup import DEPLOY_ROOT
+from rigup.desired.alert_for import ALERT_FOR_S
 from rigup.desired.catalog import closest_variants, load_catalog, variant_names
 from rigup.desired.interconnect import MODES as INTERCONNECT_MODES
 from rigup.desired.pods import pods_problem
@@ -292,8 +293,6 @@ def _pods() -> Rule:
 
 
 def _alert_for() -> Rule:
-    from rigup.desired.monitoring import ALERT_FOR_S  # it reads knobs: imported when the rules are built
-
     def problem(v: Any) -> str | None:
         if not isinstance(v, Mapping):
             return None
