@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from rigup import DEPLOY_ROOT
+from rigup.desired.alert_for import ALERT_FOR_S
 from rigup.desired.gateway import current_records, is_loopback, reach_address
 from rigup.desired.knobs import knob, knob_int
 from rigup.desired.roles import is_gateway, is_monitor, serves_variant
@@ -65,16 +66,6 @@ SYSTEMD_UNITS_WATCHED = r"(rigup-.+|docker|containerd|prometheus-node-exporter)\
 # the systemd collector's start-time metrics): longer than a pod that loads for minutes and then
 # crashes stays up, so such a loop does not flap; a start by hand or by a converge resolves it at once.
 CRASH_LOOP_STABLE_S = 300
-# How long each alert's condition must hold before it fires (Prometheus' `for:`), in seconds, unless
-# the fleet's alert_for_s says otherwise. Event-like causes (a failed gate, a crash loop, an XID) have
-# none: they fire at the first evaluation. RigupReleaseDrift's 15 min outlasts a converge's own
-# drift (its release file is written before the restart and the health gate); RigupGpuAtPowerCap's is
-# what "sustained" means for an info alert.
-ALERT_FOR_S = {
-    "RigupPodDown": 60, "RigupKvCacheFull": 300, "RigupTtftHigh": 600, "RigupGpuHot": 300, "RigupGpuThrottled": 300,
-    "RigupGpuAtPowerCap": 900, "RigupExporterDown": 300, "RigupModelDiskFull": 300, "RigupDriverDrift": 900,
-    "RigupReleaseDrift": 900, "RigupGatewayDown": 120, "RigupGatewayRouteUnhealthy": 60,
-}
 
 
 def prometheus_duration(seconds: int) -> str:
