@@ -13,7 +13,8 @@ plan_fleet over its hosts, every host's pods, model plan, image pins and registr
 the gateway's routes and the monitor's targets (FleetPlan.plan_everything, gateway(), monitor()).
 Reported per size: the median wall time of --repeat runs, per host, the recipes resolved (each pod
 once: the count must equal the pods) and what asking every host's part again costs (nothing is planned
-twice). The table goes into the "Fleet planning" section of bench/results.md, replacing only that section.
+twice). The table goes into the "Fleet planning" section of bench/results.md, as a "### Measured" block
+of this machine (an older block of the same machine replaced, every other part of the file left alone).
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_artifacts import write_results  # noqa: E402 - path set above
 
 from rigup.desired import plan as plan_module  # noqa: E402
 from rigup.desired.fleet import load_fleet  # noqa: E402
@@ -130,13 +134,18 @@ def measure(sizes: list[int], repeat: int) -> list[dict[str, Any]]:
     return rows
 
 
-def section(rows: list[dict[str, Any]], command: str) -> str:
+def label() -> str:
+    return f"{platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+
+
+def measured(rows: list[dict[str, Any]], command: str) -> str:
+    """The "### Measured: <label>" block of this run (bench_artifacts.write_results replaces the one of the
+    same label in this benchmark's section)."""
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     base = rows[0]
     lines = [
-        SECTION, "",
-        f"Measured {now} on {platform.node()} ({os.cpu_count()} CPUs, Python {platform.python_version()}) with "
-        f"`{command}`. Plan only (no bed, no network): the fleet file read, `plan_fleet` over its hosts and "
+        f"### Measured: {label()}", "",
+        f"{now}, with `{command}`. Plan only (no bed, no network): the fleet file read, `plan_fleet` over its hosts and "
         "everything a converge of the whole fleet plans before its first operation (every host's pods, model "
         "plan, image pins and registry, the image chain, the gateway's routes, the monitor's targets); the fleet: "
         "every fourth rig two pods, the others dual or dual-dflash, all through rig-001's image mirror, plus one "
@@ -165,20 +174,6 @@ def section(rows: list[dict[str, Any]], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_section(path: Path, text: str) -> None:
-    """Replace this benchmark's section in `path` (or append it); leave every other section alone."""
-    lines = path.read_text().splitlines() if path.exists() else ["# Benchmarks"]
-    start = next((i for i, line in enumerate(lines) if line.strip() == SECTION), None)
-    if start is None:
-        new = lines + [""] + text.rstrip("\n").splitlines()
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        new = lines[:start] + text.rstrip("\n").splitlines() + ([""] if end < len(lines) else []) + lines[end:]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("\n".join(new) + "\n")
-    os.replace(tmp, path)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="8,32,128", help="host counts to plan (comma separated)")
@@ -192,7 +187,7 @@ def main() -> int:
     finally:
         use_reader(previous)
     command = f"python bench/plan_fleet.py --sizes {args.sizes} --repeat {args.repeat}"
-    write_section(Path(args.results), section(rows, command))
+    write_results(Path(args.results), label(), measured(rows, command), section=SECTION)
     print(f"written: {args.results}")
     return 0
 
