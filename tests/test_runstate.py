@@ -127,3 +127,47 @@ def test_the_remote_commands_column_reads_back_from_a_log() -> None:
     without = runstate.summary_table({}, ["rig-01"], set())
     assert runstate.remote_commands_in(runstate.SUMMARY_TITLE + "\n" + without) is None
     assert runstate.remote_commands_in("no summary at all") is None
+
+
+@dataclass(eq=False)
+class FakeData:
+    values: dict[str, Any]
+
+    def dict(self) -> dict[str, Any]:
+        return dict(self.values)
+
+
+@dataclass(eq=False)
+class PlannedHost:
+    name: str
+    data: FakeData
+    groups: tuple[str, ...]
+    state: Any = None
+
+
+def test_the_fleet_plan_is_built_once_per_run_and_the_gates_read_its_roles() -> None:
+    from rigup.desired.knobs import load_defaults
+
+    rig = PlannedHost("rig-01", FakeData({**load_defaults(), "variant": "dual"}), ("rigs",))
+    gw = PlannedHost("gw", FakeData({**load_defaults(), "serves_variant": False}), ("gateway",))
+    run = FakeState([rig, gw], [])  # type: ignore[list-item]
+    for host in (rig, gw):
+        host.state = run
+        runstate.record_preflight(host, True)
+    plan = runstate.fleet_plan(run)
+    assert runstate.fleet_plan(run) is plan  # every host and task of the run reads the same one
+    assert [h.name for h in plan.hosts] == ["rig-01", "gw"]
+    assert runstate.runs_rig_tasks(rig) and not runstate.runs_rig_tasks(gw)
+    assert runstate.runs_gateway_task(gw) and runstate.runs_monitor_task(gw) and not runstate.runs_gateway_task(rig)
+    assert not runstate.runs_image_mirror_task(rig)
+    other = FakeState([rig, gw], [])  # type: ignore[list-item]
+    assert runstate.fleet_plan(other) is not plan  # a new run plans again
+    runstate.record_preflight(rig, False)
+    assert not runstate.runs_rig_tasks(rig)  # a host preflight failed gets nothing more
+
+
+def test_cluster_gates_are_kept_per_run() -> None:
+    one, two = FakeState([], []), FakeState([], [])
+    runstate.cluster_gates(one).results.setdefault("c", {})["rig-01"] = None
+    assert runstate.cluster_gates(one).results == {"c": {"rig-01": None}}
+    assert runstate.cluster_gates(two).results == {}
