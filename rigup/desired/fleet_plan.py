@@ -10,14 +10,16 @@ this one function. Its FleetPlan holds, for each host:
   models           the model plan: its manifest and, per model, the chain of rigs holding it
   mirror_pins      the images it pulls through its image mirror; registry: its registry's role
 and for the fleet: the image chain (the registry hosts, the mirror first), each gateway's routes, each
-monitor's targets, the clusters' members. Each host is planned once, when first asked for: planning
+monitor's targets, the clusters' members. Each host is planned once, when first asked for (hosts asking at
+once wait for that one plan): planning
 the whole fleet costs linearly in its hosts (bench/plan_fleet.py), and a command that asks about one host
 plans that one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,11 +103,22 @@ class FleetPlan:
         self.entries = tuple(entries)
         mirrors = named_mirrors(e.data for e in self.entries)
         self._hosts = {e.name: HostFleetPlan(self, e, host_roles(e.name, e.data, e.groups, mirrors)) for e in self.entries}
-        # each host planned once, when first asked for (a per-run object: it goes with its run)
-        self._pods: dict[tuple[str, str], HostPlan] = {}  # (host, pod name) -> its preview plan
-        self._pins: dict[str, list[str]] = {}
-        self._registries: dict[str, MirrorRole | None] = {}
-        self._models: tuple[dict[str, ModelPlan], dict[str, str]] | None = None
+        # each part planned once, when first asked for (a per-run object: it goes with its run)
+        self._planned: dict[tuple[str, ...], Any] = {}
+        # pyinfra loads every host's task files at once, each in its own greenlet (gevent has made threading's
+        # locks greenlet locks there), and planning waits on git: a host asking for a part another host is
+        # planning waits for it instead of planning it again. The CLI asks from threads.
+        self._locks: dict[tuple[str, ...], threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def _once(self, key: tuple[str, ...], make: Callable[[], Any]) -> Any:
+        """make(), once per key for this plan (an error is not kept: the next ask plans again)."""
+        with self._locks_guard:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self._planned:
+                self._planned[key] = make()
+            return self._planned[key]
 
     def host(self, name: str) -> HostFleetPlan:
         try:
@@ -134,17 +147,14 @@ class FleetPlan:
 
     def pod(self, name: str, pod: Pod) -> HostPlan:
         """One pod's preview plan (rigup.desired.plan.host_plan); an error is raised again on every call."""
-        plan = self._pods.get((name, pod.name))
-        if plan is None:
-            plan = self._pods[(name, pod.name)] = host_plan(dict(self.host(name).data), name, read_secrets=False,
-                                                            require_lock=False, pod=pod)
-        return plan
+        return self._once(("pod", name, pod.name), lambda: host_plan(
+            dict(self.host(name).data), name, read_secrets=False, require_lock=False, pod=pod))
 
     def models(self, name: str) -> ModelPlan:
-        if self._models is None:  # every rig's at once: a model's chain holds every rig of the run that wants it
-            rigs = [h for h in self.hosts if h.roles.rig]
-            self._models = plan_models((h.name, h.data, h.entry.handle, h.entry.active, self.pods(h.name)) for h in rigs)
-        plans, problems = self._models
+        # every rig's at once: a model's chain holds every rig of the run that wants it
+        rigs = [h for h in self.hosts if h.roles.rig]
+        plans, problems = self._once(("models",), lambda: plan_models(
+            (h.name, h.data, h.entry.handle, h.entry.active, self.pods(h.name)) for h in rigs))
         if name in problems:
             raise LockError(problems[name])
         if name not in plans:
@@ -155,29 +165,29 @@ class FleetPlan:
         """What a host pulls through its image mirror (rigup.desired.image_mirror.pinned_through): every pod's
         image as locked, and the GPU smoke image unless it names its own registry. A host without a mirror,
         a variant or a usable lock pins nothing (its own run stops at the lock)."""
-        pins = self._pins.get(name)
-        if pins is None:
-            host = self.host(name)
-            registry = local_registry(host.data)
-            pins = []
-            if registry is not None and host.roles.rig:
-                refs = {plan.recipe.image.ref for plan in self.pods(name) if plan.lock is not None}
-                refs.add(image_ref(registry, str(knob(host.data, "gpu_smoke_image"))))  # another registry's: not kept
-                pins = sorted(pin for ref in refs if (pin := pinned_through(ref, registry)) is not None)
-            self._pins[name] = pins
-        return pins
+        return self._once(("pins", name), lambda: self._mirror_pins(name))
+
+    def _mirror_pins(self, name: str) -> list[str]:
+        host = self.host(name)
+        registry = local_registry(host.data)
+        if registry is None or not host.roles.rig:
+            return []
+        refs = {plan.recipe.image.ref for plan in self.pods(name) if plan.lock is not None}
+        refs.add(image_ref(registry, str(knob(host.data, "gpu_smoke_image"))))  # another registry's: not kept
+        return sorted(pin for ref in refs if (pin := pinned_through(ref, registry)) is not None)
 
     def registry(self, name: str) -> MirrorRole | None:
-        if name not in self._registries:
-            host, role = self.host(name), None
-            if host.roles.image_registry:
-                # the mirror keeps its clients' pins, a relay its own
-                wanted = [h.name for h in self.hosts if h.roles.rig] if host.roles.image_mirror else [name]
-                pins = {other: self.mirror_pins(other) for other in wanted}
-                # only the mirror's role reads the fleet (its clients): a relay's is its own
-                role = registry_role(name, host.data, self.named_data() if host.roles.image_mirror else (), pins)
-            self._registries[name] = role
-        return self._registries[name]
+        return self._once(("registry", name), lambda: self._registry(name))
+
+    def _registry(self, name: str) -> MirrorRole | None:
+        host = self.host(name)
+        if not host.roles.image_registry:
+            return None
+        # the mirror keeps its clients' pins, a relay its own
+        wanted = [h.name for h in self.hosts if h.roles.rig] if host.roles.image_mirror else [name]
+        pins = {other: self.mirror_pins(other) for other in wanted}
+        # only the mirror's role reads the fleet (its clients): a relay's is its own
+        return registry_role(name, host.data, self.named_data() if host.roles.image_mirror else (), pins)
 
     def image_chain(self) -> list[HostFleetPlan]:
         """Every host that runs a registry of the fleet's images with pins to keep, mirror hosts first: with

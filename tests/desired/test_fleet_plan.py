@@ -4,6 +4,8 @@ planned once however often the run's tasks ask, so that planning grows linearly 
 from __future__ import annotations
 
 import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +106,23 @@ def test_the_gateway_routes_to_every_rig_and_the_monitor_scrapes_them(tmp_path: 
     assert gateway is not None and [r.host for r in gateway.rigs] == ["rig-01", "rig-02", "rig-03"]
     assert monitor is not None and [r.host for r in monitor.rigs] == ["rig-01", "rig-02", "rig-03"]
     assert fleet_plan(tmp_path).host("rig-01").gateway() is None
+
+
+def test_hosts_asking_at_once_wait_for_one_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # pyinfra loads every host's task files at once (greenlets; threads here), and planning waits on git
+    plan = fleet_plan(tmp_path)
+    calls: list[str] = []
+    real = plan_module.resolve
+
+    def slow(host_data: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(str(host_data.get("variant")))
+        time.sleep(0.05)  # a read of upstream's files: another host asks meanwhile
+        return real(host_data, *args, **kwargs)
+
+    monkeypatch.setattr(plan_module, "resolve", slow)
+    names = ["rig-01", "rig-02", "rig-03"] * 3
+    with ThreadPoolExecutor(len(names)) as pool:
+        pins = list(pool.map(lambda name: plan.host(name).mirror_pins, names))
+        chains = list(pool.map(lambda name: [h.name for h in plan.image_chain()], names))
+    assert len(calls) == 3  # each rig's one pod, once
+    assert pins[0] == pins[3] and len({tuple(c) for c in chains}) == 1
