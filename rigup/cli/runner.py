@@ -10,10 +10,10 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from rigup.client.fanout import parallel
 from rigup.client.ssh import LOCAL_HOST, FileLog, JournalLog, RemoteError, Runner, ServiceLog, SshSettings
 from rigup.desired.fleet import Fleet, load_fleet
 from rigup.desired.fleet_plan import fleet_entries, plan_fleet
@@ -24,7 +24,6 @@ from rigup.desired.recipe import Recipe, RecipeError, pods_of
 from rigup.desired.roles import serves_variant
 from rigup.desired.secrets import SecretError, load_api_key, read_secret_file
 
-T = TypeVar("T")
 R = TypeVar("R")
 
 
@@ -172,14 +171,6 @@ def api_targets(url: str | None, api_key_file: str | None, limit: Sequence[str] 
     if url:
         return [url_target(url, api_key_file)]
     return [t for t in fleet_targets(limit) if serves_variant(t.data)]  # a gateway-only host serves no model
-
-
-def parallel(items: Sequence[T], work: Callable[[T], R], workers: int | None = None) -> list[R]:
-    """work(item) for every item at once (threads; the work is network-bound), results in order."""
-    if not items:
-        return []
-    with ThreadPoolExecutor(max_workers=workers or min(32, len(items))) as pool:
-        return list(pool.map(work, items))
 
 
 _PROGRESS_LOCK = threading.Lock()

@@ -35,8 +35,16 @@ import yaml
 from rigup.cli import main
 from rigup.cli.runner import fleet_targets
 from rigup.cli.top import (
-    NO_ROUTES,
     POD_COLUMNS,
+    direct_endpoints,
+    fit_columns,
+    fleet_route_names,
+    pod_cells,
+    selection_filter,
+    table_width,
+)
+from rigup.client.fleet_metrics import (
+    NO_ROUTES,
     UNKNOWN_IDLE,
     UP,
     DirectSource,
@@ -47,19 +55,13 @@ from rigup.cli.top import (
     PrometheusUnreachable,
     Scrape,
     current_route_state,
-    direct_endpoints,
-    fit_columns,
     fleet_monitor,
-    fleet_route_names,
     gpu_rows,
-    pod_cells,
     pod_row,
     prometheus_queries,
     query_prometheus,
     route_rows,
     scrape,
-    selection_filter,
-    table_width,
 )
 from rigup.desired.fleet import load_fleet
 from rigup.parsers.prometheus import parse_exposition

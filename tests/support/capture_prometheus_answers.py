@@ -1,7 +1,7 @@
 """Re-capture tests/fixtures/prometheus/api-query-2.42.0.json: a real Prometheus scrapes the fake vLLM,
 dcgm-exporter and LiteLLM 1.108 servers (rig-1 and rig-2 up, rig-3's pod and GPU exporter down; gw-1's
 routes: rig-1's healthy, rig-2's healed after a cooldown, rig-3's failing now after earlier successes),
-then answers each of rigup.cli.top.prometheus_queries() (and two malformed queries) at one time.
+then answers each of rigup.client.fleet_metrics.prometheus_queries() (and two malformed queries) at one time.
 
     .venv/bin/python -m tests.support.capture_prometheus_answers PROMETHEUS_BINARY [OUT.json]
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import requests
 import yaml
 
-from rigup.cli.top import prometheus_queries
+from rigup.client.fleet_metrics import prometheus_queries
 from tests.support.exporters import Gpu, MetricsServer, VllmPod, dcgm_text
 from tests.support.litellm_routes import ServedRoute, litellm_1108_text
 
