@@ -7,8 +7,9 @@ it only makes the disk match the manifest.
 
 Its modules, each importing only those before it: manifest (what the control machine and rigfetch agree
 on), log (progress and counters), disk (stamps, each file's plan, hashing), pieces (a file in transit),
-web (the HTTP client), registry_auth (a registry hub's tokens), peers (this rig's upstreams), fetcher
-(the fetch), fleet_server (serving the rigs below), cli (the command line); __main__ runs it.
+web (the HTTP client), registry_auth (a registry hub's tokens), peers (this rig's upstreams), download
+(one file from its sources), fetcher (the run), fleet_server (serving the rigs below), cli (the command
+line); __main__ runs it.
 
 Modes:
   rigfetch.py --manifest M.json --check     read stamps only; print what needs work (JSON); no writes
