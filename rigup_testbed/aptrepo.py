@@ -27,7 +27,9 @@ Layout under `out_dir` (relative URL paths; the hub serves `out_dir` over HTTP):
 
 Each repository has its own throwaway ed25519 key (generated with gpg in a temporary GNUPGHOME), so a
 host that trusts the wrong key fails like it would in production. `build_repos` is idempotent: the
-result is cached under `out_dir` by a hash of everything that shapes it.
+result is cached in `out_dir/<content hash>/`, one directory per hash of everything that shapes it, so
+two checkouts on one machine (a CI clone and a working tree with edited stand-ins) never rebuild, with
+new keys, the tree a running bed's hosts already trust. Trees unused for STALE_AFTER_S are removed.
 
 Run `python -m rigup_testbed.aptrepo OUT_DIR` to build and print the RepoInfo as JSON.
 """
@@ -963,40 +965,57 @@ def _build(dest: Path, codenames: tuple[str, ...], digest: str) -> RepoInfo:
     return info
 
 
+STALE_AFTER_S = 2 * 86400  # a tree no build_repos call asked for in two days: no bed serves it any more
+USED_STAMP = ".last-used"
+
+
 def build_repos(out_dir: Path, *, codenames: tuple[str, ...] = CODENAMES) -> RepoInfo:
-    """Build (or reuse) the stand-in repositories in `out_dir`; see the module docstring for the layout."""
+    """Build (or reuse) the stand-in repositories in `out_dir/<content hash>/` (the RepoInfo's root);
+    see the module docstring for the layout."""
     out_dir = Path(out_dir).resolve()
     unknown = [c for c in codenames if c not in DOCKER_SUITE_TAG]
     if unknown:
         raise ValueError(f"unsupported codename(s) {unknown}; known: {sorted(DOCKER_SUITE_TAG)}")
     codenames = tuple(codenames)
     digest = content_hash(codenames)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(out_dir.parent / f".{out_dir.name}.lock", "w") as lock:
+    root = out_dir / digest
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        stamp = out_dir / "repo-info.json"
+        _remove_stale(out_dir, keep=digest)
+        stamp = root / "repo-info.json"
         if stamp.exists():
             info = RepoInfo.from_json(stamp.read_text())
-            if info.content_hash == digest and info.root == out_dir:
+            if info.content_hash == digest and info.root == root:
+                (root / USED_STAMP).touch()
                 return info
-        building = out_dir.with_name(out_dir.name + ".building")
-        if building.exists():
-            shutil.rmtree(building)
+        building = out_dir / f"{digest}.building"
+        shutil.rmtree(building, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)  # a torn tree of this hash: no bed can be using it
         started = time.monotonic()
         info = _build(building, codenames, digest)
-        info = dataclasses.replace(info, root=out_dir)
+        info = dataclasses.replace(info, root=root)
         (building / "repo-info.json").write_text(info.to_json())
         (building / "build-seconds.txt").write_text(f"{time.monotonic() - started:.2f}\n")
-        if out_dir.exists():
-            old = out_dir.with_name(out_dir.name + ".old")
-            if old.exists():
-                shutil.rmtree(old)
-            out_dir.rename(old)
-            building.rename(out_dir)
-            shutil.rmtree(old)
-        else:
-            building.rename(out_dir)
+        (building / USED_STAMP).touch()
+        building.rename(root)
         return info
+
+
+def _remove_stale(out_dir: Path, keep: str, now: float | None = None) -> list[str]:
+    """Remove the trees of other content hashes that no build asked for in STALE_AFTER_S (a bed lasts
+    an hour at most, and each build_repos call marks its tree used); returns the names removed."""
+    now = time.time() if now is None else now
+    removed = []
+    for tree in out_dir.iterdir():
+        if not tree.is_dir() or tree.name == keep:
+            continue
+        used = tree / USED_STAMP
+        last = used.stat().st_mtime if used.exists() else tree.stat().st_mtime
+        if now - last > STALE_AFTER_S:
+            shutil.rmtree(tree, ignore_errors=True)
+            removed.append(tree.name)
+    return removed
 
 
 def main(argv: list[str]) -> int:

@@ -142,10 +142,26 @@ def test_build_is_cached_by_content_hash(repo: aptrepo.RepoInfo) -> None:
     marker = repo.root / "docker/linux/ubuntu/dists/noble/InRelease"
     before = marker.stat().st_mtime_ns
     started = time.monotonic()
-    again = aptrepo.build_repos(repo.root)
+    again = aptrepo.build_repos(repo.root.parent)
     assert time.monotonic() - started < 1.0
-    assert again.content_hash == repo.content_hash
+    assert again.content_hash == repo.content_hash and again.root == repo.root
     assert marker.stat().st_mtime_ns == before
+
+
+def test_another_content_hash_builds_beside_the_tree_a_bed_serves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkout whose stand-ins differ (another content hash) must not replace, with new keys, the tree
+    a running bed's hosts trust: each hash has its own directory; only long-unused ones are removed."""
+    served = tmp_path / "aptrepo" / "aaaa"
+    served.mkdir(parents=True)
+    (served / "repo-info.json").write_text("{}")
+    (served / aptrepo.USED_STAMP).touch()
+    stale = tmp_path / "aptrepo" / "bbbb"
+    stale.mkdir()
+    (stale / aptrepo.USED_STAMP).touch()
+    old = time.time() - aptrepo.STALE_AFTER_S - 60
+    os.utime(stale / aptrepo.USED_STAMP, (old, old))
+    removed = aptrepo._remove_stale(tmp_path / "aptrepo", keep="cccc")
+    assert removed == ["bbbb"] and served.exists() and (served / "repo-info.json").exists()
 
 
 @pytest.mark.parametrize("codename", ["noble", "jammy", "bookworm"])
