@@ -35,6 +35,8 @@ def test_phases_are_summed_per_kind_and_module() -> None:
     assert figures["bed_bring_up"] == {"beds": 2, "seconds": 70.5}
     assert list(figures["e2e_modules"]) == ["tests/e2e/test_y.py", "tests/e2e/test_x.py"]  # longest first
     assert figures["e2e_modules"]["tests/e2e/test_x.py"] == {"tests": 2, "seconds": 100.0}
+    assert figures["e2e_tests"] == {"tests/e2e/test_x.py::s1": 90.0, "tests/e2e/test_x.py::s2": 10.0,
+                                    "tests/e2e/test_y.py::s1": 200.0}  # each test's phases summed
     lines = timings.lines(budget_s=150)
     assert any("test_y.py" in line and "3:20" in line and "OVER BUDGET" in line for line in lines), lines
     assert any("test_x.py" in line and "1:40" in line and "OVER" not in line for line in lines), lines

@@ -41,6 +41,7 @@ class SuiteTimings:
         self.module_s: dict[str, float] = defaultdict(float)
         self.unit_module_s: dict[str, float] = defaultdict(float)
         self.module_tests: dict[str, set[str]] = defaultdict(set)
+        self.e2e_test_s: dict[str, float] = defaultdict(float)  # setup + call + teardown, per e2e test
         self.beds_up_s: list[float] = []
         self._beds_counted: dict[str, int] = {}
 
@@ -50,6 +51,7 @@ class SuiteTimings:
         if "e2e" in report.keywords:
             self.module_s[module] += report.duration
             self.module_tests[module].add(report.nodeid)
+            self.e2e_test_s[report.nodeid] += report.duration
         else:
             self.unit_s += report.duration
             self.unit_module_s[module] += report.duration
@@ -71,6 +73,8 @@ class SuiteTimings:
                 for module, seconds in sorted(self.module_s.items(), key=lambda kv: -kv[1])
             },
             "unit_modules": {module: round(seconds, 2) for module, seconds in sorted(self.unit_module_s.items())},
+            # where inside a module the time goes (a module's first test carries its bed's bring-up)
+            "e2e_tests": {nodeid: round(seconds, 1) for nodeid, seconds in sorted(self.e2e_test_s.items())},
         }
 
     def lines(self, budget_s: float | None) -> list[str]:
