@@ -104,3 +104,12 @@ def test_the_durations_table_puts_two_runs_side_by_side(tmp_path: Path) -> None:
     assert [line.split(" | ")[0] for line in lines[5:]] == [
         "| `tests/e2e/test_b.py`", "| `tests/e2e/test_a.py`", "| `tests/e2e/test_new.py`"]
     assert lines[5].endswith("| 2 -> - | 10:00 | - |") and lines[7].endswith("| - -> 1 | - | 0:30 |")
+    # a third run, labelled: its own column, the same rows
+    (tmp_path / "cold.json").write_text(json.dumps(run(2000.0, 320.0, {"tests/e2e/test_a.py": (6, 400.0)})))
+    proc = subprocess.run([sys.executable, "-m", "tests.support.durations_table", str(tmp_path / "before.json"),
+                           f"warm={tmp_path / 'after.json'}", f"cold={tmp_path / 'cold.json'}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "| phase | tests | before | warm | cold |", proc.stdout
+    assert lines[2] == "| wall clock | 17 -> 17 -> 16 | 52:34 | 25:00 | 33:20 |"
+    assert lines[6].endswith("| 5 -> 6 -> 6 | 8:47 | 5:00 | 6:40 |"), lines[6]

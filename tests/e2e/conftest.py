@@ -63,9 +63,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 RUNS_ENV = "RIGUP_TESTBED_RUNS"
 MACHINE_RUNS = Path("/var/tmp/rigup-testbed/runs")
 NAMED_BED_WAIT_S = 45 * 60  # a whole e2e session of another checkout, at most
-# No e2e module may take longer than this, its beds' bring-up included (measured on the 2-core CI machine;
-# tests/README.md has the table): a module that grows past it fails, so growth is seen when it lands.
-E2E_MODULE_BUDGET_S = 900
+# No e2e module may take longer than this, its beds' bring-up included: a module that grows past it fails,
+# so growth is seen when it lands. The longest measured (tests/README.md): test_recipes.py, 551 s warm and
+# 838 s with cold caches on a busy 2-core machine; the budget leaves that about 30 % to spare.
+E2E_MODULE_BUDGET_S = 1100
 
 
 def runs_dir() -> Path:

@@ -1,9 +1,10 @@
-"""Two runs' figures (tests/support/timing.py's JSON, `RIGUP_SUITE_TIMINGS=path`) side by side, as the
-Markdown table in tests/README.md: `python -m tests.support.durations_table BEFORE.json AFTER.json`.
+"""Runs' figures (tests/support/timing.py's JSON, `RIGUP_SUITE_TIMINGS=path`) side by side, as the Markdown
+tables in tests/README.md: `python -m tests.support.durations_table BEFORE.json AFTER.json [MORE.json ...]`,
+each argument optionally `label=path` (the column's heading; default: before, after, then the file's name).
 
-Rows: the wall clock, unit tests, bed bring-up, then every e2e module, longest (before) first. Seconds are
-each phase's own test time, summed; under several workers the phases overlap, so only the wall clock is
-what a person waits for.
+Rows: the wall clock, unit tests, bed bring-up, then every e2e module, longest in the first run first.
+Seconds are each phase's own test time, summed; under several workers the phases overlap, so only the
+wall clock is what a person waits for.
 """
 
 from __future__ import annotations
@@ -20,41 +21,45 @@ def _mmss(seconds: float | None) -> str:
     return f"{int(seconds) // 60:d}:{int(seconds) % 60:02d}"
 
 
-def rows(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[str, str, str, str]]:
-    """(phase, tests before -> after, time before, time after) for each phase of either run."""
+def rows(*runs: dict[str, Any]) -> list[tuple[str, ...]]:
+    """(phase, tests in each run joined by ' -> ', then each run's time) for each phase of any run."""
 
-    def count(run: dict[str, Any], key: str) -> str:
-        return str(run[key]["tests"]) if key in run else "-"
+    def phase(name: str, figures: list[dict[str, Any] | None], count: str = "tests", suffix: str = "") -> tuple[str, ...]:
+        tests = " -> ".join(str(f[count]) if f else "-" for f in figures) + suffix
+        return (name, tests, *(_mmss(f["seconds"]) if f else "-" for f in figures))
 
-    out = [
-        ("wall clock", f"{before['tests']} -> {after['tests']}", _mmss(before["wall_s"]), _mmss(after["wall_s"])),
-        ("unit tests", f"{count(before, 'unit')} -> {count(after, 'unit')}",
-         _mmss(before["unit"]["seconds"]), _mmss(after["unit"]["seconds"])),
-    ]
-    beds = (before.get("bed_bring_up"), after.get("bed_bring_up"))
-    out.append(("bed bring-up", " -> ".join(str(b["beds"]) if b else "-" for b in beds) + " beds",
-                _mmss(beds[0]["seconds"] if beds[0] else None), _mmss(beds[1]["seconds"] if beds[1] else None)))
-    first, second = before["e2e_modules"], after["e2e_modules"]
-    order = sorted(set(first) | set(second), key=lambda m: -first.get(m, second.get(m, {"seconds": 0}))["seconds"])
-    for module in order:
-        a, b = first.get(module), second.get(module)
-        out.append((f"`{module}`", f"{a['tests'] if a else '-'} -> {b['tests'] if b else '-'}",
-                    _mmss(a["seconds"] if a else None), _mmss(b["seconds"] if b else None)))
+    out = [("wall clock", " -> ".join(str(r["tests"]) for r in runs), *(_mmss(r["wall_s"]) for r in runs)),
+           phase("unit tests", [r.get("unit") for r in runs]),
+           phase("bed bring-up", [r.get("bed_bring_up") for r in runs], count="beds", suffix=" beds")]
+    modules = [r["e2e_modules"] for r in runs]
+
+    def first_seconds(module: str) -> float:
+        return next(m[module]["seconds"] for m in modules if module in m)
+
+    for module in sorted(set().union(*modules), key=lambda m: -first_seconds(m)):
+        out.append(phase(f"`{module}`", [m.get(module) for m in modules]))
     return out
 
 
-def table(before: dict[str, Any], after: dict[str, Any]) -> str:
-    lines = ["| phase | tests | before | after |", "|---|---|---|---|"]
-    lines += [f"| {phase} | {tests} | {t0} | {t1} |" for phase, tests, t0, t1 in rows(before, after)]
+def table(runs: list[dict[str, Any]], labels: list[str]) -> str:
+    lines = [f"| phase | tests | {' | '.join(labels)} |", "|---|---|" + "---|" * len(labels)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows(*runs)]
     return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python -m tests.support.durations_table BEFORE.json AFTER.json", file=sys.stderr)
+    if len(argv) < 2:
+        print("usage: python -m tests.support.durations_table [LABEL=]BEFORE.json [LABEL=]AFTER.json [...]", file=sys.stderr)
         return 2
-    before, after = (json.loads(Path(p).read_text()) for p in argv)
-    print(table(before, after))
+    defaults = ["before", "after"]
+    labels, runs = [], []
+    for i, arg in enumerate(argv):
+        label, sep, path = arg.partition("=")
+        if not sep:
+            label, path = (defaults[i] if i < len(defaults) else Path(arg).stem), arg
+        labels.append(label)
+        runs.append(json.loads(Path(path).read_text()))
+    print(table(runs, labels))
     return 0
 
 
