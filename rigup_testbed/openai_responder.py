@@ -21,17 +21,20 @@ Protocol (as vLLM's OpenAI server implements it):
   "CUDA out of memory" for longer prompts), --crash-above-tokens (the connection drops without an
   answer, mid-stream for a stream, as when the engine dies), --cascade (long answers degenerate into one repeated line),
   --inline-tool-calls (a tool call comes back as <tool_call> text in content), --no-reasoning (the
-  reasoning parser is off), --eos-after (long answers stop early).
+  reasoning parser is off), --eos-after (long answers stop early), --garbage (every answer is "!" until
+  max_tokens, finish_reason=length: club-3090 issue #922's broken custom all-reduce).
 - Logs: one access line and one "SpecDecoding metrics: ... Mean acceptance length: 3.40" line per
   request (vLLM's format) to --log-file, or stderr; --startup-log adds lines at start (patch markers).
 - GET /metrics: vLLM's engine metrics in the Prometheus text format, unauthenticated as vLLM's (its API
   key guards /v1 only), kept by standins/vllm_metrics.py (shipped next to this file in the images) from
   the requests served: queued, scheduled (--max-num-seqs slots), first token, each chunk, finished.
 
-The "model" is a handful of rules: a few facts (capital of France, 2+2), recall of "The <thing> is <value>."
-stated anywhere in the conversation when asked "What is the <thing>?", counting, haiku, a tool call when
-tools are offered and no tool result is in the conversation yet, and otherwise varied filler prose until
-max_tokens. Tokens are pieces of that text (a word with its leading space, a punctuation mark, a newline).
+The "model" is a handful of rules: a few facts (capital of France, 2+2), "What is A * B?" (+, -, * of two
+integers) answered "A * B = C.", recall of "The <thing> is <value>." stated anywhere in the conversation
+when asked "What is the <thing>?", a JSON object when asked for one with 'the keys "k" (the string "v")
+and "n" (the number 3)', counting, haiku, a tool call when tools are offered and no tool result is in the
+conversation yet, and otherwise varied filler prose until max_tokens. These rules answer rigup's health
+gate probes (rigup/rig/servingctl.py PROBES) as a working model does: a test double of a healthy model. Tokens are pieces of that text (a word with its leading space, a punctuation mark, a newline).
 Standard library only, so it runs with any python3.
 """
 
@@ -131,6 +134,10 @@ OOM_MESSAGE = (
     "CUDA out of memory. Tried to allocate 138.00 MiB. GPU 0 has a total capacity of 23.56 GiB of which "
     "120.50 MiB is free."
 )
+ARITHMETIC = re.compile(r"\bwhat is (-?\d+)\s*([-+*])\s*(-?\d+)\s*\?", re.IGNORECASE)
+JSON_ASKED = re.compile(r"\bJSON object with the keys\b", re.IGNORECASE)
+JSON_FIELD = re.compile(r'"(\w+)" \(the (string|number) (?:"([^"]*)"|(-?\d+))\)')
+GARBAGE_TOKEN = "!"  # club-3090 #922: "!!!!" for 60 of 60 tokens, finish_reason=length
 PIECE = re.compile(r"\s*[A-Za-z0-9_'\-]+|\s*[^\sA-Za-z0-9_'\-]|\s+")
 
 
@@ -150,6 +157,7 @@ class Config:
     oom_above_tokens: int | None = None
     crash_above_tokens: int | None = None
     cascade: bool = False
+    garbage: bool = False
     inline_tool_calls: bool = False
     no_reasoning: bool = False
     log_file: str | None = None
@@ -327,6 +335,15 @@ def answer(request: dict[str, Any], config: Config, seed: str) -> Iterator[str]:
             stated = re.search(rf"\bthe {thing} is[:\s]+[\"']?([^.\n\"']+)", everything, re.IGNORECASE)
             if stated:
                 return iter(pieces(f"The {asked.group(1).strip()} is {stated.group(1).strip()}."))
+        arithmetic = ARITHMETIC.search(question)
+        if arithmetic:
+            a, op, b = int(arithmetic.group(1)), arithmetic.group(2), int(arithmetic.group(3))
+            result = a + b if op == "+" else a - b if op == "-" else a * b
+            return iter(pieces(f"{a} {op} {b} = {result}."))
+        if JSON_ASKED.search(question):
+            fields = {key: (text if kind == "string" else int(number))
+                      for key, kind, text, number in JSON_FIELD.findall(question)}
+            return iter(pieces(json.dumps(fields)))
         counting = re.search(r"count from (\d+) to (\d+)", lowered)
         if counting:
             first, last = int(counting.group(1)), int(counting.group(2))
@@ -343,6 +360,10 @@ def answer(request: dict[str, Any], config: Config, seed: str) -> Iterator[str]:
 
 
 def plan(request: dict[str, Any], config: Config, budget: int) -> Plan:
+    if config.garbage:
+        # The engine still runs and decodes at its usual pace; the logits are wrong (a broken all-reduce),
+        # so every position is the same punctuation token until the budget ends: no thinking, no tool call.
+        return Plan([], [GARBAGE_TOKEN] * budget, [], "length")
     seed = json.dumps([request["messages"], request.get("seed")], sort_keys=True)
     reasoning: list[str] = []
     if thinking_enabled(request, config):
@@ -803,6 +824,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, str, int]:
     parser.add_argument("--crash-above-tokens", type=int,
                         help="drop the connection without an answer for prompts longer than this")
     parser.add_argument("--cascade", action="store_true", help="long answers degenerate into a repeated line")
+    parser.add_argument("--garbage", action="store_true",
+                        help='every answer is "!" until max_tokens (club-3090 #922: a broken custom all-reduce)')
     parser.add_argument("--inline-tool-calls", action="store_true", help="tool calls come back as text")
     parser.add_argument("--no-reasoning", action="store_true", help="never return reasoning")
     parser.add_argument("--log-file", help="append log lines here instead of stderr")
@@ -830,6 +853,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, str, int]:
         oom_above_tokens=args.oom_above_tokens,
         crash_above_tokens=args.crash_above_tokens,
         cascade=args.cascade,
+        garbage=args.garbage,
         inline_tool_calls=args.inline_tool_calls,
         no_reasoning=args.no_reasoning,
         log_file=args.log_file,

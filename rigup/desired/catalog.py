@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from rigup.rig.servingctl import GATE_REQUEST_KEYS
+from rigup.rig.servingctl import GATE_REQUEST_KEYS, PROBE_NAMES
 
 CATALOG_FILE = Path(__file__).with_name("catalog.yaml")
 CATALOG_DIR = Path(__file__).with_name("catalog.d")
@@ -72,6 +72,9 @@ _VARIANT_SCHEMA: dict[str, tuple[bool, tuple[type | None, ...]]] = {
     # Fields every chat request to the variant's server must carry (upstream's request format), added by
     # the health gate and `rigup verify`: e.g. vLLM-Omni's {"modalities": ["text"]}.
     "chat_request": (False, (dict,)),
+    # The health gate's probes whose answers the variant's model can give (rigup.rig.servingctl.PROBES;
+    # absent: every one). A vision-only or embedding model leaves out what it cannot answer.
+    "gate_probes": (False, (list,)),
     "base": (False, (str,)),
 }
 
@@ -126,7 +129,7 @@ def _json_value(value: Any) -> bool:
     return False
 
 
-def _validate_variant(name: str, v: dict[str, Any], cat: Mapping[str, Any]) -> None:
+def _validate_variant(name: str, v: dict[str, Any], cat: Mapping[str, Any], file: str = "catalog.yaml") -> None:
     where = f"variants.{name}"
     for key in v:
         if key not in _VARIANT_SCHEMA:
@@ -203,12 +206,36 @@ def _validate_variant(name: str, v: dict[str, Any], cat: Mapping[str, Any]) -> N
             if not _json_value(value):
                 raise CatalogError(f"{where}.chat_request.{key}: a JSON value (string, number, boolean, null, list, "
                                    f"mapping with string keys)")
+    _check_gate_probes(v.get("gate_probes"), f"{file}: {where}.gate_probes")
     for i, env in enumerate(v.get("alternative_envelopes") or []):
         if not isinstance(env, dict) or not {"max_model_len", "gpu_memory_utilization"} <= set(env):
             raise CatalogError(f"{where}.alternative_envelopes[{i}]: needs max_model_len and gpu_memory_utilization")
 
 
-def _validate(cat: Any) -> dict[str, Any]:
+def _check_gate_probes(probes: Any, where: str) -> None:
+    """A variant's gate_probes: names of the gate's probes, each once (one line: where, the allowed names,
+    the closest one)."""
+    if probes is None:
+        return
+    allowed = f"allowed: {', '.join(PROBE_NAMES)}"
+    for probe in probes:
+        if probe not in PROBE_NAMES:
+            close = difflib.get_close_matches(str(probe), PROBE_NAMES, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise CatalogError(f"{where}: unknown probe {probe!r} ({allowed}){hint}")
+    twice = sorted({p for p in probes if probes.count(p) > 1})
+    if twice:
+        raise CatalogError(f"{where}: {', '.join(map(repr, twice))} named twice ({allowed}, each once)")
+
+
+def _shown(path: Path) -> str:
+    """A catalog file as messages name it: catalog.yaml, catalog.d/<family>.yaml, or another file's path."""
+    if path == CATALOG_FILE:
+        return CATALOG_FILE.name
+    return f"{CATALOG_DIR.name}/{path.name}" if path.parent == CATALOG_DIR else str(path)
+
+
+def _validate(cat: Any, origin: Mapping[tuple[str, str], Path] | None = None) -> dict[str, Any]:
     if not isinstance(cat, dict):
         raise CatalogError("catalog: top level must be a mapping")
     sections = ("images", "sources", "models", "variants")
@@ -249,7 +276,8 @@ def _validate(cat: Any) -> dict[str, Any]:
             raise CatalogError(f"variants.{name}: names are lower-case words joined by '-'")
         flat = _flatten(entries, name)
         flat.pop("base", None)
-        _validate_variant(name, flat, cat)
+        file = origin.get(("variants", name)) if origin else None
+        _validate_variant(name, flat, cat, _shown(file) if file is not None else CATALOG_FILE.name)
         flat["name"] = name
         variants[name] = flat
 
@@ -289,14 +317,14 @@ def _merge_fragment(cat: dict[str, Any], fragment: Any, path: Path, origin: dict
 def load_catalog_file(path: Path, fragments: Any = ()) -> dict[str, Any]:
     """Load, merge and validate a catalog file and its family files (tests use it on broken copies)."""
     raw = _load_yaml(path)
+    origin: dict[tuple[str, str], Path] = {}
     if isinstance(raw, dict):
-        origin: dict[tuple[str, str], Path] = {}
         for section in FRAGMENT_SECTIONS:
             for name in raw.get(section) or {}:
                 origin[(section, name)] = path
         for fragment in sorted(fragments):
             _merge_fragment(raw, _load_yaml(fragment), fragment, origin)
-    return _validate(raw)
+    return _validate(raw, origin)
 
 
 @functools.cache

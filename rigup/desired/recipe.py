@@ -251,6 +251,8 @@ class Recipe:
     # Fields every chat request to this server must carry (catalog `chat_request`, upstream's request
     # format): the health gate (through the release) and `rigup verify` add them to theirs.
     chat_request: Mapping[str, Any] = field(default_factory=dict)
+    # The health gate's probes the model can answer (catalog `gate_probes`); None: every probe.
+    gate_probes: tuple[str, ...] | None = None
     # a cluster member's share (rigup.desired.cluster): the head serves the API, a worker's is the head's
     cluster: ClusterMember | None = None
     pipeline_parallel_size: int = 1  # the cluster's hosts (1 on one host)
@@ -1087,6 +1089,7 @@ def assemble_recipe(
         compose_text=rendered_text,
         changes=tuple(edit.changes),
         chat_request=copy.deepcopy(dict(variant.get("chat_request") or {})),  # the catalog is shared: a copy
+        gate_probes=tuple(variant["gate_probes"]) if variant.get("gate_probes") is not None else None,
         cluster=ctx.cluster,
         pipeline_parallel_size=engine.pipeline_parallel_size,
     )

@@ -6,7 +6,8 @@ Two JSON documents, both free of secrets:
   unless the host lists pods) — built here on the control machine
   from the resolved recipe and the rendered files: variant, unit, health URL, served model, image
   (tag and digest), every source commit, every model revision, engine settings, the fields every chat
-  request must carry (chat_request, only when the variant has some; the gate adds them) and the SHA-256
+  request must carry (chat_request, only when the variant has some; the gate adds them), the gate's
+  probes the model answers (gate_probes, only when the variant leaves some out) and the SHA-256
   of each rendered file. tasks/serving.py uploads it next to the compose file, so a new pin (a source
   commit, a model revision, an image digest) changes this file, which restarts the service exactly
   like a changed compose file would.
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rigup.desired.recipe import Recipe
-from rigup.rig.servingctl import PROVENANCE_NAME, RELEASE_NAME, SCHEMA
+from rigup.rig.servingctl import PROBE_NAMES, PROVENANCE_NAME, RELEASE_NAME, SCHEMA
 
 API_KEY_ENV = "VLLM_API_KEY"  # the .env key vLLM reads its API key from (rigup.desired.render.API_KEY_KEY)
 
@@ -154,6 +155,10 @@ def build_release(
     if recipe.chat_request:
         # Only when the variant has some: a release without them stays byte-identical (no restart).
         release["chat_request"] = json.loads(json.dumps(dict(recipe.chat_request)))
+    if recipe.gate_probes is not None and tuple(recipe.gate_probes) != PROBE_NAMES:
+        # Only when the variant leaves out some of the gate's probes: a release asking every one (the
+        # rig's default) stays byte-identical (no restart).
+        release["gate_probes"] = list(recipe.gate_probes)
     return release
 
 

@@ -10,7 +10,9 @@ rig has nothing else we can count on. Commands:
            records. Prints one JSON object (the ServingStatus fact).
   gate     the health gate: wait until /v1/models lists the served model, then one short
            deterministic chat completion (plus the release's chat_request fields, which some servers
-           need in every request). On success: record the generation (a copy of the files
+           need in every request), then the probes (PROBES: fixed questions with checkable answers,
+           judged by club-3090's degenerate-output rules and their known answers; the release's
+           gate_probes names them; docs/sentinel.md). On success: record the generation (a copy of the files
            that passed) and write the provenance file. On failure: print the unit's last log lines
            and, when the last good generation differs, roll back to it, restart it and gate it again.
            With --hold (a cluster member: every member passes or none is recorded) it neither
@@ -83,7 +85,7 @@ GATE_MAX_TOKENS = 8
 # Request fields the gate sets itself; a release's chat_request (fields a variant's server needs in every
 # chat request, from the catalog) may add others but never these (rigup.desired.catalog checks it).
 GATE_REQUEST_KEYS = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "seed",
-                               "chat_template_kwargs", "stream", "n"})
+                               "chat_template_kwargs", "stream", "n", "tools", "tool_choice"})
 
 
 class GateFailure(Exception):
@@ -209,8 +211,18 @@ class Release:
             if not isinstance(chat_request, dict):
                 raise TypeError("chat_request is not a JSON object")
             self.chat_request: Dict[str, Any] = dict(chat_request)
+            # The probes the gate asks (the catalog's gate_probes; absent: every one, as for a release
+            # written before the probes existed).
+            probes = data.get("gate_probes", list(PROBE_NAMES))
+            if not isinstance(probes, list):
+                raise TypeError("gate_probes is not a list")
+            self.gate_probes: List[str] = [str(p) for p in probes]
         except (KeyError, TypeError, ValueError) as exc:
             raise SystemExit(f"rigup: {path} is not a rigup release file ({exc})") from None
+        unknown = sorted(set(self.gate_probes) - set(PROBE_NAMES))
+        if unknown:
+            raise SystemExit(f"rigup: {path}: gate_probes names {unknown}, not probes of this servingctl "
+                             f"({', '.join(PROBE_NAMES)})")
         clash = sorted(set(self.chat_request) & GATE_REQUEST_KEYS)
         if clash:
             raise SystemExit(f"rigup: {path}: chat_request sets {clash}, which the health gate sets itself")
@@ -392,19 +404,24 @@ def list_models(models_url: str, api_key: Optional[str], timeout: float = HTTP_T
 
 
 def chat_completion(
-    base_url: str, model: str, api_key: Optional[str], timeout: float, extra: Optional[Dict[str, Any]] = None
+    base_url: str, model: str, api_key: Optional[str], timeout: float, extra: Optional[Dict[str, Any]] = None,
+    messages: Optional[List[Dict[str, Any]]] = None, max_tokens: int = GATE_MAX_TOKENS,
+    fields: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
     """One greedy, seeded, short chat completion. Returns a summary; raises GateFailure.
 
     + extra: fields the variant's server needs in every chat request (the release's chat_request, e.g.
       vLLM-Omni's "modalities": ["text"]); the gate's own fields (GATE_REQUEST_KEYS) are not among them
+    + messages, max_tokens, fields: a probe's conversation, budget and own request fields (its tools);
+      without them the one-word readiness prompt
     """
     url = f"{base_url}/v1/chat/completions"
     body = {
         **(extra or {}),
+        **(fields or {}),
         "model": model,
-        "messages": [{"role": "user", "content": GATE_PROMPT}],
-        "max_tokens": GATE_MAX_TOKENS,
+        "messages": messages or [{"role": "user", "content": GATE_PROMPT}],
+        "max_tokens": max_tokens,
         "temperature": 0,
         "seed": 0,
         # Qwen3-style templates would otherwise spend the few tokens on a thinking block.
@@ -430,16 +447,204 @@ def chat_completion(
         raise GateFailure("chat completion answered without choices")
     message = choices[0].get("message") or {}
     text = (message.get("content") or message.get("reasoning_content") or "") if isinstance(message, dict) else ""
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
     usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
     tokens = usage.get("completion_tokens")
-    if not text.strip() and not (isinstance(tokens, int) and tokens > 0):
+    if not text.strip() and not calls and not (isinstance(tokens, int) and tokens > 0):
         raise GateFailure("chat completion produced no tokens")
     return {
         "seconds": round(time.monotonic() - started, 3),
         "completion_tokens": tokens,
         "finish_reason": choices[0].get("finish_reason"),
         "text": text.strip()[:80],
+        "full_text": text,
+        "tool_calls": calls if isinstance(calls, list) else [],
     }
+
+
+# ----------------------------------------------------------------------------------------------
+# probes: answers the gate can check (issue 43)
+#
+# A pod can start, list its model, answer fast and still be wrong: club-3090 issue #922 (a patched P2P
+# module under vLLM's custom all-reduce) answered "!!!!" for 60 of 60 tokens with finish_reason=length
+# while every other indicator was green (club-3090 docs/PCIE_P2P.md@4a29ab57d42a1d587de1042fa5dfd9535f94a063,
+# "A green verdict line is not a correctness check - and neither is TPS": "Only reading the generated
+# text caught it"). So the gate asks a few questions whose answers it can check: greedy, seeded, no
+# thinking, short. Each answer is judged by club-3090's degenerate-output rules first, then by its own
+# known answer, the tier PCIE_P2P.md's correctness ladder puts above verify-full ("needle with known answer").
+
+PROBE_MAX_TOKENS = 48  # room for a sentence around the answer; #922's garbage filled 60 of 60
+
+# club-3090 scripts/verify-full.sh@4a29ab57d42a1d587de1042fa5dfd9535f94a063 (check_output_quality, last
+# changed in 4264065b5700d07a65c39751b699c713baa5d84d): an empty completion fails; the same non-empty line
+# (stripped) >= 5 times in a row fails; lexical variety (distinct / all words, words being [A-Za-z']+ of the
+# lower-cased text) below 0.30 over the first 200 words fails, and no word at all is variety 0.000.
+DEGENERATE_LINE_REPEATS = 5
+DEGENERATE_MIN_VARIETY = 0.30
+DEGENERATE_VARIETY_WORDS = 200
+
+EXCERPT_CHARS = 40  # of an answer, in the gate's one-line reason (the probes are fixed: no user text)
+
+
+def _line_repeats(text: str) -> int:
+    """The longest run of one non-empty line (stripped), as verify-full counts it (0 without repeats)."""
+    longest, current, count = 0, None, 0
+    for line in (raw.strip() for raw in text.split("\n")):
+        if not line:
+            continue
+        if line == current:
+            count += 1
+            longest = max(longest, count)
+        else:
+            current, count = line, 1
+    return longest
+
+
+def _lexical_variety(text: str) -> Optional[float]:
+    """Distinct / all words over the first 200, verify-full's words ([A-Za-z']+, lower-cased); 0.0
+    without any word, as verify-full scores "!!!!". None for an answer of digits without words ("391"):
+    verify-full reads a 2,000-token essay, where that cannot happen; a probe's short answer can be a number."""
+    import re
+
+    words = re.findall(r"[A-Za-z']+", text.lower())[:DEGENERATE_VARIETY_WORDS]
+    if not words:
+        return None if re.search(r"[0-9]", text) else 0.0
+    return len(set(words)) / len(words)
+
+
+def degenerate(text: str) -> Optional[str]:
+    """Why `text` is degenerate output by club-3090's verify-full rules (constants above), or None."""
+    if not text.strip():
+        return "empty completion"
+    repeats = _line_repeats(text)
+    if repeats >= DEGENERATE_LINE_REPEATS:
+        return f"a line repeats {repeats} times in a row (verify-full fails >= {DEGENERATE_LINE_REPEATS})"
+    variety = _lexical_variety(text)
+    if variety is not None and variety < DEGENERATE_MIN_VARIETY:
+        return (f"lexical variety {variety:.2f} over the first {DEGENERATE_VARIETY_WORDS} words "
+                f"(verify-full fails < {DEGENERATE_MIN_VARIETY:.2f})")
+    return None
+
+
+def _judge_arithmetic(text: str, calls: List[Dict[str, Any]]) -> Optional[str]:
+    import re
+
+    numbers = re.findall(r"-?\d+", text.replace(",", ""))
+    return None if "391" in numbers else "expected 391"
+
+
+RECALL_CODE = "QX-4471-VELT"
+
+
+def _judge_recall(text: str, calls: List[Dict[str, Any]]) -> Optional[str]:
+    return None if RECALL_CODE in text else f"expected {RECALL_CODE}"
+
+
+def _judge_tool_call(text: str, calls: List[Dict[str, Any]]) -> Optional[str]:
+    functions = [c.get("function") for c in calls if isinstance(c, dict) and isinstance(c.get("function"), dict)]
+    if not functions:
+        return "expected a call of get_weather, got no tool call"
+    function = functions[0]
+    try:
+        arguments = json.loads(function.get("arguments") or "")
+    except (TypeError, ValueError):
+        arguments = None
+    if function.get("name") != "get_weather" or not isinstance(arguments, dict) or arguments.get("city") != "Paris":
+        return f"expected get_weather({{\"city\": \"Paris\"}}), got {function.get('name')}({function.get('arguments')})"
+    return None
+
+
+def _judge_json_shape(text: str, calls: List[Dict[str, Any]]) -> Optional[str]:
+    start, end = text.find("{"), text.rfind("}")
+    try:
+        value = json.loads(text[start : end + 1]) if 0 <= start < end else None
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        return 'expected a JSON object {"name": "rigup", "count": 3}, got none'
+    if value.get("name") != "rigup" or value.get("count") != 3 or isinstance(value.get("count"), bool):
+        return 'expected {"name": "rigup", "count": 3}'
+    return None
+
+
+class Probe:
+    """One fixed question with a checkable answer: `judge(text, tool_calls)` says why the answer is wrong, or None."""
+
+    def __init__(self, name: str, prompt: str, judge: Callable[[str, List[Dict[str, Any]]], Optional[str]],
+                 fields: Optional[Dict[str, Any]] = None) -> None:
+        self.name = name
+        self.prompt = prompt
+        self.judge = judge
+        self.fields = fields or {}
+
+    @property
+    def messages(self) -> List[Dict[str, Any]]:
+        return [{"role": "user", "content": self.prompt}]
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+# The probes, in the order the gate asks them. The catalog's `gate_probes` names a subset per variant.
+# The tool call names its function (tool_choice): vLLM serves named function calling through structured
+# outputs, without --enable-auto-tool-choice or a tool parser (docs.vllm.ai features/tool_calling: "vLLM
+# currently supports named function calling, as well as the auto, required ... and none options").
+PROBES: Dict[str, Probe] = {
+    p.name: p
+    for p in (
+        Probe("arithmetic", "What is 17 * 23? Reply with the number only.", _judge_arithmetic),
+        Probe("recall", f"The access code is {RECALL_CODE}. What is the access code? Reply with the code only.",
+              _judge_recall),
+        Probe("tool-call", "What is the weather in Paris? Use the tool.", _judge_tool_call,
+              {"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
+        Probe("json-shape", 'Reply with only a JSON object with the keys "name" (the string "rigup") and "count" '
+              "(the number 3), nothing else.", _judge_json_shape),
+    )
+}
+PROBE_NAMES = tuple(PROBES)
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """The start of an answer for a one-line reason: newlines shown as \\n, cut with an ellipsis."""
+    flat = text.replace("\n", "\\n")
+    return repr(flat if len(flat) <= limit else flat[:limit] + "...")
+
+
+def judge_probe(probe_: Probe, completion: Dict[str, Any]) -> Optional[str]:
+    """Why the completion fails `probe_` (its name, what is wrong and an excerpt of the answer), or None."""
+    text = completion.get("full_text") or ""
+    calls = completion.get("tool_calls") or []
+    why = None if calls else degenerate(text)
+    if why is None:
+        why = probe_.judge(text, calls)
+    if why is None:
+        return None
+    # a tool call's judge names the call it got; a text answer is shown by its start
+    answered = "" if calls else f"; answered {excerpt(text)}"
+    return (f"probe {probe_.name} failed: {why}{answered} "
+            f"(finish_reason={completion.get('finish_reason')}, {completion.get('completion_tokens')} tokens)")
+
+
+def run_probes(release: "Release", api_key: Optional[str], timeout: float) -> Dict[str, Any]:
+    """Ask every probe the release names; raise GateFailure naming the first that fails."""
+    results: Dict[str, Any] = {}
+    for name in release.gate_probes:
+        probe_ = PROBES[name]
+        completion = chat_completion(release.base_url, release.served_model_name, api_key, timeout,
+                                     release.chat_request, messages=probe_.messages, max_tokens=PROBE_MAX_TOKENS,
+                                     fields=probe_.fields)
+        failure = judge_probe(probe_, completion)
+        if failure is not None:
+            raise GateFailure(failure)
+        answer = completion["full_text"] or json.dumps([c.get("function") for c in completion["tool_calls"]])
+        results[name] = {"seconds": completion["seconds"], "answer_sha256": sha256_bytes(answer.encode())}
+    return results
 
 
 # ----------------------------------------------------------------------------------------------
@@ -519,12 +724,17 @@ def wait_until_serving(
             if attempts >= 3 or not transient or clock() >= deadline:
                 raise
             sleep(poll_s)
+    completion.pop("full_text", None)
+    completion.pop("tool_calls", None)
+    # The answers judged (issue 43): a pod that serves garbage fast does not pass.
+    probes = run_probes(release, api_key, min(COMPLETION_TIMEOUT_S, max(10.0, deadline - clock())))
     return {
         "result": "passed",
         "ready_seconds": round(ready_s, 3),
         "seconds": round(clock() - started, 3),
         "models": models,
         "completion": completion,
+        "probes": probes,
     }
 
 

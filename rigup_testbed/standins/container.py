@@ -115,6 +115,8 @@ def vllm_args(tokens: list[str]) -> dict[str, Any]:
             out[flags_with_value[name]] = value
         elif t == "--omni":  # vLLM-Omni's switch (no value)
             out["omni"] = True
+        elif t == "--disable-custom-all-reduce":  # responder.json's p2p_corrupts_custom_all_reduce reads it
+            out["disable_custom_all_reduce"] = True
         elif t in ("--enable-prefix-caching", "--no-enable-prefix-caching"):
             out["enable_prefix_caching"] = t == "--enable-prefix-caching"
         elif t == "serve" and i + 1 < len(tokens) and not tokens[i + 1].startswith("-"):

@@ -29,9 +29,14 @@ An OpenAI-compatible HTTP server (stdlib http.server) that starts like vLLM does
     line (--max-num-seqs, --block-size, --num-gpu-blocks-override, --speculative-config).
 
 Faults come from /etc/rigup-testbed/responder.json, read at start and per request:
-  {"mode": "ok" | "fail" | "slow" | "crash", "delay_s": 2, "startup_delay_s": 0, "check_model": true,
-   "tokens_per_s": 0, "ttft_ms": 0}
+  {"mode": "ok" | "fail" | "slow" | "crash" | "garbage", "delay_s": 2, "startup_delay_s": 0, "check_model": true,
+   "tokens_per_s": 0, "ttft_ms": 0, "p2p_corrupts_custom_all_reduce": false}
   fail: /health 500 and completions 500; slow: every answer waits delay_s; crash: exits 1 after start;
+  garbage: the engine serves and answers every chat request with "!" until max_tokens, finish_reason=length
+  (club-3090 issue #922: "!!!!" for 60 of 60 tokens while topology, Xid and tokens/s looked healthy);
+  p2p_corrupts_custom_all_reduce: the rig's peer path returns wrong data to vLLM's custom all-reduce, as in
+  #922 (patched P2P module on Ampere), so an engine with --tensor-parallel-size >= 2 and without
+  --disable-custom-all-reduce answers garbage, and one with the flag (or TP 1) answers right;
   tokens_per_s / ttft_ms: openai_responder's decode pacing for each request (0: as fast as it can), so
   that load keeps the engine, and through it the GPU stand-in, busy.
 
@@ -76,6 +81,14 @@ WORDS = ("The rigup test bed answers deterministically so that checks can compar
 def faults() -> dict[str, Any]:
     data = common.read_json(common.path(common.RESPONDER_FILE), {})
     return data if isinstance(data, dict) else {}
+
+
+def answers_garbage(f: dict[str, Any], app: Any) -> bool:
+    """Whether this engine's answers are club-3090 #922's "!!!!": the garbage mode, or a rig whose peer path
+    corrupts custom all-reduce under an engine that runs it (TP >= 2 without --disable-custom-all-reduce)."""
+    if f.get("mode") == "garbage":
+        return True
+    return bool(f.get("p2p_corrupts_custom_all_reduce")) and app is not None and app.custom_all_reduce
 
 
 def log(msg: str, level: str = "INFO") -> None:
@@ -167,6 +180,8 @@ class App:
         self.tp = int(a.get("tp") or 1)
         self.gpu_util = float(a.get("gpu_util") or 0.9)
         self.spec_decode = bool(a.get("speculative_config"))
+        # vLLM runs its custom all-reduce kernel for TP >= 2 unless --disable-custom-all-reduce is given
+        self.custom_all_reduce = self.tp >= 2 and not a.get("disable_custom_all_reduce")
         self.image = str(spec.get("image") or "vllm")  # dockerd.image_kind
         self.omni = bool(a.get("omni"))
         self.deploy_config = a.get("deploy_config")
@@ -515,6 +530,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return
         n = min(max_tokens, 16)  # a natural answer is 16 words; fewer tokens allowed cut it short
         text = reply_text(json.dumps(req.get("messages", prompt), sort_keys=True), n)
+        garbage = answers_garbage(f, self.app)
+        if garbage:  # "!" until max_tokens, as openai_responder's --garbage
+            n, text = max_tokens, "!" * max_tokens
         with self.app.lock:
             self.app.counters["prompt"] += prompt_tokens
             self.app.counters["generation"] += n
@@ -522,7 +540,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         rid = ("chatcmpl-" if chat else "cmpl-") + hashlib.sha256(f"{time.time()}{text}".encode()).hexdigest()[:32]
         usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + n, "completion_tokens": n,
                  "prompt_tokens_details": None}
-        finish = "length" if max_tokens < 16 else "stop"
+        finish = "length" if max_tokens < 16 or garbage else "stop"
         # the engine's view: queued, scheduled, one token a step, finished (aborted if the client goes)
         with self.app.engine.add_request(prompt_tokens, prompt, max_tokens) if self.app.engine else NoRequest() as run:
             run.wait_scheduled()
@@ -639,6 +657,7 @@ if rich is not None:
             # a decode rate makes requests take the time a GPU takes, so load keeps the engine busy
             self.server.config.tokens_per_s = float(f.get("tokens_per_s") or 0)
             self.server.config.ttft_ms = float(f.get("ttft_ms") or 0)
+            self.server.config.garbage = answers_garbage(f, getattr(self.server, "app", None))
             if f.get("mode") == "fail" and self.path.startswith("/v1/"):
                 length = int(self.headers.get("Content-Length") or 0)
                 self.rfile.read(length)

@@ -648,6 +648,45 @@ def test_responder_faults_and_startup_checks(serving_root: tuple[Root, Daemon, P
     compose(root, project, "down", check=True)
 
 
+def test_the_engine_answers_the_gate_probes_and_922s_garbage_when_told(serving_root: tuple[Root, Daemon, Path, int]) -> None:
+    """openai_responder answers rigup's gate probes as a working model; responder.json makes it answer
+    club-3090 #922's "!!!!" (mode garbage, or p2p_corrupts_custom_all_reduce under custom all-reduce)."""
+    from rigup.rig import servingctl
+
+    root, _, project, port = serving_root
+    base = f"http://127.0.0.1:{port}"
+
+    def failures() -> dict[str, str | None]:
+        judged = {}
+        for name, probe in servingctl.PROBES.items():
+            answer = servingctl.chat_completion(base, "qwen3.6-27b", "sekrit-key", 10, messages=probe.messages,
+                                                max_tokens=servingctl.PROBE_MAX_TOKENS, fields=probe.fields)
+            judged[name] = servingctl.judge_probe(probe, answer)
+        return judged
+
+    # TP 2 without --disable-custom-all-reduce: vLLM runs its custom all-reduce
+    root.write("etc/rigup-testbed/responder.json", json.dumps({"p2p_corrupts_custom_all_reduce": True}))
+    compose(root, project, "up", "-d", check=True)
+    wait_for(lambda: http_status(f"{base}/health") == 200)
+    garbage = failures()
+    assert all(reason is not None and "answered '!!!!" in reason and "(finish_reason=length, 48 tokens)" in reason
+               for reason in garbage.values()), garbage
+    root.write("etc/rigup-testbed/responder.json", json.dumps({"mode": "ok"}))
+    assert failures() == dict.fromkeys(servingctl.PROBE_NAMES)  # every answer right
+    compose(root, project, "down", check=True)
+    # the same rig fault under an engine with the flag: custom all-reduce is off, the answers are right
+    text = (project / "compose.yaml").read_text()
+    (project / "compose.yaml").write_text(text.replace('"--gpu-memory-utilization", "0.9"]',
+                                                       '"--gpu-memory-utilization", "0.9", "--disable-custom-all-reduce"]'))
+    root.write("etc/rigup-testbed/responder.json", json.dumps({"p2p_corrupts_custom_all_reduce": True}))
+    compose(root, project, "up", "-d", check=True)
+    wait_for(lambda: http_status(f"{base}/health") == 200)
+    assert failures() == dict.fromkeys(servingctl.PROBE_NAMES)
+    root.write("etc/rigup-testbed/responder.json", json.dumps({"mode": "garbage"}))  # whatever the command line
+    assert all(reason is not None for reason in failures().values())
+    compose(root, project, "down", check=True)
+
+
 def test_gotemplate_subset() -> None:
     sys.path.insert(0, str(aptrepo.STANDINS))
     try:

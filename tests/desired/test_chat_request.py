@@ -29,9 +29,10 @@ def release_of(recipe: Recipe) -> dict[str, Any]:
     return build_release(recipe, {p: f.content for p, f in rendered.items()}, api_key_present=False, secret_env_keys=())
 
 
-def load_with(tmp_path: Path, chat_request: Any) -> dict[str, Any]:
+def load_with(tmp_path: Path, value: Any, key: str = "chat_request") -> dict[str, Any]:
+    """The catalog with the omni variant's `key` set to `value` (its family file copied to tmp_path)."""
     raw = yaml.safe_load(FAMILY.read_text())
-    raw["variants"][OMNI]["chat_request"] = chat_request
+    raw["variants"][OMNI][key] = value
     changed = tmp_path / FAMILY.name
     changed.write_text(yaml.safe_dump(raw, sort_keys=False))
     others = [p for p in CATALOG_DIR.glob("*.yaml") if p.name != FAMILY.name]

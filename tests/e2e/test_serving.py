@@ -1,6 +1,7 @@
 """Serving end to end on the test bed: bring-up, converged re-run, pin change, variant switch, a failed
-gate that rolls back, the API key, and a fleet rollout with a canary and a host that is down, its rigs
-pulling through the fleet's image mirror on the canary.
+gate that rolls back, a pod answering garbage that fails its gate's probes and rolls back, the API key,
+and a fleet rollout with a canary and a host that is down, its rigs pulling through the fleet's image
+mirror on the canary.
 
 The scenarios share one 2-host bed (rig-01 in group canary, rig-02 in group rigs) and run in file order;
 after the variant switch (rig-02) the scenarios act on rig-01 alone (--limit), so each stands on its
@@ -294,6 +295,37 @@ def test_failed_gate_rolls_back_and_the_old_generation_serves(bed: Bed) -> None:
     before = unit_prop(host, unit, "ExecMainStartTimestamp")
     bed.deploy("--limit", "rig-01")
     assert unit_prop(host, unit, "ExecMainStartTimestamp") == before
+
+
+def test_a_pod_answering_garbage_fails_its_gate_and_rolls_back(bed: Bed) -> None:
+    """club-3090 issue #922 on the bed: with custom all-reduce over a peer path that corrupts it, the engine
+    starts, lists its model and answers fast, with "!" until max_tokens. The gate's probes catch it."""
+    host = bed.host("rig-01")
+    good = provenance(host)
+    good_compose = sh(host, f"cat /opt/rigup/variants/{VARIANT}/compose.yaml")
+    assert "--disable-custom-all-reduce" in good_compose  # no NVLink on the bed: custom all-reduce off
+    # The rig's fault (responder.json), harmless while custom all-reduce stays off; then a fleet change that
+    # turns it on (NVLink settings forced), so the restarted pod answers garbage.
+    sh(host, """echo '{"p2p_corrupts_custom_all_reduce": true}' > /etc/rigup-testbed/responder.json""")
+    bed.group_data = {**bed.group_data, "canary": {"gpu_interconnect": "force_on"}}
+    bed.write(relock=False)
+    try:
+        proc = bed.deploy("--limit", "rig-01", expect_ok=False)
+    finally:
+        sh(host, "rm -f /etc/rigup-testbed/responder.json")
+        bed.group_data = {k: v for k, v in bed.group_data.items() if k != "canary"}
+        bed.write(relock=False)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "RIGUP-GATE-RESULT: failed-and-rolled-back" in output, _tail(proc)
+    # the reason names the probe, the rule and the start of the answer
+    assert "probe arithmetic failed: lexical variety 0.00 over the first 200 words" in output, _tail(proc)
+    assert "!!!!!!!!!!!!!!!!!!!!" in output and "finish_reason=length, 48 tokens" in output
+    assert sh(host, f"cat /opt/rigup/variants/{VARIANT}/compose.yaml") == good_compose
+    prov = provenance(host)
+    assert prov["generation"] == good["generation"] and prov["release_sha256"] == good["release_sha256"]
+    assert prov["last_rollback"]["outcome"] == "rolled back"
+    assert prov["last_rollback"]["reason"].startswith("probe arithmetic failed: lexical variety 0.00")
 
 
 def test_api_key_is_enforced_and_kept_secret(bed: Bed, tmp_path: Path) -> None:

@@ -45,6 +45,30 @@ class Behaviour:
         self.down = False  # refuse with 503 as a proxy would while vLLM is not up
         # Fields a completion must carry, else 500 (vLLM-Omni without "modalities": ["text"] kills its engine)
         self.required: dict[str, Any] = {}
+        # The gate's probes, answered as a working model answers them (prompt substring -> content);
+        # a test replaces one to make the pod answer it wrong.
+        self.answers: dict[str, str] = {
+            "17 * 23": "17 * 23 = 391.",
+            "access code": "The access code is QX-4471-VELT.",
+            "JSON object": '{"name": "rigup", "count": 3}',
+        }
+        self.tool_city = "Paris"  # the get_weather call's city; None: no tool call, content instead
+        self.finish_reason = "stop"
+        # club-3090 #922's broken all-reduce: every answer is "!" until max_tokens (finish_reason=length)
+        self.garbage = False
+
+
+def reply_for(b: Behaviour, body: dict[str, Any]) -> dict[str, Any]:
+    """The assistant message the fake model answers `body` with."""
+    prompt = body["messages"][-1]["content"]
+    if b.garbage:
+        return {"role": "assistant", "content": "!" * body["max_tokens"]}
+    if body.get("tools") and b.tool_city is not None:
+        arguments = json.dumps({"city": b.tool_city})
+        call = {"id": "chatcmpl-tool-1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+        return {"role": "assistant", "content": None, "tool_calls": [call]}
+    text = next((answer for key, answer in b.answers.items() if key in prompt), b.completion_text)
+    return {"role": "assistant", "content": text}
 
 
 class Handler(JsonHandler):
@@ -78,11 +102,15 @@ class Handler(JsonHandler):
             return self.reply(500, {"error": {"message": "EngineCore encountered an issue (talker stage)."}})
         if body.get("model") != b.model:
             return self.reply(404, {"error": {"message": f"The model `{body.get('model')}` does not exist."}})
-        tokens = len(b.completion_text.split())
+        message = reply_for(b, body)
+        tokens = len((message["content"] or "").split()) or len(message.get("tool_calls", ()))
+        if b.garbage:
+            tokens = body["max_tokens"]
         return self.reply(
             200,
             {
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": b.completion_text}, "finish_reason": "stop"}],
+                "choices": [{"index": 0, "message": message,
+                             "finish_reason": "length" if b.garbage else b.finish_reason}],
                 "usage": {"prompt_tokens": 12, "completion_tokens": tokens, "total_tokens": 12 + tokens},
             },
         )
@@ -135,6 +163,8 @@ class FakeSystemd(ctl.Systemd):
         # The "container" serves the model the compose file names, or nothing when it says broken.
         served = compose.split("model=", 1)[1].split()[0]
         self.server.behaviour.model = None if served == "broken" else served
+        # an image tagged *-garbage serves, but answers like club-3090 #922's broken all-reduce
+        self.server.behaviour.garbage = "-garbage" in compose
         self.unit(unit).update(ActiveState="active", ExecMainStartTimestampMonotonic=str(int(time.monotonic() * 1e6)))
 
     def restart(self, unit: str) -> None:
@@ -172,7 +202,8 @@ class Rig:
         return self.install_root / "variants" / variant
 
     def deploy(self, variant: str, model: str, *, api_key: str | None = None, unit_extra: str = "", tag: str = "v1",
-               chat_request: dict[str, Any] | None = None, pod: str | None = None) -> Path:
+               chat_request: dict[str, Any] | None = None, pod: str | None = None,
+               gate_probes: list[str] | None = None) -> Path:
         """Write the files pyinfra would upload (for a listed pod: in its directory); returns the release path."""
         name = pod or variant
         vdir = self.variant_dir(name)
@@ -208,6 +239,8 @@ class Rig:
         }
         if chat_request is not None:
             release["chat_request"] = chat_request
+        if gate_probes is not None:
+            release["gate_probes"] = gate_probes
         if pod is not None:
             release.update(pod=pod, state_dir=str(self.install_root / "state/pods" / pod), gpu_ids=[2, 3])
         path = vdir / "release.json"
@@ -282,9 +315,15 @@ def test_gate_passes_records_generation_and_provenance(rig, systemd, server):
     assert prov["gate"]["result"] == "passed"
     assert prov["gate"]["models"] == [MODEL]
     assert prov["gate"]["completion"]["completion_tokens"] == 1
-    # The completion the gate sent is the short, greedy, seeded one.
-    sent = server.behaviour.completions[-1]
-    assert sent["temperature"] == 0 and sent["seed"] == 0 and sent["max_tokens"] == ctl.GATE_MAX_TOKENS
+    # The completion the gate sent is the short, greedy, seeded one; then one request per probe.
+    first, *probes = server.behaviour.completions
+    assert first["temperature"] == 0 and first["seed"] == 0 and first["max_tokens"] == ctl.GATE_MAX_TOKENS
+    assert [p["messages"] for p in probes] == [ctl.PROBES[name].messages for name in ctl.PROBE_NAMES]
+    assert all(p["temperature"] == 0 and p["seed"] == 0 and p["max_tokens"] == ctl.PROBE_MAX_TOKENS
+               and p["chat_template_kwargs"] == {"enable_thinking": False} for p in probes)
+    assert sorted(prov["gate"]["probes"]) == sorted(ctl.PROBE_NAMES)
+    assert prov["gate"]["probes"]["recall"]["answer_sha256"] == hashlib.sha256(
+        b"The access code is QX-4471-VELT.").hexdigest()
     assert ("journal", "rigup-dual.service") not in systemd.calls
 
 
@@ -297,8 +336,9 @@ def test_gate_sends_the_releases_chat_request_fields(rig, systemd, server):
     server.behaviour.completions.clear()
     code, lines = run_gate(rig.deploy("omni", MODEL, chat_request={"modalities": ["text"]}), systemd)
     assert code == ctl.EXIT_PASSED, lines
-    sent = server.behaviour.completions[-1]
+    sent = server.behaviour.completions[0]
     assert sent["modalities"] == ["text"] and sent["model"] == MODEL and sent["max_tokens"] == ctl.GATE_MAX_TOKENS
+    assert all(probe["modalities"] == ["text"] for probe in server.behaviour.completions[1:])  # the probes too
     assert sent["temperature"] == 0 and sent["seed"] == 0  # everything else as before
     assert rig.provenance["release"]["chat_request"] == {"modalities": ["text"]}
 
@@ -359,6 +399,41 @@ def test_gate_fails_on_an_empty_completion(rig, systemd, server):
     code, lines = run_gate(rig.deploy("dual", MODEL), systemd)
     assert code == ctl.EXIT_FAILED
     assert "produced no tokens" in lines[0]
+
+
+def test_a_wrong_answer_fails_the_gate_naming_its_probe_and_the_answer(rig, systemd, server):
+    server.behaviour.answers["17 * 23"] = "17 * 23 = 381."
+    code, lines = run_gate(rig.deploy("dual", MODEL), systemd)
+    assert code == ctl.EXIT_FAILED
+    assert lines[0] == ("rigup: health gate FAILED for rigup-dual.service (variant dual): probe arithmetic failed: "
+                        "expected 391; answered '17 * 23 = 381.' (finish_reason=stop, 5 tokens); "
+                        "the log's last error: ERROR something broke")
+    assert not (rig.install_root / "state/provenance.json").exists()
+
+
+def test_a_wrong_tool_call_fails_the_tool_call_probe(rig, systemd, server):
+    server.behaviour.tool_city = "Berlin"
+    code, lines = run_gate(rig.deploy("dual", MODEL), systemd)
+    assert code == ctl.EXIT_FAILED
+    assert ('probe tool-call failed: expected get_weather({"city": "Paris"}), got get_weather({"city": "Berlin"}) '
+            '(finish_reason=stop, 1 tokens)') in lines[0]
+
+
+def test_the_gate_asks_only_the_probes_the_release_names(rig, systemd, server):
+    """A variant whose model cannot answer a probe leaves it out (the catalog's gate_probes)."""
+    server.behaviour.tool_city = None  # this "model" calls no tool: the tool-call probe would fail it
+    code, lines = run_gate(rig.deploy("dual", MODEL, gate_probes=["arithmetic", "recall"]), systemd)
+    assert code == ctl.EXIT_PASSED, lines
+    asked = [body["messages"][-1]["content"] for body in server.behaviour.completions[1:]]
+    assert asked == [ctl.PROBES["arithmetic"].prompt, ctl.PROBES["recall"].prompt]
+    assert sorted(rig.provenance["gate"]["probes"]) == ["arithmetic", "recall"]
+
+
+def test_a_release_naming_an_unknown_probe_is_refused(rig, systemd, server):
+    with pytest.raises(SystemExit, match=r"gate_probes names \['arithmatic'\], not probes of this servingctl "
+                                         r"\(arithmetic, recall, tool-call, json-shape\)"):
+        run_gate(rig.deploy("dual", MODEL, gate_probes=["arithmatic"]), systemd)
+    assert server.behaviour.completions == []
 
 
 def test_gate_fails_fast_on_a_dead_unit(rig, systemd, server):
@@ -496,6 +571,27 @@ def test_failed_upgrade_rolls_back_to_the_last_good_generation(rig, systemd, ser
     assert prov["last_rollback"]["failed_image"] == "docker.io/vllm/vllm-openai:v2"
     assert "not served" in prov["last_rollback"]["reason"]
     assert rig.generations("dual") == [1]
+
+
+def test_a_pod_answering_garbage_fails_its_gate_and_rolls_back(rig, systemd, server):
+    """club-3090 #922: the pod starts, lists its model and answers fast, with "!" until max_tokens."""
+    good = rig.deploy("dual", MODEL, tag="v1")
+    assert run_gate(good, systemd)[0] == ctl.EXIT_PASSED
+    bad = rig.deploy("dual", MODEL, tag="v2-garbage")
+    systemd.restart("rigup-dual.service")
+    assert server.behaviour.garbage
+    code, lines = run_gate(bad, systemd)
+    text = "\n".join(lines)
+    assert code == ctl.EXIT_ROLLED_BACK, text
+    reason = ("probe arithmetic failed: lexical variety 0.00 over the first 200 words (verify-full fails < 0.30); "
+              "answered '!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!...' (finish_reason=length, 48 tokens)")
+    assert f"FAILED for rigup-dual.service (variant dual): {reason}" in lines[0]
+    assert f"failed the health gate ({reason}" in text and "generation 1 serves again" in text
+    assert not server.behaviour.garbage  # the restored release answers right again
+    prov = rig.provenance
+    assert prov["generation"] == 1 and prov["last_rollback"]["outcome"] == "rolled back"
+    assert prov["last_rollback"]["reason"].startswith(reason)
+    assert prov["last_rollback"]["failed_image"] == "docker.io/vllm/vllm-openai:v2-garbage"
 
 
 def test_the_failure_reason_carries_the_logs_last_error(rig, systemd, server):
