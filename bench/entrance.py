@@ -29,9 +29,10 @@ SSE event (median, p95) and what the path adds to direct's, the entrance's CPU% 
 whole process group over the window; 100 % = one core) and RSS (the group's, at the end), and how long
 its metrics endpoint took to answer under that load (the slowest of one scrape a second).
 
-Cache affinity: S multi-turn sessions (each its own system prompt, the conversation growing turn by turn)
-sent one turn at a time, sessions interleaved; after each turn the pods' `vllm:request_success_total`
-(vLLM's counter, which the stand-in keeps) says which pod answered. Reported: the share of turns (after
+Cache affinity: S multi-turn sessions (each its own ~1,200-token system prompt, the conversation growing turn
+by turn) sent one turn at a time, sessions interleaved; after each turn the pods' `vllm:prompt_tokens_total`
+(vLLM's counter, which the stand-in keeps) says which pod answered: the one that took the turn's prompt
+(LiteLLM's health checks' short prompts move the others). Reported: the share of turns (after
 a session's first) that landed on the pod that served that session's previous turn, for LiteLLM's
 simple-shuffle, vllm-router's cache_aware and its round_robin. With the stand-in (no prefix cache
 model yet) that share is what the routing would reuse, not a time saved.
@@ -84,6 +85,7 @@ MODEL = "qwen3.6-27b-autoround"
 ALLOWED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models")
 KEY_PATTERN = re.compile(r"[A-Za-z0-9_-]{16,128}")  # what secrets.token_urlsafe makes; nothing nginx would parse
 CLIENT_NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
+SYSTEM_PROMPT_TOKENS = 1000  # a session's prompt is longer; a health check's or a load request's far shorter
 
 
 # --- figures (pure) -----------------------------------------------------------------------------------
@@ -142,19 +144,21 @@ def affinity(landings: Mapping[str, Sequence[int]]) -> tuple[int, int]:
     return same, total
 
 
-def serving_pod(before: Sequence[float], after: Sequence[float]) -> int:
-    """The one pod whose finished-request counter moved between two reads (one turn in flight at a time)."""
-    moved = [i for i, (b, a) in enumerate(zip(before, after)) if a > b]
+def serving_pod(before: Sequence[float], after: Sequence[float], at_least: float) -> int:
+    """The one pod whose prompt-token counter grew by at least the turn's prompt between two reads (one turn
+    in flight at a time). A smaller growth is someone else's short request: LiteLLM's background health
+    checks send one to every pod."""
+    moved = [i for i, (b, a) in enumerate(zip(before, after)) if a - b >= at_least]
     if len(moved) != 1:
-        raise RuntimeError(f"expected one pod to finish the turn, counters moved on pods {moved}")
+        raise RuntimeError(f"expected one pod to take the turn's {at_least:g} prompt tokens, it grew on pods {moved}")
     return moved[0]
 
 
-def request_successes(metrics_text: str) -> float:
-    """The sum of vllm:request_success_total over its finish reasons in a vLLM /metrics page."""
+def prompt_tokens(metrics_text: str) -> float:
+    """vLLM's vllm:prompt_tokens_total (prefill tokens processed), summed over engines, from a /metrics page."""
     total = 0.0
     for line in metrics_text.splitlines():
-        if line.startswith("vllm:request_success_total"):
+        if line.startswith(("vllm:prompt_tokens_total{", "vllm:prompt_tokens_total ")):
             total += float(line.rsplit(" ", 1)[1])
     return total
 
@@ -505,13 +509,14 @@ def pod_counters(pod_ports: Sequence[int]) -> list[float]:
     counters = []
     for port in pod_ports:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-            counters.append(request_successes(r.read().decode()))
+            counters.append(prompt_tokens(r.read().decode()))
     return counters
 
 
 def session_turns(target: Target, pod_ports: Sequence[int], sessions: int, turns: int) -> tuple[int, int]:
     """Multi-turn sessions sharing a prefix, one turn in flight at a time, sessions interleaved; which pod
-    answered each turn from the pods' finished-request counters."""
+    answered each turn from the pods' prompt-token counters (a session's prompt is over SYSTEM_PROMPT_TOKENS)."""
+    # each system prompt ~1,200 tokens at the stand-in's chars/4
     conversations = {f"s{s}": [{"role": "system", "content": f"You are agent {s} ({secrets.token_hex(8)}). "
                                 + "Follow the house rules. " * 200}] for s in range(sessions)}
     landings: dict[str, list[int]] = {name: [] for name in conversations}
@@ -527,19 +532,20 @@ def session_turns(target: Target, pod_ports: Sequence[int], sessions: int, turns
             if response.status != 200:
                 raise RuntimeError(f"{target.name}: session turn answered {response.status}: {answer}")
             messages.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"] or ""})
-            landings[name].append(serving_pod(before, pod_counters(pod_ports)))
+            landings[name].append(serving_pod(before, pod_counters(pod_ports), SYSTEM_PROMPT_TOKENS))
     conn.close()
     return affinity(landings)
 
 
 # --- the run ------------------------------------------------------------------------------------------
 
-def start_pods(procs: Processes, count: int, logs: Path) -> list[int]:
+def start_pods(procs: Processes, count: int, logs: Path, tokens_per_s: float) -> list[int]:
     ports = [free_port() for _ in range(count)]
     for i, port in enumerate(ports):
         log = logs / f"pod-{i}.log"
         process = procs.start([sys.executable, str(RESPONDER), "--port", str(port), "--model", MODEL,
-                               "--log-file", str(logs / f"pod-{i}.vllm.log")], log=log)
+                               "--tokens-per-s", f"{tokens_per_s:g}", "--log-file", str(logs / f"pod-{i}.vllm.log")],
+                              log=log)
         wait_http(f"http://127.0.0.1:{port}/health", 30, process=process, log=log)
     return ports
 
@@ -634,15 +640,18 @@ def versions(litellm: Path, router: Path) -> dict[str, str]:
     return {"litellm": show(litellm / "bin" / "python", "litellm"), "vllm-router": show(router / "bin" / "python", "vllm-router")}
 
 
-def label() -> str:
-    return f"{platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+def label(tokens_per_s: float) -> str:
+    pace = f"pods paced at {tokens_per_s:g} tokens/s per stream" if tokens_per_s else "unpaced pods"
+    return f"{platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, {pace}"
 
 
 def measured(results: dict[str, dict[int, dict[str, object]]], affinities: dict[str, tuple[int, int]],
-             info: dict[str, str], command: str, pods: int) -> str:
+             info: dict[str, str], command: str, pods: int, tokens_per_s: float) -> str:
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"### Measured: {label()}", "",
-             f"{now}, with `{command}`. {pods} unpaced stand-in pods on loopback (one SSE chunk per token), the "
+    pace = (f"paced at {tokens_per_s:g} tokens/s per stream (the dual-3090 README's single-stream figure for the "
+            "reference variant: 68-71 tokens/s narrative)" if tokens_per_s else "unpaced (the entrance's ceiling)")
+    lines = [f"### Measured: {label(tokens_per_s)}", "",
+             f"{now}, with `{command}`. {pods} stand-in pods on loopback, {pace}, one SSE chunk per token; the "
              f"client's threads, the pods and the entrance sharing this machine's {os.cpu_count()} CPUs (other helpers' "
              f"tests ran at the same time). LiteLLM {info['litellm']} as rigup configures it; vllm-router "
              f"{info['vllm-router']} (cache_aware); nginx {info['nginx']} (Debian 12) as a TLS front with per-client "
@@ -667,7 +676,7 @@ def measured(results: dict[str, dict[int, dict[str, object]]], affinities: dict[
                 + (f"{row['rss'] / 1e6:.0f}" if name != "direct" else "") + " | "
                 + (f"{scrape:.2f}" if isinstance(scrape, float) else "") + f" | {window.failures} |")
     lines += ["", "Cache affinity (multi-turn sessions sharing a prefix, one turn at a time; the pod from vLLM's "
-              "`vllm:request_success_total` on each pod):", "",
+              "`vllm:prompt_tokens_total` on each pod):", "",
               "| routing | turns on the previous turn's pod | share |", "|---|---:|---:|"]
     for name, (same, total) in affinities.items():
         lines.append(f"| {name} | {same} / {total} | {same / total:.0%} |")
@@ -685,6 +694,8 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=256, help="completion tokens per request")
     parser.add_argument("--sessions", type=int, default=10, help="multi-turn sessions for the affinity figure")
     parser.add_argument("--turns", type=int, default=6, help="turns per session")
+    parser.add_argument("--tokens-per-s", type=float, default=0.0,
+                        help="each pod's decode rate per stream (0: unpaced, the entrance's ceiling; 70: a dual 3090)")
     parser.add_argument("--results", default=str(REPO_ROOT / "bench" / "results.md"), help="markdown file to update")
     args = parser.parse_args()
     concurrency = [int(c) for c in args.concurrency.split(",")]
@@ -697,7 +708,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="rigup-entrance-") as tmp, Processes() as procs:
         work = Path(tmp)
         os.chmod(work, 0o700)
-        pod_ports = start_pods(procs, args.pods, work)
+        pod_ports = start_pods(procs, args.pods, work, args.tokens_per_s)
         litellm = start_litellm(procs, pod_ports, work)
         router = start_router(procs, pod_ports, work, "cache_aware")
         front, info["nginx"] = start_front(procs, router, work)
@@ -720,8 +731,10 @@ def main() -> int:
         for name, (same, total) in affinities.items():
             print(f"affinity {name}: {same}/{total}", flush=True)
     command = (f"python bench/entrance.py --pods {args.pods} --concurrency {args.concurrency} --seconds {args.seconds:g} "
-               f"--max-tokens {args.max_tokens} --sessions {args.sessions} --turns {args.turns}")
-    write_results(Path(args.results), label(), measured(results, affinities, info, command, args.pods), section=SECTION)
+               f"--max-tokens {args.max_tokens} --sessions {args.sessions} --turns {args.turns} "
+               f"--tokens-per-s {args.tokens_per_s:g}")
+    write_results(Path(args.results), label(args.tokens_per_s),
+                  measured(results, affinities, info, command, args.pods, args.tokens_per_s), section=SECTION)
     print(f"written: {args.results}")
     return 0
 

@@ -56,25 +56,27 @@ def test_affinity_counts_turns_after_the_first_that_stay_on_the_previous_pod():
     assert E.affinity({"a": [0, 1, 0, 1]}) == (0, 3)
 
 
-def test_the_serving_pod_is_the_one_whose_counter_moved():
-    assert E.serving_pod([3, 5, 1], [3, 6, 1]) == 1
-    with pytest.raises(RuntimeError, match=r"moved on pods \[\]"):
-        E.serving_pod([3, 5], [3, 5])
-    with pytest.raises(RuntimeError, match=r"moved on pods \[0, 1\]"):
-        E.serving_pod([3, 5], [4, 6])
+def test_the_serving_pod_is_the_one_that_took_the_turns_prompt():
+    # pods 0 and 2 also took a health check's few tokens
+    assert E.serving_pod([30, 50, 10], [38, 1250, 19], at_least=1000) == 1
+    with pytest.raises(RuntimeError, match=r"grew on pods \[\]"):
+        E.serving_pod([3, 5], [9, 5], at_least=1000)
+    with pytest.raises(RuntimeError, match=r"grew on pods \[0, 1\]"):
+        E.serving_pod([3, 5], [2003, 2005], at_least=1000)
 
 
-def test_request_successes_reads_the_stand_ins_vllm_counter(tmp_path: Path):
+def test_prompt_tokens_reads_the_stand_ins_vllm_counter(tmp_path: Path):
     with responder(tmp_path) as pod:
         url = pod.url.removeprefix("http://")
-        read = lambda: E.request_successes(_get(url, "/metrics"))  # noqa: E731
+        read = lambda: E.prompt_tokens(_get(url, "/metrics"))  # noqa: E731
         before = read()
         conn = http.client.HTTPConnection(url, timeout=10)
-        body = {"model": MODEL, "messages": [{"role": "user", "content": "What is 2 * 3?"}], "max_tokens": 8}
+        body = {"model": MODEL, "messages": [{"role": "system", "content": "Follow the house rules. " * 200},
+                                             {"role": "user", "content": "What is 2 * 3?"}], "max_tokens": 8}
         conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
         assert conn.getresponse().status == 200
         conn.close()
-        assert read() == before + 1
+        assert read() - before >= E.SYSTEM_PROMPT_TOKENS
 
 
 def _get(hostport: str, path: str) -> str:
