@@ -38,10 +38,10 @@ simple-shuffle, vllm-router's cache_aware and its round_robin. With the stand-in
 model yet) that share is what the routing would reuse, not a time saved.
 
 Facts relied on: vllm-router's flags (`--worker-urls`, `--policy`, `--prometheus-host/--prometheus-port`) and
-what cache_aware does (route to the worker whose approximate prefix tree matches the request best, unless
-"(max_load - min_load) > balance_abs_threshold AND max_load > min_load * balance_rel_threshold", then to the
-least loaded) are from vllm_router/router_args.py in the pinned wheel (vllm_router-0.1.17-cp38-abi3-
-manylinux_2_28_x86_64.whl, sha256 85c96bea...42694d). LiteLLM's config, environment and flags are rigup's own
+cache_aware's rule ("Load balancing is triggered when (max_load - min_load) > abs_threshold AND max_load >
+min_load * rel_threshold. Otherwise, use cache aware", `--cache-threshold` default 0.3, `--max-tree-size`)
+are from vllm_router/router_args.py in the pinned wheel (vllm_router-0.1.17-cp38-abi3-manylinux_2_28_x86_64.whl,
+sha256 85c96bea...42694d); that cache_aware "optimizes for prefix cache hits", from the wheel's README. LiteLLM's config, environment and flags are rigup's own
 (rigup/desired/gateway.py, templates/rigup-gateway.service.j2). `--tokens-per-s 70` is the reference
 variant's single-stream rate: 68-71 narrative tokens/s at 230 W in the README of noonghunna/qwen36-dual-3090
 at bbb84da0 (bench/client_overhead.py's REFERENCE_TPS uses the same 70).
