@@ -34,7 +34,9 @@ by turn) sent one turn at a time, sessions interleaved; after each turn the pods
 (vLLM's counter, which the stand-in keeps) says which pod answered: the one that took the turn's prompt
 (LiteLLM's health checks' short prompts move the others). Reported: the share of turns (after
 a session's first) that landed on the pod that served that session's previous turn, for LiteLLM's
-simple-shuffle, vllm-router's cache_aware and its round_robin. With the stand-in (no prefix cache
+simple-shuffle, vllm-router's cache_aware, consistent_hash (each session's name in an X-Session-ID header),
+power_of_two and round_robin, with the turns each pod served (the
+busiest over the mean: affinity bought by piling sessions on one pod would show there). With the stand-in (no prefix cache
 model yet) that share is what the routing would reuse, not a time saved.
 
 Facts relied on: vllm-router's flags (`--worker-urls`, `--policy`, `--prometheus-host/--prometheus-port`) and
@@ -151,6 +153,21 @@ def affinity(landings: Mapping[str, Sequence[int]]) -> tuple[int, int]:
             total += 1
             same += previous == current
     return same, total
+
+
+def pod_loads(landings: Mapping[str, Sequence[int]], pods: int) -> list[int]:
+    """Turns each pod served, over every session."""
+    counts = [0] * pods
+    for served in landings.values():
+        for pod in served:
+            counts[pod] += 1
+    return counts
+
+
+def max_over_mean(counts: Sequence[int]) -> float:
+    """The busiest pod's turns over the mean (1.00: even; a router that piles sessions on one pod shows it)."""
+    mean = sum(counts) / len(counts)
+    return max(counts) / mean if mean else 0.0
 
 
 def serving_pod(before: Sequence[float], after: Sequence[float], at_least: float) -> int:
@@ -522,7 +539,8 @@ def pod_counters(pod_ports: Sequence[int]) -> list[float]:
     return counters
 
 
-def session_turns(target: Target, pod_ports: Sequence[int], sessions: int, turns: int) -> tuple[int, int]:
+def session_turns(target: Target, pod_ports: Sequence[int], sessions: int, turns: int,
+                  session_header: bool = False) -> tuple[int, int, list[int]]:
     """Multi-turn sessions sharing a prefix, one turn in flight at a time, sessions interleaved; which pod
     answered each turn from the pods' prompt-token counters (a session's prompt is over SYSTEM_PROMPT_TOKENS)."""
     # each system prompt ~1,200 tokens at the stand-in's chars/4
@@ -535,7 +553,9 @@ def session_turns(target: Target, pod_ports: Sequence[int], sessions: int, turns
         for name, messages in conversations.items():
             messages.append({"role": "user", "content": f"Turn {turn}: what is {turn + 2} * 7?"})
             before = pod_counters(pod_ports)
-            conn.request("POST", "/v1/chat/completions", body=chat_body(messages, 16, stream=False), headers=headers)
+            # X-Session-ID: the header vllm-router's consistent_hash reads first (its docs/load_balancing)
+            sent = {**headers, "X-Session-ID": name} if session_header else headers
+            conn.request("POST", "/v1/chat/completions", body=chat_body(messages, 16, stream=False), headers=sent)
             response = conn.getresponse()
             answer = json.loads(response.read())
             if response.status != 200:
@@ -543,7 +563,7 @@ def session_turns(target: Target, pod_ports: Sequence[int], sessions: int, turns
             messages.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"] or ""})
             landings[name].append(serving_pod(before, pod_counters(pod_ports), SYSTEM_PROMPT_TOKENS))
     conn.close()
-    return affinity(landings)
+    return (*affinity(landings), pod_loads(landings, len(pod_ports)))
 
 
 # --- the run ------------------------------------------------------------------------------------------
@@ -654,7 +674,7 @@ def label(tokens_per_s: float) -> str:
     return f"{platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, {pace}"
 
 
-def measured(results: dict[str, dict[int, dict[str, object]]], affinities: dict[str, tuple[int, int]],
+def measured(results: dict[str, dict[int, dict[str, object]]], affinities: dict[str, tuple[int, int, list[int]]],
              info: dict[str, str], command: str, pods: int, tokens_per_s: float) -> str:
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     pace = (f"paced at {tokens_per_s:g} tokens/s per stream (the dual-3090 README's single-stream figure for the "
@@ -686,9 +706,11 @@ def measured(results: dict[str, dict[int, dict[str, object]]], affinities: dict[
                 + (f"{scrape:.2f}" if isinstance(scrape, float) else "") + f" | {window.failures} |")
     lines += ["", "Cache affinity (multi-turn sessions sharing a prefix, one turn at a time; the pod from vLLM's "
               "`vllm:prompt_tokens_total` on each pod):", "",
-              "| routing | turns on the previous turn's pod | share |", "|---|---:|---:|"]
-    for name, (same, total) in affinities.items():
-        lines.append(f"| {name} | {same} / {total} | {same / total:.0%} |")
+              "| routing | turns on the previous turn's pod | share | turns per pod | busiest pod / mean |",
+              "|---|---:|---:|---|---:|"]
+    for name, (same, total, loads) in affinities.items():
+        lines.append(f"| {name} | {same} / {total} | {same / total:.0%} | {', '.join(map(str, loads))} | "
+                     f"{max_over_mean(loads):.2f} |")
     lines += ["", "Entrance CPU %: user+system of the entrance's process groups over the window (100 % = one core; "
               "nginx+vllm-router: both). RSS at the window's end. Tokens/s: completion tokens of every request "
               "in the window (every stream finishes the request it is in when the time is up; the window ends with the last). Added: the path's TTFT minus direct's at the same concurrency."]
@@ -713,7 +735,7 @@ def main() -> int:
     info = versions(litellm_path, router_path)
     info["nginx"] = nginx_binary()[1]
     results: dict[str, dict[int, dict[str, object]]] = {}
-    affinities: dict[str, tuple[int, int]] = {}
+    affinities: dict[str, tuple[int, int, list[int]]] = {}
     with tempfile.TemporaryDirectory(prefix="rigup-entrance-") as tmp, Processes() as procs:
         work = Path(tmp)
         os.chmod(work, 0o700)
@@ -735,10 +757,13 @@ def main() -> int:
                       f"failed {window.failures}", flush=True)
         affinities["LiteLLM simple-shuffle"] = session_turns(litellm, pod_ports, args.sessions, args.turns)
         affinities["vllm-router cache_aware"] = session_turns(router, pod_ports, args.sessions, args.turns)
-        round_robin = start_router(procs, pod_ports, work, "round_robin")
-        affinities["vllm-router round_robin"] = session_turns(round_robin, pod_ports, args.sessions, args.turns)
-        for name, (same, total) in affinities.items():
-            print(f"affinity {name}: {same}/{total}", flush=True)
+        for policy in ("consistent_hash", "power_of_two", "round_robin"):
+            other = start_router(procs, pod_ports, work, policy)
+            name = f"vllm-router {policy}" + (" (X-Session-ID)" if policy == "consistent_hash" else "")
+            affinities[name] = session_turns(other, pod_ports, args.sessions, args.turns,
+                                             session_header=policy == "consistent_hash")
+        for name, (same, total, loads) in affinities.items():
+            print(f"affinity {name}: {same}/{total}, turns per pod {loads}", flush=True)
     command = (f"python bench/entrance.py --pods {args.pods} --concurrency {args.concurrency} --seconds {args.seconds:g} "
                f"--max-tokens {args.max_tokens} --sessions {args.sessions} --turns {args.turns} "
                f"--tokens-per-s {args.tokens_per_s:g}")

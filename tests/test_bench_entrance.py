@@ -56,6 +56,13 @@ def test_affinity_counts_turns_after_the_first_that_stay_on_the_previous_pod():
     assert E.affinity({"a": [0, 1, 0, 1]}) == (0, 3)
 
 
+def test_pod_loads_and_the_busiest_over_the_mean():
+    landings = {"a": [0, 0, 0], "b": [1, 1], "c": [3]}
+    assert E.pod_loads(landings, 4) == [3, 2, 0, 1]
+    assert E.max_over_mean([3, 2, 0, 1]) == 2.0
+    assert E.max_over_mean([5, 5, 5, 5]) == 1.0
+
+
 def test_the_serving_pod_is_the_one_that_took_the_turns_prompt():
     # pods 0 and 2 also took a health check's few tokens
     assert E.serving_pod([30, 50, 10], [38, 1250, 19], at_least=1000) == 1
