@@ -1,16 +1,22 @@
 """Two network namespaces joined by a veth pair, for the tests of the cluster stand-in (Ray nodes on two
-"rigs"): created fresh, and removed with everything left running in them."""
+"rigs"): created fresh, and removed with everything left running in them. Their names and addresses are
+fixed, so a second run of the same test on this machine (another checkout's suite) waits for the first
+on a machine-wide lock instead of colliding with it."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
+
+LOCKS = Path("/var/tmp/rigup-testbed/runs")  # machine-wide, beside the test beds' own locks
 
 
 def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -43,10 +49,14 @@ def wait_exit(p: subprocess.Popen, bound: float) -> float:
 @contextmanager
 def namespace_pair(a: tuple[str, str, str], b: tuple[str, str, str]) -> Iterator[None]:
     """Namespaces a and b, each (namespace, veth, address in a /24), linked by the veth pair; a namespace
-    that exists already fails the test (another run, or its leftovers)."""
+    that exists already once the machine-wide lock is held fails the test (leftovers of a killed run)."""
+    LOCKS.mkdir(parents=True, exist_ok=True)
+    lock = open(LOCKS / f"netpair-{a[0]}.lock", "w")
+    fcntl.flock(lock, fcntl.LOCK_EX)  # another run of this test on the machine: wait for it to end
     for ns in (a[0], b[0]):
         if ns in sh("ip", "netns", "list").stdout.split():
-            pytest.fail(f"namespace {ns} exists already: another run of this test, or its leftovers")
+            lock.close()
+            pytest.fail(f"namespace {ns} exists already: leftovers of an earlier run of this test")
     try:
         sh("ip", "netns", "add", a[0])
         sh("ip", "netns", "add", b[0])
@@ -64,3 +74,4 @@ def namespace_pair(a: tuple[str, str, str], b: tuple[str, str, str]) -> Iterator
         for ns in (a[0], b[0]):
             sh("ip", "netns", "del", ns, check=False)  # deletes the veth pair with it
         sh("ip", "link", "del", a[1], check=False)
+        lock.close()
