@@ -365,3 +365,33 @@ def test_function_level_imports_are_deliberate() -> None:
                 unlisted.append(f"{name} line {line}: {module}")
     assert not unlisted, f"move these imports to the top of their modules, or list them in DEFERRED_IMPORTS with why: {unlisted}"
     assert used == DEFERRED_IMPORTS.keys(), f"DEFERRED_IMPORTS lists imports no longer made: {sorted(DEFERRED_IMPORTS.keys() - used)}"
+
+
+# the role knobs read in rigup.desired.roles alone (gateway_group, image_mirror and cluster are still read
+# for their settings in gateway.py, image_mirror.py, recipe.py, operations/cluster.py and cli/status.py)
+ROLE_KNOBS = ("serves_variant",)
+
+
+def role_knob_reads(source: str) -> list[str]:
+    """Role knobs a module reads through knob(data, "<name>") with the name spelled literally."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "knob"
+                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value in ROLE_KNOBS):
+            found.append(node.args[1].value)
+    return found
+
+
+def test_the_role_knob_finder_finds_a_read() -> None:
+    assert role_knob_reads('x = knob(target.data, "serves_variant")\ny = knob(d, "variant")') == ["serves_variant"]
+
+
+def test_what_a_host_is_is_decided_in_rigup_desired_roles_alone() -> None:
+    """Whether a host serves a variant is read in one module (issue 40); everything else asks it (directly
+    or through the run's FleetPlan)."""
+    readers = {
+        str(path.relative_to(ROOT)): reads
+        for path in sorted((ROOT / "rigup").rglob("*.py"))
+        if path.name != "roles.py" and (reads := role_knob_reads(path.read_text()))
+    }
+    assert readers == {}, readers

@@ -38,6 +38,7 @@ from rigup.desired.lock import LockError
 from rigup.desired.plan import host_plan
 from rigup.desired.recipe import RecipeError, pods_of
 from rigup.desired.release import Provenance, ProvenanceError, parse_provenance, provenance_path, recipe_provenance_path
+from rigup.desired.roles import serves_variant
 from rigup.desired.secrets import SecretError
 from rigup.facts.gpu import GpuTopology, NvidiaGpus
 from rigup.facts.network import ClusterPeerRoutes
@@ -497,7 +498,7 @@ def host_status(target: Target, quiet: bool = False, peers: Mapping[str, str] | 
     if not quiet:
         where = "here (pyinfra's local connector)" if target.name == LOCAL_HOST else "over SSH"
         progress(f"[{target.name}] gathering state {where} ...")
-    if not knob(target.data, "serves_variant"):  # a gateway-only host
+    if not serves_variant(target.data):  # a gateway-only host
         return HostStatus(target.name, None, target.gateway_url, gateway_items(target))
     if target.recipe is None:  # nothing to compare with; whether the host could run a unit at all still counts
         items = [Item("recipe", "a valid variant", target.error or "-", DRIFT)]

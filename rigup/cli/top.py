@@ -57,6 +57,7 @@ from rigup.client.fleet_metrics import (
 from rigup.client.ssh import RemoteError
 from rigup.desired.fleet import Fleet, load_fleet
 from rigup.desired.knobs import knob
+from rigup.desired.roles import serves_variant
 
 EXIT_UNANSWERED = 1  # --once: a target (or the Prometheus the frame came from) did not answer
 EXIT_BAD_FLEET = 2  # the fleet file or --limit could not be used
@@ -77,7 +78,7 @@ def direct_endpoints(targets: Sequence[Target]) -> list[Endpoint]:
     rigs_seen: set[str] = set()
     for target in targets:
         host = target.host or target.name
-        if knob(target.data, "serves_variant"):
+        if serves_variant(target.data):
             pod = target.pod.name if target.pod is not None else target.variant or host
             if target.api_url is not None:
                 out.append(Endpoint("pod", host, metrics_url(target.api_url), pod, target.served_model))
