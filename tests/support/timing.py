@@ -38,9 +38,7 @@ class SuiteTimings:
         self.tests: set[str] = set()
         self.unit_s = 0.0
         self.unit_tests: set[str] = set()
-        self.module_s: dict[str, float] = defaultdict(float)
         self.unit_module_s: dict[str, float] = defaultdict(float)
-        self.module_tests: dict[str, set[str]] = defaultdict(set)
         self.e2e_test_s: dict[str, float] = defaultdict(float)  # setup + call + teardown, per e2e test
         self.beds_up_s: list[float] = []
         self._beds_counted: dict[str, int] = {}
@@ -49,8 +47,6 @@ class SuiteTimings:
         module = report.nodeid.split("::", 1)[0]
         self.tests.add(report.nodeid)
         if "e2e" in report.keywords:
-            self.module_s[module] += report.duration
-            self.module_tests[module].add(report.nodeid)
             self.e2e_test_s[report.nodeid] += report.duration
         else:
             self.unit_s += report.duration
@@ -62,16 +58,23 @@ class SuiteTimings:
         self.beds_up_s.extend(beds[counted:])
         self._beds_counted[report.nodeid] = max(counted, len(beds))
 
+    def e2e_modules(self) -> dict[str, dict[str, Any]]:
+        """Each e2e module's tests and seconds (its tests' summed), longest first."""
+        modules: dict[str, dict[str, Any]] = defaultdict(lambda: {"tests": 0, "seconds": 0.0})
+        for nodeid, seconds in self.e2e_test_s.items():
+            figure = modules[nodeid.split("::", 1)[0]]
+            figure["tests"] += 1
+            figure["seconds"] += seconds
+        return {module: {"tests": f["tests"], "seconds": round(f["seconds"], 1)}
+                for module, f in sorted(modules.items(), key=lambda kv: -kv[1]["seconds"])}
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "wall_s": round(time.monotonic() - self.started, 1),
             "tests": len(self.tests),
             "unit": {"tests": len(self.unit_tests), "seconds": round(self.unit_s, 1)},
             "bed_bring_up": {"beds": len(self.beds_up_s), "seconds": round(sum(self.beds_up_s), 1)},
-            "e2e_modules": {
-                module: {"tests": len(self.module_tests[module]), "seconds": round(seconds, 1)}
-                for module, seconds in sorted(self.module_s.items(), key=lambda kv: -kv[1])
-            },
+            "e2e_modules": self.e2e_modules(),
             "unit_modules": {module: round(seconds, 2) for module, seconds in sorted(self.unit_module_s.items())},
             # where inside a module the time goes (a module's first test carries its bed's bring-up)
             "e2e_tests": {nodeid: round(seconds, 1) for nodeid, seconds in sorted(self.e2e_test_s.items())},
