@@ -21,6 +21,9 @@ rig has nothing else we can count on. Commands:
            passed or not, when another member's gate failed: the cluster rolls back as one unit).
   supersede  a converge found the pod asked for the release it serves, not the one whose failed gate
            the last rollback records: mark that failure superseded (the fleet no longer asks for it).
+  sentinel one round of the continuous sentinel (a timer runs it): every serving pod asked the probes
+           directly; failed and passed rounds in a row counted in its sentinel.json, which quarantines
+           and releases it; the results as a textfile for node_exporter (docs/sentinel.md).
   textfile rigup's facts for node_exporter's textfile collector, written atomically (a timer runs it,
            and `gate` after every result): per pod the release it serves, its generation, the last
            gate's result and time, whether the fleet still asks for a release that failed its gate,
@@ -455,6 +458,7 @@ def chat_completion(
     return {
         "seconds": round(time.monotonic() - started, 3),
         "completion_tokens": tokens,
+        "prompt_tokens": usage.get("prompt_tokens"),
         "finish_reason": choices[0].get("finish_reason"),
         "text": text.strip()[:80],
         "full_text": text,
@@ -616,13 +620,17 @@ def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
     return repr(flat if len(flat) <= limit else flat[:limit] + "...")
 
 
+def probe_fault(probe_: Probe, text: str, calls: List[Dict[str, Any]]) -> Optional[str]:
+    """What is wrong with an answer: a degenerate text by club-3090's rules, else the probe's own judge; None if right."""
+    why = None if calls else degenerate(text)
+    return why if why is not None else probe_.judge(text, calls)
+
+
 def judge_probe(probe_: Probe, completion: Dict[str, Any]) -> Optional[str]:
     """Why the completion fails `probe_` (its name, what is wrong and an excerpt of the answer), or None."""
     text = completion.get("full_text") or ""
     calls = completion.get("tool_calls") or []
-    why = None if calls else degenerate(text)
-    if why is None:
-        why = probe_.judge(text, calls)
+    why = probe_fault(probe_, text, calls)
     if why is None:
         return None
     # a tool call's judge names the call it got; a text answer is shown by its start
@@ -645,6 +653,197 @@ def run_probes(release: "Release", api_key: Optional[str], timeout: float) -> Di
         answer = completion["full_text"] or json.dumps([c.get("function") for c in completion["tool_calls"]])
         results[name] = {"seconds": completion["seconds"], "answer_sha256": sha256_bytes(answer.encode())}
     return results
+
+
+# ----------------------------------------------------------------------------------------------
+# the sentinel: the gate's probes asked of every serving pod again and again (issue 43, docs/sentinel.md)
+#
+# A pod that passed its gate can go wrong later: #922's garbage came from a peer path, which a driver or
+# module change can break under a running engine. rigup-sentinel.timer runs `sentinel` every
+# sentinel_interval_s: each pod on this rig whose unit is active and whose /v1/models lists its model is
+# asked its release's probes directly (its own port, never through the entrance), one request at a time
+# (a batch of one beside whatever traffic the pod has). A round passes when every probe's answer passes
+# its judge. fail_after failed rounds in a row quarantine the pod, pass_after passed rounds in a row
+# release it, and a converge that changed its release starts its record afresh. A pod that does not
+# answer at all is no evidence of a wrong answer (a restart, a load): that round is skipped, and
+# RigupPodDown says the rest. The record is the pod's state file (sentinel.json beside its provenance);
+# the results are a textfile for node_exporter, which the monitor scrapes.
+
+SENTINEL_NAME = "sentinel.json"
+SENTINEL_TIMEOUT_S = 60.0  # one probe's answer; longer is a pod too busy to judge this round
+
+
+def release_identity(data: Dict[str, Any]) -> str:
+    """What makes two pods replicas whose greedy answers must agree: the variant, the image (digest, else
+    reference), the pinned sources' commits, the model files (repository, revision, files' SHA-256) and
+    the engine settings (tensor parallel size, lengths, KV dtype, speculative method, Genesis patches).
+    Pod-specific fields (name, port, paths, GPU ids) are left out. The first 16 hex digits of its SHA-256."""
+    image = data.get("image") if isinstance(data.get("image"), dict) else {}
+    identity = {
+        "variant": data.get("variant"),
+        "image": image.get("digest") or image.get("ref"),
+        "sources": sorted([str(s.get("name")), str(s.get("commit"))] for s in data.get("sources") or []
+                          if isinstance(s, dict)),
+        "models": sorted([str(m.get("repo_id")), str(m.get("revision")), str(m.get("files_sha256"))]
+                         for m in data.get("models") or [] if isinstance(m, dict)),
+        "engine": data.get("engine"),
+        "probes": data.get("gate_probes"),
+    }
+    return sha256_bytes(json.dumps(identity, sort_keys=True).encode())[:16]
+
+
+def served_releases(install_root: str) -> List[Release]:
+    """The current release of every pod on this rig (variants/<pod>/release.json; kept generations are not)."""
+    releases = []
+    for path in sorted(glob.glob(os.path.join(install_root, "variants", "*", RELEASE_NAME))):
+        data = read_json(path)
+        if data is not None:
+            try:
+                releases.append(Release(data, path))
+            except SystemExit:
+                continue  # a release this servingctl cannot read is the converge's to report, not the sentinel's
+    return releases
+
+
+def ask_probe(release: Release, probe_: Probe, api_key: Optional[str], timeout: float) -> Dict[str, Any]:
+    """One probe asked of the pod: passed, why not (the judge's words), the answer's start and SHA-256,
+    seconds and tokens. Raises GateFailure when the pod gives no answer at all (not a wrong one)."""
+    completion = chat_completion(release.base_url, release.served_model_name, api_key, timeout, release.chat_request,
+                                 messages=probe_.messages, max_tokens=PROBE_MAX_TOKENS, fields=probe_.fields)
+    text = completion.get("full_text") or ""
+    calls = completion.get("tool_calls") or []
+    why = probe_fault(probe_, text, calls)
+    answer = text or json.dumps([c.get("function") for c in calls])
+    return {
+        "passed": why is None,
+        "why": why,
+        "answer": excerpt(answer),
+        "answer_sha256": sha256_bytes(answer.encode()),
+        "seconds": completion["seconds"],
+        "tokens": _int_field(completion.get("completion_tokens")) + _int_field(completion.get("prompt_tokens")),
+        "finish_reason": completion.get("finish_reason"),
+    }
+
+
+def sentinel_state_path(release: Release) -> str:
+    return os.path.join(release.state_dir, SENTINEL_NAME)
+
+
+def sentinel_round(release: Release, record: Dict[str, Any], results: Optional[Dict[str, Dict[str, Any]]],
+                   fail_after: int, pass_after: int, at: str) -> Dict[str, Any]:
+    """The pod's sentinel record after one round. `results`: each probe's outcome (ask_probe), or None when
+    the pod gave no answer (the round is skipped: nothing counts). A record of another release starts afresh:
+    a converge changed the pod, and a quarantine ends with it."""
+    if record.get("release_sha256") != release.sha256:
+        record = {"release_sha256": release.sha256, "consecutive_failures": 0, "consecutive_passes": 0,
+                  "quarantined": None, "rounds": 0, "tokens": 0}
+    record = dict(record)
+    record["identity"] = release_identity(release.data)
+    if results is None:
+        record["last_round"] = {"at": at, "skipped": True}
+        return record
+    failed = [name for name, result in results.items() if not result["passed"]]
+    record["rounds"] = _int_field(record.get("rounds")) + 1
+    record["tokens"] = _int_field(record.get("tokens")) + sum(r["tokens"] for r in results.values())
+    record["last_round"] = {"at": at, "skipped": False, "probes": results}
+    if failed:
+        record["consecutive_failures"] = _int_field(record.get("consecutive_failures")) + 1
+        record["consecutive_passes"] = 0
+        first = results[failed[0]]
+        record["last_failure"] = {"at": at, "probe": failed[0], "answer": first["answer"], "expected": first["why"],
+                                  "finish_reason": first["finish_reason"]}
+    else:
+        record["consecutive_passes"] = _int_field(record.get("consecutive_passes")) + 1
+        record["consecutive_failures"] = 0
+    if record.get("quarantined") is None and record["consecutive_failures"] >= fail_after:
+        record["quarantined"] = {**record["last_failure"], "since": at,
+                                 "why": f"{record['consecutive_failures']} failed probe rounds in a row"}
+    elif record.get("quarantined") is not None and record["consecutive_passes"] >= pass_after:
+        record["released"] = {"at": at, "after_passes": record["consecutive_passes"]}
+        record["quarantined"] = None
+    return record
+
+
+def sentinel(install_root: str, out_path: str, fail_after: int, pass_after: int, systemd: Systemd,
+             out: Callable[[str], None] = print, timeout: float = SENTINEL_TIMEOUT_S) -> int:
+    """One sentinel round over every serving pod of this rig; writes each pod's record and the textfile."""
+    records = []
+    for release in served_releases(install_root):
+        if systemd.show(release.unit).get("ActiveState") != "active":
+            continue  # a pod taken out of service or switched away: nothing to judge, no series
+        path = sentinel_state_path(release)
+        record = read_json(path) or {}
+        api_key = release.api_key()
+        results: Optional[Dict[str, Dict[str, Any]]] = {}
+        try:
+            if release.served_model_name not in list_models(release.models_url, api_key, timeout=HTTP_TIMEOUT_S):
+                results = None
+            else:
+                for name in release.gate_probes:
+                    results[name] = ask_probe(release, PROBES[name], api_key, timeout)
+        except GateFailure as exc:
+            out(f"rigup-sentinel: {release.name}: no answer this round ({exc})")
+            results = None
+        before = record.get("quarantined")
+        record = sentinel_round(release, record, results, fail_after, pass_after, now_iso())
+        if record.get("quarantined") and not before:
+            q = record["quarantined"]
+            out(f"rigup-sentinel: {release.name} QUARANTINED: probe {q['probe']}: {q['expected']}; answered {q['answer']}")
+        elif before and not record.get("quarantined") and record.get("released"):
+            out(f"rigup-sentinel: {release.name} released from quarantine after {record['released']['after_passes']} "
+                f"passed rounds")
+        os.makedirs(release.state_dir, mode=0o755, exist_ok=True)
+        atomic_write(path, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode(), 0o644)
+        records.append((release, record))
+    os.makedirs(os.path.dirname(out_path), mode=0o755, exist_ok=True)
+    atomic_write(out_path, sentinel_metrics(records).encode(), 0o644)
+    return 0
+
+
+def sentinel_metrics(records: List[Tuple[Release, Dict[str, Any]]], now: Callable[[], float] = time.time) -> str:
+    """The sentinel's textfile: per pod and probe the last round's verdict, seconds and answer hash (labelled
+    with the pod's release identity, for the monitor's replica consensus), and per pod its failed rounds in a
+    row, its quarantine (labelled with the evidence) and the probes' tokens so far."""
+    families: Dict[str, Tuple[str, str, List[str]]] = {}
+
+    def add(name: str, kind: str, help_text: str, labels: str, value: float) -> None:
+        text = str(int(value)) if float(value).is_integer() else repr(float(value))
+        families.setdefault(name, (kind, help_text, []))[2].append(f"{name}{labels} {text}")
+
+    for release, record in records:
+        pod, variant, identity = release.name, release.variant, str(record.get("identity") or "")
+        last = record.get("last_round") if isinstance(record.get("last_round"), dict) else {}
+        for probe_name, result in sorted((last.get("probes") or {}).items()):
+            add("rigup_sentinel_probe_passed", "gauge", "1 when the pod's last answer to the probe passed its judge.",
+                _labels(pod=pod, variant=variant, probe=probe_name), 1 if result.get("passed") else 0)
+            add("rigup_sentinel_probe_seconds", "gauge", "Seconds the pod took to answer the probe, last round.",
+                _labels(pod=pod, probe=probe_name), float(result.get("seconds") or 0))
+            add("rigup_sentinel_answer_info", "gauge",
+                "The first 16 hex digits of the SHA-256 of the pod's last greedy answer to the probe; replicas "
+                "(same identity) must agree.",
+                _labels(pod=pod, variant=variant, identity=identity, probe=probe_name,
+                        answer=str(result.get("answer_sha256") or "")[:16]), 1)
+        add("rigup_sentinel_consecutive_failures", "gauge", "Sentinel rounds in a row in which a probe failed.",
+            _labels(pod=pod, variant=variant), _int_field(record.get("consecutive_failures")))
+        quarantine = record.get("quarantined") if isinstance(record.get("quarantined"), dict) else None
+        add("rigup_sentinel_quarantined", "gauge",
+            "1 while the sentinel holds the pod in quarantine; the labels carry the evidence (a fixed probe: no user text).",
+            _labels(pod=pod, variant=variant, probe=(quarantine or {}).get("probe", ""),
+                    answer=(quarantine or {}).get("answer", ""), expected=(quarantine or {}).get("expected", "")),
+            1 if quarantine else 0)
+        add("rigup_sentinel_probe_tokens_total", "counter",
+            "Prompt and completion tokens the sentinel's probes cost the pod since its release started.",
+            _labels(pod=pod), _int_field(record.get("tokens")))
+        at = epoch_seconds(last.get("at"))
+        if at is not None:
+            add("rigup_sentinel_last_round_timestamp_seconds", "gauge", "When the sentinel last asked the pod.",
+                _labels(pod=pod), at)
+    add("rigup_sentinel_timestamp_seconds", "gauge", "When rigup-servingctl sentinel last wrote this file.", "",
+        round(now(), 3))
+    lines = []
+    for name, (kind, help_text, samples) in families.items():
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *samples]
+    return "\n".join(lines) + "\n"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1385,7 +1584,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     p_text.add_argument("--out", required=True, help="the .prom file, in node_exporter's textfile directory")
     p_text.add_argument("--wanted-driver-branch", type=int, required=True)
     p_text.add_argument("--model-dir", required=True)
+    p_sent = sub.add_parser("sentinel", help="ask every serving pod the probes once; quarantine or release; write the textfile")
+    p_sent.add_argument("--install-root", required=True)
+    p_sent.add_argument("--out", required=True, help="the .prom file, in node_exporter's textfile directory")
+    p_sent.add_argument("--fail-after", type=int, required=True, help="failed rounds in a row that quarantine a pod")
+    p_sent.add_argument("--pass-after", type=int, required=True, help="passed rounds in a row that release it")
     args = parser.parse_args(argv)
+    if args.command == "sentinel":
+        return sentinel(args.install_root, args.out, args.fail_after, args.pass_after, Systemd())
     if args.command == "textfile":
         write_textfile(args.out, args.install_root, args.wanted_driver_branch, args.model_dir)
         return 0
