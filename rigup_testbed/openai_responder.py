@@ -17,6 +17,11 @@ Protocol (as vLLM's OpenAI server implements it):
 - Timing: the first token is sent --ttft-ms after the request arrived, then one chunk per
   --tokens-per-chunk tokens at --tokens-per-s, each scheduled on the absolute clock (no drift), so a
   client's measurements can be checked against known numbers. 0 tokens/s means as fast as possible.
+- Prefix cache (issue 44; vLLM's automatic prefix caching as standins/vllm_metrics.py keeps it: chained
+  hashes of the prompt's full 16-token blocks, LRU eviction from a pool of --num-gpu-blocks-override
+  blocks, vllm:prefix_cache_queries/hits in tokens): with --prefill-tokens-per-s the first token also waits
+  for the prompt's uncached tokens at that rate, one prefill after another per engine, so a prompt whose
+  prefix is cached starts sooner; --enable-prompt-tokens-details reports usage.prompt_tokens_details.cached_tokens.
 - Failing modes: --fail-status (every chat request answers that status), --oom-above-tokens (500
   "CUDA out of memory" for longer prompts), --crash-above-tokens (the connection drops without an
   answer, mid-stream for a stream, as when the engine dies), --cascade (long answers degenerate into one repeated line),
@@ -165,6 +170,11 @@ class Config:
     num_speculative_tokens: int = 3
     startup_log: list[str] = field(default_factory=list)
     max_num_seqs: int | None = None  # the engine's batch slots (vLLM's --max-num-seqs); None: its default
+    # the prefix cache's cost model (issue 44): uncached prompt tokens prefilled at this rate, one prefill
+    # at a time per engine (prefill is compute-bound); 0: prefill costs no time
+    prefill_tokens_per_s: float = 0.0
+    num_gpu_blocks_override: int | None = None  # the KV pool, so the prefix cache's size, in 16-token blocks
+    enable_prompt_tokens_details: bool = False  # vLLM's flag: usage.prompt_tokens_details.cached_tokens
 
 
 class HttpError(Exception):
@@ -405,7 +415,8 @@ def default_metrics(config: Config) -> Any:
         return None
     return vllm_metrics.EngineStats(
         config.model, config.max_model_len, max_num_seqs=config.max_num_seqs or vllm_metrics.default_max_num_seqs(None),
-        num_speculative_tokens=config.num_speculative_tokens if config.acceptance_length else None)
+        num_speculative_tokens=config.num_speculative_tokens if config.acceptance_length else None,
+        num_gpu_blocks_override=config.num_gpu_blocks_override, chars_per_token=CHARS_PER_TOKEN)
 
 
 class _NoRequest:
@@ -413,6 +424,7 @@ class _NoRequest:
 
     def __init__(self) -> None:
         self.arrival = time.monotonic()
+        self.hit_tokens = 0  # no prefix cache without the engine's stats
 
     def __enter__(self) -> _NoRequest:
         return self
@@ -439,10 +451,23 @@ class Responder(http.server.ThreadingHTTPServer):
         self.config = config
         self.created = int(time.time())
         self.log_lock = threading.Lock()
+        self.prefill_lock = threading.Lock()
+        self.prefill_free_at = 0.0  # time.perf_counter() when the engine's prefill lane is next free
         # vllm_metrics.EngineStats: what /metrics serves (None: no /metrics)
         self.metrics = metrics if metrics is not None else default_metrics(config)
         for line in config.startup_log:
             self.log(line)
+
+    def prefill_done(self, ready: float, uncached_tokens: int) -> float:
+        """When (time.perf_counter()) a scheduled request's prefill ends: its uncached prompt tokens at
+        --prefill-tokens-per-s, after the prefills scheduled before it (one engine computes one prefill
+        after another at its rate); `ready` when it was scheduled. No rate: at once."""
+        rate = self.config.prefill_tokens_per_s
+        if rate <= 0:
+            return ready
+        with self.prefill_lock:
+            self.prefill_free_at = max(ready, self.prefill_free_at) + uncached_tokens / rate
+            return self.prefill_free_at
 
     def log(self, line: str) -> None:
         with self.log_lock:
@@ -612,6 +637,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
               else _NoRequest()) as req:
             # the answer is paced from when the engine scheduled the request: a queue delays it
             start = arrived + (req.wait_scheduled() - req.arrival)
+            start = self.server.prefill_done(start, prompt - req.hit_tokens)
             try:
                 if crash:
                     self.crash(request)
@@ -668,13 +694,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return start
         return start + (index // config.tokens_per_chunk) * config.tokens_per_chunk / config.tokens_per_s
 
-    def usage(self, prompt: int, result: Plan) -> dict[str, Any]:
+    def usage(self, prompt: int, result: Plan, req: Any) -> dict[str, Any]:
         completion = result.completion_tokens
+        details = None
+        if self.server.config.enable_prompt_tokens_details:
+            # vLLM with --enable-prompt-tokens-details: the prompt tokens its prefix cache supplied
+            details = {"cached_tokens": req.hit_tokens}
         return {
             "prompt_tokens": prompt,
             "total_tokens": prompt + completion,
             "completion_tokens": completion,
-            "prompt_tokens_details": None,
+            "prompt_tokens_details": details,
         }
 
     def reasoning_fields(self, text: str | None) -> dict[str, Any]:
@@ -725,7 +755,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                         "stop_reason": None,
                     }
                 ],
-                "usage": self.usage(prompt, result),
+                "usage": self.usage(prompt, result, req),
                 "prompt_logprobs": None,
             },
         )
@@ -795,7 +825,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.finished(req, result)
         send([delta({"content": ""}, result.finish_reason)])
         if include_usage:
-            send([], self.usage(prompt, result))
+            send([], self.usage(prompt, result, req))
         done = b"data: [DONE]\n\n"
         self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
 
@@ -833,6 +863,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, str, int]:
                         help="mean acceptance length in the per-request SpecDecoding line; 0: no line")
     parser.add_argument("--startup-log", action="append", default=[], help="log line written at start")
     parser.add_argument("--max-num-seqs", type=int, help="requests the engine runs at once (more wait); vLLM's default 256")
+    parser.add_argument("--prefill-tokens-per-s", type=float, default=0.0,
+                        help="prefill rate: the first token waits for the prompt's uncached tokens at this rate, "
+                             "one prefill after another per engine; 0: prefill is free")
+    parser.add_argument("--num-gpu-blocks-override", type=int,
+                        help="KV-cache blocks of 16 tokens (vLLM's flag): the prefix cache's size, least recently "
+                             "used blocks evicted; default max_model_len x max_num_seqs tokens")
+    parser.add_argument("--enable-prompt-tokens-details", action="store_true",
+                        help="usage carries prompt_tokens_details.cached_tokens (vLLM's flag)")
     args = parser.parse_args(argv)
     api_key = args.api_key
     if args.api_key_file:
@@ -860,6 +898,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, str, int]:
         acceptance_length=args.acceptance_length or None,
         startup_log=args.startup_log,
         max_num_seqs=args.max_num_seqs,
+        prefill_tokens_per_s=args.prefill_tokens_per_s,
+        num_gpu_blocks_override=args.num_gpu_blocks_override,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
     )
     return config, args.host, args.port
 

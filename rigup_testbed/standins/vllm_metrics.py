@@ -248,8 +248,11 @@ class EngineStats:
     def __init__(self, model_name: str, max_model_len: int, *, max_num_seqs: int = 256,
                  block_size: int = DEFAULT_BLOCK_SIZE, num_gpu_blocks_override: int | None = None,
                  gpu_memory_utilization: float = 0.92, enable_prefix_caching: bool = True, cache_dtype: str = "auto",
-                 num_speculative_tokens: int | None = None, engine: int = 0):
+                 num_speculative_tokens: int | None = None, engine: int = 0, chars_per_token: int | None = None):
         self.model_name = model_name
+        # characters per token when the server counts tokens at a fixed rate (openai_responder: 4); None:
+        # the prompt text is cut into blocks in proportion to its tokens
+        self.chars_per_token = chars_per_token
         self.max_model_len = int(max_model_len)
         self.max_num_seqs = max(1, int(max_num_seqs))
         self.block_size = max(1, int(block_size))
@@ -390,11 +393,20 @@ class EngineStats:
         return max(1, self.num_gpu_blocks - 1)
 
     def _prefix_hashes(self, req: Request) -> list[bytes]:
-        """Chained hashes of the prompt's full blocks (the text cut in proportion to its tokens)."""
+        """Chained hashes of the prompt's full blocks, each hash covering its block and every block before it
+        (vLLM's hash of the parent block's hash and the block's tokens). The text stands for the tokens: cut
+        every chars_per_token x block_size characters when the server counts tokens at a fixed rate (then a
+        conversation that grows keeps its earlier blocks' hashes), else in proportion to the prompt's tokens."""
         text, n = req.prompt_text, req.prompt_tokens
         if not text or not self.prefix_caching:
             return []
         h, out, start = hashlib.sha256(), [], 0
+        if self.chars_per_token:
+            width = self.chars_per_token * self.block_size
+            for i in range(min(n // self.block_size, len(text) // width)):
+                h.update(text[i * width:(i + 1) * width].encode())
+                out.append(h.copy().digest())
+            return out
         for i in range(n // self.block_size):
             end = round((i + 1) * self.block_size * len(text) / n)
             h.update(text[start:end].encode())
