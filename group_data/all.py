@@ -95,6 +95,14 @@ gateway_health_check_interval_s = 10  # seconds between the gateway's checks of 
 gateway_num_retries = 2  # a failed request is retried this many times, on another rig serving the same model
 gateway_ready_timeout_s = 180  # seconds a (re)started gateway has to answer before the host fails
 
+# --- Fleet CA: one CA on the control machine issues each host's service certificates at converge (docs/security.md) ---
+fleet_ca_dir = "fleet-ca"  # control-machine directory (0700; a .gitignore of * in it) of rigup's CA (ca.key 0600, ca.crt) and the certificates it issued; relative: to the fleet file's directory, like lock_file
+fleet_ca_cert_file = None  # control-machine path of your own CA's certificate (PEM); None: rigup's CA in fleet_ca_dir, made on first use
+fleet_ca_key_file = None  # control-machine path of your own CA's private key, a 0600 file; set with fleet_ca_cert_file
+fleet_ca_key_passphrase_file = None  # control-machine path of a 0600 file holding that key's passphrase (openssl reads it from the file); None: the key is not encrypted
+fleet_cert_days = 365  # days a certificate issued at converge is valid
+fleet_cert_renew_days = 30  # a certificate with this many days left or fewer is issued anew at the next converge
+
 # --- Monitoring: Prometheus over every pod, GPU, node and the gateway, with rigup's alert rules ---
 metrics_exporters = True  # rigs run prometheus-node-exporter (OS archive, rigup's facts as a textfile) and the GPU exporter container
 node_exporter_port = 9100  # node_exporter's TCP port on each rig (the package's own default)

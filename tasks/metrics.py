@@ -5,11 +5,14 @@ collector over rigup's and Docker's units and the textfile collector reading
 /var/lib/prometheus/node-exporter (flags in /etc/default/prometheus-node-exporter);
 rigup-metrics.timer runs `rigup-servingctl textfile` every 15 s, writing rigup.prom there: per pod the
 release it serves, its generation, the last gate's result, whether the fleet still asks it for a
-release that failed its gate, rollbacks, pinned commits and release drift, the driver branch loaded and wanted, the models' filesystem; the GPU exporter image
+release that failed its gate, rollbacks, pinned commits and release drift, the driver branch loaded and wanted, the models' filesystem;
+rigup-sentinel.timer runs `rigup-servingctl sentinel` every sentinel_interval_s, asking every serving pod
+the gate's probes and writing rigup-sentinel.prom there (docs/sentinel.md); the GPU exporter image
 (gpu_exporter_image, by its locked digest) is pulled and rigup-gpu-exporter.service runs it with every
 GPU on gpu_exporter_port, at boot too, reading rigup's DCGM fields (files/monitoring/dcgm-counters.csv,
 uploaded to {install_root}/metrics/).
-Reads: metrics_exporters, serves_variant, node_exporter_port, gpu_exporter_image, gpu_exporter_port,
+Reads: metrics_exporters, serves_variant, node_exporter_port, sentinel_interval_s, sentinel_fail_after,
+sentinel_pass_after, gpu_exporter_image, gpu_exporter_port,
 install_root, model_dir, nvidia_driver_branch, lock_file, docker_insecure_registries.
 Restarts: prometheus-node-exporter when its flags changed after it started; rigup-gpu-exporter when
 its unit (the image digest, the port) or its fields file changed after it started. Nothing else.
@@ -33,6 +36,8 @@ from rigup.desired.monitoring import (
     GPU_EXPORTER_UNIT,
     NODE_EXPORTER_DEFAULTS_FILE,
     NODE_EXPORTER_UNIT,
+    SENTINEL_TIMER,
+    SENTINEL_UNIT,
     TEXTFILE_DIR,
 )
 from rigup.operations.planning_errors import rig_exporters_or_stop
@@ -70,8 +75,23 @@ if exporters is not None:
         dest=f"/etc/systemd/system/{FACTS_TIMER}",
         mode="644",
     )
-    systemd.daemon_reload(name="Reload systemd for the facts units", _if=any_changed(facts_unit, facts_timer))
+    ctl = ctl_path(exporters.install_root)
+    sentinel_unit = files.put(
+        name="Write the sentinel's unit (the gate's probes asked of every serving pod)",
+        src=StringIO(exporters.sentinel_unit_text(ctl)),
+        dest=f"/etc/systemd/system/{SENTINEL_UNIT}",
+        mode="644",
+    )
+    sentinel_timer = files.put(
+        name="Write the sentinel's timer (every sentinel_interval_s)",
+        src=StringIO(exporters.sentinel_timer_text()),
+        dest=f"/etc/systemd/system/{SENTINEL_TIMER}",
+        mode="644",
+    )
+    systemd.daemon_reload(name="Reload systemd for the facts and sentinel units",
+                          _if=any_changed(facts_unit, facts_timer, sentinel_unit, sentinel_timer))
     systemd.service(name="Run rigup's facts timer", service=FACTS_TIMER, running=True, enabled=True)
+    systemd.service(name="Run rigup's sentinel timer", service=SENTINEL_TIMER, running=True, enabled=True)
     image_pulled(name="Pull the GPU exporter image", ref=exporters.image.ref)
     files.directory(name="Create the metrics directory", path=posixpath.dirname(exporters.counters_file), mode="755")
     files.put(

@@ -5,9 +5,11 @@ alone, below the knobs that check alert_for_s and the monitoring that renders th
 # the fleet's alert_for_s says otherwise. Event-like causes (a failed gate, a crash loop, an XID) have
 # none: they fire at the first evaluation. RigupReleaseDrift's 15 min outlasts a converge's own
 # drift (its release file is written before the restart and the health gate); RigupGpuAtPowerCap's is
-# what "sustained" means for an info alert.
+# what "sustained" means for an info alert. RigupPodOutvoted's 60 s is two sentinel rounds in a row at
+# the default sentinel_interval_s (30 s) in which the pod's greedy answer is its replicas' minority.
 ALERT_FOR_S = {
     "RigupPodDown": 60, "RigupKvCacheFull": 300, "RigupTtftHigh": 600, "RigupGpuHot": 300, "RigupGpuThrottled": 300,
     "RigupGpuAtPowerCap": 900, "RigupExporterDown": 300, "RigupModelDiskFull": 300, "RigupDriverDrift": 900,
     "RigupReleaseDrift": 900, "RigupGatewayDown": 120, "RigupGatewayRouteUnhealthy": 60,
+    "RigupPodOutvoted": 60,
 }

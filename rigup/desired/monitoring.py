@@ -58,6 +58,9 @@ GPU_COUNTERS_FILE = DEPLOY_ROOT / "files" / "monitoring" / "dcgm-counters.csv"  
 GPU_COUNTERS_IN_CONTAINER = "/etc/dcgm-exporter/rigup-counters.csv"
 FACTS_UNIT = "rigup-metrics.service"  # rigup-servingctl textfile, run by its timer
 FACTS_TIMER = "rigup-metrics.timer"
+SENTINEL_UNIT = "rigup-sentinel.service"  # rigup-servingctl sentinel, run by its timer (docs/sentinel.md)
+SENTINEL_TIMER = "rigup-sentinel.timer"
+SENTINEL_TEXTFILE_NAME = "rigup-sentinel.prom"
 
 JOB_PODS, JOB_GPU, JOB_NODE, JOB_GATEWAY, JOB_PROMETHEUS = "vllm", "gpu", "node", "gateway", "prometheus"
 # rigup's units, and Docker's, reported by node_exporter's systemd collector (crash loops, failed units).
@@ -150,6 +153,9 @@ class RigExporters:
     gpu_port: int
     image: GpuExporterImage
     install_root: str
+    sentinel_interval_s: int  # the sentinel's knobs (group_data/all.py), rendered into its unit and timer
+    sentinel_fail_after: int
+    sentinel_pass_after: int
 
     @property
     def node_exporter_args(self) -> str:
@@ -188,6 +194,14 @@ class RigExporters:
     def facts_timer_text(self) -> str:
         return render_template("rigup-metrics.timer.j2")
 
+    def sentinel_unit_text(self, ctl: str) -> str:
+        return render_template("rigup-sentinel.service.j2", exporters=self, ctl=ctl,
+                               out=posixpath.join(TEXTFILE_DIR, SENTINEL_TEXTFILE_NAME),
+                               fail_after=self.sentinel_fail_after, pass_after=self.sentinel_pass_after)
+
+    def sentinel_timer_text(self) -> str:
+        return render_template("rigup-sentinel.timer.j2", interval_s=self.sentinel_interval_s)
+
     def gpu_unit_text(self) -> str:
         return render_template("rigup-gpu-exporter.service.j2", exporters=self, container=GPU_EXPORTER_CONTAINER,
                                container_port=GPU_EXPORTER_CONTAINER_PORT, counters=GPU_COUNTERS_IN_CONTAINER)
@@ -202,6 +216,9 @@ def rig_exporters(data: Mapping[str, Any], lock: Any = None) -> RigExporters | N
         gpu_port=knob(data, "gpu_exporter_port"),
         image=gpu_exporter_image(data, lock),
         install_root=str(knob(data, "install_root")),
+        sentinel_interval_s=knob_int(data, "sentinel_interval_s", minimum=5),
+        sentinel_fail_after=knob_int(data, "sentinel_fail_after", minimum=1),
+        sentinel_pass_after=knob_int(data, "sentinel_pass_after", minimum=1),
     )
 
 

@@ -63,6 +63,8 @@ def fires_once_at(name: str, times: list[str], labels: dict[str, str], annotatio
             for at in times]
 
 
+QUARANTINE = {"pod": "dual", "variant": "dual", "probe": "arithmetic", "answer": "'!!!!!!!!...'",
+              "expected": "lexical variety 0.00 over the first 200 words (verify-full fails < 0.30)"}
 CRASH_LOOP = {**UNIT, "severity": "critical"}, {
     "summary": "rig-1: rigup-dual.service keeps restarting or has failed",
     "runbook": "on the rig: journalctl -u rigup-dual.service -n 100 (boot OOM, context that does not fit, a missing model file)"}
@@ -89,6 +91,38 @@ CASES: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
               "rig-1/dual: the release the fleet asks for failed its health gate (dual)",
               "rigup status --limit rig-1 shows the rollback and its reason; fix or revert the fleet file or pins "
               "and converge", quiet_at="1m"),
+    ),
+    "RigupPodQuarantined": (
+        # the rig's sentinel quarantines the pod at minute 2 (evidence in the labels) and releases it at 5
+        [series("rigup_sentinel_quarantined", {**NODE, "pod": "dual", "variant": "dual", "probe": "", "answer": "",
+                                               "expected": ""}, "0 0 stale _ _ 0 0 0"),
+         series("rigup_sentinel_quarantined", {**NODE, **QUARANTINE}, "_ _ 1 1 1 stale _ _")],
+        alert("RigupPodQuarantined", "3m", "6m", {**NODE, **QUARANTINE, "severity": "critical"},
+              "rig-1/dual (dual) is QUARANTINED: probe arithmetic answered '!!!!!!!!...' (lexical variety 0.00 over "
+              "the first 200 words (verify-full fails < 0.30))",
+              "rigup status --limit rig-1 shows the evidence; club-3090 #922's '!!!!' is a broken peer path: on the rig "
+              "check the driver, the P2P module and vLLM's P2P cache (docs/sentinel.md), then converge; the pod returns "
+              "after right answers", quiet_at="1m"),
+    ),
+    "RigupPodOutvoted": (
+        # three replicas of one identity agree, then rig-3's answer differs from minute 2 to 5; two replicas
+        # of another identity disagree throughout: neither is outvoted (their known answers judge them)
+        [*[series("rigup_sentinel_answer_info", {**NODE, "host": h, "pod": "dual", "variant": "dual", "identity": "id1",
+                                                  "probe": "arithmetic", "answer": "aaaa"}, "1x10") for h in ("rig-1", "rig-2")],
+         series("rigup_sentinel_answer_info", {**NODE, "host": "rig-3", "pod": "dual", "variant": "dual",
+                                               "identity": "id1", "probe": "arithmetic", "answer": "aaaa"},
+                "1 1 stale _ _ _ 1 1 1 1"),
+         series("rigup_sentinel_answer_info", {**NODE, "host": "rig-3", "pod": "dual", "variant": "dual",
+                                               "identity": "id1", "probe": "arithmetic", "answer": "bbbb"},
+                "_ _ 1 1 1 1 stale _ _ _"),
+         *[series("rigup_sentinel_answer_info", {**NODE, "host": h, "pod": "solo", "variant": "solo", "identity": "id2",
+                                                  "probe": "arithmetic", "answer": a}, "1x10")
+           for h, a in (("rig-4", "cccc"), ("rig-5", "dddd"))]],
+        alert("RigupPodOutvoted", "4m", "8m", {"host": "rig-3", "pod": "dual", "variant": "dual", "identity": "id1",
+                                               "probe": "arithmetic", "answer": "bbbb", "severity": "critical"},
+              "rig-3/dual (dual) is outvoted by its replicas on probe arithmetic (answer bbbb)",
+              "its greedy answer differs from the majority of its release identity id1: compare the rigs' drivers, "
+              "GPUs and P2P (rigup status); converge or take the rig out", quiet_at="2m"),
     ),
     "RigupUnitCrashLooping": (
         # rigup-dual crashes from minute 6, hits its start limit at 10 (failed) and a converge starts it at
