@@ -48,6 +48,7 @@ from rigup.parsers.iproute import PeerRoutes
 from rigup.parsers.nvidia_smi import SmiQuery
 from rigup.parsers.system import Capabilities
 from rigup.parsers.topology import Topology
+from rigup.rig.servingctl import SENTINEL_NAME
 
 OK, DRIFT, UNHEALTHY, INFO = "ok", "drift", "unhealthy", "info"
 EXIT_DRIFT, EXIT_UNHEALTHY = 1, 2
@@ -86,6 +87,7 @@ class Facts:
     file_hashes: dict[str, str | None] = field(default_factory=dict)  # relpath / "unit" -> sha256 now
     unit_logs: dict[str, list[str]] = field(default_factory=dict)  # a failed unit -> its journal's last lines
     capabilities: Capabilities | None = None  # HostCapabilities: whether systemd runs there at all
+    sentinel_text: str | None = None  # the pod's sentinel.json (rigup-servingctl sentinel); None: no round yet
 
 
 @dataclass(frozen=True)
@@ -179,6 +181,9 @@ def gather_facts(runner: Runner, install_root: str, record: str | None = None,
     result = runner.run(f"cat {shlex.quote(path)} 2>/dev/null || echo __RIGUP_ABSENT__", timeout=30)
     text = result.stdout
     facts.provenance_text = None if text.strip() == "__RIGUP_ABSENT__" else text
+    sentinel = posixpath.join(posixpath.dirname(path), SENTINEL_NAME)  # beside the provenance, as the sentinel writes it
+    text = runner.run(f"cat {shlex.quote(sentinel)} 2>/dev/null || echo __RIGUP_ABSENT__", timeout=30).stdout
+    facts.sentinel_text = None if text.strip() == "__RIGUP_ABSENT__" else text
 
     units = RigupVariantUnits()
     result = runner.run(units.command(install_root).get_raw_value(), timeout=30)
@@ -331,6 +336,7 @@ def compare(desired: Desired, facts: Facts, health: Health) -> list[Item]:
         items.append(Item("ssh", "reachable", facts.error or "unreachable", UNHEALTHY))
     else:
         items.extend(_release_items(desired, facts))
+        items.extend(sentinel_items(facts))
         items.extend(_unit_items(desired, facts))
         items.extend(_gpu_items(desired, facts))
     items.append(Item("health", f"serves {desired.served_model}", health.detail, OK if health.ok else UNHEALTHY))
@@ -385,6 +391,34 @@ def _release_items(desired: Desired, facts: Facts) -> list[Item]:
     if driver_then and driver_now and driver_then != driver_now:
         items.append(Item("driver since gate", driver_then, driver_now, INFO, "the driver changed after the gate"))
     return items
+
+
+QUARANTINED = "QUARANTINED"  # the start of the sentinel item's actual, and the host's verdict, while it holds
+
+
+def sentinel_items(facts: Facts) -> list[Item]:
+    """What the rig's sentinel last found (docs/sentinel.md): QUARANTINED with its evidence (the probe, the
+    answer's start, what was expected), wrong rounds not yet a quarantine, or right answers."""
+    if facts.sentinel_text is None:
+        return []
+    try:
+        record = json.loads(facts.sentinel_text)
+    except ValueError:
+        return [Item("sentinel", "a sentinel record", "not JSON", INFO)]
+    quarantine = record.get("quarantined") if isinstance(record, dict) else None
+    last = record.get("last_round") if isinstance(record, dict) and isinstance(record.get("last_round"), dict) else {}
+    if isinstance(quarantine, dict):
+        return [Item("sentinel", "right answers", f"{QUARANTINED} since {quarantine.get('since')}: probe "
+                     f"{quarantine.get('probe')} answered {quarantine.get('answer')}", UNHEALTHY,
+                     f"expected: {quarantine.get('expected')}; {quarantine.get('why')}")]
+    failures = record.get("consecutive_failures") or 0
+    failure = record.get("last_failure") if isinstance(record.get("last_failure"), dict) else {}
+    if failures:
+        return [Item("sentinel", "right answers", f"{failures} wrong round(s) in a row: probe {failure.get('probe')} "
+                     f"answered {failure.get('answer')}", INFO, f"expected: {failure.get('expected')}")]
+    when = "skipped (no answer)" if last.get("skipped") else "right"
+    return [Item("sentinel", "right answers", f"{record.get('consecutive_passes', 0)} right round(s) in a row; last "
+                 f"{when} at {last.get('at')}", OK)]
 
 
 UNIT_LOG_LINES = 40  # enough to reach past systemd's and compose's own lines of the last attempts
@@ -487,10 +521,15 @@ class HostStatus:
         return any(i.state == UNHEALTHY for i in self.items)
 
     @property
+    def quarantined(self) -> bool:
+        return any(i.item == "sentinel" and i.actual.startswith(QUARANTINED) for i in self.items)
+
+    @property
     def verdict(self) -> str:
+        unhealthy = QUARANTINED if self.quarantined else "UNHEALTHY"
         if self.drift and self.unhealthy:
-            return "DRIFT+UNHEALTHY"
-        return "DRIFT" if self.drift else "UNHEALTHY" if self.unhealthy else "OK"
+            return f"DRIFT+{unhealthy}"
+        return "DRIFT" if self.drift else unhealthy if self.unhealthy else "OK"
 
 
 def host_status(target: Target, quiet: bool = False, peers: Mapping[str, str] | None = None) -> HostStatus:

@@ -393,3 +393,40 @@ def test_a_host_whose_recipe_fails_is_still_told_it_cannot_run_units(tmp_path: P
     assert [(i.item, i.state) for i in status.items] == [("recipe", S.DRIFT), ("systemd", S.UNHEALTHY)]
     monkeypatch.setattr(S, "LazySsh", lambda settings: NoSystemd({"pid1=": BOOTED}))
     assert [i.item for i in S.host_status(broken, quiet=True).items] == ["recipe"]
+
+
+def test_a_quarantined_pod_is_marked_with_the_sentinels_evidence_and_released_it_is_ok(tmp_path: Path) -> None:
+    from rigup.rig import servingctl
+
+    target, release = rig(tmp_path)
+    state = Path(target.recipe.paths.state_dir)
+    state.mkdir(parents=True)
+    (state / "provenance.json").write_text(provenance(release))
+    release_file = tmp_path / "release.json"
+    release_file.write_text(json.dumps(release))
+    rig_release = servingctl.Release.load(str(release_file))
+    wrong = {"passed": False, "why": "expected 391", "answer": "'17 * 23 = 390'", "answer_sha256": "0" * 64,
+             "seconds": 0.2, "tokens": 40, "finish_reason": "stop"}
+    record: dict[str, Any] = {}
+    for _ in range(2):  # as rigup-servingctl sentinel writes it: two wrong rounds with fail_after 2
+        record = servingctl.sentinel_round(rig_release, record, {"arithmetic": wrong}, 2, 3, "2026-12-06T07:00:00+00:00")
+    (state / "sentinel.json").write_text(json.dumps(record))
+    runner = LocalRunner({"pid1=": BOOTED, "rigup-*.service": f"{release['unit']} enabled active\n", "nvidia-smi": "__ABSENT__\n"})
+    gathered = S.gather_facts(runner, target.recipe.paths.install_root)
+    items = [i for i in S.compare(desired(target, release), gathered, HEALTHY) if i.item == "sentinel"]
+    assert [(i.actual, i.state) for i in items] == [
+        ("QUARANTINED since 2026-12-06T07:00:00+00:00: probe arithmetic answered '17 * 23 = 390'", S.UNHEALTHY)]
+    assert items[0].note == "expected: expected 391; 2 failed probe rounds in a row"
+    status = S.HostStatus("rig-01", "dual", target.api_url, S.compare(desired(target, release), gathered, HEALTHY))
+    # the release's files were never written here (drift); the pod is quarantined, not merely unhealthy
+    assert status.verdict == "DRIFT+QUARANTINED" and S.exit_code([status]) & S.EXIT_UNHEALTHY
+    assert S.HostStatus("rig-01", "dual", None, items).verdict == "QUARANTINED"
+    assert "rig-01  variant dual" in S.render_table([status]) and "QUARANTINED" in S.render_table([status])
+    right = dict(wrong, passed=True, why=None)
+    for _ in range(3):
+        record = servingctl.sentinel_round(rig_release, record, {"arithmetic": right}, 2, 3, "2026-12-06T07:02:00+00:00")
+    (state / "sentinel.json").write_text(json.dumps(record))
+    items = [i for i in S.compare(desired(target, release), S.gather_facts(runner, target.recipe.paths.install_root),
+                                  HEALTHY) if i.item == "sentinel"]
+    assert [(i.actual, i.state) for i in items] == [
+        ("3 right round(s) in a row; last right at 2026-12-06T07:02:00+00:00", S.OK)]
