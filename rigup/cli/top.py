@@ -39,6 +39,7 @@ from typing import Any
 
 from rigup.cli.runner import Target, add_target_arguments, api_host, fleet_targets, limit_selection, progress
 from rigup.client.fleet_metrics import (
+    QUARANTINED,
     UP,
     DirectSource,
     Endpoint,
@@ -50,6 +51,7 @@ from rigup.client.fleet_metrics import (
     PrometheusSource,
     RouteNames,
     RouteRow,
+    SentinelMarks,
     Source,
     fleet_monitor,
     metrics_url,
@@ -157,7 +159,7 @@ def memory_text(used: float | None, free: float | None, unit: str = " GiB") -> s
 
 
 def _state_style(state: str, answered: bool) -> str:
-    if not answered or state.startswith("complete"):
+    if not answered or state.startswith(("complete", QUARANTINED)):
         return "bold red"
     if state in (UP, "healthy"):
         return "green"
@@ -359,7 +361,7 @@ def frame_document(frame: Frame) -> dict[str, Any]:
 def choose_source(args: argparse.Namespace, timeout: float) -> Source:
     """--prometheus URL; else the fleet's Prometheus (falling back to direct); else direct."""
     if args.prometheus and not args.limit:
-        return PrometheusSource(args.prometheus, timeout)
+        return SentinelMarks(PrometheusSource(args.prometheus, timeout), args.prometheus, timeout)
     fleet = load_fleet(args.fleet)
     names = fleet_route_names(fleet_targets(fleet=fleet))  # every rig: a gateway routes beyond --limit
 
@@ -367,7 +369,8 @@ def choose_source(args: argparse.Namespace, timeout: float) -> Source:
         return DirectSource(direct_endpoints(fleet_targets(args.limit, fleet=fleet)), timeout, names)
 
     if args.prometheus:
-        return PrometheusSource(args.prometheus, timeout, keep=selection_filter(fleet, args.limit), route_names=names)
+        return SentinelMarks(PrometheusSource(args.prometheus, timeout, keep=selection_filter(fleet, args.limit),
+                                              route_names=names), args.prometheus, timeout)
     monitor = None if args.direct else fleet_monitor(fleet)
     if monitor is None:
         return direct()
@@ -378,7 +381,8 @@ def choose_source(args: argparse.Namespace, timeout: float) -> Source:
     keep = selection_filter(fleet, args.limit)
     primary = PrometheusSource(monitor.url, timeout, scrape_interval_s=monitor.scrape_interval_s, keep=keep,
                                route_names=names)
-    return FallbackSource(primary, direct())  # the targets resolved (and --limit checked) up front
+    # the targets resolved (and --limit checked) up front; quarantines marked while Prometheus answers
+    return SentinelMarks(FallbackSource(primary, direct()), monitor.url, timeout)
 
 
 def cmd_top(args: argparse.Namespace) -> int:

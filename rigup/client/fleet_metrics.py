@@ -644,6 +644,57 @@ class FallbackSource(Source):
 
 
 # --------------------------------------------------------------------------------------------------
+# the rigs' sentinels (docs/sentinel.md): a quarantined or outvoted pod, marked in its row
+
+
+QUARANTINED = "QUARANTINED"
+SENTINEL_QUERIES = {
+    # the rig's sentinel holds the pod (its labels are the evidence: a fixed probe, never user text)
+    "quarantined": "rigup_sentinel_quarantined == 1",
+    # the monitor's replica consensus: the pod's greedy answer is its release identity's minority
+    "outvoted": 'ALERTS{alertname="RigupPodOutvoted", alertstate="firing"}',
+}
+
+
+def sentinel_marks(results: Mapping[str, Vector]) -> dict[tuple[str, str], str]:
+    """(host, pod) -> the state a quarantined or outvoted pod shows: QUARANTINED and its evidence."""
+    marks: dict[tuple[str, str], str] = {}
+    for labels, _ in results.get("outvoted", []):
+        marks[(labels.get("host", "?"), labels.get("pod", "?"))] = (
+            f"{QUARANTINED}: outvoted on probe {labels.get('probe')} (answer {labels.get('answer')})")
+    for labels, _ in results.get("quarantined", []):
+        marks[(labels.get("host", "?"), labels.get("pod", "?"))] = (
+            f"{QUARANTINED}: probe {labels.get('probe')} answered {labels.get('answer')} ({labels.get('expected')})")
+    return marks
+
+
+class SentinelMarks(Source):
+    """Another source's frame with each quarantined or outvoted pod's state saying so, as the fleet's
+    Prometheus has it (the sentinel's series and the RigupPodOutvoted alert). A frame read directly from the
+    targets without that Prometheus cannot know it: `rigup status` reads the rigs' own records."""
+
+    def __init__(self, source: Source, url: str, timeout: float) -> None:
+        self.source = source
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.description = source.description
+
+    def frame(self) -> Frame:
+        frame = self.source.frame()
+        results: dict[str, Vector] = {}
+        for name, promql in SENTINEL_QUERIES.items():
+            try:
+                results[name] = query_prometheus(self.url, promql, frame.taken_at, self.timeout)
+            except PrometheusError as exc:
+                frame.notes.append(f"sentinel {name}: {exc}")
+        marks = sentinel_marks(results)
+        for row in frame.pods:
+            if (row.host, row.pod) in marks:
+                row.state = marks[(row.host, row.pod)]
+        return frame
+
+
+# --------------------------------------------------------------------------------------------------
 # the fleet's Prometheus
 
 

@@ -45,6 +45,7 @@ from rigup.cli.top import (
 )
 from rigup.client.fleet_metrics import (
     NO_ROUTES,
+    SENTINEL_QUERIES,
     UNKNOWN_IDLE,
     UP,
     DirectSource,
@@ -54,6 +55,7 @@ from rigup.client.fleet_metrics import (
     PrometheusSource,
     PrometheusUnreachable,
     Scrape,
+    SentinelMarks,
     current_route_state,
     fleet_monitor,
     gpu_rows,
@@ -752,3 +754,31 @@ def test_a_resized_terminal_is_laid_out_again_and_q_quits_between_frames(fleet: 
         assert time.monotonic() - started < 5  # not the 30 s to the next frame
     finally:
         terminal.close()
+
+
+def test_a_quarantined_or_outvoted_pod_shows_quarantined_with_the_evidence(
+        prometheus: Callable[..., FakePrometheus]) -> None:
+    q = prometheus_queries()
+    pods = [{"__name__": "up", "job": "vllm", "instance": f"10.0.0.1{n}:8000", "host": f"rig-{n}", "pod": "dual",
+             "variant": "dual", "model": MODEL} for n in (1, 2, 3)]
+    evidence = {"probe": "arithmetic", "answer": "'!!!!!!!!...'", "expected": "lexical variety 0.00 over the first 200 words"}
+    server = prometheus({
+        q["pod_up"]: vector(*[(p, "1") for p in pods]),
+        SENTINEL_QUERIES["quarantined"]: vector(({"__name__": "rigup_sentinel_quarantined", "job": "node",
+                                                  "host": "rig-1", "pod": "dual", "variant": "dual", **evidence}, "1")),
+        SENTINEL_QUERIES["outvoted"]: vector(({"__name__": "ALERTS", "alertname": "RigupPodOutvoted",
+                                               "alertstate": "firing", "host": "rig-2", "pod": "dual",
+                                               "probe": "recall", "answer": "5d1c2b3a4e5f6a7b"}, "1")),
+    })
+    frame = SentinelMarks(PrometheusSource(server.url, timeout=2.0), server.url, 2.0).frame()
+    assert [(p.host, p.state) for p in frame.pods] == [
+        ("rig-1", "QUARANTINED: probe arithmetic answered '!!!!!!!!...' (lexical variety 0.00 over the first 200 words)"),
+        ("rig-2", "QUARANTINED: outvoted on probe recall (answer 5d1c2b3a4e5f6a7b)"),
+        ("rig-3", UP)]
+    assert not [n for n in frame.notes if n.startswith("sentinel")]
+    assert pod_cells(frame.pods[0])[3].style == "bold red"
+    # a Prometheus that cannot answer the sentinel's queries: the frame says so, the pods keep their state
+    bare = prometheus({q["pod_up"]: vector(*[(p, "1") for p in pods])})
+    frame = SentinelMarks(PrometheusSource(bare.url, timeout=2.0), bare.url, 2.0).frame()
+    assert {p.state for p in frame.pods} == {UP}
+    assert any(n.startswith("sentinel quarantined: ") for n in frame.notes)
