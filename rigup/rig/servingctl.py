@@ -729,14 +729,23 @@ def sentinel_state_path(release: Release) -> str:
     return os.path.join(release.state_dir, SENTINEL_NAME)
 
 
+def serving_generation(release: Release) -> str:
+    """What the pod serves, as its last passed gate recorded it: the release's SHA-256 and the generation.
+    It changes only when a converge restarted the pod on other files and its gate passed; a release file
+    edited by hand (RigupReleaseDrift) does not change it."""
+    record = read_json(release.provenance_path) or {}
+    return f"{record.get('release_sha256')}:{record.get('generation')}"
+
+
 def sentinel_round(release: Release, record: Dict[str, Any], results: Optional[Dict[str, Dict[str, Any]]],
                    fail_after: int, pass_after: int, at: str) -> Dict[str, Any]:
     """The pod's sentinel record after one round. `results`: each probe's outcome (ask_probe), or None when
-    the pod gave no answer (the round is skipped: nothing counts). A record of another release starts afresh:
-    a converge changed the pod, and a quarantine ends with it."""
-    if record.get("release_sha256") != release.sha256:
-        record = {"release_sha256": release.sha256, "consecutive_failures": 0, "consecutive_passes": 0,
-                  "quarantined": None, "rounds": 0, "tokens": 0}
+    the pod gave no answer (the round is skipped: nothing counts). A record of another generation starts
+    afresh (serving_generation): a converge changed the pod, and a quarantine ends with it."""
+    serves = serving_generation(release)
+    if record.get("serves") != serves:
+        record = {"serves": serves, "consecutive_failures": 0, "consecutive_passes": 0, "quarantined": None,
+                  "rounds": 0, "tokens": 0}
     record = dict(record)
     record["identity"] = release_identity(release.data)
     if results is None:

@@ -5,6 +5,7 @@ its release starts afresh; the results as a textfile the real promtool's linter 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from pathlib import Path
@@ -26,7 +27,7 @@ class ActiveUnits(ctl.Systemd):
         return {"ActiveState": "inactive" if unit in self.inactive else "active"}
 
 
-def write_release(root: Path, pod: str, url: str, **extra: Any) -> Path:
+def write_release(root: Path, pod: str, url: str, generation: int = 1, **extra: Any) -> Path:
     variant_dir = root / "variants" / pod
     variant_dir.mkdir(parents=True, exist_ok=True)
     release = {"variant": "dual", "pod": pod, "state_dir": str(root / "state" / "pods" / pod),
@@ -39,7 +40,18 @@ def write_release(root: Path, pod: str, url: str, **extra: Any) -> Path:
                "engine": {"tensor_parallel_size": 2}, "host_port": int(url.rsplit(":", 1)[1]), **extra}
     path = variant_dir / "release.json"
     path.write_text(json.dumps(release))
+    write_provenance(root, pod, release, generation)
     return path
+
+
+def write_provenance(root: Path, pod: str, release: dict[str, Any], generation: int) -> None:
+    """The record of the pod's last passed gate (what it serves), as the gate writes it."""
+    state = root / "state" / "pods" / pod
+    state.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(release)
+    (state / "provenance.json").write_text(json.dumps({
+        "variant": release["variant"], "pod": pod, "generation": generation,
+        "release_sha256": hashlib.sha256(text.encode()).hexdigest(), "gate": {"result": "passed"}}))
 
 
 def record(root: Path, pod: str) -> dict[str, Any]:
@@ -116,9 +128,14 @@ def test_passed_rounds_in_a_row_release_a_quarantine_and_a_changed_release_start
     rec = ctl.sentinel_round(release, rec, {"arithmetic": outcome(False)}, 2, 3, "t")
     rec = ctl.sentinel_round(release, rec, {"arithmetic": outcome(False)}, 2, 3, "t")
     assert rec["quarantined"] is not None
-    changed = ctl.Release.load(str(write_release(tmp_path, "p", "http://127.0.0.1:8000", engine={"tensor_parallel_size": 1})))
-    rec = ctl.sentinel_round(changed, rec, None, 2, 3, "t")  # a converge changed the pod: its quarantine ends
-    assert rec["quarantined"] is None and rec["consecutive_failures"] == 0 and rec["release_sha256"] == changed.sha256
+    path = tmp_path / "variants" / "p" / "release.json"
+    path.write_text(path.read_text() + " ")  # edited by hand (RigupReleaseDrift): the pod serves what it served
+    rec = ctl.sentinel_round(ctl.Release.load(str(path)), rec, None, 2, 3, "t")
+    assert rec["quarantined"] is not None
+    changed = ctl.Release.load(str(write_release(tmp_path, "p", "http://127.0.0.1:8000", generation=2,
+                                                 engine={"tensor_parallel_size": 1})))
+    rec = ctl.sentinel_round(changed, rec, None, 2, 3, "t")  # a converge changed the pod and its gate passed
+    assert rec["quarantined"] is None and rec["consecutive_failures"] == 0 and rec["serves"].endswith(":2")
 
 
 def test_replicas_share_an_identity_that_pod_fields_do_not_change_and_pins_do(tmp_path):
