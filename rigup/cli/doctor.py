@@ -23,6 +23,7 @@ from pyinfra.context import ctx_host, ctx_state
 
 from rigup.checks.preflight import Check, HostFacts, failures
 from rigup.desired.fleet import FleetError, fleet_path, load_fleet
+from rigup.desired.fleet_ca import CertificateAge, FleetCAError, ca_report
 from rigup.desired.knobs import parse_data_value
 
 
@@ -121,6 +122,19 @@ def format_table(reports: Iterable[HostReport], verbose: bool = False) -> str:
     return "\n".join(lines)
 
 
+def format_certificates(ages: list[CertificateAge], renew_days: float) -> str:
+    """The fleet CA's lines: days to expiry of the CA and of each certificate it issued (renewed by a
+    converge once within fleet_cert_renew_days: `renew at next converge`)."""
+    lines = []
+    for age in ages:
+        if age.days_left is None:
+            lines.append(f"fleet CA  {age.what}: none yet at {age.path} (made at the first converge)")
+            continue
+        note = " (expired)" if age.days_left <= 0 else " (renew at next converge)" if age.days_left <= renew_days and age.what != "CA" else ""
+        lines.append(f"fleet CA  {age.what}: {age.days_left:.0f} days to expiry{note}  {age.path}")
+    return "\n".join(lines)
+
+
 def _fleet_hosts(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
     """(name, knobs) of each host doctor checks; --data is set on every host and checked with the fleet
     file's own rules (variant_overrides against each host's variant) before anything connects."""
@@ -155,11 +169,21 @@ def run(
         return 2
     fleet_file = Path(args.fleet).expanduser().resolve() if args.fleet else fleet_path()
     reports = collector(hosts, lock_dir=fleet_file.parent)
+    fleet_data = hosts[0][1]  # the fleet CA's knobs are the fleet's
+    try:
+        ages = ca_report(fleet_data, fleet_file.parent)
+    except FleetCAError as exc:  # an unreadable certificate: said, the host checks still count
+        ages, ca_error = [], str(exc)
+    else:
+        ca_error = None
     if args.json:
-        json.dump({"ok": all(r.ok for r in reports), "hosts": [r.to_json() for r in reports]}, out, indent=2)
+        json.dump({"ok": all(r.ok for r in reports), "hosts": [r.to_json() for r in reports],
+                   "fleet_ca": {"error": ca_error, "certificates": [
+                       {"what": a.what, "path": str(a.path), "days_left": a.days_left} for a in ages]}}, out, indent=2)
         out.write("\n")
     else:
         out.write(format_table(reports, verbose=args.verbose) + "\n")
+        out.write((f"fleet CA  {ca_error}" if ca_error else format_certificates(ages, fleet_data["fleet_cert_renew_days"])) + "\n")
     return 0 if all(r.ok for r in reports) else 1
 
 
@@ -172,7 +196,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "Connect to every host of the fleet file with pyinfra and run the preflight checks the "
             "deploy runs first: OS, GPUs and their layout for the variant's tensor-parallel size, compute "
             "capability, VRAM fit against the measured envelopes, driver branch and loaded driver vs the "
-            "image's CUDA, interconnect, Secure Boot, disk, snap Docker, lock. Changes nothing."
+            "image's CUDA, interconnect, Secure Boot, disk, snap Docker, lock; then the days to expiry of the "
+            "fleet CA and of each certificate it issued. Changes nothing."
         ),
     )
     parser.add_argument("--fleet", metavar="FILE", help="fleet file (default: $RIGUP_RIGS, else rigs.yaml)")

@@ -15,9 +15,8 @@ class SecretError(ValueError):
     """A secret file on the control machine cannot be used (missing, empty, readable by others)."""
 
 
-def read_secret_file(path: str | os.PathLike[str], knob: str) -> str:
-    """The one-line secret in `path` (stripped). Refuses files group or others can read."""
-    file = Path(path).expanduser()
+def check_private_file(file: Path, knob: str) -> None:
+    """Refuses (SecretError) a file that is missing, not a regular file, or readable by group or others."""
     try:
         info = file.stat()
     except FileNotFoundError:
@@ -28,6 +27,12 @@ def read_secret_file(path: str | os.PathLike[str], knob: str) -> str:
         raise SecretError(
             f"{knob}: {file} is readable by group or others (mode {stat.S_IMODE(info.st_mode):04o}); chmod 600 it"
         )
+
+
+def read_secret_file(path: str | os.PathLike[str], knob: str) -> str:
+    """The one-line secret in `path` (stripped). Refuses files group or others can read."""
+    file = Path(path).expanduser()
+    check_private_file(file, knob)
     value = file.read_text(encoding="utf-8").strip()
     if not value or "\n" in value:
         raise SecretError(f"{knob}: {file} must hold exactly one non-empty line")

@@ -179,3 +179,26 @@ def test_what_could_not_be_checked_is_a_failure() -> None:
     assert not HostReport("rig", False, error="could not connect").ok
     doc = HostReport("rig", True, [], error="sudo: not found").to_json()
     assert doc["ok"] is False and doc["error"] == "sudo: not found"
+
+
+def test_doctor_reports_the_fleet_cas_days_to_expiry_and_makes_nothing(tmp_path: Path, capsys) -> None:
+    from rigup.desired.fleet_ca import ensure_ca, issue, sans_of
+
+    fleet = tmp_path / "rigs.yaml"
+    fleet.write_text("groups: {rigs: {hosts: {rig-01: {ssh_hostname: 10.0.0.1}}}}\n")
+    args = argparse.Namespace(fleet=str(fleet), limit=[], data=[], json=False, verbose=False)
+    out = io.StringIO()
+    doctor.run(args, out, lambda hosts, lock_dir: doctor.collect([fake("rig-b", "one-gpu")], lock_dir=lock_dir))
+    assert f"fleet CA  CA: none yet at {tmp_path / 'fleet-ca' / 'ca.crt'}" in out.getvalue()
+    assert not (tmp_path / "fleet-ca").exists()  # doctor is read-only
+    data = {**load_defaults(), "ssh_hostname": "10.0.0.1"}
+    ca = ensure_ca(data, base_dir=tmp_path)
+    issue(ca, "rig-01", "node-exporter", sans_of(["rig-01"]), days=20, renew_days=30 - 20)
+    args.json = True
+    out = io.StringIO()
+    doctor.run(args, out, lambda hosts, lock_dir: doctor.collect([fake("rig-b", "one-gpu")], lock_dir=lock_dir))
+    ages = json.loads(out.getvalue())["fleet_ca"]["certificates"]
+    assert [a["what"] for a in ages] == ["CA", "rig-01/node-exporter"]
+    assert 3649 < ages[0]["days_left"] <= 3650 and 19 < ages[1]["days_left"] <= 20
+    assert doctor.format_certificates([doctor.CertificateAge("rig-01/prometheus", tmp_path, 12.0)], 30) == (
+        f"fleet CA  rig-01/prometheus: 12 days to expiry (renew at next converge)  {tmp_path}")
