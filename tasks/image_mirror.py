@@ -39,12 +39,11 @@ from rigup.desired.image_mirror import (
     PRUNE_UNIT,
     UNIT,
     dropin_text,
-    helper_path,
     prune_timer_text,
     prune_unit_text,
 )
 from rigup.desired.knobs import knob
-from rigup.desired.models import script_path
+from rigup.layout import RigLayout
 from rigup.operations.docker import image_mirror_cached, image_mirror_pruned
 from rigup.operations.image_chain import image_blobs_staged, image_chain_members
 from rigup.operations.model import rigfetch_upload
@@ -55,7 +54,7 @@ from rigup.runstate import fleet_plan, note_change
 fleet = fleet_plan(state)  # every host's pins planned once per run
 role = fleet.host(host.name).registry
 assert role is not None  # deploy.py includes this file on the mirror host and its clients only
-script = helper_path(str(knob(host.data, "install_root")))
+layout = RigLayout(str(knob(host.data, "install_root")))
 members = image_chain_members(fleet, KEEP_FILE)  # the op keeps those in the run
 
 if PACKAGE not in (host.get_fact(DebPackages) or {}):  # only then are the lists refreshed
@@ -85,11 +84,11 @@ answers_http(
     _if=mirror.did_change,
 )
 
-files.directory(name="Create rigup's bin directory", path=script.rsplit("/", 1)[0], mode="755")
+files.directory(name="Create rigup's bin directory", path=layout.bin_dir, mode="755")
 files.put(name="Upload the image registry's helper (cache check, stage, warm, prune)", src=imagemirror.__file__,
-          dest=script, mode="755")
+          dest=layout.image_mirror_helper, mode="755")
 files.put(name="Upload rigfetch (the image chain's fetch and verify helper)", src=rigfetch_upload(),
-          dest=script_path(str(knob(host.data, "install_root"))), mode="755")
+          dest=layout.rigfetch, mode="755")
 files.put(name="Write the pins the registry keeps and its bound", src=StringIO(role.keep_text()), dest=KEEP_FILE,
           mode="644")
 staged = image_blobs_staged(
@@ -101,14 +100,14 @@ staged = image_blobs_staged(
 # the mirror's cache first (a separate operation): a relay's warm reads the manifests from it
 if not role.is_relay:
     cached = image_mirror_cached(name="Cache every pinned image in the mirror (staged blobs linked, manifests read)",
-                                 script=script, keep_file=KEEP_FILE)
+                                 script=layout.image_mirror_helper, keep_file=KEEP_FILE)
 if role.is_relay:
     cached = image_mirror_cached(name="Cache every pinned image in this rig's relay (staged blobs linked)",
-                                 script=script, keep_file=KEEP_FILE)
+                                 script=layout.image_mirror_helper, keep_file=KEEP_FILE)
 pruned = image_mirror_pruned(name="Keep the registry's cache within its bound (a relay: its rig's pins only)",
-                             script=script, keep_file=KEEP_FILE)
+                             script=layout.image_mirror_helper, keep_file=KEEP_FILE)
 if not role.is_relay:  # the daily prune is the mirror's: a relay's cache changes only at a converge
-    prune_unit = files.put(name="Write the daily prune's unit", src=StringIO(prune_unit_text(script)),
+    prune_unit = files.put(name="Write the daily prune's unit", src=StringIO(prune_unit_text(layout.image_mirror_helper)),
                            dest=f"/etc/systemd/system/{PRUNE_UNIT}", mode="644")
     prune_timer = files.put(name="Write the daily prune's timer", src=StringIO(prune_timer_text()),
                             dest=f"/etc/systemd/system/{PRUNE_TIMER}", mode="644")

@@ -51,11 +51,11 @@ from rigup.desired.recipe import RecipeError
 from rigup.desired.release import release_path
 from rigup.desired.secrets import SecretError
 from rigup.facts.gpu import GpuTopology
+from rigup.layout import RigLayout
 from rigup.operations.cluster import cluster_firewall_absent, cluster_host_data, peer_routes
 from rigup.operations.cluster_gate import cluster_gate_verdict, cluster_member_gate, member_gates_when
 from rigup.operations.planning_errors import stop_the_run_on
 from rigup.operations.serving import (
-    ctl_path,
     health_gate,
     health_timeout_s,
     image_pulled,
@@ -86,11 +86,12 @@ if blocked is not None and not missing_pins:
     logger.warning(f"{host.print_prefix}SERVING SKIPPED: {blocked}")
 if blocked is None and not missing_pins:
     paths = plans[0].recipe.paths  # the host's paths (install root, state) are every pod's
-    ctl = ctl_path(paths.install_root)
+    layout = RigLayout(paths.install_root)
+    ctl = layout.servingctl
     pods = list(zip(plans, env_texts, timeouts))
 
     apt.packages(name="Install python3 for rigup-servingctl", packages=["python3"])
-    files.directory(name="Create the rigup bin directory", path=posixpath.dirname(ctl), mode="755")
+    files.directory(name="Create the rigup bin directory", path=layout.bin_dir, mode="755")
     files.directory(name="Create the state directory", path=paths.state_dir, mode="755")
     files.put(
         name="Upload rigup-servingctl (health gate, generations, rollback)",

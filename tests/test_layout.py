@@ -143,7 +143,7 @@ def test_rig_scripts_use_the_standard_library_only() -> None:
 # one or another of its own rank (function-level imports count); every module belongs to a layer.
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"rigup", "rig"}),  # the package root (where the deploy and user files live); rig-side scripts
-    frozenset({"parsers"}),  # pure parsers of what a tool prints on a rig
+    frozenset({"parsers", "layout"}),  # pure parsers of what a tool prints on a rig; where things live on a rig
     frozenset({"desired", "facts"}),  # what the control machine decides (host_plan); what a rig reports
     frozenset({"client"}),  # the control machine's SSH and OpenAI-API connections to rigs
     frozenset({"checks", "pyinfra_patches"}),  # facts and replies judged against the plan; pyinfra's speed-ups
@@ -395,3 +395,84 @@ def test_what_a_host_is_is_decided_in_rigup_desired_roles_alone() -> None:
         if path.name != "roles.py" and (reads := role_knob_reads(path.read_text()))
     }
     assert readers == {}, readers
+
+
+# Where things live on a rig is spelled in rigup/layout.py alone (RigLayout, issue 40). The scripts uploaded
+# to a rig (rigup/rig) are single files its python3 runs and cannot import it: they spell their own files
+# under the install_root they are handed, each named in their docstrings.
+RIG_LAYOUT_MODULE = "rigup/layout.py"
+RIG_SIDE = "rigup/rig/"
+# modules still spelling paths under install_root, each with why; remove an entry when its module moves
+# to RigLayout (the test fails on an entry that no longer spells one)
+LAYOUT_PENDING: dict[str, str] = {
+    "rigup/desired/gateway.py": "gateway_paths: the entrance (nginx + vllm-router) rewrites this module now",
+    "rigup/desired/monitoring.py": "the DCGM counters file: the fleet CA's work edits this module now",
+    "rigup/desired/knobs.py": "model_dir's default: the firewall's work edits this module now",
+}
+
+
+def mentions_install_root(node: ast.AST) -> bool:
+    """Whether an expression reads the install_root: a name or attribute of that name, or knob(..., "install_root");
+    what RigLayout(...) is handed does not count (asking it is the point)."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "RigLayout":
+        return False
+    if isinstance(node, ast.Name) and "install_root" in node.id:
+        return True
+    if isinstance(node, ast.Attribute) and "install_root" in node.attr:
+        return True
+    if isinstance(node, ast.Constant) and node.value == "install_root":
+        return True
+    return any(mentions_install_root(child) for child in ast.iter_child_nodes(node))
+
+
+def install_root_spellings(source: str) -> list[int]:
+    """Lines that spell a path under the install_root: an f-string that puts "/..." after it, a join
+    (posixpath.join, os.path.join) that starts from it, or `install_root + "/..."`."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.JoinedStr):
+            parts = node.values
+            for i, part in enumerate(parts[:-1]):
+                after = parts[i + 1]
+                if (isinstance(part, ast.FormattedValue) and mentions_install_root(part.value)
+                        and isinstance(after, ast.Constant) and str(after.value).startswith("/")):
+                    lines.append(node.lineno)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name))
+              and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id) == "join"
+              and len(node.args) > 1 and mentions_install_root(node.args[0])):
+            lines.append(node.lineno)
+        elif (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and mentions_install_root(node.left)
+              and isinstance(node.right, ast.Constant) and isinstance(node.right.value, str)
+              and node.right.value.startswith("/")):
+            lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def test_the_install_root_finder_finds_each_spelling() -> None:
+    source = (
+        'a = f"{install_root.rstrip(\'/\')}/bin/{NAME}"\n'
+        'b = posixpath.join(str(knob(data, "install_root")), "cluster")\n'
+        'c = install_root.rstrip("/") + "/state"\n'
+        'd = os.path.join(recipe.paths.install_root, "x")\n'
+        'e = RigLayout(install_root).servingctl\n'
+        'h = RigLayout(install_root).variants_dir + "/"\n'
+        'f = f"{install_root}"\n'
+        'g = posixpath.join(variant_dir, "compose.yaml")\n'
+    )
+    assert install_root_spellings(source) == [1, 2, 3, 4]
+
+
+def test_where_things_live_on_a_rig_is_spelled_in_rig_layout_alone() -> None:
+    """Every path under install_root comes from rigup.layout.RigLayout (issue 40): the deploy's tasks and
+    deploy.py too, and rigup's modules other than the rig-side scripts."""
+    sources = [*sorted((ROOT / "rigup").rglob("*.py")), *sorted((ROOT / "tasks").glob("*.py")), ROOT / "deploy.py"]
+    spelled = {
+        rel: lines
+        for path in sources
+        if (rel := str(path.relative_to(ROOT))) != RIG_LAYOUT_MODULE and not rel.startswith(RIG_SIDE)
+        and (lines := install_root_spellings(path.read_text()))
+    }
+    unexplained = {rel: lines for rel, lines in spelled.items() if rel not in LAYOUT_PENDING}
+    assert unexplained == {}, f"ask rigup.layout.RigLayout for these paths: {unexplained}"
+    stale = sorted(LAYOUT_PENDING.keys() - spelled.keys())
+    assert not stale, f"LAYOUT_PENDING lists modules that no longer spell a path under install_root: {stale}"

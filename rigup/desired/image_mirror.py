@@ -45,7 +45,6 @@ STORAGE_DIR = "/var/lib/docker-registry"  # the package's storage directory, own
 # helper links them into the registry instead of copying
 STAGING_DIR = f"{STORAGE_DIR}/rigup-staging"
 RELAY_ADDRESS = "127.0.0.1"  # a relay serves its own rig only
-HELPER_NAME = "rigup-image-mirror"  # rigup/rig/imagemirror.py on the mirror host: check, warm, prune
 PRUNE_NAME = "rigup-image-mirror-prune"
 PRUNE_UNIT = f"{PRUNE_NAME}.service"
 PRUNE_TIMER = f"{PRUNE_NAME}.timer"
@@ -117,10 +116,6 @@ def prune_unit_text(script: str) -> str:
 
 def prune_timer_text() -> str:
     return render_template("rigup-image-mirror-prune.timer.j2")
-
-
-def helper_path(install_root: str) -> str:
-    return f"{install_root.rstrip('/')}/bin/{HELPER_NAME}"
 
 
 def insecure_registries(host_data: Mapping[str, Any]) -> set[str]:

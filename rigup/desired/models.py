@@ -10,10 +10,7 @@ from typing import Any
 
 from rigup.desired.knobs import MODEL_FLEET_MODES, knob, url_host
 from rigup.desired.lock import LockFile, ModelPin
-
-
-def script_path(install_root: str) -> str:
-    return f"{install_root.rstrip('/')}/bin/rigfetch.py"  # where rigfetch.py is uploaded on the rig
+from rigup.layout import RigLayout
 
 
 @dataclass(frozen=True)
@@ -121,7 +118,7 @@ def plan_models(hosts: Iterable[tuple[str, Mapping[str, Any], Any, bool, Sequenc
         members[info.name] = ChainMember(
             host=info.handle,
             base_url=fleet_base_url(info.name, info.data),
-            script=script_path(info.recipe.paths.install_root),
+            script=RigLayout(info.recipe.paths.install_root).rigfetch,
             manifest=_rig_manifest(info),
             reverify=bool(knob(info.data, "model_reverify")),
             sudo=bool(knob(info.data, "_sudo")),

@@ -37,6 +37,7 @@ from rigup.desired.transforms import (
     entry_stage,
 )
 from rigup.desired.upstream import UpstreamError, UpstreamReader, WorkingTrees, default_reader
+from rigup.layout import RigLayout
 
 # The port vLLM listens on inside the container; the host port is per variant.
 CONTAINER_PORT = 8000
@@ -693,18 +694,18 @@ def rig_paths(host_data: Mapping[str, Any], pod: Pod) -> RigPaths:
         # Rendered unquoted into the systemd unit's command lines: keep to a plain character set.
         if not _SAFE_PATH.match(value) or ".." in value.split("/"):
             raise RecipeError(f"{key} must be an absolute path of letters, digits and ._+-/, got {value!r}")
-    state_dir = posixpath.join(install_root, "state")
-    variant_dir = posixpath.join(install_root, "variants", pod.name)
+    layout = RigLayout(install_root)
+    variant_dir = layout.variant_dir(pod.name)
     return RigPaths(
-        install_root=install_root,
+        install_root=layout.install_root,
         model_dir=model_dir,
-        sources_dir=posixpath.join(install_root, "sources"),
+        sources_dir=layout.sources_dir,
         variant_dir=variant_dir,
         compose_file=posixpath.join(variant_dir, "compose.yaml"),
         env_file=posixpath.join(variant_dir, ".env"),
-        state_dir=state_dir,
-        record_dir=posixpath.join(state_dir, "pods", pod.name) if pod.listed else state_dir,
-        cache_dir=posixpath.join(install_root, "cache", pod.name),
+        state_dir=layout.state_dir,
+        record_dir=layout.record_dir(pod.name, pod.listed),
+        cache_dir=layout.cache_dir(pod.name),
         unit_name=pod.unit,
         unit_file=posixpath.join(SYSTEMD_UNIT_DIR, pod.unit),
     )
@@ -766,7 +767,7 @@ def cluster_member(host_data: Mapping[str, Any], member: Mapping[str, Any]) -> C
     """The member's share of its cluster for the `cluster` transform (rigup.desired.cluster.ClusterMember).
     The `cluster` knob's `net` (how the member reaches the others) is read on the host by the deploy;
     without it (a preview) the compose names it by variables."""
-    script = posixpath.join(str(knob(host_data, "install_root")), "cluster", "rigup-cluster-member")
+    script = RigLayout(str(knob(host_data, "install_root"))).cluster_member_script
     net = member.get("net")
     return ClusterMember(cluster_of(member), int(member["rank"]),
                          ClusterNet(**net) if net else ClusterNet.unread(), RayPorts.from_knobs(host_data), script)

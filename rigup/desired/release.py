@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rigup.desired.recipe import Recipe
+from rigup.layout import RigLayout
 from rigup.rig.servingctl import PROBE_NAMES, PROVENANCE_NAME, RELEASE_NAME, SCHEMA
 
 API_KEY_ENV = "VLLM_API_KEY"  # the .env key vLLM reads its API key from (rigup.desired.render.API_KEY_KEY)
@@ -43,7 +44,7 @@ def release_path(recipe: Recipe) -> str:
 
 def provenance_path(install_root: str) -> str:
     """Where the record of a host's one unlisted pod (the simple form, `variant:`) is."""
-    return posixpath.join(install_root.rstrip("/") or "/", "state", PROVENANCE_NAME)
+    return RigLayout(install_root).provenance
 
 
 def recipe_provenance_path(recipe: Recipe) -> str:

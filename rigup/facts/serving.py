@@ -11,6 +11,7 @@ from typing import Any
 from pyinfra.api import FactBase, FactProcessError, QuoteString, StringCommand
 
 from rigup.facts.util import python_script
+from rigup.layout import RigLayout
 
 UNITS_MARK = "--rigup-active-units--"
 RECORD_MARK = "--rigup-provenance-record--"
@@ -80,7 +81,7 @@ class RigupVariantUnits(FactBase[dict[str, dict[str, Any]]]):
             "for f in", StringCommand(QuoteString(unit_dir.rstrip("/") + "/"), "rigup-*.service;", _separator=""), "do",
             '[ -f "$f" ] || continue;',
             'u=${f##*/}; v=${u#rigup-}; v=${v%.service};',
-            "[ -d", StringCommand(QuoteString(install_root.rstrip("/") + "/variants/"), '"$v"', _separator=""), "] || continue;",
+            "[ -d", StringCommand(QuoteString(RigLayout(install_root).variants_dir + "/"), '"$v"', _separator=""), "] || continue;",
             'printf "%s %s %s %s\\n" "$u" "$(systemctl is-enabled "$u" 2>/dev/null || true)"'
             ' "$(systemctl is-active "$u" 2>/dev/null || true)"'
             ' "$(systemctl show -p NRestarts -p Result "$u" 2>/dev/null | tr \'\\n\' \' \')";',
@@ -146,9 +147,9 @@ class ServedRecord(FactBase[dict[str, Any]]):
     default = dict
 
     def command(self, install_root: str) -> StringCommand:
-        state = install_root.rstrip("/") + "/state"
+        layout = RigLayout(install_root)
         return StringCommand(
-            "for f in", QuoteString(f"{state}/provenance.json"), StringCommand(QuoteString(f"{state}/pods/"),
+            "for f in", QuoteString(layout.provenance), StringCommand(QuoteString(layout.pods_state_dir + "/"),
                                                                                  "*/provenance.json;", _separator=""),
             'do [ -f "$f" ] || continue; echo', RECORD_MARK, '; cat "$f"; echo; done; echo', UNITS_MARK,
             "; systemctl list-units --type=service --state=active --no-legend --plain 'rigup-*.service' 2>/dev/null"

@@ -17,10 +17,10 @@ from pyinfra import host, state
 from pyinfra.api import OperationError, QuoteString, StringCommand, operation
 
 from rigup.desired.fleet_plan import FleetPlan
-from rigup.desired.image_mirror import helper_path
 from rigup.desired.knobs import knob
-from rigup.desired.models import ChainMember, fleet_base_url, in_fleet_chains, script_path
+from rigup.desired.models import ChainMember, fleet_base_url, in_fleet_chains
 from rigup.facts.docker import ImageMirrorCache
+from rigup.layout import RigLayout
 from rigup.operations.model import FLEET_TOKEN, chain_fetch, chain_status, rigfetch_options
 from rigup.rig.imagemirror import pin_name
 
@@ -49,16 +49,16 @@ def image_chain_members(fleet: FleetPlan, keep_file: str) -> tuple[ImageChainMem
     for planned in fleet.image_chain():
         name, data, role = planned.name, planned.data, planned.registry
         assert role is not None  # image_chain holds registry hosts only
-        install_root = str(knob(data, "install_root"))
+        layout = RigLayout(str(knob(data, "install_root")))
         members.append(ImageChainMember(
             host=planned.entry.handle,
             base_url=fleet_base_url(name, data) if in_fleet_chains(name, data) else None,
-            rigfetch=script_path(install_root),
-            helper=helper_path(install_root),
+            rigfetch=layout.rigfetch,
+            helper=layout.image_mirror_helper,
             keep_file=keep_file,
             upstream=role.upstream,
             staging=role.staging,
-            state_dir=f"{install_root.rstrip('/')}/state/images",
+            state_dir=layout.image_state_dir,
             reserve_bytes=int(float(knob(data, "preflight_disk_margin_gb")) * 1e9),
             sudo=bool(knob(data, "_sudo")),
             is_mirror=not role.is_relay,

@@ -17,11 +17,9 @@ from pyinfra.api.hiddenvalue import HiddenValue
 from rigup.desired.recipe import Recipe
 from rigup.facts.docker import DockerImage
 from rigup.facts.serving import RigupVariantUnits, SecretFileState, ServedRecord, ServingStatus
+from rigup.layout import RigLayout
 from rigup.operations.live_output import streamed
 from rigup.runstate import account
-
-CTL_NAME = "rigup-servingctl"
-
 
 # Gate budget when serving_health_timeout_s is None: a base for container start, CUDA init and
 # graph capture, plus a load time per GB of weights (a cold page cache reads ~100-400 MB/s from
@@ -44,7 +42,8 @@ def health_timeout_s(recipe: Recipe, override: float | int | None) -> int:
 
 
 def ctl_path(install_root: str) -> str:
-    return f"{install_root.rstrip('/')}/bin/{CTL_NAME}"
+    """Where rigup-servingctl is on the rig (rigup.layout.RigLayout.servingctl; the metrics task asks here)."""
+    return RigLayout(install_root).servingctl
 
 
 @operation()

@@ -15,7 +15,6 @@ from rigup.desired.image_mirror import (
     DOCKER_HUB_API,
     daemon_settings,
     dropin_text,
-    helper_path,
     mirror_role,
     pinned_through,
     prune_unit_text,
@@ -24,6 +23,7 @@ from rigup.desired.image_mirror import (
     upstream_url,
 )
 from rigup.desired.recipe import resolve
+from rigup.layout import RigLayout
 
 FLEET = """
     data:
@@ -156,7 +156,7 @@ def test_bad_mirror_settings_name_file_host_and_key(tmp_path: Path, text: str, m
 
 def test_units_run_rigups_config_and_the_helpers_prune() -> None:
     assert dropin_text().splitlines()[2:4] == ["ExecStart=", "ExecStart=/usr/bin/docker-registry serve /etc/rigup/image-mirror.yml"]
-    unit = prune_unit_text(helper_path("/opt/rigup"))
+    unit = prune_unit_text(RigLayout("/opt/rigup").image_mirror_helper)
     assert "ExecStart=/usr/bin/python3 /opt/rigup/bin/rigup-image-mirror prune /etc/rigup/image-mirror-keep.json" in unit
 
 

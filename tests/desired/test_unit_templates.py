@@ -29,10 +29,10 @@ from rigup.desired.image_mirror import (
     PRUNE_UNIT,
     UNIT,
     dropin_text,
-    helper_path,
     prune_timer_text,
     prune_unit_text,
 )
+from rigup.layout import RigLayout
 
 SECTION = re.compile(r"^\[(?P<name>[A-Za-z]+)\]$")
 GRAFANA_UNIT = "grafana-server.service"
@@ -114,7 +114,7 @@ def test_the_registry_drop_in_runs_rigups_config_and_verifies(root: Path) -> Non
 
 
 def test_the_prune_unit_and_timer_run_the_helper_daily_and_verify(root: Path) -> None:
-    script = helper_path("/opt/rigup")
+    script = RigLayout("/opt/rigup").image_mirror_helper
     unit, timer = prune_unit_text(script), prune_timer_text()
     for text in (unit, timer):
         rendered_cleanly(text)
