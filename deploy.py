@@ -3,6 +3,7 @@
 Phases, in order (each task file's docstring says what is true afterwards and what it restarts):
   preflight          facts only: OS, GPUs, VRAM, CUDA, disk, Secure Boot; fails before any change,
                      and a host it fails gets nothing more planned (a --dry run exits 1 for it)
+  boundary           default deny: rigup's nftables table, holes from the fleet's roles (firewall)
   nvidia_driver      driver branch installed, loaded (reboot when allowed), held; power cap unit
   docker             Docker CE + compose plugin from Docker's signed repository
   image_mirror       on the host image_mirror_host names: the fleet's pull-through registry; on each rig
@@ -25,6 +26,7 @@ from pyinfra import host, local, state
 from rigup.operations.units import every_rig_done
 from rigup.pyinfra_patches import enable_pyinfra_patches
 from rigup.runstate import (
+    passed_preflight,
     print_summary_at_the_end,
     runs_gateway_task,
     runs_image_mirror_task,
@@ -36,6 +38,8 @@ enable_pyinfra_patches(state)  # first: facts read once, this host's batch sent 
 print_summary_at_the_end(state)
 
 local.include("tasks/preflight.py")
+if passed_preflight(host):  # default deny before anything listens (firewall: false takes it away)
+    local.include("tasks/boundary.py")
 if runs_rig_tasks(host):  # passed preflight and serves a variant
     local.include("tasks/nvidia_driver.py")
     local.include("tasks/docker.py")

@@ -103,6 +103,10 @@ fleet_ca_key_passphrase_file = None  # control-machine path of a 0600 file holdi
 fleet_cert_days = 365  # days a certificate issued at converge is valid
 fleet_cert_renew_days = 30  # a certificate with this many days left or fewer is issued anew at the next converge
 
+# --- The fleet's boundary: default deny on every host, holes from the fleet's roles (docs/security.md's port table) ---
+firewall = True  # rigup-boundary.service loads rigup's nftables table: SSH, the entrance, and each internal service from the members that use it; False: no table (preflight warns)
+firewall_allow = []  # your own networks the boundary admits too: "NETWORK" (every port) or "NETWORK PORT[-PORT]", e.g. ["192.168.1.0/24", "10.8.0.5 8000-8100"]
+
 # --- Monitoring: Prometheus over every pod, GPU, node and the gateway, with rigup's alert rules ---
 metrics_exporters = True  # rigs run prometheus-node-exporter (OS archive, rigup's facts as a textfile) and the GPU exporter container
 node_exporter_port = 9100  # node_exporter's TCP port on each rig (the package's own default)

@@ -565,6 +565,16 @@ def check_container_network(recipe: Any | None, host_data: Mapping[str, Any]) ->
                  f"installs nothing at start ({command()} render --list)", "container_network_at_start")
 
 
+def check_boundary(host_data: Mapping[str, Any]) -> Check | None:
+    """With `firewall: false` the host has no default deny (rigup.desired.boundary): every service it runs
+    answers whoever reaches it, most of them without asking who is calling (docs/security.md)."""
+    if knob(host_data, "firewall"):
+        return None
+    return _fail("firewall", "firewall is false: no default deny; the pods' /invocations, /tokenize and /pause, "
+                 "the exporters, Prometheus and Ray answer anyone who reaches this host", "set firewall: true (the "
+                 "default), adding your own networks to firewall_allow", "firewall", severity="warning")
+
+
 def check_capabilities(caps: Capabilities | None, host_data: Mapping[str, Any]) -> list[Check]:
     """What the host can run, before any other fact is read: root or passwordless sudo, systemd as
     the running init, apt, and Docker present or installable. "privileges" failing means the other
@@ -669,6 +679,7 @@ def run_checks(
         check_docker_snap(facts),
         check_pending_reboot(facts, plan),
         check_container_network(recipe, host_data),
+        check_boundary(host_data),
     ):
         if extra is not None:
             checks.append(extra)
@@ -743,6 +754,9 @@ def gateway_host_checks(
     if privileges_missing(checks):
         return checks
     checks.append(check_os_release(os_info, host_data))
+    boundary = check_boundary(host_data)
+    if boundary is not None:
+        checks.append(boundary)
     root = str(knob(host_data, "install_root"))
     free = disk.get(root)
     need = GATEWAY_VENV_GB + float(knob(host_data, "preflight_disk_margin_gb"))

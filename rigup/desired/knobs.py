@@ -315,11 +315,42 @@ def _alert_for() -> Rule:
     )
 
 
+FIREWALL_ALLOW_FORM = "a list of \"NETWORK\" or \"NETWORK PORT[-PORT]\" strings, e.g. [\"192.168.1.0/24\", \"10.8.0.5 8000-8100\"]"
+
+
+def allow_problem(entry: Any) -> str | None:
+    """Why one firewall_allow entry is unusable (None: it is fine)."""
+    if not isinstance(entry, str) or not entry.split():
+        return f"{entry!r} is not a string"
+    words = entry.split()
+    if len(words) > 2:
+        return f"{entry!r} has {len(words)} words (a network, then at most one port or range)"
+    try:
+        ipaddress.ip_network(words[0], strict=False)
+    except ValueError:
+        return f"{words[0]!r} in {entry!r} is not an address or network"
+    if len(words) == 2:
+        bounds = words[1].split("-")
+        if (len(bounds) > 2 or not all(b.isdigit() and 1 <= int(b) <= 65535 for b in bounds)
+                or (len(bounds) == 2 and int(bounds[0]) > int(bounds[1]))):
+            return f"{words[1]!r} in {entry!r} is not a port (1-65535) or a range a-b"
+    return None
+
+
+def _firewall_allow() -> Rule:
+    def problem(name: str, value: Any) -> str:
+        found = [p for e in value if (p := allow_problem(e)) is not None] if isinstance(value, list) else []
+        return f"{name!r}: {found[0] if found else f'{value!r} is not a list'}; it takes {FIREWALL_ALLOW_FORM}"
+
+    return Rule(FIREWALL_ALLOW_FORM, lambda v: isinstance(v, list) and all(allow_problem(e) is None for e in v), problem)
+
+
 @functools.cache
 def _rule_table() -> dict[str, Rule]:
     """Knob name -> what it accepts beyond its type."""
     port = Rule("an integer port from 1 to 65535", lambda v: is_strict_int(v) and 1 <= v <= 65535)
     table: dict[str, Rule] = {
+        "firewall_allow": _firewall_allow(),
         "variant": _variant(),
         "pods": _pods(),
         # the fleet file's loader sets it on each client of an image_mirror_host, after these checks
