@@ -163,6 +163,9 @@ class Config:
     crash_above_tokens: int | None = None
     cascade: bool = False
     garbage: bool = False
+    # a replica drifting from its replicas (issue 43's consensus fault): each text answer gains a closing
+    # word, still right by every probe's judge, so only the replicas' answer hashes tell it apart
+    diverge: bool = False
     inline_tool_calls: bool = False
     no_reasoning: bool = False
     log_file: str | None = None
@@ -369,6 +372,15 @@ def answer(request: dict[str, Any], config: Config, seed: str) -> Iterator[str]:
     return cascade(tokens) if config.cascade else tokens
 
 
+DRIFT_WORDS = " Indeed."  # what a drifting replica adds to every text answer (Config.diverge)
+
+
+def diverged(tokens: Iterator[str]) -> Iterator[str]:
+    """The answer as a drifting replica gives it: the same tokens, then DRIFT_WORDS."""
+    yield from tokens
+    yield from pieces(DRIFT_WORDS)
+
+
 def plan(request: dict[str, Any], config: Config, budget: int) -> Plan:
     if config.garbage:
         # The engine still runs and decodes at its usual pace; the logits are wrong (a broken all-reduce),
@@ -397,7 +409,7 @@ def plan(request: dict[str, Any], config: Config, budget: int) -> Plan:
             return Plan(reasoning, [], [call], "tool_calls")
 
     content: list[str] = []
-    tokens = answer(request, config, seed)
+    tokens = diverged(answer(request, config, seed)) if config.diverge else answer(request, config, seed)
     for token in tokens:
         if len(content) == budget:
             return Plan(reasoning, content, [], "length")

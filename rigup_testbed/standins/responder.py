@@ -30,13 +30,16 @@ An OpenAI-compatible HTTP server (stdlib http.server) that starts like vLLM does
 
 Faults come from /etc/rigup-testbed/responder.json, read at start and per request:
   {"mode": "ok" | "fail" | "slow" | "crash" | "garbage", "delay_s": 2, "startup_delay_s": 0, "check_model": true,
-   "tokens_per_s": 0, "ttft_ms": 0, "p2p_corrupts_custom_all_reduce": false}
+   "tokens_per_s": 0, "ttft_ms": 0, "p2p_corrupts_custom_all_reduce": false, "diverge_after_requests": null,
+   "spec_decode_acceptance_zero": false}
   fail: /health 500 and completions 500; slow: every answer waits delay_s; crash: exits 1 after start;
   garbage: the engine serves and answers every chat request with "!" until max_tokens, finish_reason=length
   (club-3090 issue #922: "!!!!" for 60 of 60 tokens while topology, Xid and tokens/s looked healthy);
   p2p_corrupts_custom_all_reduce: the rig's peer path returns wrong data to vLLM's custom all-reduce, as in
   #922 (patched P2P module on Ampere), so an engine with --tensor-parallel-size >= 2 and without
   --disable-custom-all-reduce answers garbage, and one with the flag (or TP 1) answers right;
+  diverge_after_requests N: after N chat requests the answers drift from the replicas' (drifts());
+  spec_decode_acceptance_zero: every draft token is rejected from now on (spec_acceptance_length());
   tokens_per_s / ttft_ms: openai_responder's decode pacing for each request (0: as fast as it can), so
   that load keeps the engine, and through it the GPU stand-in, busy.
 
@@ -89,6 +92,26 @@ def answers_garbage(f: dict[str, Any], app: Any) -> bool:
     if f.get("mode") == "garbage":
         return True
     return bool(f.get("p2p_corrupts_custom_all_reduce")) and app is not None and app.custom_all_reduce
+
+
+def drifts(f: dict[str, Any], server: Any, path: str) -> bool:
+    """diverge_after_requests N: after N chat requests this engine's answers drift from its replicas'
+    (openai_responder's Config.diverge: right by every judge, different bytes), as a replica whose state
+    went bad mid-run would. Counts the chat requests the server has taken."""
+    if path.split("?")[0] == "/v1/chat/completions":
+        server.chat_requests = getattr(server, "chat_requests", 0) + 1
+    after = f.get("diverge_after_requests")
+    return isinstance(after, int) and getattr(server, "chat_requests", 0) > after
+
+
+def spec_acceptance_length(f: dict[str, Any], server: Any) -> float | None:
+    """spec_decode_acceptance_zero: the engine's draft tokens are all rejected from now on (mean acceptance
+    length 1.0: one token per step, the target's own), as club-3090's "MTP acceptance fell to 0 %" (#922);
+    vLLM's counters vllm:spec_decode_num_draft_tokens keep rising while vllm:spec_decode_num_accepted_tokens
+    stops (vllm/v1/spec_decode/metrics.py, SpecDecodingProm). Without speculative decoding nothing changes."""
+    configured = getattr(server, "configured_acceptance_length", server.config.acceptance_length)
+    server.configured_acceptance_length = configured
+    return 1.0 if f.get("spec_decode_acceptance_zero") and configured is not None else configured
 
 
 def log(msg: str, level: str = "INFO") -> None:
@@ -658,6 +681,8 @@ if rich is not None:
             self.server.config.tokens_per_s = float(f.get("tokens_per_s") or 0)
             self.server.config.ttft_ms = float(f.get("ttft_ms") or 0)
             self.server.config.garbage = answers_garbage(f, getattr(self.server, "app", None))
+            self.server.config.diverge = drifts(f, self.server, self.path)
+            self.server.config.acceptance_length = spec_acceptance_length(f, self.server)
             if f.get("mode") == "fail" and self.path.startswith("/v1/"):
                 length = int(self.headers.get("Content-Length") or 0)
                 self.rfile.read(length)

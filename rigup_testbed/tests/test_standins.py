@@ -795,3 +795,43 @@ def test_docker_ps_reads_the_age_only_for_a_format_that_prints_it(monkeypatch: p
     assert json.loads(ps("--format", "{{json .}}"))["RunningFor"] == "About a minute ago"
     assert "About a minute ago" in ps()  # the default table
     assert len(ages) == 3
+
+
+def test_a_drifting_replica_answers_right_in_other_bytes_and_spec_decode_acceptance_can_drop_to_zero() -> None:
+    """responder.json's diverge_after_requests and spec_decode_acceptance_zero (issue 43): after N chat requests
+    the answers are still right by every gate probe's judge but differ from a healthy replica's; with the
+    acceptance fault the engine's draft tokens are all rejected, as vLLM's spec-decode counters would show."""
+    from types import SimpleNamespace
+
+    from rigup.rig import servingctl
+    from rigup_testbed import openai_responder as rich
+
+    sys.path.insert(0, str(aptrepo.STANDINS))
+    try:
+        import responder
+    finally:
+        sys.path.pop(0)
+    server = SimpleNamespace(config=rich.Config(model="m"))
+    fault = {"diverge_after_requests": 2}
+    assert [responder.drifts(fault, server, "/v1/chat/completions") for _ in range(3)] == [False, False, True]
+    assert responder.drifts(fault, server, "/v1/models") and not responder.drifts({}, server, "/v1/chat/completions")
+    healthy, drifting = rich.Config(model="m"), rich.Config(model="m", diverge=True)
+    for name, probe in servingctl.PROBES.items():
+        request = {"model": "m", "messages": probe.messages, "max_tokens": servingctl.PROBE_MAX_TOKENS, "seed": 0,
+                   "chat_template_kwargs": {"enable_thinking": False}, **probe.fields}
+        answers = []
+        for config in (healthy, drifting):
+            planned = rich.plan(request, config, servingctl.PROBE_MAX_TOKENS)
+            text = "".join(planned.content)
+            calls = [{"function": {"name": c["name"], "arguments": c["arguments"]}} for c in planned.tool_calls]
+            assert servingctl.probe_fault(probe, text, calls) is None, (name, text)
+            answers.append(text)
+        assert (answers[0] != answers[1]) == (name != "tool-call"), (name, answers)  # a tool call has no text
+    assert responder.spec_acceptance_length({"spec_decode_acceptance_zero": True}, server) == 1.0
+    assert responder.spec_acceptance_length({}, server) == 3.40  # healed: the engine's configured length again
+    engine = rich.Responder.__new__(rich.Responder)
+    engine.config = rich.Config(model="m", acceptance_length=1.0)
+    drafts, drafted, accepted = engine.spec_decoding(48)
+    assert (drafts, drafted, accepted) == (48, 144, 0)
+    without = SimpleNamespace(config=rich.Config(model="m", acceptance_length=None))
+    assert responder.spec_acceptance_length({"spec_decode_acceptance_zero": True}, without) is None
