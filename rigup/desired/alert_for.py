@@ -11,5 +11,5 @@ ALERT_FOR_S = {
     "RigupPodDown": 60, "RigupKvCacheFull": 300, "RigupTtftHigh": 600, "RigupGpuHot": 300, "RigupGpuThrottled": 300,
     "RigupGpuAtPowerCap": 900, "RigupExporterDown": 300, "RigupModelDiskFull": 300, "RigupDriverDrift": 900,
     "RigupReleaseDrift": 900, "RigupGatewayDown": 120, "RigupGatewayRouteUnhealthy": 60,
-    "RigupPodOutvoted": 60,
+    "RigupPodOutvoted": 60, "RigupSpecDecodeAcceptanceCollapsed": 300,
 }

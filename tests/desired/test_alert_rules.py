@@ -124,6 +124,17 @@ CASES: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
               "its greedy answer differs from the majority of its release identity id1: compare the rigs' drivers, "
               "GPUs and P2P (rigup status); converge or take the rig out", quiet_at="2m"),
     ),
+    "RigupSpecDecodeAcceptanceCollapsed": (
+        # the pod drafts all along; it accepts draft tokens for 10 min, none from 10 to 30, then again
+        [series("vllm:spec_decode_num_draft_tokens_total", {**POD, "engine": "0", "model_name": "qwen"}, "0+30x50"),
+         series("vllm:spec_decode_num_accepted_tokens_total", {**POD, "engine": "0", "model_name": "qwen"},
+                "0+20x10 200x20 200+20x20")],
+        alert("RigupSpecDecodeAcceptanceCollapsed", "28m", "35m",
+              {"host": "rig-1", "pod": "dual", "model": "qwen", "severity": "critical"},
+              "rig-1/dual (qwen) drafts but accepts no draft token, after accepting before",
+              "a silent wrong-output sign (club-3090 #922): rigup status --limit rig-1 shows the sentinel's answers; "
+              "check the peer path, the driver and a recent image or nightly bump", quiet_at="15m"),
+    ),
     "RigupUnitCrashLooping": (
         # rigup-dual crashes from minute 6, hits its start limit at 10 (failed) and a converge starts it at
         # 15: one alert while either cause holds (both at 10-14), none the minute the converge's start
