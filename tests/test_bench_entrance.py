@@ -1,15 +1,13 @@
-"""bench/entrance.py's pure parts (issue 44): the figures' arithmetic, which pod served a turn, the nginx
+"""bench/entrance.py's pure parts (issue 44): the figures' arithmetic, the agent trace and the routing
+policies' comparison (hits, first-token ratio, pod loads; the trace read from a real stand-in pod), the nginx
 front's key map and config (the keys only in a 0600 include, the allowlist), and that everything the bench
 starts is stopped, by process group, when the run fails. Loopback only; no venv, no router."""
 
 from __future__ import annotations
 
-import http.client
 import importlib.util
-import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -17,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.responder import MODEL, responder
+from tests.support.responder import responder
 
 REPO = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("bench_entrance", REPO / "bench" / "entrance.py")
@@ -51,47 +49,73 @@ def test_window_figures_and_what_a_path_adds_to_direct():
     assert E.cpu_percent(1.0, 0.0) == 0.0
 
 
-def test_affinity_counts_turns_after_the_first_that_stay_on_the_previous_pod():
-    assert E.affinity({"a": [0, 0, 0], "b": [1, 2, 2], "c": [3]}) == (3, 4)
-    assert E.affinity({"a": [0, 1, 0, 1]}) == (0, 3)
-
-
-def test_pod_loads_and_the_busiest_over_the_mean():
-    landings = {"a": [0, 0, 0], "b": [1, 1], "c": [3]}
-    assert E.pod_loads(landings, 4) == [3, 2, 0, 1]
+def test_the_busiest_pod_over_the_mean():
     assert E.max_over_mean([3, 2, 0, 1]) == 2.0
     assert E.max_over_mean([5, 5, 5, 5]) == 1.0
+    assert E.max_over_mean([0, 0]) == 0.0
 
 
-def test_the_serving_pod_is_the_one_that_took_the_turns_prompt():
-    # pods 0 and 2 also took a health check's few tokens
-    assert E.serving_pod([30, 50, 10], [38, 1250, 19], at_least=1000) == 1
-    with pytest.raises(RuntimeError, match=r"grew on pods \[\]"):
-        E.serving_pod([3, 5], [9, 5], at_least=1000)
-    with pytest.raises(RuntimeError, match=r"grew on pods \[0, 1\]"):
-        E.serving_pod([3, 5], [2003, 2005], at_least=1000)
+def test_counter_sum_adds_a_counters_label_sets_and_nothing_else():
+    text = ('# TYPE vllm:request_success_total counter\n'
+            'vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 7.0\n'
+            'vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 3.0\n'
+            'vllm:request_success_created{engine="0",finished_reason="stop",model_name="m"} 1.7e+09\n'
+            'vllm:request_success_totalx{engine="0"} 99.0\n')
+    assert E.counter_sum(text, "vllm:request_success_total") == 10.0
+    assert E.counter_sum(text, "vllm:prompt_tokens_total") == 0.0
 
 
-def test_prompt_tokens_reads_the_stand_ins_vllm_counter(tmp_path: Path):
-    with responder(tmp_path) as pod:
-        url = pod.url.removeprefix("http://")
-        read = lambda: E.prompt_tokens(_get(url, "/metrics"))  # noqa: E731
-        before = read()
-        conn = http.client.HTTPConnection(url, timeout=10)
-        body = {"model": MODEL, "messages": [{"role": "system", "content": "Follow the house rules. " * 200},
-                                             {"role": "user", "content": "What is 2 * 3?"}], "max_tokens": 8}
-        conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
-        assert conn.getresponse().status == 200
-        conn.close()
-        assert read() - before >= E.SYSTEM_PROMPT_TOKENS
+def test_the_agent_trace_shares_the_harness_prompt_and_grows_each_session_apart():
+    shape = E.TraceShape(sessions=3, turns=4, shared_tokens=50, task_tokens=20, turn_tokens=30)
+    trace = E.agent_trace(shape)
+    assert list(trace) == ["session-00", "session-01", "session-02"]
+    systems = {opening[0]["content"] for opening, _ in trace.values()}
+    tasks = {opening[1]["content"] for opening, _ in trace.values()}
+    assert len(systems) == 1 and len(next(iter(systems))) == 50 * E.CHARS_PER_TOKEN
+    assert len(tasks) == 3 and all(len(t) == 20 * E.CHARS_PER_TOKEN for t in tasks)
+    results = [r for _, turns in trace.values() for r in turns]
+    assert len(results) == 12 and len(set(results)) == 12 and {len(r) for r in results} == {30 * E.CHARS_PER_TOKEN}
+    assert E.agent_trace(shape) == trace  # every policy is given the same trace
 
 
-def _get(hostport: str, path: str) -> str:
-    conn = http.client.HTTPConnection(hostport, timeout=10)
-    conn.request("GET", path)
-    text = conn.getresponse().read().decode()
-    conn.close()
-    return text
+def test_a_turn_hits_its_prefix_only_when_every_full_block_of_the_previous_prompt_was_cached():
+    assert E.prefix_hit(cached_tokens=496, previous_prompt_tokens=500)  # 31 full blocks of 16
+    assert E.prefix_hit(cached_tokens=512, previous_prompt_tokens=500)
+    assert not E.prefix_hit(cached_tokens=480, previous_prompt_tokens=500)
+    assert not E.prefix_hit(cached_tokens=0, previous_prompt_tokens=20)
+    assert E.prefix_hit(cached_tokens=0, previous_prompt_tokens=15)  # no full block to find
+
+
+def test_the_pool_in_blocks_is_the_kv_budget_scaled_plus_vllms_null_block():
+    assert E.pool_blocks(618_660, 20) == 1_935  # 30,933 tokens: 1,933.3 blocks, rounded up, + 1
+    assert E.pool_blocks(1_600, 1) == 101
+    assert E.REFERENCE_KV_TOKENS == 618_660  # 2.36 x 262,144
+
+
+def test_a_policys_hits_mean_first_token_and_ratio_against_a_baseline():
+    routed = E.TraceResult(turns=[E.Turn("b", 0, 0.4, 300, 0), E.Turn("a", 1, 0.1, 400, 288),
+                                  E.Turn("a", 0, 0.4, 300, 0), E.Turn("b", 1, 0.1, 400, 0)],
+                           loads=[2, 2], seconds=1.0)
+    assert routed.hits == (1, 2)  # a's second turn found its first prompt's 18 blocks; b's found none
+    assert routed.hit_share == 0.5
+    assert routed.ttft_mean == pytest.approx(0.25)
+    assert routed.cached_share == pytest.approx(288 / 1400)
+    baseline = E.TraceResult(turns=[E.Turn("a", 0, 0.5, 300, 0), E.Turn("a", 1, 1.0, 400, 0)], loads=[1, 1],
+                             seconds=1.0)
+    assert E.ttft_ratio(baseline, routed) == pytest.approx(3.0)
+    assert E.TraceResult(turns=[E.Turn("a", 0, 0.1, 300, 0)], loads=[1], seconds=1.0).hit_share == 0.0
+
+
+def test_the_trace_reads_each_turns_cached_tokens_and_the_pods_requests(tmp_path: Path):
+    shape = E.TraceShape(sessions=2, turns=3, shared_tokens=64, task_tokens=16, turn_tokens=32, answer_tokens=4)
+    with responder(tmp_path, "--enable-prompt-tokens-details") as pod:
+        port = int(pod.url.rsplit(":", 1)[1])
+        result = E.run_trace(E.Target("direct", [port]), [port], shape, session_header=True)
+    assert result.failures == 0 and len(result.turns) == 6
+    assert result.hits == (4, 4)  # one pod: every later turn finds its session's previous prompt
+    assert result.loads == [6.0]
+    firsts = [t for t in result.turns if t.index == 0]
+    assert sorted(t.cached_tokens for t in firsts)[0] == 0  # the first session's first turn found nothing
 
 
 def test_key_map_holds_each_clients_key_and_refuses_what_nginx_could_misread():
@@ -134,10 +158,9 @@ def test_write_private_is_never_world_readable(tmp_path: Path):
 
 
 def test_nginx_accepts_the_rendered_front(tmp_path: Path):
-    """When the bench has unpacked Debian's nginx (.cache/entrance), the rendered front passes `nginx -t`."""
-    binary = E.CACHE / "nginx-root" / "usr" / "sbin" / "nginx"
-    if not binary.exists() or shutil.which("openssl") is None:
-        pytest.skip("nginx not unpacked yet: bench/entrance.py unpacks it on its first run")
+    """Debian's nginx (unpacked once per machine into the test bed's cache) passes the rendered front with `nginx -t`."""
+    binary, version = E.nginx_binary()
+    assert version.startswith("1.22.1-")
     (tmp_path / "tmp").mkdir()
     _ca, cert, key = E.make_tls(tmp_path)
     assert key.stat().st_mode & 0o777 == 0o600
