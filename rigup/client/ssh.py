@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import paramiko
 
 from rigup.desired.knobs import knob
+from rigup.desired.roles import LOCAL_HOST
 from rigup.parsers.nvidia_smi import GPU_MEMORY_QUERY, parse_memory_used
 
 SSH_CONNECT_TIMEOUT_S = 10.0
@@ -69,9 +70,6 @@ class Runner(Protocol):
     """Runs a shell command on a rig (SshSession, or a fake in tests)."""
 
     def run(self, command: str, *, sudo: bool = False, timeout: float = 30.0, stdin: bytes | None = None) -> CommandResult: ...
-
-
-LOCAL_HOST = "@local"
 
 
 class LocalSession:

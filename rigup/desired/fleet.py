@@ -30,6 +30,7 @@ from rigup.desired.knobs import OPTIONAL_KNOB_TYPES as OPTIONAL_KNOB_TYPES  # mo
 from rigup.desired.knobs import KnobError, check_knob, load_defaults, type_ok
 from rigup.desired.pods import PodError, host_pods
 from rigup.desired.recipe import RecipeError, check_overrides
+from rigup.desired.roles import LOCAL_HOST
 
 # Connection settings pyinfra's SSH connector reads from host data. Passwords are not accepted:
 # they would sit in a plain file (use keys and passwordless sudo).
@@ -57,8 +58,6 @@ SSH_KEY_RANGES: dict[str, tuple[str, Any]] = {
     "ssh_connect_retries": ("an integer of at least 0", lambda v: v >= 0),
 }
 
-# pyinfra's local connector: the host rigup runs on, without SSH.
-LOCAL_HOST = "@local"
 
 GROUP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 TOP_LEVEL_KEYS = frozenset({"data", "groups", "clusters"})

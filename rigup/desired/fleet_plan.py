@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rigup.desired.cluster import cluster_of
 from rigup.desired.gateway import GatewayPlan, gateway_plan
 from rigup.desired.image_mirror import MirrorRole, image_ref, local_registry, pinned_through, registry_role
 from rigup.desired.knobs import knob, load_defaults
@@ -31,7 +32,7 @@ from rigup.desired.monitoring import MonitorPlan, monitor_plan
 from rigup.desired.plan import HostPlan, host_plan
 from rigup.desired.pods import Pod
 from rigup.desired.recipe import pods_of
-from rigup.desired.roles import HostRoles, host_roles, named_mirrors
+from rigup.desired.roles import HostRoles, cluster_membership, host_roles, named_mirrors
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,15 @@ class FleetPlan:
             if h.roles.cluster is not None:
                 out.setdefault(h.roles.cluster, []).append(h.name)
         return out
+
+    def cluster_peers(self, name: str) -> dict[str, str]:
+        """The other members of host `name`'s cluster, in the cluster's order, each as the fleet reaches it
+        (its ssh_hostname, else its name); {} for a host in no cluster."""
+        member = cluster_membership(self.host(name).data)
+        if member is None:
+            return {}
+        return {peer: str(self.host(peer).data.get("ssh_hostname") or peer)
+                for peer in cluster_of(member).hosts if peer != name}
 
     def plan_everything(self) -> None:
         """Plan every host now (what a converge of the whole fleet asks for): pods, models, pins, registries."""

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rigup.desired.knobs import knob, url_host
-from rigup.desired.roles import mirror_host
+from rigup.desired.roles import LOCAL_HOST, image_mirror, is_local, mirror_host
 from rigup.desired.templating import render_template
 
 CONFIG_FILE = "/etc/rigup/image-mirror.yml"
@@ -156,8 +156,8 @@ def resolve_mirrors(path: Any, hosts: Mapping[str, dict[str, Any]]) -> None:
         if mirror not in hosts:
             raise MirrorError(f"{path}: host {name!r}: image_mirror_host {mirror!r} is not a host of this fleet "
                               f"(hosts: {', '.join(sorted(hosts))})")
-        if mirror == "@local":
-            raise MirrorError(f"{path}: host {name!r}: image_mirror_host '@local' has no address the rigs can "
+        if is_local(mirror):
+            raise MirrorError(f"{path}: host {name!r}: image_mirror_host {LOCAL_HOST!r} has no address the rigs can "
                               "reach; name the host by its SSH entry")
         registry = str(knob(data, "container_registry"))
         if "/" in registry.rstrip("/"):
@@ -178,8 +178,8 @@ def resolve_mirrors(path: Any, hosts: Mapping[str, dict[str, Any]]) -> None:
 
 def mirror_url(host_data: Mapping[str, Any]) -> str | None:
     """http://address:port of the mirror this host pulls through (a relay's upstream); None without one."""
-    mirror = knob(host_data, "image_mirror")
-    if not mirror:
+    mirror = image_mirror(host_data)
+    if mirror is None:
         return None
     return f"http://{url_host(str(mirror['address']))}:{int(mirror['port'])}"
 
@@ -187,7 +187,7 @@ def mirror_url(host_data: Mapping[str, Any]) -> str | None:
 def local_registry(host_data: Mapping[str, Any]) -> str | None:
     """`127.0.0.1:port` of the registry on this host that its pulls go to (the mirror's own, or the relay);
     None without a mirror."""
-    if not knob(host_data, "image_mirror"):
+    if image_mirror(host_data) is None:
         return None
     return f"{RELAY_ADDRESS}:{int(knob(host_data, 'image_mirror_port'))}"
 

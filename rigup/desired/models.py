@@ -10,6 +10,7 @@ from typing import Any
 
 from rigup.desired.knobs import MODEL_FLEET_MODES, knob, url_host
 from rigup.desired.lock import LockFile, ModelPin
+from rigup.desired.roles import is_local
 from rigup.layout import RigLayout
 
 
@@ -73,7 +74,7 @@ def fleet_base_url(name: str, data: Any) -> str:
 def in_fleet_chains(name: str, data: Any) -> bool:
     """Whether a rig takes part in the fleet's chains: model_fleet_source auto, and an address peers can
     reach (pyinfra's @local has none unless model_fleet_address names one)."""
-    reachable = name != "@local" or knob(data, "model_fleet_address") is not None
+    reachable = not is_local(name) or knob(data, "model_fleet_address") is not None
     return knob(data, "model_fleet_source") == "auto" and reachable
 
 

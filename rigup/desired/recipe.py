@@ -27,6 +27,7 @@ from rigup.desired.image_mirror import pull_registry
 from rigup.desired.interconnect import Interconnect, effective, nccl_settings
 from rigup.desired.knobs import REGISTRY, RIG_PATH, is_strict_int, knob
 from rigup.desired.pods import Pod, PodError, host_pods, pod_data
+from rigup.desired.roles import cluster_membership
 from rigup.desired.transforms import (
     CACHE_TARGETS,
     MODEL_ROOT,
@@ -310,7 +311,7 @@ class Recipe:
 def pods_of(host_data: Mapping[str, Any]) -> list[Pod]:
     """The host's pods (rigup.desired.pods.host_pods) from its knobs; a bad entry is a RecipeError (what
     every caller of a recipe or plan handles)."""
-    member = knob(host_data, "cluster")
+    member = cluster_membership(host_data)
     if member:  # a cluster member serves its share of the cluster, on its first gpus_per_host GPUs
         return [Pod(str(member["name"]), str(member["variant"]), tuple(range(int(member["gpus_per_host"]))),
                     dict(member.get("variant_overrides") or {}), True, member)]

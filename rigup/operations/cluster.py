@@ -18,21 +18,21 @@ from rigup.desired.cluster import (
     member_data,
     member_net,
 )
-from rigup.desired.knobs import knob
+from rigup.desired.roles import cluster_membership
 from rigup.facts.network import ClusterPeerRoutes
 from rigup.parsers.iproute import PeerRoutes
+from rigup.runstate import fleet_plan
 
 
 def peer_addresses(host: Any) -> dict[str, str]:
-    """The other members of the host's cluster, by name, as the fleet file reaches them (ssh_hostname)."""
-    member = knob(host.data, "cluster")
-    names = [h for h in cluster_of(member).hosts if h != host.name] if member else []
-    return {name: str(host.inventory.get_host(name).data.get("ssh_hostname") or name) for name in names}
+    """The other members of the host's cluster, by name, as the fleet file reaches them (ssh_hostname):
+    the run's FleetPlan knows them."""
+    return fleet_plan(host.state).cluster_peers(host.name)
 
 
 def peer_routes(host: Any) -> PeerRoutes | None:
     """What the host reads about reaching the other members (None: not a member)."""
-    if not knob(host.data, "cluster"):
+    if cluster_membership(host.data) is None:
         return None
     return host.get_fact(ClusterPeerRoutes, peers=peer_addresses(host))
 
@@ -40,9 +40,10 @@ def peer_routes(host: Any) -> PeerRoutes | None:
 def member_network(host: Any) -> MemberNetwork | None:
     """The host's interface and address towards its cluster, or the problem (None: not a member)."""
     read = peer_routes(host)
-    if read is None:
+    member = cluster_membership(host.data)
+    if read is None or member is None:
         return None
-    return member_net(cluster_of(knob(host.data, "cluster")), host.name, read)
+    return member_net(cluster_of(member), host.name, read)
 
 
 def cluster_host_data(host: Any) -> dict[str, Any]:

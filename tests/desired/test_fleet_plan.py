@@ -3,7 +3,6 @@ planned once however often the run's tasks ask, so that planning grows linearly 
 
 from __future__ import annotations
 
-import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,30 +15,11 @@ from rigup.desired.fleet import load_fleet
 from rigup.desired.fleet_plan import FleetPlan, fleet_entries, plan_fleet
 from rigup.desired.lock import LockError
 from rigup.desired.roles import HostRoles
-
-FLEET = """
-    data:
-      image_mirror_host: rig-01
-    groups:
-      rigs:
-        hosts:
-          rig-01: {ssh_hostname: 10.0.0.1, image_mirror_port: 5055}
-          rig-02: {ssh_hostname: 10.0.0.2}
-          rig-03: {ssh_hostname: 10.0.0.3}
-      gateway:
-        data: {serves_variant: false}
-        hosts:
-          gw: {ssh_hostname: 10.0.0.9, image_mirror_host: null, gateway_api_key_file: KEY}
-"""
+from tests.support.fleets import MIRROR_FLEET, write_fleet
 
 
-def fleet_plan(tmp_path: Path, text: str = FLEET) -> FleetPlan:
-    key = tmp_path / "gateway.key"
-    key.write_text("sk-gateway\n")
-    key.chmod(0o600)
-    path = tmp_path / "rigs.yaml"
-    path.write_text(textwrap.dedent(text).replace("KEY", str(key)))
-    return plan_fleet(fleet_entries(load_fleet(path)))
+def fleet_plan(tmp_path: Path, text: str = MIRROR_FLEET) -> FleetPlan:
+    return plan_fleet(fleet_entries(load_fleet(write_fleet(tmp_path, text))))
 
 
 @pytest.fixture
@@ -126,3 +106,20 @@ def test_hosts_asking_at_once_wait_for_one_plan(tmp_path: Path, monkeypatch: pyt
         chains = list(pool.map(lambda name: [h.name for h in plan.image_chain()], names))
     assert len(calls) == 3  # each rig's one pod, once
     assert pins[0] == pins[3] and len({tuple(c) for c in chains}) == 1
+
+
+def test_a_cluster_members_peers_are_the_other_members_as_the_fleet_reaches_them(tmp_path: Path) -> None:
+    plan = fleet_plan(tmp_path, """
+        groups:
+          rigs:
+            hosts:
+              rig-a: {ssh_hostname: 10.0.0.11}
+              rig-b: {ssh_hostname: 10.0.0.12}
+              rig-c: {}
+        clusters:
+          - {name: big, variant: qwen-multi4-autoround-int4-mtp, hosts: [rig-c, rig-a], port: 8040}
+    """)
+    assert plan.cluster_peers("rig-a") == {"rig-c": "rig-c"}  # no ssh_hostname: its name
+    assert plan.cluster_peers("rig-c") == {"rig-a": "10.0.0.11"}
+    assert plan.cluster_peers("rig-b") == {}  # in no cluster
+    assert plan.clusters() == {"big": ["rig-a", "rig-c"]}

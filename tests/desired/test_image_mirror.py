@@ -4,7 +4,6 @@ registry and daemon.json settings, the mirror host's role and config."""
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -24,26 +23,11 @@ from rigup.desired.image_mirror import (
 )
 from rigup.desired.recipe import resolve
 from rigup.layout import RigLayout
-
-FLEET = """
-    data:
-      image_mirror_host: rig-01
-    groups:
-      rigs:
-        hosts:
-          rig-01: {ssh_hostname: 10.0.0.1, image_mirror_port: 5055}
-          rig-02: {ssh_hostname: 10.0.0.2}
-      gateway:
-        data: {serves_variant: false}
-        hosts:
-          gw: {ssh_hostname: 10.0.0.9, image_mirror_host: null}
-"""
+from tests.support.fleets import MIRROR_FLEET, write_fleet
 
 
-def load(tmp_path: Path, text: str = FLEET):
-    path = tmp_path / "rigs.yaml"
-    path.write_text(textwrap.dedent(text))
-    return load_fleet(path)
+def load(tmp_path: Path, text: str = MIRROR_FLEET):
+    return load_fleet(write_fleet(tmp_path, text))
 
 
 def test_clients_learn_the_mirror_address_and_port(tmp_path: Path) -> None:
@@ -89,7 +73,7 @@ def test_the_mirror_role_proxies_the_clients_registry_and_keeps_their_pins(tmp_p
     pins = {"rig-01": ["vllm/vllm-openai@sha256:" + "a" * 64], "rig-02": ["vllm/vllm-openai@sha256:" + "a" * 64,
                                                                         "vllm/vllm-openai@sha256:" + "b" * 64]}
     role = mirror_role("rig-01", fleet.resolved_data("rig-01"), hosts, pins)
-    assert role is not None and role.clients == ("rig-01", "rig-02") and role.port == 5055
+    assert role is not None and role.clients == ("rig-01", "rig-02", "rig-03") and role.port == 5055
     assert role.keep == ("vllm/vllm-openai@sha256:" + "a" * 64, "vllm/vllm-openai@sha256:" + "b" * 64)
     assert role.max_bytes == 200 * 10**9  # group_data's image_mirror_max_gb
     config = yaml.safe_load(role.config_text())
