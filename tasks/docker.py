@@ -22,13 +22,13 @@ Not idempotent: none.
 
 
 from pyinfra import host
-from pyinfra.facts.deb import DebArch, DebPackages
+from pyinfra.facts.deb import DebArch
 from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import apt, systemd
 
 from rigup.desired.image_mirror import daemon_settings
 from rigup.facts.system import OsReleaseInfo
-from rigup.operations.apt import DOCKER_KEYRING, DOCKER_LIST, signed_repository
+from rigup.operations.apt import DOCKER_KEYRING, DOCKER_LIST, os_packages, signed_repository
 from rigup.operations.docker import docker_daemon_config
 from rigup.runstate import note_change
 
@@ -38,12 +38,7 @@ CONFLICTING = ["docker.io", "docker-doc", "docker-compose", "docker-compose-v2",
 
 os_info = host.get_fact(OsReleaseInfo)  # preflight passed: an allowed Ubuntu release, with its codename
 arch = host.get_fact(DebArch) or "amd64"
-installed = host.get_fact(DebPackages) or {}
-missing = [p for p in PREREQUISITES if p not in installed]
-
-if missing:  # only a box without them needs the package lists refreshed first
-    apt.update(name="Update apt before installing missing prerequisites")
-apt.packages(name="Install apt transport prerequisites", packages=PREREQUISITES)
+os_packages(name="Install apt transport prerequisites", packages=PREREQUISITES)
 
 signed_repository(
     name="Add Docker's signed apt repository",

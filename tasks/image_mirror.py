@@ -27,8 +27,7 @@ Included by deploy.py after Docker (its apt sources are settled by then), before
 from io import StringIO
 
 from pyinfra import host, state
-from pyinfra.facts.deb import DebPackages
-from pyinfra.operations import apt, files, systemd
+from pyinfra.operations import files, systemd
 
 from rigup.desired.image_mirror import (
     CONFIG_FILE,
@@ -44,6 +43,7 @@ from rigup.desired.image_mirror import (
 )
 from rigup.desired.knobs import knob
 from rigup.layout import RigLayout
+from rigup.operations.apt import os_packages
 from rigup.operations.docker import image_mirror_cached, image_mirror_pruned
 from rigup.operations.image_chain import image_blobs_staged, image_chain_members
 from rigup.operations.model import rigfetch_upload
@@ -57,10 +57,8 @@ assert role is not None  # deploy.py includes this file on the mirror host and i
 layout = RigLayout(str(knob(host.data, "install_root")))
 members = image_chain_members(fleet, KEEP_FILE)  # the op keeps those in the run
 
-if PACKAGE not in (host.get_fact(DebPackages) or {}):  # only then are the lists refreshed
-    apt.update(name="Update apt before installing the image mirror")
-installed = apt.packages(name="Install the distribution registry (OS archive), and python3 for its helpers",
-                         packages=[PACKAGE, "python3"], no_recommends=True)
+installed = os_packages(name="Install the distribution registry (OS archive), and python3 for its helpers",
+                        packages=[PACKAGE, "python3"], no_recommends=True)
 files.directory(name="Create /etc/rigup", path="/etc/rigup", mode="755")
 files.put(name="Write the registry's config (the mirror: pull-through of upstream; a relay: of the mirror)",
           src=StringIO(role.config_text()), dest=CONFIG_FILE, mode="644")

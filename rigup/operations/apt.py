@@ -1,5 +1,6 @@
-"""apt operations: rigup's signed third-party repositories (Docker's, NVIDIA's container toolkit and
-CUDA repositories), and the disabling of other entries for them that would make apt refuse to work."""
+"""apt operations: packages from the OS archive (the package lists refreshed only when one is missing), rigup's
+signed third-party repositories (Docker's, NVIDIA's container toolkit and CUDA repositories), and the
+disabling of other entries for them that would make apt refuse to work."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files
 
 from rigup.facts.apt import AptSourceEntries
@@ -24,6 +26,28 @@ CUDA_KEYRING = f"{KEYRING_DIR}/rigup-cuda.asc"
 CUDA_LIST = "/etc/apt/sources.list.d/rigup-cuda.list"
 GRAFANA_KEYRING = f"{KEYRING_DIR}/rigup-grafana.asc"
 GRAFANA_LIST = "/etc/apt/sources.list.d/rigup-grafana.list"
+
+
+@operation()
+def os_packages(packages: list[str], no_recommends: bool = False):
+    """
+    Install packages from the OS archive, refreshing apt's package lists first only when one of them is
+    missing: a converged host sends no apt command at all, and a fresh one's lists may be older than the
+    archive's current versions (an install from stale lists fails on a 404).
+
+    + packages: the Debian package names
+    + no_recommends: install without their recommended packages
+
+    **Example:**
+
+    .. code:: python
+
+        os_packages(name="Install nftables", packages=["nftables"])
+    """
+    installed = host.get_fact(DebPackages) or {}
+    if any(package not in installed for package in packages):
+        yield from apt.update._inner()
+    yield from apt.packages._inner(packages=packages, no_recommends=no_recommends)
 
 
 def ctk_repo_uri(base_url: str) -> str:
