@@ -457,6 +457,9 @@ class _NoRequest:
 class Responder(http.server.ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # the listen backlog of uvicorn (--backlog, default 2048), which vLLM's API server runs on; socketserver's 5
+    # drops the SYNs of clients that connect at once (64 streams), which then wait a second and retry
+    request_queue_size = 2048
 
     def __init__(self, address: tuple[str, int], config: Config, metrics: Any = None) -> None:
         super().__init__(address, Handler)
