@@ -487,3 +487,42 @@ def test_where_things_live_on_a_rig_is_spelled_in_rig_layout_alone() -> None:
     assert unexplained == {}, f"ask rigup.layout.RigLayout for these paths: {unexplained}"
     stale = sorted(LAYOUT_PENDING.keys() - spelled.keys())
     assert not stale, f"LAYOUT_PENDING lists modules that no longer spell a path under install_root: {stale}"
+
+
+def state_caches(source: str) -> list[int]:
+    """Lines of a module that keep something per pyinfra run or host outside rigup.runstate: a weak-keyed
+    dictionary (what a cache keyed on a State or Host is), an id(state) or id(host) key, or a
+    functools.cache / lru_cache function that takes a state or host."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in ("WeakKeyDictionary", "WeakValueDictionary"):
+            lines.append(node.lineno)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "id" and node.args
+              and isinstance(node.args[0], ast.Name) and node.args[0].id in ("state", "host")):
+            lines.append(node.lineno)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            cached = any("cache" in ast.unparse(d) for d in node.decorator_list)
+            if cached and {a.arg for a in node.args.args} & {"state", "host"}:
+                lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_the_state_cache_finder_finds_each_form() -> None:
+    source = (
+        "_RUNS = weakref.WeakKeyDictionary()\n"
+        "_PLANS[id(state)] = 1\n"
+        "@functools.cache\ndef plan(state, name): ...\n"
+        "@functools.cache\ndef catalog(path): ...\n"
+    )
+    assert state_caches(source) == [1, 2, 4]
+
+
+def test_per_run_state_is_kept_in_rigup_runstate_alone() -> None:
+    """What one run keeps (its FleetPlan, what a task decides and a later one reads) lives in rigup.runstate,
+    whose objects go with their run (issue 40): no other module caches on pyinfra's State or Host."""
+    found = {
+        str(path.relative_to(ROOT)): lines
+        for path in [*sorted((ROOT / "rigup").rglob("*.py")), *sorted((ROOT / "tasks").glob("*.py"))]
+        if path.name != "runstate.py" and (lines := state_caches(path.read_text()))
+    }
+    assert found == {}, f"keep per-run state in rigup.runstate: {found}"
