@@ -8,9 +8,10 @@ routes for it). Faults run side by side to keep the module short:
   1. the gateway stopped (RigupGatewayDown); rig-01's GPUs under load with poor airflow (RigupGpuHot,
      RigupGpuThrottled; the GPU stand-in follows the load), its node_exporter stopped (RigupExporterDown);
      rig-02's GPUs under load at their power limit (RigupGpuAtPowerCap), its release file edited
-     (RigupReleaseDrift) and its models' file system full (RigupModelDiskFull: a small tmpfs mounted
-     over the model directory and filled); healed at once: started, airflow back, load ended, file
-     restored, filler deleted;
+     (RigupReleaseDrift), its models' file system full (RigupModelDiskFull: a small tmpfs mounted
+     over the model directory and filled) and its pod answering club-3090 #922's "!!!!" (the rig's
+     sentinel quarantines it: RigupPodQuarantined); healed at once: started, airflow back, load ended,
+     file restored, filler deleted, right answers again (the sentinel releases the pod);
   2. rig-02's pod crash-looping while clients use the gateway (RigupUnitCrashLooping, RigupPodDown,
      RigupGatewayRouteUnhealthy) and, meanwhile, a converge of rig-01 whose fleet settings fail its gate
      and roll it back (RigupGateFailed); healed by one converge of both after the fleet file is reverted
@@ -229,7 +230,9 @@ def bed(testbed_factory: Callable[..., Testbed], tmp_path_factory: pytest.TempPa
     b = Bed(testbed, testbed.workdir)
     keys = key_files(tmp_path_factory.mktemp("keys"), rig=API_KEY, gateway=GATEWAY_KEY)
     b.data = {**b.data, "serving_api_key_file": str(keys["rig"]), "prometheus_scrape_interval_s": SCRAPE_S,
-              "gateway_health_check_interval_s": 5, "alert_for_s": {alert: HELD_S for alert in HELD_SHORTER}}
+              "gateway_health_check_interval_s": 5, "alert_for_s": {alert: HELD_S for alert in HELD_SHORTER},
+              # the sentinel's round as often as the scrape: a garbage pod is quarantined, and released, in seconds
+              "sentinel_interval_s": SCRAPE_S, "sentinel_pass_after": 2}
     b.group_data = {"gateway": {"gateway_api_key_file": str(keys["gateway"])}}
     b.write()
     b.deploy()
@@ -248,8 +251,10 @@ def test_gateway_down_hot_gpus_exporter_down_release_drift_and_a_full_disk_fire_
     release_file = f"/opt/rigup/variants/{VARIANT}/release.json"
     root(rig2, f"cp -p {release_file} /root/release.json.good")
     (model_dir,) = {r["metric"]["path"] for r in query(bed, 'rigup_model_filesystem{host="rig-02"}')}
-    for rig in (rig1, rig2):
-        responder_faults(rig, mode="ok", tokens_per_s=50)
+    # every pod's sentinel answers are right before the faults: a series per pod, none quarantined
+    wait_for(lambda: len(query(bed, "rigup_sentinel_quarantined == 0")) == 2, 60, "both pods' sentinel rounds")
+    responder_faults(rig1, mode="ok", tokens_per_s=50)
+    responder_faults(rig2, mode="garbage", tokens_per_s=50)  # club-3090 #922: "!" until max_tokens
     pod1, pod2 = (f"http://{rig.ip}:{port_of(VARIANT)}/v1/chat/completions" for rig in (rig1, rig2))
     with Load(pod1, API_KEY, served_name(VARIANT)) as load, Load(pod2, API_KEY, served_name(VARIANT)) as load2:
         root(gw, "systemctl stop rigup-gateway.service")
@@ -267,8 +272,11 @@ def test_gateway_down_hot_gpus_exporter_down_release_drift_and_a_full_disk_fire_
         in_rig_mounts(rig2, f"mount -t tmpfs -o size=16m rigup-test-models {model_dir} && "
                             f"fallocate -l 15m {model_dir}/filler")
         disk = Watch(bed, "RigupModelDiskFull", "firing", host="rig-02", mountpoint=model_dir)
-        watches = [down, hot, throttled, at_cap, exporter, drift, disk]
+        garbage = Watch(bed, "RigupPodQuarantined", "firing", host="rig-02", pod=VARIANT, probe="arithmetic")
+        watches = [down, hot, throttled, at_cap, exporter, drift, disk, garbage]
         wait_all(watches, Watch.check, 120 + 6 * SCRAPE_S + 30, "the faults' alerts")
+        evidence = json.loads(root(rig2, "cat /opt/rigup/state/sentinel.json"))["quarantined"]
+        assert evidence["answer"].startswith("'!!!!") and evidence["expected"].startswith("lexical variety 0.00"), evidence
         temps = {r["metric"]["gpu"]: float(r["value"][1]) for r in query(bed, 'DCGM_FI_DEV_GPU_TEMP{host="rig-01"}')}
         assert temps == {"0": 83.0, "1": 83.0}, temps  # held at the target temperature
         root(gw, "systemctl start rigup-gateway.service")
@@ -284,6 +292,8 @@ def test_gateway_down_hot_gpus_exporter_down_release_drift_and_a_full_disk_fire_
         drift.heal()
         in_rig_mounts(rig2, f"rm {model_dir}/filler")
         disk.heal()
+        responder_faults(rig2, mode="ok")  # right answers: sentinel_pass_after rounds release the pod
+        garbage.heal()
         wait_all(watches, Watch.gone, 120, "the heals")
         assert load.statuses.get(200, 0) > 0 and load2.statuses.get(200, 0) > 0, (load.statuses, load2.statuses)
     in_rig_mounts(rig2, f"umount {model_dir}")
