@@ -12,8 +12,9 @@ import sys
 from typing import Any
 
 from rigup.desired.fleet import FleetError, load_fleet
+from rigup.desired.fleet_plan import fleet_entries, plan_fleet
 from rigup.desired.lock import LOCK_COMMAND, LockError, LockFile, lock_path, need_problem
-from rigup.desired.pins import Resolver, fleet_lock_file, fleet_needs, update_lock
+from rigup.desired.pins import Resolver, fleet_lock_file, update_lock
 from rigup.desired.recipe import RecipeError, pods_of, resolve
 from rigup.desired.roles import serves_variant
 from rigup.desired.secrets import SecretError, read_hf_token
@@ -34,7 +35,8 @@ def run_lock(args: argparse.Namespace, out: Any = None) -> int:
             if path.exists():
                 raise
             old = LockFile(path=path)
-        needs, _ = fleet_needs(fleet, old if path.exists() else None)
+        plan = plan_fleet(fleet_entries(fleet))  # the fleet's lock needs are collected by its FleetPlan
+        needs, _ = plan.lock_needs(old if path.exists() else None)
         if args.check:
             problems = [p for p in (need_problem(n, old) for n in needs.values()) if p is not None]
             extra = [n for n in old.names() if n not in needs]
@@ -57,7 +59,7 @@ def run_lock(args: argparse.Namespace, out: Any = None) -> int:
         upgrade = None if args.upgrade is None else list(args.upgrade)
         new, changes = update_lock(old, needs, resolver, upgrade, prune=args.prune)
         # A moved recipe repository can mount from other sources: pin what the new commits need too.
-        needs_after, _ = fleet_needs(fleet, new)
+        needs_after, _ = plan.lock_needs(new)
         if set(needs_after) - set(needs):
             new, more = update_lock(new, needs_after, resolver, None, prune=args.prune)
             changes += [c for c in more if c.kind not in ("unused", "pruned", "kept")]

@@ -26,12 +26,14 @@ from rigup.desired.cluster import cluster_of
 from rigup.desired.gateway import GatewayPlan, gateway_plan
 from rigup.desired.image_mirror import MirrorRole, image_ref, local_registry, pinned_through, registry_role
 from rigup.desired.knobs import knob, load_defaults
-from rigup.desired.lock import LockError
+from rigup.desired.lock import LockError, LockFile, Need
 from rigup.desired.models import ModelPlan, plan_models
 from rigup.desired.monitoring import MonitorPlan, monitor_plan
+from rigup.desired.needs import dashboard_needs, exporter_needs, needs_for
+from rigup.desired.pins import merged_needs
 from rigup.desired.plan import HostPlan, host_plan
 from rigup.desired.pods import Pod
-from rigup.desired.recipe import pods_of
+from rigup.desired.recipe import pods_of, resolve
 from rigup.desired.roles import HostRoles, cluster_membership, host_roles, named_mirrors
 
 
@@ -211,6 +213,26 @@ class FleetPlan:
             return {}
         return {peer: str(self.host(peer).data.get("ssh_hostname") or peer)
                 for peer in cluster_of(member).hosts if peer != name}
+
+    def lock_needs(self, lock: LockFile | None = None) -> tuple[dict[str, Need], str]:
+        """Every need of every host of the fleet, by lock name, plus the fleet's lock_file knob value (what
+        `rigup lock` pins): each rig's pods and GPU exporter, a Grafana monitor's dashboards whether it
+        serves or not. Recipes are rendered from upstream at `lock`'s pins where it has them (what mounts
+        which source depends on the recipe repository's commit), else at the refs' current commits."""
+        fleet = self.named_groups()
+
+        def host_needs(h: HostFleetPlan) -> list[Need]:
+            needs = dashboard_needs(h.data, h.entry.groups, fleet)
+            if h.roles.rig:
+                needs += [n for pod in pods_of(h.data) for n in needs_for(resolve(h.data, lock, pod=pod), h.data)]
+                needs += exporter_needs(h.data)
+            return needs
+
+        needs = merged_needs((h.name, host_needs(h)) for h in self.hosts)
+        lock_files = {str(knob(h.data, "lock_file")) for h in self.hosts}
+        if len(lock_files) > 1:
+            raise LockError(f"hosts disagree on lock_file ({sorted(lock_files)}); set it once for the fleet")
+        return needs, (lock_files.pop() if lock_files else "rigs.lock.yaml")
 
     def plan_everything(self) -> None:
         """Plan every host now (what a converge of the whole fleet asks for): pods, models, pins, registries."""

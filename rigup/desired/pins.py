@@ -34,9 +34,6 @@ from rigup.desired.lock import (
     is_safe_relpath,
     need_problem,
 )
-from rigup.desired.needs import dashboard_needs, exporter_needs, needs_for
-from rigup.desired.recipe import pods_of, resolve
-from rigup.desired.roles import serves_variant
 
 # GitPython and huggingface_hub are imported in the methods that use them, not at the top: every rigup
 # command imports this module (rigup.cli.lock, to build its parser), and they take about 40 ms and 145 ms
@@ -323,21 +320,13 @@ def fleet_lock_file(fleet: Any) -> str:
     return files.pop() if files else "rigs.lock.yaml"
 
 
-def fleet_needs(fleet: Any, lock: LockFile | None = None) -> tuple[dict[str, Need], str]:
-    """Every need of every host of the fleet, by lock name, plus the fleet's lock_file knob value.
-
-    Recipes are rendered from upstream at `lock`'s pins where it has them (what mounts which source
-    depends on the recipe repository's commit), else at the refs' current commits."""
+def merged_needs(hosts_needs: Iterable[tuple[str, Iterable[Need]]]) -> dict[str, Need]:
+    """Every host's needs (host name, its needs), by lock name; LockError when two hosts need different
+    things under one name (the lock holds one pin per name). The fleet's are collected by its FleetPlan
+    (rigup.desired.fleet_plan.FleetPlan.lock_needs)."""
     needs: dict[str, Need] = {}
     owners: dict[str, str] = {}
-    lock_files: set[str] = set()
-    resolved = [(host.name, fleet.resolved_data(host.name), [host.group]) for host in fleet.hosts]
-    for name, data, groups in resolved:
-        lock_files.add(str(knob(data, "lock_file")))
-        host_needs = dashboard_needs(data, groups, resolved)  # a monitor host's, whether it serves or not
-        if serves_variant(data):
-            host_needs += [n for pod in pods_of(data) for n in needs_for(resolve(data, lock, pod=pod), data)]
-            host_needs += exporter_needs(data)
+    for name, host_needs in hosts_needs:
         for need in host_needs:
             known = needs.get(need.name)
             if known is not None and _need_key(known) != _need_key(need):
@@ -347,9 +336,7 @@ def fleet_needs(fleet: Any, lock: LockFile | None = None) -> tuple[dict[str, Nee
                 )
             needs.setdefault(need.name, need)
             owners.setdefault(need.name, name)
-    if len(lock_files) > 1:
-        raise LockError(f"hosts disagree on lock_file ({sorted(lock_files)}); set it once for the fleet")
-    return needs, (lock_files.pop() if lock_files else "rigs.lock.yaml")
+    return needs
 
 
 def _need_key(need: Need) -> tuple[Any, ...]:

@@ -26,9 +26,9 @@ from rigup.desired.dashboards import (
     vllm_dashboards,
 )
 from rigup.desired.fleet import load_fleet
+from rigup.desired.fleet_plan import fleet_entries, plan_fleet
 from rigup.desired.knobs import load_defaults
 from rigup.desired.needs import dashboard_needs
-from rigup.desired.pins import fleet_needs
 from rigup.desired.upstream import GitCache
 from rigup_testbed import debarchive
 
@@ -128,7 +128,7 @@ def test_fleet_needs_pin_vllm_for_a_gateway_only_monitor_host(tmp_path: Path) ->
         "  gateway:\n    hosts:\n"
         "      gw-01: {ssh_hostname: 10.0.0.10, serves_variant: false, grafana: true}\n"
     )
-    needs, _ = fleet_needs(load_fleet(fleet))
+    needs, _ = plan_fleet(fleet_entries(load_fleet(fleet))).lock_needs()
     assert needs["git:vllm@v0.27.1"].ref == "v0.27.1"
     assert not [name for name in needs if name.startswith("git:vllm@") and name != "git:vllm@v0.27.1"]
 

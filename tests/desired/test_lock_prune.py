@@ -11,6 +11,7 @@ from pathlib import Path
 
 from rigup import REPO_ROOT
 from rigup.desired.fleet import load_fleet
+from rigup.desired.fleet_plan import fleet_entries, plan_fleet
 from rigup.desired.lock import (
     LOCK_COMMAND,
     SHA40,
@@ -24,7 +25,7 @@ from rigup.desired.lock import (
     Need,
 )
 from rigup.desired.needs import needs_for
-from rigup.desired.pins import Resolver, fleet_needs, update_lock
+from rigup.desired.pins import Resolver, update_lock
 from rigup.desired.recipe import resolve
 from rigup_testbed import hfhub
 from rigup_testbed.gitremotes import Remotes
@@ -153,7 +154,7 @@ def test_rigup_lock_cli_keeps_then_prunes_unused_pins(tmp_path: Path) -> None:
         "      rig-01: {ssh_hostname: 10.0.0.11, variant: dual}\n"
         "      rig-02: {ssh_hostname: 10.0.0.12, variant: single-minimal}\n"
     )
-    needs, _ = fleet_needs(load_fleet(fleet))
+    needs, _ = plan_fleet(fleet_entries(load_fleet(fleet))).lock_needs()
     base = load_fleet(fleet).resolved_data("rig-01")
     gone = {**_needs({**base, "variant": "dual-turbo"}), **_needs({**base, "variant": "dual-dflash"})}
     unused = {n: need for n, need in gone.items() if n not in needs}  # what variants no host has any more need
@@ -206,7 +207,7 @@ def test_a_gateway_only_host_needs_no_pins(tmp_path: Path) -> None:
         "  gateway:\n    hosts:\n"
         "      gw-01: {ssh_hostname: 10.0.0.10, serves_variant: false}\n"  # its variant would be the default, dual
     )
-    with_box, _ = fleet_needs(load_fleet(fleet))
+    with_box, _ = plan_fleet(fleet_entries(load_fleet(fleet))).lock_needs()
     alone = tmp_path / "alone.yaml"
     alone.write_text("groups:\n  rigs:\n    hosts:\n      rig-01: {ssh_hostname: 10.0.0.11, variant: single-minimal}\n")
-    assert set(with_box) == set(fleet_needs(load_fleet(alone))[0])
+    assert set(with_box) == set(plan_fleet(fleet_entries(load_fleet(alone))).lock_needs()[0])
