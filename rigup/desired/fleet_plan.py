@@ -10,7 +10,7 @@ this one function. Its FleetPlan holds, for each host:
   models           the model plan: its manifest and, per model, the chain of rigs holding it
   mirror_pins      the images it pulls through its image mirror; registry: its registry's role
 and for the fleet: the image chain (the registry hosts, the mirror first), each gateway's routes, each
-monitor's targets, the clusters' members. Each host is planned once, when first asked for (hosts asking at
+monitor's targets, the clusters' members and each member's peers, and the lock needs `rigup lock` pins. Each host is planned once, when first asked for (hosts asking at
 once wait for that one plan): planning the whole fleet costs linearly in its hosts (bench/plan_fleet.py),
 and a command that asks about one host plans that one.
 """
