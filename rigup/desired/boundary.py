@@ -101,14 +101,20 @@ def _mirror_clients(fleet: Any, name: str) -> list[str]:
     return [h.name for h in fleet.hosts if h.name != name and (knob(h.data, "image_mirror") or {}).get("host") == name]
 
 
+def _in_chains(roles: HostRoles, name: str, data: Mapping[str, Any]) -> bool:
+    """Whether the host serves the fleet's chains: a rig (models) or a registry of the fleet's images (image
+    blobs, FleetPlan.image_chain), with model_fleet_source auto."""
+    return (roles.rig or roles.image_registry) and in_fleet_chains(name, data)
+
+
 def _chain_port(fleet: Any, name: str) -> list[str]:
     data = _data(fleet, name)
-    return [str(knob(data, "model_fleet_port"))] if _roles(fleet, name).rig and in_fleet_chains(name, data) else []
+    return [str(knob(data, "model_fleet_port"))] if _in_chains(_roles(fleet, name), name, data) else []
 
 
 def _chain_peers(fleet: Any, name: str) -> list[str]:
-    """The other rigs that take part in the fleet's chains (models and images pass rig to rig)."""
-    return [h.name for h in fleet.hosts if h.name != name and h.roles.rig and in_fleet_chains(h.name, h.data)]
+    """The other hosts of the fleet's chains (models and image blobs pass host to host)."""
+    return [h.name for h in fleet.hosts if h.name != name and _in_chains(h.roles, h.name, h.data)]
 
 
 def _cluster_ports(fleet: Any, name: str) -> list[str]:
@@ -159,8 +165,8 @@ SERVICES: tuple[Service, ...] = (
             "Grafana's login", _grafana_port, _control, ("/api/health",)),
     Service("the image mirror (registry)", "image_mirror_port (5000)", "image_mirror_host", "the hosts pulling "
             "through it (their relays)", "none: the firewall", _mirror_port, _mirror_clients, ("/v2/", "/v2/_catalog")),
-    Service("the chain server (models and images rig to rig)", "model_fleet_port (8765)", "every rig in the "
-            "fleet's chains (model_fleet_source auto)", "the other rigs of the chains", "a per-run token, only while "
+    Service("the chain server (models and images rig to rig)", "model_fleet_port (8765)", "every rig and image "
+            "registry in the fleet's chains (model_fleet_source auto)", "the other hosts of the chains", "a per-run token, only while "
             "a peer needs files", _chain_port, _chain_peers, ("/",)),
     Service("Ray, NCCL, Gloo (a cluster)", "every port, Ray's pinned (cluster_ray_*) and the ephemeral range",
             "every cluster member", "the cluster's other members", "none (Ray's token auth is not on): the firewall",

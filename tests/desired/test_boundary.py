@@ -146,35 +146,39 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
 
 
+# namespace names of this process (another test process may run this test at the same time)
+NS = f"rfb{os.getpid() % 100000}"
+
+
 @pytest.fixture
 def lan() -> Iterator[None]:
-    """The guarded host (rfba, 10.254.1.1) with a "container" behind it (rfbc, 172.30.9.2, reached by DNAT of
-    port 9400 as Docker publishes one), the monitor (rfbm, .2), a cluster peer (rfbp, .3) and an outsider
-    (rfbx, .9), on one bridge."""
-    hosts = {"rfba": "10.254.1.1", "rfbm": "10.254.1.2", "rfbp": "10.254.1.3", "rfbx": "10.254.1.9"}
-    names = [*hosts, "rfbc", "rfbbr"]
+    """The guarded host (NS+a, 10.254.1.1) with a "container" behind it (NS+c, 172.30.9.2, reached by DNAT of
+    port 9400 as Docker publishes one), the monitor (NS+m, .2), a cluster peer (NS+p, .3) and an outsider
+    (NS+x, .9), on one bridge (NS+br); each namespace is its own network, so the addresses do not collide."""
+    hosts = {f"{NS}a": "10.254.1.1", f"{NS}m": "10.254.1.2", f"{NS}p": "10.254.1.3", f"{NS}x": "10.254.1.9"}
+    names = [*hosts, f"{NS}c", f"{NS}br"]
     try:
-        _ip("netns", "add", "rfbbr")
-        _ip("-n", "rfbbr", "link", "add", "br0", "type", "bridge")
-        _ip("-n", "rfbbr", "link", "set", "br0", "up")
+        _ip("netns", "add", f"{NS}br")
+        _ip("-n", f"{NS}br", "link", "add", "br0", "type", "bridge")
+        _ip("-n", f"{NS}br", "link", "set", "br0", "up")
         for name, address in hosts.items():
             _ip("netns", "add", name)
-            _ip("-n", name, "link", "add", "eth0", "type", "veth", "peer", "name", f"p-{name}", "netns", "rfbbr")
-            _ip("-n", "rfbbr", "link", "set", f"p-{name}", "master", "br0", "up")
+            _ip("-n", name, "link", "add", "eth0", "type", "veth", "peer", "name", f"p-{name}", "netns", f"{NS}br")
+            _ip("-n", f"{NS}br", "link", "set", f"p-{name}", "master", "br0", "up")
             _ip("-n", name, "addr", "add", f"{address}/24", "dev", "eth0")
             _ip("-n", name, "link", "set", "eth0", "up")
             _ip("-n", name, "link", "set", "lo", "up")
-        _ip("netns", "add", "rfbc")
-        _ip("-n", "rfba", "link", "add", "ctr0", "type", "veth", "peer", "name", "eth0", "netns", "rfbc")
-        _ip("-n", "rfba", "addr", "add", "172.30.9.1/24", "dev", "ctr0")
-        _ip("-n", "rfba", "link", "set", "ctr0", "up")
-        _ip("-n", "rfbc", "addr", "add", "172.30.9.2/24", "dev", "eth0")
-        _ip("-n", "rfbc", "link", "set", "eth0", "up")
-        _ip("-n", "rfbc", "route", "add", "default", "via", "172.30.9.1")
-        subprocess.run(["ip", "netns", "exec", "rfba", "sysctl", "-qw", "net.ipv4.ip_forward=1"], check=True, timeout=30)
+        _ip("netns", "add", f"{NS}c")
+        _ip("-n", f"{NS}a", "link", "add", "ctr0", "type", "veth", "peer", "name", "eth0", "netns", f"{NS}c")
+        _ip("-n", f"{NS}a", "addr", "add", "172.30.9.1/24", "dev", "ctr0")
+        _ip("-n", f"{NS}a", "link", "set", "ctr0", "up")
+        _ip("-n", f"{NS}c", "addr", "add", "172.30.9.2/24", "dev", "eth0")
+        _ip("-n", f"{NS}c", "link", "set", "eth0", "up")
+        _ip("-n", f"{NS}c", "route", "add", "default", "via", "172.30.9.1")
+        subprocess.run(["ip", "netns", "exec", f"{NS}a", "sysctl", "-qw", "net.ipv4.ip_forward=1"], check=True, timeout=30)
         docker_like = ("table ip dockerlike {\n chain prerouting {\n  type nat hook prerouting priority dstnat;\n"
                        "  tcp dport 9400 dnat to 172.30.9.2:9400\n }\n}\n")
-        subprocess.run(["ip", "netns", "exec", "rfba", str(NFT), "-f", "-"], input=docker_like, text=True, check=True,
+        subprocess.run(["ip", "netns", "exec", f"{NS}a", str(NFT), "-f", "-"], input=docker_like, text=True, check=True,
                        timeout=30)
         yield
     finally:
@@ -193,21 +197,21 @@ def _connects(source: str, address: str, port: int) -> bool:
 @needs_nft
 def test_only_the_holes_answer_published_ports_included(lan: None, tmp_path: Path) -> None:
     listen = "import socket, time; s = socket.socket(); s.bind(('0.0.0.0', {})); s.listen(8); time.sleep(60)"
-    servers = [subprocess.Popen(["ip", "netns", "exec", "rfba", "python3", "-c", listen.format(port)])
+    servers = [subprocess.Popen(["ip", "netns", "exec", f"{NS}a", "python3", "-c", listen.format(port)])
                for port in (22, 8030, 6379)]
-    servers.append(subprocess.Popen(["ip", "netns", "exec", "rfbc", "python3", "-c", listen.format(9400)]))
+    servers.append(subprocess.Popen(["ip", "netns", "exec", f"{NS}c", "python3", "-c", listen.format(9400)]))
     ports = (22, 8030, 6379, 9400)  # SSH, a pod, Ray's GCS, the DCGM exporter published by DNAT
     try:
         time.sleep(0.5)
-        assert [_connects("rfbx", "10.254.1.1", p) for p in ports] == [True] * 4  # no table yet: all answer
+        assert [_connects(f"{NS}x", "10.254.1.1", p) for p in ports] == [True] * 4  # no table yet: all answer
         path = tmp_path / "rules.nft"
         path.write_text(_text())
         for _ in range(2):  # loading it again replaces it
-            subprocess.run(["ip", "netns", "exec", "rfba", str(NFT), "-f", str(path)], check=True, timeout=30)
-        assert [_connects("rfbx", "10.254.1.1", p) for p in ports] == [True, False, False, False]
-        assert [_connects("rfbm", "10.254.1.1", p) for p in ports] == [True, True, False, True]
-        assert [_connects("rfbp", "10.254.1.1", p) for p in ports] == [True, True, True, True]
-        assert _connects("rfba", "127.0.0.1", 8030)  # the host itself
+            subprocess.run(["ip", "netns", "exec", f"{NS}a", str(NFT), "-f", str(path)], check=True, timeout=30)
+        assert [_connects(f"{NS}x", "10.254.1.1", p) for p in ports] == [True, False, False, False]
+        assert [_connects(f"{NS}m", "10.254.1.1", p) for p in ports] == [True, True, False, True]
+        assert [_connects(f"{NS}p", "10.254.1.1", p) for p in ports] == [True, True, True, True]
+        assert _connects(f"{NS}a", "127.0.0.1", 8030)  # the host itself
     finally:
         for proc in servers:
             proc.kill()
