@@ -102,6 +102,7 @@ fleet_ca_key_file = None  # control-machine path of your own CA's private key, a
 fleet_ca_key_passphrase_file = None  # control-machine path of a 0600 file holding that key's passphrase (openssl reads it from the file); None: the key is not encrypted
 fleet_cert_days = 365  # days a certificate issued at converge is valid
 fleet_cert_renew_days = 30  # a certificate with this many days left or fewer is issued anew at the next converge
+metrics_password_file = None  # control-machine path of a 0600 file holding the password the fleet's Prometheus presents to node_exporter (bcrypt basic auth); None: one made once in fleet_ca_dir (metrics.password, 0600)
 
 # --- The fleet's boundary: default deny on every host, holes from the fleet's roles (docs/security.md's port table) ---
 firewall = True  # rigup-boundary.service loads rigup's nftables table: SSH, the entrance, and each internal service from the members that use it; False: no table (preflight warns)

@@ -1,6 +1,9 @@
 """Metrics: the rig exposes what the fleet's Prometheus scrapes, beside what vLLM serves itself.
 
-True afterwards: prometheus-node-exporter (the OS package) runs on node_exporter_port with the systemd
+True afterwards: prometheus-node-exporter (the OS package) runs on node_exporter_port, asking for TLS
+with its fleet-CA certificate and basic auth (its web config under /etc/prometheus/rigup-web: the
+certificate issued or renewed on the control machine by rigup.desired.fleet_ca, its key 0600 for the
+prometheus user; rigup.desired.metrics_auth), with the systemd
 collector over rigup's and Docker's units and the textfile collector reading
 /var/lib/prometheus/node-exporter (flags in /etc/default/prometheus-node-exporter);
 rigup-metrics.timer runs `rigup-servingctl textfile` every 15 s, writing rigup.prom there: per pod the
@@ -13,14 +16,17 @@ GPU on gpu_exporter_port, at boot too, reading rigup's DCGM fields (files/monito
 uploaded to {install_root}/metrics/).
 Reads: metrics_exporters, serves_variant, node_exporter_port, sentinel_interval_s, sentinel_fail_after,
 sentinel_pass_after, gpu_exporter_image, gpu_exporter_port,
-install_root, model_dir, nvidia_driver_branch, lock_file, docker_insecure_registries.
-Restarts: prometheus-node-exporter when its flags changed after it started; rigup-gpu-exporter when
+install_root, model_dir, nvidia_driver_branch, lock_file, docker_insecure_registries, fleet_ca_dir,
+fleet_ca_cert_file, fleet_ca_key_file, fleet_ca_key_passphrase_file, fleet_cert_days, fleet_cert_renew_days,
+metrics_password_file, model_fleet_address.
+Restarts: prometheus-node-exporter when its flags, certificate, key or web config changed after it started; rigup-gpu-exporter when
 its unit (the image digest, the port) or its fields file changed after it started. Nothing else.
 Without the GPU exporter's pin in the lock: a --dry run warns and plans nothing here; a real run stops.
 Included by deploy.py on hosts that passed preflight and serve a variant, after serving.
 """
 
 import posixpath
+from dataclasses import replace
 from io import StringIO
 
 from pyinfra import host
@@ -29,6 +35,7 @@ from pyinfra.operations import apt, files, systemd
 from pyinfra.operations.util import any_changed
 
 from rigup.desired.knobs import knob
+from rigup.desired.metrics_auth import NODE_EXPORTER_SERVICE, node_exporter_web_flag
 from rigup.desired.monitoring import (
     FACTS_TIMER,
     FACTS_UNIT,
@@ -36,30 +43,38 @@ from rigup.desired.monitoring import (
     GPU_EXPORTER_UNIT,
     NODE_EXPORTER_DEFAULTS_FILE,
     NODE_EXPORTER_UNIT,
+    PROMETHEUS_USER,
     SENTINEL_TIMER,
     SENTINEL_UNIT,
     TEXTFILE_DIR,
 )
+from rigup.facts.system import OsReleaseInfo
+from rigup.operations.fleet_certs import fleet_ca_of, service_web_files
 from rigup.operations.planning_errors import rig_exporters_or_stop
 from rigup.operations.serving import ctl_path, image_pulled
 from rigup.operations.units import unit_runs_current_files
 
 exporters = rig_exporters_or_stop(host)
 if exporters is not None:
+    os_info = host.get_fact(OsReleaseInfo)  # read by preflight: node_exporter's web-config flag follows the release
+    exporters = replace(exporters, web_config_flag=node_exporter_web_flag(
+        os_info.id if os_info else None, os_info.version_id if os_info else None))
+    fleet_ca, metrics_login = fleet_ca_of(host)
     if "prometheus-node-exporter" not in (host.get_fact(DebPackages) or {}):  # only then are the lists refreshed
         apt.update(name="Update apt before installing node_exporter")
     # without Recommends (prometheus-node-exporter-collectors' timers): rigup's textfile is the one it reads
     apt.packages(name="Install prometheus-node-exporter", packages=["prometheus-node-exporter"], no_recommends=True)
+    web_files = service_web_files(host, fleet_ca, metrics_login, NODE_EXPORTER_SERVICE, owner=PROMETHEUS_USER)
     files.put(
-        name="Set node_exporter's flags (port, textfile directory, systemd collector)",
+        name="Set node_exporter's flags (port, web config, textfile directory, systemd collector)",
         src=StringIO(exporters.defaults_text()),
         dest=NODE_EXPORTER_DEFAULTS_FILE,
         mode="644",
     )
     unit_runs_current_files(
-        name="Run node_exporter on its current flags",
+        name="Run node_exporter on its current flags, certificate and web config",
         unit=NODE_EXPORTER_UNIT,
-        files=[NODE_EXPORTER_DEFAULTS_FILE],
+        files=[NODE_EXPORTER_DEFAULTS_FILE, *web_files],
     )
     files.directory(name="Create the textfile directory", path=TEXTFILE_DIR, mode="755")
     facts_unit = files.put(

@@ -4,7 +4,9 @@ True afterwards: prometheus (the OS package) runs on prometheus_listen_address, 
 prometheus_retention of samples (flags in /etc/default/prometheus); /etc/prometheus/prometheus.yml
 (checked by promtool before it replaces the one in use) scrapes every prometheus_scrape_interval_s:
 Prometheus itself, each rig's GPU exporter and node_exporter (file_sd rigup-targets/gpu.json and
-node.json, from the fleet file), each gateway's /metrics with its key read from a 0600 file of the
+node.json, from the fleet file; node_exporter over https, trusting the fleet CA's certificate in
+/etc/prometheus/rigup-web/fleet-ca.crt, with basic auth, the password in a 0600 file of the prometheus
+user there, never in prometheus.yml: rigup.desired.metrics_auth), each gateway's /metrics with its key read from a 0600 file of the
 prometheus user under /etc/prometheus/rigup-keys (never in prometheus.yml), and every pod
 (rigup-targets/vllm.json, from each rig's provenance records, read after every rig's serving phase
 in this run: a variant switch moves its target at this converge; a rig that cannot be read keeps its
@@ -24,8 +26,10 @@ prometheus_scrape_interval_s, alert_ttft_p95_s, alert_gpu_temp_c, alert_disk_fre
 alertmanager_webhook_url_file, alertmanager_port, grafana, grafana_apt_url, grafana_apt_key_url,
 grafana_port, vllm_git_url, vllm_dashboards_path, and every host's serves_variant, metrics_exporters,
 node_exporter_port, gpu_exporter_port, install_root, ssh_hostname, gateway_port,
-gateway_bind_address, gateway_api_key_file.
-Restarts: prometheus (and alertmanager, grafana) when its flags, config, rules or keys changed after it started;
+gateway_bind_address, gateway_api_key_file, and the fleet CA's and the metrics password's knobs
+(fleet_ca_dir, fleet_ca_cert_file, fleet_ca_key_file, fleet_ca_key_passphrase_file, metrics_password_file).
+Restarts: prometheus (and alertmanager, grafana) when its flags, config, rules, keys, the fleet CA's
+certificate or the exporters' password changed after it started;
 target changes need none (file_sd is re-read on change).
 Not idempotent: "Wait for Prometheus to answer" runs only after such a restart.
 Included by deploy.py on monitor_group hosts that passed preflight, after the gateway.
@@ -56,6 +60,7 @@ from rigup.desired.dashboards import (
     vllm_ref_dir,
 )
 from rigup.desired.knobs import KnobError, knob
+from rigup.desired.metrics_auth import CA_FILE, PASSWORD_FILE, WEB_DIR
 from rigup.desired.monitoring import (
     ALERTMANAGER_CONFIG_FILE,
     ALERTMANAGER_DEFAULTS_FILE,
@@ -73,6 +78,7 @@ from rigup.desired.monitoring import (
     targets_text,
 )
 from rigup.operations.apt import GRAFANA_KEYRING, GRAFANA_LIST, signed_repository
+from rigup.operations.fleet_certs import fleet_ca_of
 from rigup.operations.monitoring import checked_file, pod_targets_file
 from rigup.operations.planning_errors import stop_the_run_on, vllm_dashboards_or_stop
 from rigup.operations.serving import secret_file
@@ -104,6 +110,16 @@ for key_file in host.loop(key_files):
         content=HiddenValue(plan.gateway_keys[key_file] + "\n"),
         owner=PROMETHEUS_USER,
     )
+fleet_ca, metrics_login = fleet_ca_of(host)  # node_exporter asks for TLS and basic auth (rigup.desired.metrics_auth)
+files.directory(name="Create the directory of the fleet's certificates", path=WEB_DIR, mode="755")
+files.put(name="Write the fleet CA's certificate (what Prometheus trusts)", src=StringIO(fleet_ca.cert_pem), dest=CA_FILE,
+          mode="644")
+secret_file(
+    name="Write the exporters' password for Prometheus (0600, prometheus)",
+    path=PASSWORD_FILE,
+    content=HiddenValue(metrics_login.password + "\n"),
+    owner=PROMETHEUS_USER,
+)
 files.directory(name="Create the targets directory", path=TARGETS_DIR, mode="755")
 for job, groups in host.loop(sorted(plan.static_targets().items())):
     files.put(
@@ -127,7 +143,7 @@ checked_file(
 prometheus = unit_runs_current_files(
     name="Run Prometheus on its current flags, config, rules and keys (restart only on a change)",
     unit=PROMETHEUS_UNIT,
-    files=[PROMETHEUS_DEFAULTS_FILE, PROMETHEUS_CONFIG_FILE, RULES_FILE, *key_files],
+    files=[PROMETHEUS_DEFAULTS_FILE, PROMETHEUS_CONFIG_FILE, RULES_FILE, *key_files, CA_FILE, PASSWORD_FILE],
 )
 answers_http(
     name="Wait for Prometheus to answer",

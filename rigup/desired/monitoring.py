@@ -30,6 +30,7 @@ from rigup import DEPLOY_ROOT
 from rigup.desired.alert_for import ALERT_FOR_S
 from rigup.desired.gateway import current_records, is_loopback, reach_address
 from rigup.desired.knobs import knob, knob_int
+from rigup.desired.metrics_auth import NODE_EXPORTER_SERVICE, scrape_auth, web_file
 from rigup.desired.roles import is_gateway, is_monitor, serves_variant
 from rigup.desired.secrets import SecretError, read_secret_file
 from rigup.desired.templating import render_template
@@ -156,13 +157,18 @@ class RigExporters:
     sentinel_interval_s: int  # the sentinel's knobs (group_data/all.py), rendered into its unit and timer
     sentinel_fail_after: int
     sentinel_pass_after: int
+    # node_exporter's flag naming its web config (rigup.desired.metrics_auth: TLS and basic auth), by the
+    # rig's OS release; None: no web config (plain HTTP)
+    web_config_flag: str | None = None
 
     @property
     def node_exporter_args(self) -> str:
-        """ARGS for /etc/default/prometheus-node-exporter: its port, the textfile directory and the
-        systemd collector over rigup's and Docker's units (restart counts show a crash loop)."""
+        """ARGS for /etc/default/prometheus-node-exporter: its port, its web config, the textfile directory and
+        the systemd collector over rigup's and Docker's units (restart counts show a crash loop)."""
+        web_config = [f"{self.web_config_flag}={web_file(NODE_EXPORTER_SERVICE, 'yml')}"] if self.web_config_flag else []
         return " ".join([
             f"--web.listen-address=:{self.node_port}",
+            *web_config,
             f"--collector.textfile.directory={TEXTFILE_DIR}",
             "--collector.systemd",
             f"--collector.systemd.unit-include={SYSTEMD_UNITS_WATCHED}",
@@ -302,7 +308,7 @@ class MonitorPlan:
                 {"targets": [self.local_url.removeprefix("http://")], "labels": {"host": self.host}}]},
             file_sd(JOB_PODS),
             file_sd(JOB_GPU),
-            file_sd(JOB_NODE),
+            {**file_sd(JOB_NODE), **scrape_auth()},  # node_exporter asks for TLS and basic auth (metrics_auth)
         ]
         for gateway in self.gateways:
             jobs.append({
