@@ -124,6 +124,22 @@ def test_bring_up_scrapes_every_target_and_loads_every_rule(bed: Bed) -> None:
     assert f"http://{rig2}:9400/metrics" in {t["scrapeUrl"] for t in targets(bed)}
 
 
+def test_node_exporter_asks_who_is_calling(bed: Bed) -> None:
+    """node_exporter serves TLS from the fleet CA (kept 0600 on the control machine, beside the fleet file) with
+    basic auth: Prometheus scrapes it over https with its login (every node target up, above); the monitor host
+    asking without the password gets 401, and plain HTTP is not served (issue 42)."""
+    ca_dir = bed.fleet.parent / "fleet-ca"
+    assert (ca_dir / "ca.key").stat().st_mode & 0o777 == 0o600
+    rig1 = bed.host("rig-01").ip
+    nodes = {t["labels"]["host"]: t["scrapeUrl"] for t in targets(bed) if t["labels"]["job"] == "node"}
+    assert nodes["rig-01"] == f"https://{rig1}:9100/metrics", nodes
+    monitor = bed.host("gw-01")
+    ask = "curl -s -o /dev/null -w '%{http_code}' -m 5 --cacert /etc/prometheus/rigup-web/fleet-ca.crt"
+    assert sh(monitor, f"{ask} https://{rig1}:9100/metrics") == "401"  # the CA checks out, the caller does not
+    assert sh(monitor, f"curl -s -o /dev/null -w '%{{http_code}}' -m 5 http://{rig1}:9100/metrics", check=False) == "400"
+    assert sh(bed.host("rig-01"), "stat -c '%a %U' /etc/prometheus/rigup-web/node-exporter.key") == "600 prometheus"
+
+
 def test_verify_moves_every_pods_generated_tokens(bed: Bed) -> None:
     def generated() -> dict[str, float]:
         return {r["metric"]["host"]: float(r["value"][1]) for r in query(bed, "sum by (host) (vllm:generation_tokens_total)")}
