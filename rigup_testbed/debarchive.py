@@ -6,8 +6,8 @@ the fleet's image mirror the distribution registry (`docker-registry`, also in `
 Those are not simulated: the hub serves Debian bookworm's own .debs (the hosts are Debian 12), so hosts
 run the real programs under their real units, users and default files. What is served:
 
-  ROOTS (prometheus, prometheus-node-exporter, prometheus-alertmanager, docker-registry) and every package of their
-  Depends/Pre-Depends closure (no Recommends/Suggests) that the test-bed image does not already hold.
+  ROOTS (prometheus, prometheus-node-exporter, prometheus-alertmanager, docker-registry, nginx and its njs module)
+  and every package of their Depends/Pre-Depends closure (no Recommends/Suggests) that the test-bed image does not already hold.
 
 The image's package set is computed, not read from a built image, so the archive's content does not
 depend on whether an image exists yet: `image_package_set` repeats what `debootstrap --variant=minbase
@@ -48,10 +48,11 @@ from pathlib import Path
 
 from rigup_testbed.image import ImageSpec, cache_dir
 
-ROOTS: tuple[str, ...] = ("prometheus", "prometheus-node-exporter", "prometheus-alertmanager", "docker-registry")
+ROOTS: tuple[str, ...] = ("prometheus", "prometheus-node-exporter", "prometheus-alertmanager", "docker-registry", "nginx",
+                          "libnginx-mod-http-js")  # nginx + njs: the fleet entrance's front (issue 44)
 KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 ARCH = "amd64"
-RESOLVER = 1  # bump when the resolution below changes in a way its inputs cannot see
+RESOLVER = 2  # bump when the resolution below changes in a way its inputs cannot see
 FIELDS = ("Package", "Version", "Architecture", "Priority", "Source", "Depends", "Pre-Depends", "Provides",
           "Filename", "Size", "SHA256")
 
@@ -62,6 +63,7 @@ PROGRAMS: dict[str, tuple[str, str]] = {
     "node_exporter": ("prometheus-node-exporter", "/usr/bin/prometheus-node-exporter"),
     "alertmanager": ("prometheus-alertmanager", "/usr/bin/prometheus-alertmanager"),
     "amtool": ("prometheus-alertmanager", "/usr/bin/amtool"),
+    "nginx": ("nginx", "/usr/sbin/nginx"),
 }
 
 
@@ -282,6 +284,7 @@ class ArchiveDeb:
     size: int
     depends: str = ""
     pre_depends: str = ""
+    provides: str = ""  # virtual names it stands for (nginx: nginx-abi-1.22.1-7, which its modules depend on)
 
     @property
     def basename(self) -> str:
@@ -291,7 +294,8 @@ class ArchiveDeb:
     def from_stanza(cls, s: Mapping[str, str]) -> ArchiveDeb:
         return cls(name=s["Package"], version=s["Version"], arch=s.get("Architecture", ARCH),
                    source=s.get("Source", s["Package"]).split(" ")[0], filename=s["Filename"], sha256=s["SHA256"],
-                   size=int(s["Size"]), depends=s.get("Depends", ""), pre_depends=s.get("Pre-Depends", ""))
+                   size=int(s["Size"]), depends=s.get("Depends", ""), pre_depends=s.get("Pre-Depends", ""),
+                   provides=s.get("Provides", ""))
 
 
 def missing_in_image(debs: Iterable[ArchiveDeb], image_status: str) -> list[str]:
@@ -301,7 +305,8 @@ def missing_in_image(debs: Iterable[ArchiveDeb], image_status: str) -> list[str]
     installed = installed_from_status(image_status)
     have = {**installed, **{d.name: d.version for d in debs}}
     provided = Index([s for s in parse_control(image_status, ("Package", "Version", "Provides")) if s["Package"] in installed] +
-                     [{"Package": d.name, "Version": d.version} for d in debs])
+                     [{"Package": d.name, "Version": d.version, **({"Provides": d.provides} if d.provides else {})}
+                      for d in debs])
     out = []
     for d in debs:
         for group in parse_relations(d.pre_depends) + parse_relations(d.depends):

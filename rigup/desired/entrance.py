@@ -1,0 +1,226 @@
+"""The fleet's entrance (issue 44): nginx from the OS archive as the front, one vllm-router per served model
+behind it, the pods behind the routers. What the control machine renders for it; the converge writes it.
+
+Why this shape (measured in bench/results.md, section Entrance: nginx + vllm-router 0.97x direct at 32 streams
+paced at a real rig's rate, LiteLLM 0.29x):
+- vllm-router 0.1.17 routes one pool of workers that serve one model: its README's examples and its
+  launcher (vllm_router/router_args.py) take `--worker-urls` and route every request to one of them whatever
+  its `model`; multi-model pools exist only behind `--enable-igw` ("Inference-Gateway mode for multi-model
+  support", no documented use). So each served model gets its own router process (rigup-router@<slug>).
+- nginx picks the model's router from the request body's `model`: core nginx cannot read a body, so the
+  archive's njs module (libnginx-mod-http-js) parses it once (entrance.js) and redirects to the location that
+  proxies to that model's router. `/v1/models` is the list of routed models, rendered here at converge.
+- The front checks the client's bearer key against a map in a 0600 include (keys never in nginx.conf, on a
+  command line or in a log), allows only ALLOWED_PATHS (vLLM's unguarded `/invocations`, `/tokenize`,
+  `/pause`, ... answer 404), drops the client's key and sends the pods' key instead (the router forwards the
+  Authorization header to the worker it picks: checked against the pinned wheel), and streams unbuffered.
+- Routing: `consistent_hash` keyed by the session header (the wheel's README: "Routes same session/user to
+  same worker", with `X-Session-ID`), so the turns of one conversation land on the pod that holds their
+  prefix; a pod that fails its health checks (`--health-check-interval-secs`, `--health-failure-threshold`)
+  or a request (`--retry-max-retries`, circuit breaker) hands its requests to the others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import re
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rigup.desired.secrets import SecretError, read_secret_file
+from rigup.desired.templating import render_template
+
+# The OpenAI endpoints the fleet serves through the front; everything else is refused (vLLM's security guide:
+# its --api-key guards only /v1, /v2 and /inference; /invocations, /tokenize, /pause... answer without one).
+MODEL_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")  # routed by the body's model
+ALLOWED_PATHS = (*MODEL_PATHS, "/v1/models", "/health")
+ROUTER_UNIT_TEMPLATE = "rigup-router@.service"
+NGINX_SITE = "/etc/nginx/conf.d/rigup-entrance.conf"  # nginx.conf of the package includes conf.d/*.conf
+NGINX_PACKAGES = ("nginx", "libnginx-mod-http-js")  # Debian 12 / Ubuntu archive: nginx 1.22, njs 0.7
+SESSION_HEADER = "X-Session-ID"  # vllm-router's README: consistent_hash's session header
+CLIENT_NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
+# What secrets.token_urlsafe makes (and a key rigup did not make must look like): nothing nginx would parse.
+KEY_PATTERN = re.compile(r"[A-Za-z0-9_.~+/=-]{16,256}")
+ROUTER_PORT_BASE = 30100  # router i listens on 127.0.0.1:(base + i), its metrics on (base + 100 + i)
+
+
+class EntranceError(ValueError):
+    """An entrance setting rigup cannot use; the message names the knob and the allowed values."""
+
+
+@dataclass(frozen=True)
+class Client:
+    """One client of the fleet's entrance: its name (in usage metrics and logs) and its bearer key."""
+
+    name: str
+    key: str
+
+    def __repr__(self) -> str:  # never the key
+        return f"Client({self.name!r})"
+
+
+@dataclass(frozen=True)
+class ModelRouter:
+    """One vllm-router: the pods serving one model."""
+
+    model: str
+    slug: str  # systemd instance name and nginx name: [a-z0-9-]
+    port: int
+    metrics_port: int
+    workers: tuple[str, ...]  # http://address:port (no /v1)
+
+
+def client_entries(listed: Any, where: str) -> list[tuple[str, str]]:
+    """The (name, key file) of each client the fleet file lists under gateway_clients ([{name, key_file}])."""
+    if listed is None:
+        return []
+    if not isinstance(listed, list):
+        raise EntranceError(f"{where}: gateway_clients must be a list of {{name, key_file}}, not {type(listed).__name__}")
+    out: list[tuple[str, str]] = []
+    for index, entry in enumerate(listed):
+        if not isinstance(entry, Mapping) or set(entry) != {"name", "key_file"}:
+            got = sorted(entry) if isinstance(entry, Mapping) else type(entry).__name__
+            raise EntranceError(f"{where}: gateway_clients[{index}] must have exactly the keys name and key_file (got {got})")
+        name, key_file = entry["name"], entry["key_file"]
+        if not isinstance(name, str) or not CLIENT_NAME.fullmatch(name):
+            raise EntranceError(f"{where}: gateway_clients[{index}].name {name!r}: lowercase letters, digits and '-', "
+                                "starting with a letter, at most 32")
+        if not isinstance(key_file, str) or not key_file:
+            raise EntranceError(f"{where}: gateway_clients[{index}].key_file must be a path on the control machine")
+        if name in {n for n, _ in out}:
+            raise EntranceError(f"{where}: gateway_clients lists client {name!r} twice")
+        out.append((name, key_file))
+    return out
+
+
+def client_key(name: str, key_file: str, knob_name: str) -> str:
+    """The client's key from its 0600 file; a file that does not exist yet gets a new key, written 0600."""
+    path = Path(key_file).expanduser()
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # made meanwhile (another host's plan): read it below
+            pass
+        else:
+            with os.fdopen(descriptor, "w") as handle:
+                handle.write(secrets.token_urlsafe(32) + "\n")
+    key = read_secret_file(path, knob_name)
+    if not KEY_PATTERN.fullmatch(key):
+        raise SecretError(f"{knob_name}: the key of client {name!r} in {path} must be 16-256 of A-Z a-z 0-9 and "
+                          "_ . ~ + / = - (a bearer token; secrets.token_urlsafe(32) makes one)")
+    return key
+
+
+def slug(model: str, taken: Iterable[str] = ()) -> str:
+    """A name for the model's router: systemd instance and nginx identifier ([a-z0-9-]); unique among `taken`."""
+    base = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")[:48] or "model"
+    name, n = base, 2
+    while name in set(taken):
+        name, n = f"{base}-{n}", n + 1
+    return name
+
+
+def model_routers(workers_by_model: Mapping[str, Sequence[str]]) -> list[ModelRouter]:
+    """One router per model (sorted by name, so ports are stable while the set of models is), its workers sorted."""
+    routers: list[ModelRouter] = []
+    for index, model in enumerate(sorted(workers_by_model)):
+        routers.append(ModelRouter(model, slug(model, (r.slug for r in routers)), ROUTER_PORT_BASE + index,
+                                   ROUTER_PORT_BASE + 100 + index, tuple(sorted(set(workers_by_model[model])))))
+    return routers
+
+
+def router_args(router: ModelRouter, *, health_check_interval_s: int, num_retries: int) -> str:
+    """vllm-router's arguments for one model (flags as vllm_router/router_args.py of the pinned wheel defines
+    them); no secret: the pods' key comes in each request's Authorization header, set by the front."""
+    args = [
+        "--host", "127.0.0.1", "--port", str(router.port),
+        "--worker-urls", *router.workers,
+        # the README: consistent_hash "Routes same session/user to same worker" (X-Session-ID): a conversation's
+        # turns stay on the pod holding its prefix; requests without the header hash their own request id
+        "--policy", "consistent_hash",
+        "--health-check-interval-secs", str(health_check_interval_s),
+        "--health-failure-threshold", "1",  # out of rotation at the first failed check
+        # a pod's circuit opens at its first failed request, so the retry goes to another pod at once (checked
+        # with the pinned wheel: a pod killed under 4 streams of session traffic cost no failed request)
+        "--cb-failure-threshold", "1",
+        "--retry-max-retries", str(num_retries + 1),  # the wheel counts the first attempt
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(router.metrics_port),
+        "--log-level", "warning",  # the launcher's own; the Rust part's is RUST_LOG (the unit sets warn)
+    ]  # fmt: skip
+    return " ".join(args)
+
+
+def key_map_text(clients: Sequence[Client]) -> str:
+    """nginx's map from the Authorization header to the client's name ("": refused). It holds the keys: written
+    0600 (root; nginx's master reads it before dropping to www-data) and included, never in nginx.conf."""
+    lines = ["# Rendered by rigup: the entrance's client keys (0600). Do not edit.",
+             "map $http_authorization $entrance_client {", '    default "";']
+    for client in sorted(clients, key=lambda c: c.name):
+        lines.append(f'    "Bearer {client.key}" {client.name};')
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def pod_key_text(pod_key: str | None) -> str:
+    """The Authorization header the front sends to the routers (which forward it to the pod): the pods' key,
+    in a 0600 include; "" when the pods run open (no serving_api_key_file)."""
+    value = f"Bearer {pod_key}" if pod_key else ""
+    return f'# Rendered by rigup: the pods\' key (0600). Do not edit.\nproxy_set_header Authorization "{value}";\n'
+
+
+def models_document(routers: Sequence[ModelRouter]) -> str:
+    """The front's answer to GET /v1/models: every routed model (OpenAI's list shape)."""
+    data = [{"id": r.model, "object": "model", "owned_by": "rigup"} for r in routers]
+    return json.dumps({"object": "list", "data": data}, sort_keys=True) + "\n"
+
+
+@dataclass(frozen=True)
+class EntrancePaths:
+    root: str  # {install_root}/gateway
+
+    @property
+    def key_map(self) -> str:
+        return posixpath.join(self.root, "clients.map")
+
+    @property
+    def pod_key(self) -> str:
+        return posixpath.join(self.root, "pod-key.conf")
+
+    @property
+    def models_json(self) -> str:
+        return posixpath.join(self.root, "models.json")
+
+    @property
+    def dispatch_js(self) -> str:
+        return posixpath.join(self.root, "entrance.js")
+
+    @property
+    def routers_dir(self) -> str:
+        return posixpath.join(self.root, "routers")
+
+    def router_env(self, router_slug: str) -> str:
+        return posixpath.join(self.routers_dir, f"{router_slug}.env")
+
+
+def nginx_site(routers: Sequence[ModelRouter], paths: EntrancePaths, *, bind_address: str, port: int,
+               tls: tuple[str, str] | None) -> str:
+    """The front's server: TLS when a certificate and key are named, keys, allowlist, model dispatch."""
+    return render_template("rigup-entrance.nginx.conf.j2", routers=routers, paths=paths,
+                           listen=f"[{bind_address}]:{port}" if ":" in bind_address else f"{bind_address}:{port}",
+                           tls=tls, model_paths=MODEL_PATHS)
+
+
+def dispatch_js(routers: Sequence[ModelRouter]) -> str:
+    """njs: the request body's model -> the location of its router (404 in OpenAI's error shape otherwise)."""
+    return render_template("rigup-entrance.js.j2", slugs=json.dumps({r.model: r.slug for r in routers}, sort_keys=True))
+
+
+def router_env_text(router: ModelRouter, *, health_check_interval_s: int, num_retries: int) -> str:
+    return (f"# Rendered by rigup: vllm-router for {router.model}. Do not edit.\n"
+            f"ROUTER_ARGS={router_args(router, health_check_interval_s=health_check_interval_s, num_retries=num_retries)}\n")

@@ -1,0 +1,119 @@
+"""The entrance's rendering (issue 44): the front's allowlist and key checks, the client key map, one router per
+model, and the site, dispatch and key includes checked by Debian's own nginx with its njs module (nginx -t)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rigup.desired.entrance import (
+    ALLOWED_PATHS,
+    Client,
+    EntrancePaths,
+    ModelRouter,
+    dispatch_js,
+    key_map_text,
+    model_routers,
+    models_document,
+    nginx_site,
+    pod_key_text,
+    router_args,
+    router_env_text,
+)
+
+TEMP_PATHS = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")  # nginx's defaults are under /var/lib/nginx
+CLIENTS = [Client("bob", "bob-key-0123456789abcdef"), Client("alice", "alice-key-0123456789abcdef")]
+
+
+def routers() -> list[ModelRouter]:
+    return model_routers({"qwen3.6-27b": ["http://10.0.0.2:8000", "http://10.0.0.1:8000"],
+                          "Gemma/4 31B": ["http://10.0.0.3:8010"]})
+
+
+def test_one_router_per_model_with_stable_ports_and_names() -> None:
+    gemma, qwen = routers()
+    assert (gemma.model, gemma.slug, gemma.port, gemma.metrics_port) == ("Gemma/4 31B", "gemma-4-31b", 30100, 30200)
+    assert (qwen.slug, qwen.port, qwen.workers) == ("qwen3-6-27b", 30101, ("http://10.0.0.1:8000", "http://10.0.0.2:8000"))
+    twins = model_routers({"a.b": ["http://x:1"], "a-b": ["http://y:1"]})
+    assert [r.slug for r in twins] == ["a-b", "a-b-2"]  # two names, one slug: told apart
+
+
+def test_router_arguments_route_by_session_with_health_checks_and_retries_and_no_key() -> None:
+    args = router_args(routers()[1], health_check_interval_s=3, num_retries=2).split()
+    assert args[args.index("--policy") + 1] == "consistent_hash"
+    assert args[args.index("--worker-urls") + 1: args.index("--worker-urls") + 3] == ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
+    assert args[args.index("--health-check-interval-secs") + 1] == "3"
+    assert args[args.index("--retry-max-retries") + 1] == "3"
+    assert args[args.index("--host") + 1] == "127.0.0.1" and args[args.index("--prometheus-host") + 1] == "127.0.0.1"
+    assert "--api-key" not in args
+    assert router_env_text(routers()[1], health_check_interval_s=3, num_retries=2).splitlines()[1].startswith("ROUTER_ARGS=")
+
+
+def test_the_key_map_holds_every_client_by_name_and_nothing_else_does() -> None:
+    text = key_map_text(CLIENTS)
+    assert '"Bearer alice-key-0123456789abcdef" alice;' in text and '"Bearer bob-key-0123456789abcdef" bob;' in text
+    assert text.index("alice") < text.index("bob") and 'default "";' in text
+    site = nginx_site(routers(), EntrancePaths("/opt/rigup/gateway"), bind_address="0.0.0.0", port=4000, tls=None)
+    for client in CLIENTS:
+        assert client.key not in site and client.key not in repr(client)
+    assert "include /opt/rigup/gateway/clients.map;" in site and "include /opt/rigup/gateway/pod-key.conf;" in site
+    assert pod_key_text("pod-secret") .endswith('proxy_set_header Authorization "Bearer pod-secret";\n')
+    assert pod_key_text(None).endswith('proxy_set_header Authorization "";\n')  # open pods: the client's key never passes
+
+
+def test_the_site_allows_the_openai_paths_only_and_streams_unbuffered() -> None:
+    site = nginx_site(routers(), EntrancePaths("/opt/rigup/gateway"), bind_address="0.0.0.0", port=4000,
+                      tls=("/opt/rigup/gateway/tls.crt", "/opt/rigup/gateway/tls.key"))
+    exact = set(re.findall(r"location = (\S+) \{", site))
+    routed = re.search(r"location ~ \^\((.*)\)\$ \{", site)
+    assert routed is not None
+    allowed = exact | {p.replace("\\/", "/") for p in routed.group(1).split("|")}
+    assert allowed - {"/metrics/"} == set(ALLOWED_PATHS)
+    assert "location / {\n        return 404" in site  # everything else: /invocations, /tokenize, /pause...
+    assert "proxy_buffering off;" in site and "listen 0.0.0.0:4000 ssl;" in site
+    assert "ssl_certificate_key /opt/rigup/gateway/tls.key;" in site
+    assert "upstream rigup_router_gemma_4_31b {\n    server 127.0.0.1:30100;" in site
+    plain = nginx_site(routers(), EntrancePaths("/x"), bind_address="::", port=8080, tls=None)
+    assert "listen [::]:8080;" in plain and "ssl" not in plain
+
+
+def test_models_lists_every_routed_model() -> None:
+    assert [m["id"] for m in json.loads(models_document(routers()))["data"]] == ["Gemma/4 31B", "qwen3.6-27b"]
+    assert '"Gemma/4 31B": "gemma-4-31b"' in dispatch_js(routers())
+
+
+def test_debians_nginx_with_njs_accepts_the_rendered_front(tmp_path: Path) -> None:
+    from rigup_testbed.debarchive import DebianArchive
+
+    archive = DebianArchive()
+    nginx = archive.program("nginx")
+    (njs_deb,) = archive.debs(["libnginx-mod-http-js"])
+    subprocess.run(["dpkg-deb", "-x", str(njs_deb), str(tmp_path / "njs")], check=True)
+    module = tmp_path / "njs/usr/lib/nginx/modules/ngx_http_js_module.so"
+    paths = EntrancePaths(str(tmp_path))
+    Path(paths.key_map).write_text(key_map_text(CLIENTS))
+    Path(paths.pod_key).write_text(pod_key_text("pod-secret"))
+    Path(paths.dispatch_js).write_text(dispatch_js(routers()))
+    site = nginx_site(routers(), paths, bind_address="127.0.0.1", port=4000, tls=None)
+    (tmp_path / "site.conf").write_text(site.replace("/var/log/nginx", str(tmp_path)))
+    (tmp_path / "nginx.conf").write_text(
+        f"load_module {module};\npid {tmp_path}/nginx.pid;\nevents {{}}\n"
+        f"http {{\n" + "".join(f"    {kind}_temp_path {tmp_path}/{kind};\n" for kind in TEMP_PATHS)
+        + f"    include {tmp_path}/site.conf;\n}}\n")
+    checked = subprocess.run([str(nginx), "-t", "-p", str(tmp_path), "-e", str(tmp_path / "error.log"),
+                              "-c", str(tmp_path / "nginx.conf")], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stderr
+    # njs compiles entrance.js when nginx loads it: a broken dispatch fails here
+    Path(paths.dispatch_js).write_text(dispatch_js(routers()).replace("function dispatch(r) {", "function dispatch(r) {{"))
+    broken = subprocess.run([str(nginx), "-t", "-p", str(tmp_path), "-e", str(tmp_path / "error.log"),
+                             "-c", str(tmp_path / "nginx.conf")], capture_output=True, text=True, timeout=60)
+    assert broken.returncode != 0 and "entrance.js" in broken.stderr
+
+
+@pytest.mark.parametrize("name", ["alice", "ci-agent-2"])
+def test_client_names_are_what_nginx_logs_as_is(name: str) -> None:
+    assert f" {name};" in key_map_text([Client(name, "k" * 20)])
