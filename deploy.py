@@ -14,7 +14,7 @@ Phases, in order (each task file's docstring says what is true afterwards and wh
   model              model (and draft) files verified against the locked SHA-256
   serving            compose/env/unit rendered; (re)started only on change; health gate
   metrics            node_exporter with rigup's facts, the GPU exporter container (metrics_exporters)
-  gateway            on gateway_group hosts: LiteLLM proxy routing to what each rig serves now
+  gateway            on gateway_group hosts: the entrance (nginx front, a vllm-router per model) over what each rig serves now
   monitoring         on monitor_group hosts: Prometheus over every pod, GPU, node and gateway; alerts
 When the run ends, a table of what the converge did on each host.
 

@@ -16,7 +16,7 @@ SSE one token per chunk with vLLM's `stream_options.include_usage` final chunk, 
   client checked through a `map` in a 0600 include file (no key on a command line or in nginx.conf), a path
   allowlist (/v1/chat/completions, /v1/completions, /v1/models; else 404, a missing or wrong key 401, both
   checked before timing), `proxy_buffering off`;
-- with --litellm also LiteLLM's proxy as rigup's old gateway configures it (rigup.desired.gateway), from the
+- with --litellm also LiteLLM's proxy as rigup's old gateway configures it (rigup.desired.litellm_config), from the
   pinned files/gateway/requirements.txt through the test bed's wheel index.
 
 The three parts, each on fresh pods, every process in its own process group, stopped (SIGTERM, then SIGKILL)
@@ -705,8 +705,9 @@ def start_pods(procs: Processes, count: int, logs: Path, tokens_per_s: float, ex
 
 
 def start_litellm(procs: Processes, pod_ports: Sequence[int], work: Path) -> Target:
-    from rigup.desired.gateway import MASTER_KEY_ENV, Route, config_text
+    from rigup.desired.gateway import Route
     from rigup.desired.knobs import load_defaults
+    from rigup.desired.litellm_config import MASTER_KEY_ENV, config_text
 
     defaults = load_defaults()
     routes = [Route(host=f"pod-{i}", unit="rigup-dual.service", variant="dual", model=MODEL,

@@ -84,13 +84,16 @@ cluster_ray_object_manager_port = 6381  # each member's object manager
 cluster_ray_agent_port = 52365  # the first of 4 consecutive ports of each member's Ray agents: dashboard agent gRPC and HTTP, runtime-env agent, metrics export
 cluster_ray_worker_ports = [10002, 10100]  # first and last port of each member's Ray worker processes (Ray's range starts at 10002)
 
-# --- Gateway: the fleet's one OpenAI endpoint (LiteLLM's proxy, routes from what each rig serves) ---
+# --- Gateway: the fleet's entrance (nginx front, one vllm-router per model; routes from what each rig serves) ---
 gateway_group = "gateway"  # inventory group whose hosts run the gateway (a rig, or a host with serves_variant: False)
 serves_variant = True  # False: a gateway-only host (no GPU, driver, Docker, sources, model or variant)
 gateway_bind_address = "0.0.0.0"  # address the gateway listens on
 gateway_port = 4000  # the gateway's TCP port
-gateway_api_key_file = None  # control-machine path of a 0600 file holding the key clients send; required on a gateway host
-gateway_pip_index_url = None  # PEP 503 index the hash-pinned proxy (files/gateway/requirements.txt) installs from; None: pip's own config as root on the gateway host (pip.conf, PIP_INDEX_URL), else PyPI
+gateway_api_key_file = None  # control-machine path of a 0600 file holding a key clients send (client "default"); this or gateway_clients is required on a gateway host
+gateway_clients = []  # the entrance's clients, each {name: lowercase name, key_file: control-machine path of its 0600 key file (made with a new key if absent)}; a client removed here is refused at the next converge
+gateway_tls_cert_file = None  # control-machine path of the front's certificate (PEM, its chain after it); None: the front speaks plain HTTP
+gateway_tls_key_file = None  # control-machine path of that certificate's private key, a 0600 file; set with gateway_tls_cert_file
+gateway_pip_index_url = None  # PEP 503 index the hash-pinned router (files/router/requirements.txt) installs from; None: pip's own config as root on the gateway host (pip.conf, PIP_INDEX_URL), else PyPI
 gateway_health_check_interval_s = 10  # seconds between the gateway's checks of each route; a failing route leaves rotation
 gateway_num_retries = 2  # a failed request is retried this many times, on another rig serving the same model
 gateway_ready_timeout_s = 180  # seconds a (re)started gateway has to answer before the host fails

@@ -25,7 +25,7 @@ namespace and the hub's cgroup, recorded in the ledger, and up once it wrote its
     git       :8081  smart HTTP (git http-backend; GitHub serves https and turned git:// off in 2022) with
                      the fork, Genesis and club-3090 remotes (rigup_testbed/gitremotes.py): every
                      *_git_url knob, same <owner>/<name>.git path, and source_refs (the stand-ins' SHAs)
-    pypi      :8083  static HTTP over a PEP 503 simple index of the wheels files/gateway/requirements.txt
+    pypi      :8083  static HTTP over a PEP 503 simple index of the wheels files/router/requirements.txt
                      pins for the hosts' CPython 3.11 (rigup_testbed/pypi.py, built once per content hash
                      under the cache): gateway_pip_index_url (<base>/simple)
 
@@ -57,7 +57,7 @@ from rigup_testbed.state import Ledger, TestbedError, is_same_process, spawn, st
 
 # Fixed ports: the hub namespace is ours alone, so nothing else can hold them and URLs stay readable.
 PORTS = {"apt": 8080, "git": 8081, "hf": 8082, "hf_cdn": 8084, "pypi": 8083, "registry": 5000, "engine_registry": 5001}
-GATEWAY_REQUIREMENTS = REPO_ROOT / "files" / "gateway" / "requirements.txt"
+GATEWAY_REQUIREMENTS = REPO_ROOT / "files" / "router" / "requirements.txt"  # the entrance's vllm-router
 READY_TIMEOUT_S = 60.0
 PREINSTALLED = ("pciutils", "mokutil")
 
@@ -236,7 +236,7 @@ class Hub:
         self.workdir.mkdir(parents=True, exist_ok=True)
         # Built once per content hash into the shared cache; served read-only.
         self.repo_info = build_repos(cache_dir() / "aptrepo")
-        # The first build downloads the gateway's wheels (~180 MB, from the control machine's pip index).
+        # The first build downloads the entrance router's wheels (from the control machine's pip index).
         self.pypi_root = build_index(GATEWAY_REQUIREMENTS, cache_dir() / "pypi")
         # The registry service builds the vLLM image's Ray layer inside the hub's namespace, which reaches
         # no package index: its wheels are fetched here first (~82 MB, once), from the control machine's.

@@ -51,7 +51,7 @@ def add_parser(subparsers: Any) -> None:
     )
     up.add_argument("--canary", type=int, default=1, help="rigs in group 'canary'; the rest are in 'rigs' (default 1)")
     up.add_argument("--gateway", type=int, default=1,
-                    help="last rigs in group 'gateway': they serve too, and run the fleet's LiteLLM gateway "
+                    help="last rigs in group 'gateway': they serve too, and run the fleet's entrance (nginx + vllm-router) "
                          "(default 1, none for a single rig; its key: sandbox/gateway.key)")
     up.add_argument("--pods", type=int, default=0,
                     help="last rigs given four simulated RTX 3090s serving two dual pods, 'left' on GPUs 0-1 "

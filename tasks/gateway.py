@@ -1,22 +1,24 @@
-"""Gateway: on the hosts of gateway_group, one OpenAI endpoint over what the fleet's rigs serve.
+"""Entrance: on the hosts of gateway_group, the fleet's one OpenAI endpoint over what the rigs serve (issue 44).
 
-True afterwards: {install_root}/gateway/venv-<hash>/ holds LiteLLM's proxy installed from the
-hash-pinned files/gateway/requirements.txt (pip --require-hashes, from gateway_pip_index_url);
-{install_root}/gateway/gateway.env (0600, root; the only place the gateway key and the rigs' API keys
-are written); {install_root}/gateway/config.yaml has one route per rig and served model, from each
-rig's provenance record (the release that last passed the health gate) and its running unit, read
-after every rig's serving phase in this run (a rig outside the run is connected to for that read; one
-that cannot be reached or read keeps the routes it had); LiteLLM checks
-each route every gateway_health_check_interval_s and keeps failing ones out of rotation, and retries a
-failed request on another rig of the same model; rigup-gateway.service runs it on
-gateway_bind_address:gateway_port, at boot too, and answers /health/readiness.
-Reads: gateway_group, gateway_bind_address, gateway_port, gateway_api_key_file, gateway_pip_index_url,
-gateway_health_check_interval_s, gateway_num_retries, gateway_ready_timeout_s, install_root, and every
-rig's serving_api_key_file, ssh_hostname and install_root.
-Restarts: rigup-gateway.service when its venv, environment file, config or unit changed after it
-started (judged on the host, so an interrupted run is finished by the next); then removes the venvs
-of earlier pins.
-Not idempotent: "Wait for the gateway to answer" runs only after such a restart.
+True afterwards: nginx and its njs module from the OS archive front the fleet on gateway_bind_address:gateway_port
+(TLS with gateway_tls_cert_file/_key_file); /etc/nginx/conf.d/rigup-entrance.conf allows only the OpenAI paths
+(rigup.desired.entrance.ALLOWED_PATHS) and refuses the rest with 404, a request without a client's key with 401;
+{install_root}/gateway/clients.map (0600, root) holds the clients' keys (gateway_clients, and gateway_api_key_file's
+as client "default"), pod-key.conf (0600) the pods' key, which the front sends in place of the client's;
+{install_root}/gateway/venv-<hash>/ holds vllm-router from the hash-pinned files/router/requirements.txt
+(pip --require-hashes, from gateway_pip_index_url); one rigup-router@<model>.service per served model routes to
+the rigs serving it (consistent hash on the session header, health checks, retries), its arguments in
+{install_root}/gateway/routers/<model>.env; routes.json has one route per rig and served model, from each rig's
+provenance record and its running unit, read after every rig's serving phase in this run (a rig outside the run
+is connected to for that read; one that cannot be read keeps the routes it had).
+Reads: gateway_group, gateway_bind_address, gateway_port, gateway_api_key_file, gateway_clients,
+gateway_tls_cert_file, gateway_tls_key_file, gateway_pip_index_url, gateway_health_check_interval_s,
+gateway_num_retries, gateway_ready_timeout_s, install_root, and every rig's serving_api_key_file, ssh_hostname
+and install_root.
+Restarts: a router when its venv, environment file or unit changed after it started; nginx when its site, keys,
+dispatch or certificate changed (judged on the host, so an interrupted run is finished by the next); then
+removes the venvs of earlier pins.
+Not idempotent: "Wait for the entrance to answer" runs only after nginx (re)started.
 Included by deploy.py on gateway_group hosts that passed preflight only.
 """
 
@@ -24,19 +26,27 @@ from io import StringIO
 
 from pyinfra import host, state
 from pyinfra.api.hiddenvalue import HiddenValue
+from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files
 
+from rigup.desired.entrance import NGINX_PACKAGES, key_map_text, pod_key_text
 from rigup.desired.gateway import (
+    FRONT_UNIT,
     REQUIREMENTS_FILE,
     UNIT_FILE,
-    UNIT_NAME,
     GatewayError,
     requirements_sha256,
-    unit_text,
+    router_unit_text,
 )
 from rigup.desired.knobs import KnobError
 from rigup.desired.secrets import SecretError
-from rigup.operations.gateway import gateway_config, gateway_venv, other_venvs_removed
+from rigup.operations.gateway import (
+    entrance_routes,
+    gateway_venv,
+    legacy_gateway_removed,
+    other_venvs_removed,
+    routers_run_current,
+)
 from rigup.operations.planning_errors import stop_the_run_on
 from rigup.operations.serving import secret_file
 from rigup.operations.units import answers_http, unit_runs_current_files
@@ -46,51 +56,76 @@ with stop_the_run_on(host, GatewayError, SecretError, KnobError):
     plan = fleet_plan(state).host(host.name).gateway()  # routes to every rig of the fleet
 assert plan is not None  # deploy.py includes this file on gateway_group hosts only
 paths = plan.paths
-apt.packages(name="Install python3-venv and curl for the gateway", packages=["python3-venv", "curl"])
-files.directory(name="Create the gateway directory", path=paths.root, mode="755")
+packages = [*NGINX_PACKAGES, "python3-venv", "curl"]
+if any(p not in (host.get_fact(DebPackages) or {}) for p in packages):  # only then are the lists refreshed
+    apt.update(name="Update apt before installing nginx")
+apt.packages(name="Install nginx (with njs), python3-venv and curl for the entrance", packages=packages,
+             no_recommends=True)
+legacy_gateway_removed(name="Remove LiteLLM's gateway of an earlier rigup", root=paths.root)
+files.link(name="Remove the nginx package's default site", path="/etc/nginx/sites-enabled/default", present=False)
+files.directory(name="Create the entrance directory", path=paths.root, mode="755")
 files.put(
-    name="Upload the gateway's hash-pinned requirements",
+    name="Upload the router's hash-pinned requirements",
     src=str(REQUIREMENTS_FILE),
     dest=paths.requirements_file,
     mode="644",
 )
 gateway_venv(
-    name="Build the gateway venv (LiteLLM proxy, pinned)",
+    name="Build the router venv (vllm-router, pinned)",
     venv=paths.venv,
     requirements=paths.requirements_file,
     requirements_sha256=requirements_sha256(),
     index_url=plan.pip_index_url,
 )
 secret_file(
-    name="Write the gateway environment file (0600: its key and the rigs' keys)",
-    path=paths.env_file,
-    content=HiddenValue(plan.env_text),
+    name="Write the entrance's client keys (0600 nginx map)",
+    path=paths.key_map,
+    content=HiddenValue(key_map_text(plan.clients)),
 )
-gateway_config(
-    name="Write the gateway routes from what each rig serves now",
-    path=paths.config_file,
+secret_file(
+    name="Write the pods' key the entrance sends (0600 nginx include)",
+    path=paths.pod_key,
+    content=HiddenValue(pod_key_text(plan.pod_key)),
+)
+front_files = [paths.site_file, paths.key_map, paths.pod_key, paths.dispatch_js]
+if plan.tls_files is not None:
+    files.put(name="Upload the entrance's certificate", src=plan.tls_files[0], dest=paths.tls_cert, mode="644")
+    with open(plan.tls_files[1]) as key_file:  # checked 0600 on the control machine by the plan
+        secret_file(name="Upload the entrance's TLS key (0600)", path=paths.tls_key, content=HiddenValue(key_file.read()))
+    front_files += [paths.tls_cert, paths.tls_key]
+files.put(
+    name="Write the routers' systemd unit (one instance per served model)",
+    src=StringIO(router_unit_text(paths)),
+    dest=UNIT_FILE,
+    mode="644",
+)
+entrance_routes(
+    name="Write the entrance routes from what each rig serves now",
+    paths=paths,
     rigs=plan.rigs,
     install_roots=plan.install_roots,
     health_check_interval_s=plan.health_check_interval_s,
     num_retries=plan.num_retries,
+    bind_address=plan.bind_address,
+    port=plan.port,
+    tls=plan.tls,
 )
-files.put(
-    name="Write the gateway's systemd unit",
-    src=StringIO(unit_text(paths, bind_address=plan.bind_address, port=plan.port)),
-    dest=UNIT_FILE,
-    mode="644",
+routers_run_current(
+    name="Run one router per served model on its current venv, routes and unit (restart only on a change)",
+    paths=paths,
+    timeout_s=plan.ready_timeout_s,
 )
-service = unit_runs_current_files(
-    name="Run the gateway on its current venv, keys, routes and unit (restart only on a change)",
-    unit=UNIT_NAME,
-    files=[f"{paths.venv}/.rigup-installed", paths.env_file, paths.config_file, UNIT_FILE],
+front = unit_runs_current_files(
+    name="Run the entrance's nginx on its current site, keys and dispatch (restart only on a change)",
+    unit=FRONT_UNIT,
+    files=front_files,
 )
 answers_http(
-    name="Wait for the gateway to answer",
+    name="Wait for the entrance to answer",
     url=plan.readiness_url,
     timeout_s=plan.ready_timeout_s,
-    unit=UNIT_NAME,
-    what="gateway",
-    _if=service.did_change,
+    unit=FRONT_UNIT,
+    what="entrance",
+    _if=front.did_change,
 )
-other_venvs_removed(name="Remove the venvs of earlier gateway pins", root=paths.root, keep=paths.venv)
+other_venvs_removed(name="Remove the venvs of earlier router pins", root=paths.root, keep=paths.venv)

@@ -741,7 +741,8 @@ def run_host_checks(facts: HostFacts, built: Sequence[HostRecipe], host_data: Ma
     return checks
 
 
-# The gateway's pinned venv (LiteLLM's proxy and what it imports) takes about 0.8 GB installed.
+# The entrance's pinned router venv (vllm-router and its launcher's imports) and nginx take about 0.1 GB installed;
+# kept at 1 GB, room for a new pin's venv built beside the running one.
 GATEWAY_VENV_GB = 1.0
 
 

@@ -152,9 +152,13 @@ def gateway_of(fleet: Fleet, name: str, data: dict[str, Any], ssh: SshSettings) 
     if plan is None:
         return None, None, None
     address = "127.0.0.1" if ssh.local else api_host(ssh.hostname)
-    url = f"http://{address}:{plan.port}"
+    url = f"{'https' if plan.tls_files else 'http'}://{address}:{plan.port}"
+    # asked with gateway_api_key_file's key (client "default"), else the first of gateway_clients
+    key_file, knob_name = knob(data, "gateway_api_key_file"), "gateway_api_key_file"
+    if key_file is None:
+        key_file, knob_name = (knob(data, "gateway_clients") or [{}])[0].get("key_file"), "gateway_clients"
     try:
-        return url, read_secret_file(knob(data, "gateway_api_key_file"), "gateway_api_key_file"), None
+        return url, read_secret_file(key_file, knob_name), None
     except SecretError as exc:
         return url, None, f"gateway: {exc}"
 

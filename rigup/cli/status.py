@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import posixpath
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -258,18 +259,22 @@ def check_health(target: Target) -> Health:
     return Health(True, f"serves {target.served_model} ({result.elapsed * 1000:.0f} ms)", models)
 
 
+WORKER_HEALTH = re.compile(r'^vllm_router_worker_health\{(?P<labels>[^}]*)\} (?P<value>\S+)$', re.MULTILINE)
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
 def gateway_items(target: Target, timeout: float = 60.0) -> list[Item]:
-    """The gateway this host runs, asked over HTTP from here: ready or not, then every route it holds
-    with LiteLLM's own verdict (GET /health checks each deployment now)."""
+    """The entrance this host runs, asked over HTTP from here: its front answers /health, then every route
+    with its router's verdict (vllm-router's vllm_router_worker_health per model and worker, from the front's
+    /metrics/, asked with a client's key)."""
     url = target.gateway_url
     problem = [Item("gateway key", "readable", target.gateway_error, DRIFT)] if target.gateway_error else []
     if url is None:
         return problem
     try:
-        ready = requests.get(f"{url}/health/readiness", timeout=10)
-        version = ready.json().get("litellm_version") if ready.ok else None
-        answered = (f"ready (LiteLLM {version})" if version else "ready") if ready.ok else f"HTTP {ready.status_code}"
-    except (requests.RequestException, ValueError) as exc:
+        ready = requests.get(f"{url}/health", timeout=10)
+        answered = "ready (nginx + vllm-router)" if ready.ok else f"HTTP {ready.status_code}"
+    except requests.RequestException as exc:
         return problem + [Item("gateway", f"answering on {url}", f"no answer ({type(exc).__name__})", UNHEALTHY)]
     items = problem + [Item("gateway", f"answering on {url}", answered, OK if ready.ok else UNHEALTHY)]
     if not ready.ok:
@@ -277,21 +282,19 @@ def gateway_items(target: Target, timeout: float = 60.0) -> list[Item]:
     if target.gateway_key is None:
         return items + [Item("gateway routes", "checked", "no gateway key to ask with", UNHEALTHY)]
     try:
-        health = requests.get(f"{url}/health", headers={"Authorization": f"Bearer {target.gateway_key}"}, timeout=timeout)
-        report = health.json()
-    except (requests.RequestException, ValueError) as exc:
-        return items + [Item("gateway routes", "checked", f"GET /health: {type(exc).__name__}", UNHEALTHY)]
-    if not health.ok:
-        return items + [Item("gateway routes", "checked", f"GET /health: HTTP {health.status_code}", UNHEALTHY)]
-    routes = [(e, True) for e in report.get("healthy_endpoints") or ()]
-    routes += [(e, False) for e in report.get("unhealthy_endpoints") or ()]
+        metrics = requests.get(f"{url}/metrics/", headers={"Authorization": f"Bearer {target.gateway_key}"}, timeout=timeout)
+    except requests.RequestException as exc:
+        return items + [Item("gateway routes", "checked", f"GET /metrics/: {type(exc).__name__}", UNHEALTHY)]
+    if not metrics.ok:
+        return items + [Item("gateway routes", "checked", f"GET /metrics/: HTTP {metrics.status_code}", UNHEALTHY)]
+    routes = []
+    for found in WORKER_HEALTH.finditer(metrics.text):
+        labels = dict(LABEL.findall(found.group("labels")))
+        routes.append((labels.get("model", "?"), labels.get("worker", "?"), found.group("value") == "1"))
     if not routes:
         return items + [Item("gateway routes", "at least one", "none", UNHEALTHY)]
-    for entry, healthy in sorted(routes, key=lambda r: str(r[0].get("model_id"))):
-        model = str(entry.get("model", "?")).removeprefix("hosted_vllm/")
-        where = f"{entry.get('model_id') or '?'} at {entry.get('api_base') or '?'}"
-        error = " ".join(str(entry.get("error") or "").split())[:80]
-        items.append(Item(f"route {model}", "healthy", f"healthy: {where}" if healthy else f"unhealthy: {where}: {error}",
+    for model, worker, healthy in sorted(routes):
+        items.append(Item(f"route {model}", "healthy", f"{'healthy' if healthy else 'unhealthy'}: {worker}",
                           OK if healthy else UNHEALTHY))
     return items
 

@@ -86,9 +86,8 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
     )),
     ("Gateway and rollouts", (
         Panel("Gateway up", 'up{job=~"gateway-.+"}', "{{host}}"),
-        # judged as RigupGatewayRouteUnhealthy judges it, not by litellm_deployment_state (a failed route's
-        # series stays 2 after the heal)
-        Panel("Gateway routes failing (1: the route's latest answer failed, 0: it succeeded)", route_failing_expr(),
+        # judged as RigupGatewayRouteUnhealthy judges it: the model's router's health of each pod
+        Panel("Gateway routes failing (1: the router keeps the pod out of rotation, 0: in)", route_failing_expr(),
               "{{host}} {{api_base}}"),
         Panel("Releases served", "rigup_release_info", "{{host}}/{{pod}} {{variant}} {{release}}"),
         Panel("Generation", "rigup_generation", POD),

@@ -1,21 +1,21 @@
-"""The fleet gateway: LiteLLM's proxy as one OpenAI endpoint over what the rigs actually serve.
+"""The fleet's entrance on the hosts of gateway_group: nginx from the OS archive as the front, one vllm-router per
+served model behind it (rigup.desired.entrance renders them), routing to what the rigs actually serve.
 
-What the control machine decides for a gateway host: where the proxy lives, which pinned venv it runs
-from (files/gateway/requirements.txt, hash-pinned by scripts/gateway-lock), its systemd unit and its
-environment file (the only place its keys are written), and the LiteLLM config.
+What the control machine decides for an entrance host: where its files live, which pinned venv the routers run
+from (files/router/requirements.txt, vllm-router hash-pinned), the clients and their keys, the pods' key, TLS.
 
 Routes come from each rig's provenance record (the release that last passed rigup's health gate) and
 whether that release's unit runs now, read on the rig at the end of the converge, never from the
 fleet file's intent: a rig whose switch failed and rolled back keeps routing to what it serves again.
-One route per rig and served model; rigs serving the same model share its name, so LiteLLM spreads
-requests over them, retries another on failure, and its background health checks take a failing
-route out of rotation (general_settings.enable_health_check_routing).
+One route per rig and served model; rigs serving the same model share that model's router, which spreads
+requests over them, health-checks them and retries another on failure.
 """
 
 from __future__ import annotations
 
 import hashlib
 import ipaddress
+import json
 import posixpath
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -23,22 +23,19 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-import yaml
-
 from rigup import DEPLOY_ROOT
+from rigup.desired.entrance import Client, EntranceError, EntrancePaths, client_entries, client_key
 from rigup.desired.knobs import knob, knob_int
 from rigup.desired.roles import is_gateway, serves_variant
 from rigup.desired.secrets import SecretError, load_api_key, read_secret_file
 from rigup.desired.templating import render_template
 
-REQUIREMENTS_FILE = DEPLOY_ROOT / "files" / "gateway" / "requirements.txt"
-UNIT_NAME = "rigup-gateway.service"
-UNIT_FILE = f"/etc/systemd/system/{UNIT_NAME}"
-MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
-CONFIG_HEADER = "# Rendered by rigup from what each rig serves (provenance + running unit). Do not edit.\n"
-# LiteLLM's provider for an OpenAI-compatible vLLM server (no model-cost lookups, no key format checks).
-PROVIDER = "hosted_vllm"
+REQUIREMENTS_FILE = DEPLOY_ROOT / "files" / "router" / "requirements.txt"
+ROUTER_UNIT = "rigup-router@.service"  # one instance per served model: rigup-router@<slug>.service
+UNIT_FILE = f"/etc/systemd/system/{ROUTER_UNIT}"
+FRONT_UNIT = "nginx.service"  # the archive package's unit
 LOCAL_HOST = "@local"  # pyinfra's local connector: the machine the deploy runs on
+DEFAULT_CLIENT = "default"  # the client whose key is gateway_api_key_file's
 
 
 class GatewayError(ValueError):
@@ -80,24 +77,33 @@ def requirements_sha256() -> str:
     return hashlib.sha256(requirements_text().encode()).hexdigest()
 
 
-def litellm_version() -> str:
-    found = re.search(r"^litellm==(\S+)", requirements_text(), re.MULTILINE)
+def router_version() -> str:
+    found = re.search(r"^vllm-router==(\S+)", requirements_text(), re.MULTILINE)
     if found is None:
-        raise GatewayError(f"{REQUIREMENTS_FILE}: no litellm== pin (run scripts/gateway-lock VERSION)")
+        raise GatewayError(f"{REQUIREMENTS_FILE}: no vllm-router== pin")
     return found.group(1)
 
 
 @dataclass(frozen=True)
-class GatewayPaths:
+class GatewayPaths(EntrancePaths):
     root: str  # {install_root}/gateway
 
     @property
     def config_file(self) -> str:
-        return posixpath.join(self.root, "config.yaml")
+        """The routes rigup wrote (routes.json): what each router is fed and status shows; no secret."""
+        return posixpath.join(self.root, "routes.json")
 
     @property
-    def env_file(self) -> str:
-        return posixpath.join(self.root, "gateway.env")
+    def site_file(self) -> str:
+        return "/etc/nginx/conf.d/rigup-entrance.conf"  # the package's nginx.conf includes conf.d/*.conf
+
+    @property
+    def tls_cert(self) -> str:
+        return posixpath.join(self.root, "tls.crt")
+
+    @property
+    def tls_key(self) -> str:
+        return posixpath.join(self.root, "tls.key")
 
     @property
     def requirements_file(self) -> str:
@@ -180,100 +186,54 @@ def reach_address(name: str, data: Mapping[str, Any], seen_from: str) -> str | N
     return str(data.get("ssh_hostname") or name)
 
 
-def config_document(routes: Iterable[Route], *, health_check_interval_s: int, num_retries: int) -> dict[str, Any]:
-    """LiteLLM's proxy config: a deployment per route (rigup's fields in model_info identify it), the
-    gateway key from the environment, background checks that route around a failing rig, retries."""
-    model_list = [
-        {
-            "model_name": r.model,
-            "litellm_params": {
-                "model": f"{PROVIDER}/{r.model}",
-                "api_base": r.api_base,
-                # vLLM without --api-key accepts any bearer; the key itself stays in the environment file
-                "api_key": f"os.environ/{r.key_env}" if r.key_env else "EMPTY",
-            },
-            "model_info": {"id": r.route_id, "rigup_host": r.host, "rigup_unit": r.unit, "rigup_variant": r.variant},
-        }
+def routes_document(routes: Iterable[Route]) -> dict[str, Any]:
+    """The entrance's routes as rigup wrote them (routes.json on the gateway host): what each router is fed,
+    what `rigup status` shows, and what a rig that cannot be read at the next converge keeps."""
+    return {"routes": [
+        {"model": r.model, "host": r.host, "unit": r.unit, "variant": r.variant, "api_base": r.api_base,
+         "key_env": r.key_env}
         for r in sorted(routes, key=lambda r: (r.model, r.host, r.unit))
-    ]
-    return {
-        "model_list": model_list,
-        "router_settings": {
-            "routing_strategy": "simple-shuffle",
-            "num_retries": num_retries,
-            # a route that fails once is cooled down at once, so the retry goes to another rig of the model
-            # (LiteLLM never cools down the only deployment of a model)
-            "allowed_fails": 0,
-            # longer than the check interval, so a route the checks found failing stays out until re-checked
-            "cooldown_time": 2 * health_check_interval_s,
-        },
-        "general_settings": {
-            "master_key": f"os.environ/{MASTER_KEY_ENV}",
-            "background_health_checks": True,
-            "health_check_interval": health_check_interval_s,
-            "enable_health_check_routing": True,
-            "health_check_staleness_threshold": 3 * health_check_interval_s,
-        },
-        # prometheus: /metrics (behind the master key) for the fleet's Prometheus: each route's state,
-        # failures, cooldowns and latency
-        "litellm_settings": {"telemetry": False, "drop_params": True, "callbacks": ["prometheus"]},
-    }
+    ]}
 
 
-def config_text(routes: Iterable[Route], *, health_check_interval_s: int, num_retries: int) -> str:
-    document = config_document(routes, health_check_interval_s=health_check_interval_s, num_retries=num_retries)
-    return CONFIG_HEADER + yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
+def routes_text(routes: Iterable[Route]) -> str:
+    return json.dumps(routes_document(routes), indent=1, sort_keys=True) + "\n"
 
 
 def routes_in_config(text: str | None) -> list[Route]:
-    """The routes a config rigup wrote holds (for rigs outside this run: they keep theirs)."""
+    """The routes a routes.json rigup wrote holds (for rigs outside this run: they keep theirs)."""
     if not text:
         return []
     try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError:
+        document = json.loads(text)
+    except ValueError:
         return []
     routes = []
-    for entry in (document or {}).get("model_list") or ():
+    for entry in (document or {}).get("routes") or () if isinstance(document, dict) else ():
         try:
-            info, params = entry["model_info"], entry["litellm_params"]
-            key = params.get("api_key")
-            routes.append(
-                Route(
-                    host=str(info["rigup_host"]),
-                    unit=str(info["rigup_unit"]),
-                    variant=str(info["rigup_variant"]),
-                    model=str(entry["model_name"]),
-                    api_base=str(params["api_base"]),
-                    key_env=key.removeprefix("os.environ/") if isinstance(key, str) and key.startswith("os.environ/") else None,
-                )
-            )
-        except (KeyError, TypeError, AttributeError):
+            routes.append(Route(host=str(entry["host"]), unit=str(entry["unit"]), variant=str(entry["variant"]),
+                                model=str(entry["model"]), api_base=str(entry["api_base"]),
+                                key_env=entry["key_env"] if isinstance(entry.get("key_env"), str) else None))
+        except (KeyError, TypeError):
             continue  # not one of rigup's routes
     return routes
 
 
-def env_text(master_key: str, rig_keys: Mapping[str, str], origins: Mapping[str, str] | None = None) -> str:
-    """The gateway's environment file (0600): its own key and each rig's key, single-quoted for systemd.
-    `origins`: variable -> where its value comes from, for the message when one cannot be written."""
-    lines = []
-    for name, value in [(MASTER_KEY_ENV, master_key), *sorted(rig_keys.items())]:
-        if not value or any(c in value for c in "'\"\\\n\r\0$`"):
-            where = (origins or {}).get(name, name)
-            raise GatewayError(f"{where}: the key is empty or contains a quote, backslash, $, ` or newline")
-        lines.append(f"{name}='{value}'\n")
-    return "".join(lines)
+def workers_by_model(routes: Iterable[Route]) -> dict[str, list[str]]:
+    """Each served model -> its pods' base URLs (what vllm-router's --worker-urls takes: no /v1)."""
+    out: dict[str, list[str]] = {}
+    for r in routes:
+        out.setdefault(r.model, []).append(r.api_base.removesuffix("/v1"))
+    return out
 
 
-def unit_text(paths: GatewayPaths, *, bind_address: str, port: int) -> str:
-    return render_template(
-        "rigup-gateway.service.j2", paths=paths, bind_address=bind_address, port=port, version=litellm_version()
-    )
+def router_unit_text(paths: GatewayPaths) -> str:
+    return render_template("rigup-router@.service.j2", paths=paths, version=router_version())
 
 
 @dataclass(frozen=True)
 class GatewayPlan:
-    """What a gateway host gets: paths, listen address, keys, and the rigs it routes to."""
+    """What an entrance host gets: paths, listen address, clients, the pods' key, TLS, and the rigs it routes to."""
 
     host: str
     paths: GatewayPaths
@@ -285,13 +245,46 @@ class GatewayPlan:
     ready_timeout_s: int
     rigs: tuple[RigEndpoint, ...]
     install_roots: dict[str, str]  # rig -> its install_root (its provenance record lives there)
-    env_text: str = field(repr=False)
+    clients: tuple[Client, ...] = field(repr=False)
+    pod_key: str | None = field(repr=False)  # what the front sends the pods (through the routers); None: open
+    tls_files: tuple[str, str] | None = None  # control-machine (certificate, key) of the front; None: plain HTTP
+
+    @property
+    def tls(self) -> tuple[str, str] | None:
+        """Where the certificate and key are on the host (nginx reads them), when the front speaks TLS."""
+        return (self.paths.tls_cert, self.paths.tls_key) if self.tls_files else None
 
     @property
     def readiness_url(self) -> str:
         address = "127.0.0.1" if self.bind_address in ("0.0.0.0", "::") else self.bind_address
         address = f"[{address}]" if ":" in address else address
-        return f"http://{address}:{self.port}/health/readiness"
+        return f"{'https' if self.tls_files else 'http'}://{address}:{self.port}/health"
+
+
+def _clients(data: Mapping[str, Any], read_secrets: bool) -> tuple[Client, ...]:
+    """The entrance's clients: gateway_clients, and gateway_api_key_file's key as client "default"."""
+    entries = client_entries(knob(data, "gateway_clients"), "gateway_clients")
+    legacy = knob(data, "gateway_api_key_file")
+    if legacy is not None:
+        if DEFAULT_CLIENT in {name for name, _ in entries}:
+            raise GatewayError(f"gateway_clients names a client {DEFAULT_CLIENT!r}, the name gateway_api_key_file's "
+                               "key has: rename it, or list that key file there and unset gateway_api_key_file")
+        entries.insert(0, (DEFAULT_CLIENT, str(legacy)))
+    if not entries:
+        raise GatewayError(
+            f"gateway_api_key_file is not set and gateway_clients is empty: an entrance host needs at least one client "
+            f"(a name and a 0600 key file on the control machine) (group {knob(data, 'gateway_group')!r})"
+        )
+    if not read_secrets:
+        return tuple(Client(name, "unread") for name, _ in entries)
+    clients = []
+    for name, key_file in entries:
+        knob_name = "gateway_api_key_file" if name == DEFAULT_CLIENT and key_file == legacy else f"gateway_clients[{name}]"
+        clients.append(Client(name, client_key(name, key_file, knob_name)))
+    keys = [c.key for c in clients]
+    if len(set(keys)) != len(keys):
+        raise GatewayError("gateway_clients: two clients share one key; each client needs its own")
+    return tuple(clients)
 
 
 def gateway_plan(
@@ -302,18 +295,15 @@ def gateway_plan(
     *,
     read_secrets: bool = True,
 ) -> GatewayPlan | None:
-    """The gateway plan of one host (None: it is not in gateway_group). `fleet` is every host of the
+    """The entrance plan of one host (None: it is not in gateway_group). `fleet` is every host of the
     inventory with its data, in order; the ones that serve a variant become its rigs."""
     if not is_gateway(data, groups):
         return None
-    key_file = knob(data, "gateway_api_key_file")
-    if key_file is None:
-        raise GatewayError(
-            f"gateway_api_key_file is not set: a gateway host needs a 0600 file on the control machine holding "
-            f"the key its clients send (group {knob(data, 'gateway_group')!r})"
-        )
-    rigs, roots, rig_keys = [], {}, {}
-    origins = {MASTER_KEY_ENV: "gateway_api_key_file"}
+    try:
+        clients = _clients(data, read_secrets)
+    except (EntranceError, SecretError) as exc:
+        raise GatewayError(str(exc)) from None
+    rigs, roots, pod_keys = [], {}, {}
     for name, rig_data in fleet:
         if not serves_variant(rig_data):
             continue
@@ -323,12 +313,26 @@ def gateway_plan(
             raise GatewayError(f"the key of rig {name!r}, which the gateway routes to: {exc}") from None
         has_key = knob(rig_data, "serving_api_key_file") is not None
         if key is not None:
-            rig_keys[key_env(name)] = key
-            origins[key_env(name)] = f"serving_api_key_file of rig {name!r}"
+            pod_keys[name] = key
         address = reach_address(name, rig_data, host_name)
         rigs.append(RigEndpoint(name, address, key_env(name) if has_key else None, name == host_name))
         roots[name] = knob(rig_data, "install_root")
-    master = read_secret_file(key_file, "gateway_api_key_file") if read_secrets else "unread"
+    if len(set(pod_keys.values())) > 1:
+        # vllm-router forwards the request's one Authorization header to whichever pod it picks
+        raise GatewayError(f"rigs {', '.join(sorted(pod_keys))} have different serving_api_key_file keys: the entrance "
+                           "sends one key to every pod; give them one key file")
+    pod_key = next(iter(pod_keys.values()), None)
+    if pod_key is not None and any(c in pod_key for c in '"\\\n\r;$'):
+        raise GatewayError("serving_api_key_file: the key holds a quote, backslash, ';' or '$' (nginx would parse it)")
+    cert, tls_key = knob(data, "gateway_tls_cert_file"), knob(data, "gateway_tls_key_file")
+    if (cert is None) != (tls_key is None):
+        raise GatewayError("gateway_tls_cert_file and gateway_tls_key_file are set together (a certificate and its key)")
+    if tls_key is not None and read_secrets:
+        try:
+            read_secret_file(tls_key, "gateway_tls_key_file")  # 0600, or refused with the reason
+        except SecretError as exc:
+            if "exactly one" not in str(exc):  # a PEM key has many lines: only the mode and presence matter
+                raise GatewayError(str(exc)) from None
     return GatewayPlan(
         host=host_name,
         paths=gateway_paths(knob(data, "install_root")),
@@ -340,5 +344,7 @@ def gateway_plan(
         ready_timeout_s=knob_int(data, "gateway_ready_timeout_s", minimum=1),
         rigs=tuple(rigs),
         install_roots=roots,
-        env_text=env_text(master, rig_keys, origins) if read_secrets else "",
+        clients=clients,
+        pod_key=pod_key,
+        tls_files=(str(cert), str(tls_key)) if cert is not None else None,
     )

@@ -81,28 +81,18 @@ def prometheus_duration(seconds: int) -> str:
 
 
 # LiteLLM's per-route response counters: a route's state is whichever of them moved last.
-ROUTE_FAILURES, ROUTE_SUCCESSES = "litellm_deployment_failure_responses_total", "litellm_deployment_success_responses_total"
+# vllm-router's per-pod health (1 in rotation, 0 out), in the entrance's /metrics/ with each model's name (rigup's
+# njs dispatch adds the model label); worker is the pod's base URL (http://rig:port, what --worker-urls took).
+ROUTE_HEALTH = "vllm_router_worker_health"
 
 
-def route_last_counted(metric: str) -> str:
-    """PromQL: per series, the last time (Unix seconds, within the past hour) a counter of a gateway route
-    moved: a minute in which it rose, or its first sample (LiteLLM creates a route's series at its first
-    count, which increase() cannot see). The route is its API base as rigup wrote it (http://rig:port/v1):
-    LiteLLM labels a route's series with that or with the endpoint's path appended
-    (.../v1/chat/completions), and not all of them with a model_id."""
-    return (f'max_over_time(label_replace(timestamp(increase({metric}{{api_base!=""}}[1m]) > 0 or '
-            f'({metric}{{api_base!=""}} unless {metric} offset 1m)), "api_base", "$1", "api_base", "(.*/v1)(/.*)?")[1h:])')
-
-
-def route_failing_expr() -> str:
-    """PromQL: per gateway route (host, api_base), 1 while its latest outcome is a failure (the gateway
-    counted a failure to it later than its last success), 0 while it is a success: the state
-    RigupGatewayRouteUnhealthy alerts on, for a graph. LiteLLM's litellm_deployment_state cannot say it:
-    a failure writes state 2 under api_base ".../v1" and a success 0 under ".../v1/chat/completions", so
-    the failed series stays 2 after the heal."""
-    failed = f"max by (host, api_base) ({route_last_counted(ROUTE_FAILURES)})"
-    served = f"max by (host, api_base) ({route_last_counted(ROUTE_SUCCESSES)})"
-    return f"({failed} > bool {served}) or ({failed} * 0 + 1) or ({served} * 0)"
+def route_failing_expr(gateway_job: str = 'job=~"gateway-.+"') -> str:
+    """PromQL: per entrance route (host, api_base, requested_model), 1 while the model's router keeps the pod out
+    of rotation (its health checks or its circuit breaker failed it), 0 while it is in: the state
+    RigupGatewayRouteUnhealthy alerts on, for a graph. api_base is the route's as rigup writes it (worker + /v1)."""
+    health = f'{ROUTE_HEALTH}{{{gateway_job}}}'
+    labelled = f'label_replace(label_replace({health}, "api_base", "$1/v1", "worker", "(.+)"), "requested_model", "$1", "model", "(.+)")'
+    return f"max by (host, api_base, requested_model) (1 - {labelled})"
 
 
 # node_exporter's filesystem defaults (1.5) leave out /mnt and /media, where models often live, and
@@ -379,10 +369,8 @@ def rules_text(data: Mapping[str, Any]) -> str:
         gpu_temp_c=float(knob(data, "alert_gpu_temp_c")),
         disk_free_ratio=float(knob(data, "alert_disk_free_ratio")),
         stable_s=CRASH_LOOP_STABLE_S,
-        last_counted=route_last_counted,
         held_for=lambda alert: prometheus_duration({**ALERT_FOR_S, **(knob(data, "alert_for_s") or {})}[alert]),
-        failures=ROUTE_FAILURES,
-        successes=ROUTE_SUCCESSES,
+        route_failing=route_failing_expr(f'job=~"{JOB_GATEWAY}-.+"'),
         jobs={"pods": JOB_PODS, "gpu": JOB_GPU, "node": JOB_NODE, "gateway": JOB_GATEWAY},
     )
 

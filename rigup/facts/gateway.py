@@ -1,4 +1,4 @@
-"""Facts of the gateway task: whether a pinned venv is complete, and the venvs of earlier pins."""
+"""Facts of the entrance task: whether a pinned venv is complete, the venvs of earlier pins, the routers."""
 
 from __future__ import annotations
 
@@ -29,3 +29,29 @@ class GatewayVenvs(FactBase[list[str]]):
 
     def process(self, output: list[str]) -> list[str]:
         return sorted(line.strip() for line in output if line.strip())
+
+
+class RouterEnvFiles(FactBase[list[str]]):
+    """The routers' environment files (``{directory}/*.env``) on the host: one per served model."""
+
+    default = list
+
+    def command(self, directory: str) -> StringCommand:
+        return StringCommand("for f in", StringCommand(QuoteString(directory.rstrip("/")), "/*.env", _separator=""),
+                             '; do [ -f "$f" ] && echo "$f"; done; true')
+
+    def process(self, output: list[str]) -> list[str]:
+        return sorted(line.strip() for line in output if line.strip())
+
+
+class RouterInstances(FactBase[list[str]]):
+    """The rigup-router@<slug>.service instances systemd knows (loaded or enabled), by name."""
+
+    default = list
+
+    def command(self) -> str:
+        return ("{ systemctl list-units --all --plain --no-legend 'rigup-router@*.service';"
+                " ls /etc/systemd/system/multi-user.target.wants/ 2>/dev/null; } | grep -o 'rigup-router@[^ ]*\\.service' | sort -u; true")
+
+    def process(self, output: list[str]) -> list[str]:
+        return sorted({line.strip() for line in output if line.strip()})

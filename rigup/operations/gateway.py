@@ -1,5 +1,5 @@
-"""Operations of the gateway task: the pinned LiteLLM venv and the config from what the rigs serve
-(read when the operation runs, after every rig's serving phase)."""
+"""Operations of the entrance task: the pinned router venv, the routes and the front's files from what the rigs
+serve (read when the operation runs, after every rig's serving phase), one router per served model."""
 
 from __future__ import annotations
 
@@ -10,13 +10,26 @@ from urllib.parse import urlsplit
 
 from pyinfra import host
 from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
+from pyinfra.facts.files import File
 from pyinfra.operations import files
 
-from rigup.desired.gateway import RigEndpoint, Route, config_text, current_records, route_for, routes_in_config
-from rigup.facts.gateway import GatewayVenvs, VenvComplete
-from rigup.facts.units import TextFile
+from rigup.desired.entrance import ModelRouter, dispatch_js, model_routers, models_document, nginx_site, router_env_text
+from rigup.desired.gateway import (
+    UNIT_FILE,
+    GatewayPaths,
+    RigEndpoint,
+    Route,
+    current_records,
+    route_for,
+    routes_in_config,
+    routes_text,
+    workers_by_model,
+)
+from rigup.facts.gateway import GatewayVenvs, RouterEnvFiles, RouterInstances, VenvComplete
+from rigup.facts.units import TextFile, UnitAgainstFiles
 from rigup.operations.live_output import streamed
 from rigup.operations.serving import served_now
+from rigup.operations.units import service_steps
 from rigup.runstate import account
 
 PIP_LOG = "pip-install.log"  # in the venv: pip's whole output of the build
@@ -76,6 +89,26 @@ def gateway_venv(venv: str, requirements: str, requirements_sha256: str, index_u
     )
 
 
+LEGACY_UNIT = "/etc/systemd/system/rigup-gateway.service"  # LiteLLM's proxy, the entrance before issue 44
+
+
+@operation()
+def legacy_gateway_removed(root: str):
+    """
+    Stop and remove LiteLLM's proxy (rigup-gateway.service), the entrance before nginx and vllm-router, with
+    its environment file (its keys) and config, where an earlier rigup installed it; its venv goes with the
+    venvs of earlier pins.
+
+    + root: the entrance directory ({install_root}/gateway)
+    """
+    if host.get_fact(File, path=LEGACY_UNIT) is None:
+        host.noop("no LiteLLM gateway from an earlier rigup")
+        return
+    yield StringCommand("systemctl disable --now rigup-gateway.service; rm -f", QuoteString(LEGACY_UNIT),
+                        QuoteString(f"{root}/gateway.env"), QuoteString(f"{root}/config.yaml"),
+                        "&& systemctl daemon-reload")
+
+
 @operation()
 def other_venvs_removed(root: str, keep: str):
     """
@@ -89,26 +122,13 @@ def other_venvs_removed(root: str, keep: str):
     yield StringCommand("rm -rf", *[QuoteString(v) for v in others])
 
 
-@operation()
-def gateway_config(path: str, rigs: Sequence[RigEndpoint], install_roots: dict[str, str],
-                   health_check_interval_s: int, num_retries: int):
-    """
-    Write the gateway's LiteLLM config from what each rig serves when this operation runs.
+# What entrance_routes decided for each host in this pass (prepare, then execution): routers_run_current reads it.
+_ROUTERS: dict[str, list[ModelRouter]] = {}
 
-    + path: the config file on the gateway host
-    + rigs: the fleet's rigs and how the gateway reaches each
-    + install_roots: rig name -> its install_root (where its provenance record is)
-    + health_check_interval_s, num_retries: LiteLLM router settings
 
-    Every rig is read when this runs (after the serving phase of the rigs in this run): its provenance
-    record and running units decide its route. A rig outside this run (--limit, a rollout step) is
-    connected to for that read alone; one that cannot be reached or read keeps the routes the current
-    config gives it, and says so.
-    """
-    if health_check_interval_s < 1 or num_retries < 0:
-        raise OperationValueError("health_check_interval_s must be >= 1 and num_retries >= 0")
-    current = host.get_fact(TextFile, path=path)
-    carried = routes_in_config(current)
+def _routes_now(rigs: Sequence[RigEndpoint], install_roots: dict[str, str], carried: list[Route]) -> tuple[list[Route], list[str]]:
+    """Every rig's routes from what it serves now (its provenance record and running units); a rig that cannot
+    be read keeps the routes it had (`carried`)."""
     routes: list[Route] = []
     notes: list[str] = []
     for rig in rigs:
@@ -121,11 +141,98 @@ def gateway_config(path: str, rigs: Sequence[RigEndpoint], install_roots: dict[s
         found = [route_for(rig, record, served["active_units"]) for record in current_records(served["records"]) or [None]]
         routes.extend(route for route, _ in found if route is not None)
         notes.extend(f"{rig.host}: {why}" for _, why in found)
-    text = config_text(routes, health_check_interval_s=health_check_interval_s, num_retries=num_retries)
-    if text == current:
-        host.noop(f"gateway routes unchanged: {'; '.join(notes)}")
+    return routes, notes
+
+
+@operation()
+def entrance_routes(paths: GatewayPaths, rigs: Sequence[RigEndpoint], install_roots: dict[str, str],
+                    health_check_interval_s: int, num_retries: int, bind_address: str, port: int,
+                    tls: tuple[str, str] | None):
+    """
+    Write the entrance's routes from what each rig serves when this operation runs: routes.json, one router
+    environment file per served model, the front's site, its model dispatch and its /v1/models answer.
+
+    + paths: the entrance's files on the host
+    + rigs: the fleet's rigs and how the entrance reaches each
+    + install_roots: rig name -> its install_root (where its provenance record is)
+    + health_check_interval_s, num_retries: the routers' health checks and retries
+    + bind_address, port, tls: where the front listens, and its certificate and key on the host (None: HTTP)
+
+    Every rig is read when this runs (after the serving phase of the rigs in this run): its provenance
+    record and running units decide its route. A rig outside this run (--limit, a rollout step) is
+    connected to for that read alone; one that cannot be reached or read keeps the routes the current
+    routes.json gives it, and says so. Environment files of models no longer served are removed (their
+    routers are stopped by routers_run_current).
+    """
+    if health_check_interval_s < 1 or num_retries < 0:
+        raise OperationValueError("health_check_interval_s must be >= 1 and num_retries >= 0")
+    current = host.get_fact(TextFile, path=paths.config_file)
+    routes, notes = _routes_now(rigs, install_roots, routes_in_config(current))
+    routers = model_routers(workers_by_model(routes))
+    _ROUTERS[host.name] = routers
+    wanted = {
+        paths.config_file: routes_text(routes),
+        paths.models_json: models_document(routers),
+        paths.dispatch_js: dispatch_js(routers),
+        paths.site_file: nginx_site(routers, paths, bind_address=bind_address, port=port, tls=tls),
+        **{paths.router_env(r.slug): router_env_text(r, health_check_interval_s=health_check_interval_s,
+                                                     num_retries=num_retries) for r in routers},
+    }
+    stale = [f for f in host.get_fact(RouterEnvFiles, directory=paths.routers_dir) if f not in wanted]
+    changed = [path for path, text in wanted.items() if host.get_fact(TextFile, path=path) != text]
+    if not changed and not stale:
+        host.noop(f"entrance routes unchanged: {'; '.join(notes)}")
         return
     if host.state.is_executing:  # the prepare pass reads the rigs before they serve: no account of it
-        models = ", ".join(sorted({r.model for r in routes})) or "none"
-        account(host, f"gateway routes: {len(routes)} ({models})")
-    yield from files.put._inner(src=StringIO(text), dest=path, mode="644")
+        models = ", ".join(r.model for r in routers) or "none"
+        account(host, f"entrance routes: {len(routes)} to {len(routers)} model(s) ({models})")
+    yield StringCommand("mkdir -p", QuoteString(paths.routers_dir))
+    for path in changed:
+        yield from files.put._inner(src=StringIO(wanted[path]), dest=path, mode="644")
+    if stale:
+        yield StringCommand("rm -f", *[QuoteString(f) for f in stale])
+
+
+@operation()
+def routers_run_current(paths: GatewayPaths, timeout_s: int):
+    """
+    Run one vllm-router per served model (rigup-router@<slug>.service) on its current venv, environment
+    file and unit, restarted only when one of them changed after it started, then wait for each (re)started
+    one's /health; stop and disable the instances of models no longer served.
+
+    + paths: the entrance's files on the host
+    + timeout_s: how long a (re)started router has to answer
+    """
+    routers = _ROUTERS.get(host.name, [])
+    wanted = {f"rigup-router@{r.slug}.service": r for r in routers}
+    stale = [u for u in host.get_fact(RouterInstances) if u not in wanted]
+    commands: list[StringCommand] = [StringCommand("systemctl disable --now", *[QuoteString(u) for u in stale])] if stale else []
+    started: list[ModelRouter] = []
+    reload = False
+    for unit, router in wanted.items():
+        seen = host.get_fact(UnitAgainstFiles, unit=unit,
+                             paths=[f"{paths.venv}/.rigup-installed", paths.router_env(router.slug), UNIT_FILE])
+        steps = service_steps(seen)
+        reload = reload or "daemon-reload" in steps
+        for step in steps:
+            if step == "start":
+                commands.append(StringCommand("systemctl reset-failed", QuoteString(unit), "2>/dev/null; systemctl start", QuoteString(unit)))
+            elif step != "daemon-reload":
+                commands.append(StringCommand("systemctl", step, QuoteString(unit)))
+        if {"start", "restart"} & set(steps):
+            started.append(router)
+    if not commands and not reload:
+        host.noop(f"{len(wanted)} router(s) run on their current files")
+        return
+    if reload:
+        yield StringCommand("systemctl daemon-reload")
+    yield from commands
+    for router in started:
+        unit = f"rigup-router@{router.slug}.service"
+        url = f"http://127.0.0.1:{router.port}/health"
+        yield StringCommand(
+            "deadline=$(( $(date +%s) +", str(timeout_s), ")); until curl -fs -o /dev/null --max-time 5", QuoteString(url),
+            "; do if [ $(date +%s) -ge $deadline ]; then echo", QuoteString(
+                f"rigup: the router of {router.model} did not answer {url} within {timeout_s} s; journalctl -u {unit}:"),
+            "; journalctl -u", QuoteString(unit), "-n 30 --no-pager; exit 1; fi; sleep 0.5; done",
+        )  # fmt: skip

@@ -1,8 +1,5 @@
-"""`rigup status` on a gateway host: the gateway's readiness and LiteLLM's verdict on every route.
-
-The server below answers as LiteLLM 1.108's proxy does (the shapes were read from a real proxy run
-against two rigup responders, one of them stopped): /health/readiness without a key, /health with the
-master key, healthy_endpoints and unhealthy_endpoints carrying each deployment's model_info id."""
+"""`rigup status` on a gateway host: the entrance's front answers /health, and each route's health as its
+vllm-router reports it (vllm_router_worker_health in the front's /metrics/, asked with a client's key)."""
 
 from __future__ import annotations
 
@@ -10,7 +7,6 @@ import http.server
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -20,35 +16,37 @@ from rigup.desired.fleet import load_fleet
 from tests.support.json_http import JsonHandler
 
 KEY = "sk-gw-test"
-HEALTH: dict[str, Any] = {
-    "healthy_endpoints": [
-        {"api_base": "http://127.0.0.1:8000/v1", "model": "hosted_vllm/qwen3.6-27b", "model_id": "rig-1/rigup-dual.service"}
-    ],
-    "unhealthy_endpoints": [
-        {"api_base": "http://10.0.0.2:8000/v1", "model": "hosted_vllm/qwen3.6-27b", "model_id": "rig-2/rigup-dual.service",
-         "error": "litellm.InternalServerError: Hosted_vllmException - Cannot connect to host 10.0.0.2:8000\nstack trace: ..."}
-    ],
-    "healthy_count": 1,
-    "unhealthy_count": 1,
-}
+# What the entrance's /metrics/ holds of vllm-router 0.1.17's per-worker health (read from a real router behind
+# the front, one pod of each model; the front adds the model label): 1 healthy, 0 out of rotation.
+METRICS = """# TYPE vllm_router_worker_health gauge
+vllm_router_worker_health{model="qwen3.6-27b",worker="http://127.0.0.1:8000"} 1
+vllm_router_worker_health{model="qwen3.6-27b",worker="http://10.0.0.2:8000"} 0
+# TYPE vllm_router_active_workers gauge
+vllm_router_active_workers{model="qwen3.6-27b"} 1
+"""
 
 
-class FakeProxy(JsonHandler):
+class FakeEntrance(JsonHandler):
     def do_GET(self) -> None:  # noqa: N802
-        if self.path == "/health/readiness":
-            self.reply(200, {"status": "healthy", "db": "Not connected"})
-        elif self.path == "/health":
+        if self.path == "/health":
+            self.reply(200, {"status": "ok"})
+        elif self.path == "/metrics/":
             if self.headers.get("Authorization") != f"Bearer {KEY}":
-                self.reply(401, {"error": {"message": "Authentication Error", "code": "401"}})
+                self.reply(401, {"error": {"message": "a valid bearer key is required", "code": 401}})
             else:
-                self.reply(200, HEALTH)
+                body = METRICS.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
         else:
-            self.reply(404, {"detail": "Not Found"})
+            self.reply(404, {"error": {"message": "not served here", "code": 404}})
 
 
 @pytest.fixture
 def proxy() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeProxy)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeEntrance)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
@@ -70,18 +68,17 @@ def fleet_file(tmp_path: Path, port: int, key_mode: int = 0o600) -> Path:
     return path
 
 
-def test_status_reports_the_gateway_and_each_route_with_litellms_verdict(proxy: str, tmp_path: Path) -> None:
+def test_status_reports_the_entrance_and_each_route_with_its_routers_verdict(proxy: str, tmp_path: Path) -> None:
     port = int(proxy.rsplit(":", 1)[1])
     targets = {t.name: t for t in fleet_targets(fleet=load_fleet(fleet_file(tmp_path, port)))}
     gateway = targets["gw-1"]
     assert gateway.gateway_url == proxy and gateway.gateway_key == KEY and gateway.recipe is None
     assert targets["rig-2"].gateway_url is None and targets["rig-2"].recipe is not None
     items = [(i.item, i.state, i.actual) for i in gateway_items(gateway)]
-    assert items[0] == ("gateway", OK, "ready")
-    assert items[1] == ("route qwen3.6-27b", OK, "healthy: rig-1/rigup-dual.service at http://127.0.0.1:8000/v1")
-    assert items[2][:2] == ("route qwen3.6-27b", UNHEALTHY)
-    assert items[2][2].startswith("unhealthy: rig-2/rigup-dual.service at http://10.0.0.2:8000/v1: litellm.Internal")
-    assert "\n" not in items[2][2]
+    assert items[0] == ("gateway", OK, "ready (nginx + vllm-router)")
+    assert items[1] == ("route qwen3.6-27b", UNHEALTHY, "unhealthy: http://10.0.0.2:8000")
+    assert items[2] == ("route qwen3.6-27b", OK, "healthy: http://127.0.0.1:8000")
+    assert len(items) == 3
 
 
 def test_a_gateway_that_does_not_answer_or_a_loose_key_is_reported(tmp_path: Path) -> None:

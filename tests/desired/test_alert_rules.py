@@ -25,17 +25,9 @@ UNIT = {**NODE, "name": "rigup-dual.service"}
 RIG1, RIG2 = ("rig-1/rigup-dual.service", "http://10.0.0.11:8000"), ("rig-2/rigup-dual.service", "http://10.0.0.12:8000")
 
 
-def deployment(route: tuple[str, str], path: str) -> dict[str, str]:
-    """LiteLLM 1.108's deployment labels of a route (model_id is rigup's <host>/<unit>)."""
-    model_id, base = route
-    return {"litellm_model_name": "hosted_vllm/qwen", "model_id": model_id, "api_base": base + path,
-            "api_provider": "hosted_vllm"}
-
-
-def responses(route: tuple[str, str], path: str) -> dict[str, str]:
-    """The labels of LiteLLM's per-deployment response counters (PrometheusMetricLabels)."""
-    return {"requested_model": "qwen", **deployment(route, path), "hashed_api_key": "88dc28d0", "api_key_alias": "None",
-            "team": "None", "team_alias": "None"}
+def worker(route: tuple[str, str]) -> dict[str, str]:
+    """The labels of vllm-router 0.1.17's per-pod health in the entrance's /metrics/ (the front adds model)."""
+    return {"model": "qwen", "worker": route[1]}
 
 
 def series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:
@@ -70,7 +62,7 @@ CRASH_LOOP = {**UNIT, "severity": "critical"}, {
     "runbook": "on the rig: journalctl -u rigup-dual.service -n 100 (boot OOM, context that does not fit, a missing model file)"}
 ROUTE_FAILING = {"host": "gw", "api_base": "http://10.0.0.11:8000/v1", "requested_model": "qwen", "severity": "warning"}, {
     "summary": "gateway gw: the route of qwen to http://10.0.0.11:8000/v1 is failing",
-    "runbook": "the gateway keeps a failing route out of rotation; a model with no healthy route answers 400/500: "
+    "runbook": "the model's router keeps a failing route out of rotation; a model with no healthy route answers 503: "
                "check the rig behind api_base (rigup status --limit it)"}
 
 
@@ -236,26 +228,16 @@ CASES: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
         [series("up", GATEWAY, "1 0x5 1x3")],
         alert("RigupGatewayDown", "4m", "7m", {**GATEWAY, "severity": "critical"},
               "the gateway on gw does not answer /metrics",
-              "on gw: systemctl status rigup-gateway; journalctl -u rigup-gateway", quiet_at="2m"),
+              "on gw: systemctl status nginx 'rigup-router@*'; journalctl -u nginx -u 'rigup-router@*'", quiet_at="2m"),
     ),
     "RigupGatewayRouteUnhealthy": (
-        # rig-1's pod fails from minute 5 to 12 and serves again from 14. LiteLLM wrote state 2 under
-        # api_base .../v1 at the failures and 0 under .../v1/chat/completions at the successes: the failed
-        # series stays 2 after the heal. The alert follows the counters: fires once failures are the
-        # route's latest outcome, clears at its first success after the heal and stays clear. rig-2's
-        # route serves throughout.
-        [series("litellm_deployment_state", {**GATEWAY, **deployment(RIG1, "/v1/chat/completions")}, "0x41"),
-         series("litellm_deployment_state", {**GATEWAY, **deployment(RIG1, "/v1")}, "_x5 2x36"),
-         series("litellm_deployment_state", {**GATEWAY, **deployment(RIG2, "/v1/chat/completions")}, "0x41"),
-         series("litellm_deployment_success_responses_total", {**GATEWAY, **responses(RIG1, "/v1/chat/completions")},
-                "0+6x4 24x8 30+6x27"),
-         series("litellm_deployment_failure_responses_total",
-                {**GATEWAY, **responses(RIG1, "/v1"), "exception_status": "500", "exception_class": "Openai.APIConnectionError"},
-                "_x5 1+3x7 22x29"),
-         series("litellm_deployment_success_responses_total", {**GATEWAY, **responses(RIG2, "/v1/chat/completions")},
-                "0+6x41")],
+        # rig-1's pod fails its router's health checks from minute 5 to 12 and is back in rotation from 13;
+        # rig-2's pod serves throughout. The alert fires once the pod has been out for the hold and clears
+        # when it is back.
+        [series("vllm_router_worker_health", {**GATEWAY, **worker(RIG1)}, "1x4 0x8 1x28"),
+         series("vllm_router_worker_health", {**GATEWAY, **worker(RIG2)}, "1x41")],
         [*alert("RigupGatewayRouteUnhealthy", "7m", "15m", ROUTE_FAILING[0], **ROUTE_FAILING[1], quiet_at="5m"),
-         *fires_once_at("RigupGatewayRouteUnhealthy", ["12m", "13m"], *ROUTE_FAILING),
+         *fires_once_at("RigupGatewayRouteUnhealthy", ["12m"], *ROUTE_FAILING),
          {"eval_time": "40m", "alertname": "RigupGatewayRouteUnhealthy", "exp_alerts": []}],
     ),
 }
@@ -292,17 +274,6 @@ SCENARIOS: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
          series("node_systemd_unit_state", {**UNIT, "state": "active", "type": "exec"}, "1 0 1 0 1 0 1x15"),
          series("node_systemd_unit_start_time_seconds", UNIT, "0 0 120 0 240 0 360x15")],
         [{"eval_time": t, "alertname": "RigupUnitCrashLooping", "exp_alerts": []} for t in ("3m", "5m", "10m")],
-    ),
-    "RigupGatewayRouteUnhealthy without requests keeps the route's last outcome": (
-        # a single failure (the counter's first sample) after successes, and no request since: failing.
-        # The route is its API base: LiteLLM leaves model_id off some series
-        [series("litellm_deployment_success_responses_total",
-                {k: v for k, v in {**GATEWAY, **responses(RIG1, "/v1/chat/completions")}.items() if k != "model_id"},
-                "0+6x4 24x20"),
-         series("litellm_deployment_failure_responses_total",
-                {**GATEWAY, **responses(RIG1, "/v1"), "exception_status": "500", "exception_class": "Openai.APIConnectionError"},
-                "_x6 1x18")],
-        fires_once_at("RigupGatewayRouteUnhealthy", ["8m", "20m"], *ROUTE_FAILING),
     ),
 }
 

@@ -1,4 +1,4 @@
-"""The gateway's decisions: routes from what rigs serve, the LiteLLM config, its keys, its plan and unit."""
+"""The entrance's decisions: routes from what rigs serve, the routes file, its clients and keys, its plan and unit."""
 
 from __future__ import annotations
 
@@ -8,25 +8,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
+from rigup.desired.entrance import Client
 from rigup.desired.gateway import (
-    MASTER_KEY_ENV,
     GatewayError,
     RigEndpoint,
     Route,
-    config_document,
-    config_text,
-    env_text,
     gateway_paths,
     gateway_plan,
     key_env,
-    litellm_version,
     requirements_sha256,
     requirements_text,
     route_for,
+    router_unit_text,
+    router_version,
     routes_in_config,
-    unit_text,
+    routes_text,
+    workers_by_model,
 )
 
 REMOTE = RigEndpoint("rig-2", "10.0.0.12", "RIGUP_RIG_KEY_RIG_2", local=False)
@@ -83,42 +81,17 @@ def routes() -> list[Route]:
     ]
 
 
-def test_config_has_a_deployment_per_route_sharing_the_model_name() -> None:
-    doc = config_document(routes(), health_check_interval_s=7, num_retries=3)
-    entries = [(e["model_name"], e["model_info"]["id"], e["litellm_params"]["api_base"]) for e in doc["model_list"]]
-    assert entries == [
-        ("gemma", "rig-c/rigup-gemma.service", "http://10.0.0.3:8010/v1"),
-        ("qwen", "rig-a/rigup-dual.service", "http://10.0.0.1:8000/v1"),
-        ("qwen", "rig-b/rigup-dual.service", "http://10.0.0.2:8000/v1"),
-    ]
-    keys = [e["litellm_params"]["api_key"] for e in doc["model_list"]]
-    assert keys == ["EMPTY", "EMPTY", "os.environ/RIGUP_RIG_KEY_RIG_B"]  # names of variables, never keys
-    assert all(e["litellm_params"]["model"] == "hosted_vllm/" + e["model_name"] for e in doc["model_list"])
-    general = doc["general_settings"]
-    assert general["master_key"] == f"os.environ/{MASTER_KEY_ENV}"
-    assert general["background_health_checks"] is True and general["health_check_interval"] == 7
-    assert general["enable_health_check_routing"] is True
-    assert doc["router_settings"]["num_retries"] == 3 and doc["router_settings"]["allowed_fails"] == 0
-    assert doc["router_settings"]["cooldown_time"] > general["health_check_interval"]
-
-
-def test_config_text_is_stable_and_reads_back_as_its_routes() -> None:
-    text = config_text(routes(), health_check_interval_s=10, num_retries=2)
-    assert text == config_text(list(reversed(routes())), health_check_interval_s=10, num_retries=2)
+def test_the_routes_file_is_stable_and_reads_back_as_its_routes() -> None:
+    text = routes_text(routes())
+    assert text == routes_text(list(reversed(routes())))
     assert sorted(routes_in_config(text), key=lambda r: r.host) == sorted(routes(), key=lambda r: r.host)
-    foreign = yaml.safe_load(text)
-    foreign["model_list"].append({"model_name": "gpt", "litellm_params": {"model": "openai/gpt"}})
-    assert len(routes_in_config(yaml.safe_dump(foreign))) == 3  # not rigup's: not carried
-    assert routes_in_config(None) == [] and routes_in_config("model_list: [") == []
+    assert "RIGUP_RIG_KEY_RIG_B" in text  # the name of the rig's key, never a key
+    assert routes_in_config(None) == [] and routes_in_config("{") == [] and routes_in_config('{"routes": [{"x": 1}]}') == []
 
 
-def test_env_text_quotes_values_and_refuses_what_would_break_it() -> None:
-    assert env_text("sk-gw", {"RIGUP_RIG_KEY_B": "kb", "RIGUP_RIG_KEY_A": "ka"}) == (
-        f"{MASTER_KEY_ENV}='sk-gw'\nRIGUP_RIG_KEY_A='ka'\nRIGUP_RIG_KEY_B='kb'\n"
-    )
-    for bad in ("", "a'b", "a\nb", "a$b"):
-        with pytest.raises(GatewayError):
-            env_text(bad, {})
+def test_each_model_gets_its_rigs_as_workers() -> None:
+    assert workers_by_model(routes()) == {"qwen": ["http://10.0.0.2:8000", "http://10.0.0.1:8000"],
+                                          "gemma": ["http://10.0.0.3:8010"]}
 
 
 def secret(tmp_path: Path, name: str, value: str, mode: int = 0o600) -> str:
@@ -129,7 +102,7 @@ def secret(tmp_path: Path, name: str, value: str, mode: int = 0o600) -> str:
 
 
 def test_gateway_plan_routes_to_every_rig_with_its_key(tmp_path: Path) -> None:
-    gw_key = secret(tmp_path, "gw", "sk-gateway")
+    gw_key = secret(tmp_path, "gw", "sk-gateway-0123456789")
     rig_key = secret(tmp_path, "rig", "rig-secret")
     fleet = [
         ("rig-1", {"gateway_api_key_file": gw_key}),
@@ -143,24 +116,76 @@ def test_gateway_plan_routes_to_every_rig_with_its_key(tmp_path: Path) -> None:
         RigEndpoint("rig-2", "10.0.0.2", key_env("rig-2"), local=False),
     )
     assert plan.install_roots == {"rig-1": "/opt/rigup", "rig-2": "/srv/rigup"}
-    assert plan.env_text == f"{MASTER_KEY_ENV}='sk-gateway'\nRIGUP_RIG_KEY_RIG_2='rig-secret'\n"
-    assert plan.readiness_url == "http://127.0.0.1:4000/health/readiness"
+    assert plan.clients == (Client("default", "sk-gateway-0123456789"),)
+    assert plan.pod_key == "rig-secret"
+    assert plan.readiness_url == "http://127.0.0.1:4000/health" and plan.tls is None
     assert plan.paths.venv == f"/opt/rigup/gateway/venv-{requirements_sha256()[:12]}"
+    assert "rig-secret" not in repr(plan) and "sk-gateway" not in repr(plan)
     assert gateway_plan("rig-2", fleet[1][1], ["rigs"], fleet) is None  # not in gateway_group
 
 
-def test_gateway_plan_refuses_a_missing_gateway_key_or_a_readable_rig_key(tmp_path: Path) -> None:
-    with pytest.raises(GatewayError, match="gateway_api_key_file is not set"):
+def test_clients_come_from_their_key_files_and_a_missing_one_is_made_0600(tmp_path: Path) -> None:
+    alice = secret(tmp_path, "alice.key", "alice-key-0123456789abcdef")
+    made = tmp_path / "keys" / "bob.key"
+    data = {"gateway_clients": [{"name": "alice", "key_file": alice}, {"name": "bob", "key_file": str(made)}]}
+    plan = gateway_plan("gw", data, ["gateway"], [])
+    assert plan is not None and [c.name for c in plan.clients] == ["alice", "bob"]
+    assert made.stat().st_mode & 0o777 == 0o600
+    assert plan.clients[1].key == made.read_text().strip() and len(plan.clients[1].key) >= 40
+    again = gateway_plan("gw", data, ["gateway"], [])
+    assert again is not None and again.clients == plan.clients  # made once, then read
+
+
+@pytest.mark.parametrize(
+    ("clients", "message"),
+    [
+        ("alice", "gateway_clients must be a list"),
+        ([{"name": "alice"}], r"gateway_clients\[0\] must have exactly the keys name and key_file"),
+        ([{"name": "Alice!", "key_file": "/k"}], r"gateway_clients\[0\].name 'Alice!': lowercase"),
+        ([{"name": "a", "key_file": "/k1"}, {"name": "a", "key_file": "/k2"}], "lists client 'a' twice"),
+    ],
+)
+def test_bad_clients_are_refused_naming_the_knob(clients: Any, message: str) -> None:
+    with pytest.raises(GatewayError, match=message):
+        gateway_plan("gw", {"gateway_clients": clients}, ["gateway"], [])
+
+
+def test_gateway_plan_refuses_no_client_a_readable_key_or_two_pod_keys(tmp_path: Path) -> None:
+    with pytest.raises(GatewayError, match="gateway_api_key_file is not set and gateway_clients is empty"):
         gateway_plan("gw", {}, ["gateway"], [])
-    gw_key = secret(tmp_path, "gw", "sk-gateway")
+    gw_key = secret(tmp_path, "gw", "sk-gateway-0123456789")
     loose = secret(tmp_path, "loose", "k", mode=0o644)
-    fleet = [("rig-9", {"serving_api_key_file": loose})]
     with pytest.raises(GatewayError, match=r"the key of rig 'rig-9'.*readable by group or others"):
+        gateway_plan("gw", {"gateway_api_key_file": gw_key}, ["gateway"], [("rig-9", {"serving_api_key_file": loose})])
+    loose_client = secret(tmp_path, "c", "client-key-0123456789", mode=0o640)
+    with pytest.raises(GatewayError, match="readable by group or others"):
+        gateway_plan("gw", {"gateway_clients": [{"name": "c", "key_file": loose_client}]}, ["gateway"], [])
+    one, two = secret(tmp_path, "k1", "key-one"), secret(tmp_path, "k2", "key-two")
+    fleet = [("r1", {"serving_api_key_file": one}), ("r2", {"serving_api_key_file": two})]
+    with pytest.raises(GatewayError, match="rigs r1, r2 have different serving_api_key_file keys"):
         gateway_plan("gw", {"gateway_api_key_file": gw_key}, ["gateway"], fleet)
 
 
-def test_the_pin_is_litellm_with_every_line_hashed() -> None:
-    assert litellm_version()
+def test_the_front_speaks_tls_with_a_named_certificate_and_a_0600_key(tmp_path: Path) -> None:
+    gw_key = secret(tmp_path, "gw", "sk-gateway-0123456789")
+    cert = tmp_path / "tls.crt"
+    cert.write_text("-----BEGIN CERTIFICATE-----\n")
+    key = tmp_path / "tls.key"
+    key.write_text("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")
+    key.chmod(0o600)
+    data = {"gateway_api_key_file": gw_key, "gateway_tls_cert_file": str(cert), "gateway_tls_key_file": str(key)}
+    plan = gateway_plan("gw", data, ["gateway"], [])
+    assert plan is not None and plan.tls == ("/opt/rigup/gateway/tls.crt", "/opt/rigup/gateway/tls.key")
+    assert plan.readiness_url == "https://127.0.0.1:4000/health"
+    key.chmod(0o644)
+    with pytest.raises(GatewayError, match="readable by group or others"):
+        gateway_plan("gw", data, ["gateway"], [])
+    with pytest.raises(GatewayError, match="set together"):
+        gateway_plan("gw", {"gateway_api_key_file": gw_key, "gateway_tls_cert_file": str(cert)}, ["gateway"], [])
+
+
+def test_the_pin_is_vllm_router_with_every_line_hashed() -> None:
+    assert router_version() == "0.1.17"
     pins: dict[str, list[str]] = {}
     current = None
     for line in requirements_text().splitlines():
@@ -173,29 +198,32 @@ def test_the_pin_is_litellm_with_every_line_hashed() -> None:
             current = line.rstrip(" \\")
             assert "==" in current and current not in pins, current
             pins[current] = []
-    assert any(p.startswith("litellm==") for p in pins) and len(pins) > 100
+    assert any(p.startswith("vllm-router==") for p in pins) and len(pins) > 20
     assert all(hashes and all(len(h) == 64 for h in hashes) for hashes in pins.values())
 
 
-def test_the_gateway_unit_verifies(tmp_path: Path) -> None:
+def test_the_router_unit_verifies(tmp_path: Path) -> None:
     if shutil.which("systemd-analyze") is None:
         pytest.fail("systemd-analyze not installed (Debian package systemd; scripts/setup installs it)")
     paths = gateway_paths("/opt/rigup")
     root = tmp_path / "root"
     shutil.copytree("/usr/lib/systemd/system", root / "usr/lib/systemd/system", symlinks=True)
-    litellm = root / paths.venv.lstrip("/") / "bin/litellm"
-    litellm.parent.mkdir(parents=True)
-    litellm.write_text("#!/bin/sh\nexit 0\n")
-    litellm.chmod(0o755)
-    unit = root / "etc/systemd/system/rigup-gateway.service"
+    router = root / paths.venv.lstrip("/") / "bin/vllm-router"
+    router.parent.mkdir(parents=True)
+    router.write_text("#!/bin/sh\nexit 0\n")
+    router.chmod(0o755)
+    env = root / paths.router_env("qwen").lstrip("/")
+    env.parent.mkdir(parents=True)
+    env.write_text("ROUTER_ARGS=--port 30100\n")
+    unit = root / "etc/systemd/system/rigup-router@.service"
     unit.parent.mkdir(parents=True)
-    unit.write_text(unit_text(paths, bind_address="0.0.0.0", port=4000))
-    out = subprocess.run(["systemd-analyze", "verify", "--man=no", f"--root={root}", "/etc/systemd/system/rigup-gateway.service"],
+    unit.write_text(router_unit_text(paths))
+    out = subprocess.run(["systemd-analyze", "verify", "--man=no", f"--root={root}", "rigup-router@qwen.service"],
                          capture_output=True, text=True, timeout=60)
-    problems = [line for line in (out.stdout + out.stderr).splitlines() if "rigup-gateway" in line]
+    problems = [line for line in (out.stdout + out.stderr).splitlines() if "rigup-router" in line]
     assert out.returncode == 0 and not problems, out.stdout + out.stderr
-    assert f"ExecStart={paths.venv}/bin/litellm --config {paths.config_file} --host 0.0.0.0 --port 4000" in unit.read_text()
-    assert f"EnvironmentFile={paths.env_file}" in unit.read_text()
+    assert f"ExecStart={paths.venv}/bin/vllm-router $ROUTER_ARGS" in unit.read_text()
+    assert f"EnvironmentFile={paths.routers_dir}/%i.env" in unit.read_text()
 
 
 def test_the_index_url_knob_refuses_credentials_without_echoing_them() -> None:

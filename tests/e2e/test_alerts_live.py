@@ -35,7 +35,6 @@ from typing import Any
 
 import pytest
 import requests
-import yaml
 
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import Host, HostSpec
@@ -212,9 +211,9 @@ def in_rig_mounts(rig: Host, command: str) -> None:
 
 
 def route_base(bed: Bed, rig: str) -> str:
-    """The API base of `rig`'s route in the gateway's config (http://address:port/v1)."""
-    doc = yaml.safe_load(sh(bed.host("gw-01"), "cat /opt/rigup/gateway/config.yaml"))
-    (base,) = [e["litellm_params"]["api_base"] for e in doc["model_list"] if e["model_info"]["rigup_host"] == rig]
+    """The API base of `rig`'s route in the entrance's routes (http://address:port/v1)."""
+    doc = json.loads(sh(bed.host("gw-01"), "cat /opt/rigup/gateway/routes.json"))
+    (base,) = [e["api_base"] for e in doc["routes"] if e["host"] == rig]
     return str(base)
 
 
@@ -257,7 +256,7 @@ def test_gateway_down_hot_gpus_exporter_down_release_drift_and_a_full_disk_fire_
     responder_faults(rig2, mode="garbage", tokens_per_s=50)  # club-3090 #922: "!" until max_tokens
     pod1, pod2 = (f"http://{rig.ip}:{port_of(VARIANT)}/v1/chat/completions" for rig in (rig1, rig2))
     with Load(pod1, API_KEY, served_name(VARIANT)) as load, Load(pod2, API_KEY, served_name(VARIANT)) as load2:
-        root(gw, "systemctl stop rigup-gateway.service")
+        root(gw, "systemctl stop nginx.service")  # the entrance's front
         down = Watch(bed, "RigupGatewayDown", "firing", host="gw-01")
         set_gpu_state(rig1, thermal_c_per_w=0.4)  # airflow that cannot carry the 230 W cap away: 93 C
         hot = Watch(bed, "RigupGpuHot", "firing", count=2, host="rig-01")
@@ -279,7 +278,7 @@ def test_gateway_down_hot_gpus_exporter_down_release_drift_and_a_full_disk_fire_
         assert evidence["answer"].startswith("'!!!!") and evidence["expected"].startswith("lexical variety 0.00"), evidence
         temps = {r["metric"]["gpu"]: float(r["value"][1]) for r in query(bed, 'DCGM_FI_DEV_GPU_TEMP{host="rig-01"}')}
         assert temps == {"0": 83.0, "1": 83.0}, temps  # held at the target temperature
-        root(gw, "systemctl start rigup-gateway.service")
+        root(gw, "systemctl start nginx.service")
         down.heal()
         set_gpu_state(rig1, thermal_c_per_w=None)  # airflow back, the load goes on
         hot.heal()

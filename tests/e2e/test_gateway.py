@@ -1,40 +1,47 @@
-"""The fleet gateway end to end: the real LiteLLM proxy (the hash-pinned requirements, installed on the
-gateway host from the hub's PyPI mirror) routing to the sandbox rigs' servers.
+"""The fleet's entrance end to end (issue 44): Debian's nginx with its njs module (from the hub's archive) as the
+front, vllm-router (the hash-pinned requirements, from the hub's PyPI mirror) per served model behind it, routing
+to the sandbox rigs' servers.
 
-One 3-host bed, two gateways: gw-01 (no GPU, serves_variant: false) and rig-01 (it serves a variant
-too) in group gateway, rig-02 in group rigs. The scenarios run in file order on it: a gateway without
-its key is refused before any change; bring-up routes to both rigs from both gateways and answers; a
-converged re-run changes nothing; a stopped rig leaves rotation while the gateway keeps answering; a
-variant switch moves the routes at that converge; a run limited to a gateway reads the rigs outside it
-(a rig switched in a run of its own is routed to by the gateway's next run); status shows the routes.
+One 3-host bed, two entrances: gw-01 (no GPU, serves_variant: false) and rig-01 (it serves a variant
+too) in group gateway, rig-02 in group rigs. The scenarios run in file order on it: an entrance without
+a client is refused before any change; bring-up routes to both rigs from both entrances and answers, refuses a
+missing or wrong key and every path off the allowlist, and no key shows in an argv, a journal or a world-readable
+file; a converged re-run changes nothing; a rig stopped mid-traffic costs no failed request; a variant switch moves
+the routes at that converge, and a client removed from the fleet file is refused after it; a run limited to an
+entrance reads the rigs outside it; status shows the routes.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 import requests
-import yaml
 
+from rigup.desired.entrance import ROUTER_PORT_BASE
 from rigup.desired.gateway import REQUIREMENTS_FILE
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import HostSpec
 from rigup_testbed.image import REPO_ROOT
-from tests.e2e.helpers import key_files
+from tests.e2e.helpers import key_files, remote_commands
 from tests.e2e.test_serving import API_KEY, OTHER_VARIANT, VARIANT, Bed, _tail, served_name, sh, unit_prop
 
 pytestmark = pytest.mark.e2e
 
 GATEWAY_KEY = "sk-rigup-gateway-e2e-31c9f0a2d7b4"
+TEAMMATE_KEY = "sk-rigup-teammate-e2e-8d1e55a0c3"
 INTERVAL_S = 3  # gateway_health_check_interval_s: short, so leaving rotation is quick to see
 PORT = 4000
-CONFIG = "/opt/rigup/gateway/config.yaml"
+CONFIG = "/opt/rigup/gateway/routes.json"
+# vLLM's paths its --api-key does not guard (docs/usage/security.md), and the router's own: refused at the front
+REFUSED_PATHS = ("/invocations", "/tokenize", "/detokenize", "/pause", "/update_weights", "/metrics", "/v1/load_lora_adapter",
+                 "/workers", "/flush_cache")
 
 
 GATEWAYS = ("gw-01", "rig-01")
@@ -44,24 +51,19 @@ def gateway_url(bed: Bed, gateway: str = "gw-01") -> str:
     return f"http://{bed.host(gateway).ip}:{PORT}"
 
 
-def chat(bed: Bed, model: str, key: str | None = GATEWAY_KEY, timeout: float = 30, gateway: str = "gw-01") -> requests.Response:
+def chat(bed: Bed, model: str, key: str | None = GATEWAY_KEY, timeout: float = 30, gateway: str = "gw-01",
+         session: str | None = None) -> requests.Response:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
+    if session:
+        headers["X-Session-ID"] = session
     body = {"model": model, "messages": [{"role": "user", "content": "What is the capital of France?"}],
             "max_tokens": 16, "temperature": 0}
     return requests.post(f"{gateway_url(bed, gateway)}/v1/chat/completions", json=body, headers=headers, timeout=timeout)
 
 
 def routes(bed: Bed, gateway: str = "gw-01") -> list[tuple[str, str, str]]:
-    doc = yaml.safe_load(sh(bed.host(gateway), f"cat {CONFIG}"))
-    return sorted((e["model_name"], e["model_info"]["rigup_host"], e["litellm_params"]["api_base"])
-                  for e in doc["model_list"])
-
-
-def health(bed: Bed, gateway: str = "gw-01") -> dict[str, Any]:
-    reply = requests.get(f"{gateway_url(bed, gateway)}/health", headers={"Authorization": f"Bearer {GATEWAY_KEY}"},
-                         timeout=60)
-    assert reply.status_code == 200, reply.text
-    return reply.json()
+    doc = json.loads(sh(bed.host(gateway), f"cat {CONFIG}"))
+    return sorted((e["model"], e["host"], e["api_base"]) for e in doc["routes"])
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> float:
@@ -78,13 +80,14 @@ def bed(testbed_factory: Callable[..., Testbed], tmp_path_factory: pytest.TempPa
              HostSpec("rig-02", group="rigs")]
     testbed = testbed_factory(specs, "rigsgw")
     b = Bed(testbed, testbed.workdir)
-    keys = key_files(tmp_path_factory.mktemp("keys"), rig=API_KEY, gateway=GATEWAY_KEY)
+    keys = key_files(tmp_path_factory.mktemp("keys"), rig=API_KEY, gateway=GATEWAY_KEY, teammate=TEAMMATE_KEY)
     rig_key, gateway_key = keys["rig"], keys["gateway"]
+    b.teammate_key = str(keys["teammate"])  # type: ignore[attr-defined]
     b.data = {**b.data, "serving_api_key_file": str(rig_key), "gateway_health_check_interval_s": INTERVAL_S}
     b.gateway_key = str(gateway_key)  # type: ignore[attr-defined]
     b.write()
     yield b
-    # Down now, not at the session's end: two LiteLLM proxies checking every route each 3 s would load the
+    # Down now, not at the session's end: two entrances' routers checking every pod each 3 s would load the
     # machine under the modules after this one.
     testbed.down()
 
@@ -93,47 +96,74 @@ def test_a_gateway_without_its_key_is_refused_before_any_change(bed: Bed) -> Non
     proc = bed.deploy(expect_ok=False)
     assert proc.returncode != 0
     output = proc.stdout + proc.stderr
-    assert any(f"{gateway}: gateway_api_key_file is not set" in output for gateway in GATEWAYS), _tail(proc)
+    assert any(f"{gateway}: gateway_api_key_file is not set and gateway_clients is empty" in output
+               for gateway in GATEWAYS), _tail(proc)
     assert "Traceback" not in output
     for name in ("gw-01", "rig-01", "rig-02"):  # refused while pyinfra prepared the run: nothing ran anywhere
         assert sh(bed.host(name), "test -e /opt/rigup && echo yes || echo no") == "no"
 
 
 def test_bring_up_routes_to_every_rig_and_answers(bed: Bed) -> None:
-    bed.group_data = {"gateway": {"gateway_api_key_file": bed.gateway_key}}  # type: ignore[attr-defined]
+    clients = [{"name": "teammate", "key_file": bed.teammate_key}]  # type: ignore[attr-defined]
+    bed.group_data = {"gateway": {"gateway_api_key_file": bed.gateway_key, "gateway_clients": clients}}  # type: ignore[attr-defined]
     bed.write(relock=False)
-    proc = bed.deploy()
+    proc = bed.deploy(expect_ok=False)
     output = proc.stdout + proc.stderr
+    failed = [line for line in output.splitlines() if "rror" in line or "rigup:" in line or "failed" in line.lower()]
+    assert proc.returncode == 0, "\n".join(failed[-60:])
     name, port, rig2 = served_name(VARIANT), _port(), bed.host("rig-02").ip
     expected = {
         "gw-01": [(name, "rig-01", f"http://{bed.host('rig-01').ip}:{port}/v1"), (name, "rig-02", f"http://{rig2}:{port}/v1")],
         "rig-01": [(name, "rig-01", f"http://127.0.0.1:{port}/v1"), (name, "rig-02", f"http://{rig2}:{port}/v1")],
     }
+    router = "rigup-router@" + re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") + ".service"
     for gateway in GATEWAYS:
         gw = bed.host(gateway)
-        assert unit_prop(gw, "rigup-gateway.service", "ActiveState") == "active"
-        assert unit_prop(gw, "rigup-gateway.service", "UnitFileState") == "enabled"
+        for unit in ("nginx.service", router):
+            assert unit_prop(gw, unit, "ActiveState") == "active", unit
+            assert unit_prop(gw, unit, "UnitFileState") == "enabled", unit
         assert routes(bed, gateway) == sorted(expected[gateway])
-        reply = chat(bed, name, gateway=gateway)
-        assert reply.status_code == 200, reply.text
-        message = reply.json()["choices"][0]["message"]
-        assert message.get("content") or message.get("reasoning_content"), message
-        # Refused without the key or with another one. (LiteLLM answers a wrong key with 400 "No connected
-        # db.": it looks keys other than the master key up as virtual keys, and there is no database.)
-        missing = chat(bed, name, key=None, gateway=gateway)
-        assert missing.status_code == 401 and "No api key passed in" in missing.text, missing.text
-        refused = chat(bed, name, key="sk-wrong", gateway=gateway)
-        assert refused.status_code in (400, 401) and "choices" not in refused.text
-        # the keys: in the 0600 environment file only
-        assert sh(gw, "stat -c '%a %U' /opt/rigup/gateway/gateway.env") == "600 root"
-        for secret in (GATEWAY_KEY, API_KEY):
+        for key in (GATEWAY_KEY, TEAMMATE_KEY):  # each client with its own key
+            reply = chat(bed, name, key=key, gateway=gateway)
+            assert reply.status_code == 200, reply.text
+            message = reply.json()["choices"][0]["message"]
+            assert message.get("content") or message.get("reasoning_content") or message.get("reasoning"), message
+        # Refused without a key or with another one, and off the allowlist (vLLM's unguarded paths first)
+        assert chat(bed, name, key=None, gateway=gateway).status_code == 401
+        assert chat(bed, name, key="sk-wrong-0123456789abcdef", gateway=gateway).status_code == 401
+        assert chat(bed, "no-such-model", gateway=gateway).status_code == 404
+        for path in REFUSED_PATHS:
+            for method in ("GET", "POST"):
+                reply = requests.request(method, f"{gateway_url(bed, gateway)}{path}", json={"model": name, "prompt": "x"},
+                                         headers={"Authorization": f"Bearer {GATEWAY_KEY}"}, timeout=30)
+                assert reply.status_code == 404, (gateway, method, path, reply.status_code)
+        # streamed through the front as the pod makes it
+        with requests.post(f"{gateway_url(bed, gateway)}/v1/chat/completions", stream=True, timeout=60,
+                           headers={"Authorization": f"Bearer {GATEWAY_KEY}"},
+                           json={"model": name, "stream": True, "max_tokens": 8,
+                                 "messages": [{"role": "user", "content": "Hi"}]}) as streamed:
+            events = [line for line in streamed.iter_lines() if line.startswith(b"data: ")]
+        assert streamed.status_code == 200 and events[-1] == b"data: [DONE]" and len(events) > 2
+        # the keys: in the 0600 includes only; none in an argv, a journal, nginx's own files or a file others read
+        assert sh(gw, "stat -c '%a %U' /opt/rigup/gateway/clients.map /opt/rigup/gateway/pod-key.conf") == "600 root\n600 root"
+        assert sh(gw, "ls /etc/systemd/system/rigup-gateway.service 2>/dev/null || echo none") == "none"  # no LiteLLM
+        for secret in (GATEWAY_KEY, TEAMMATE_KEY, API_KEY):
             assert secret not in output
             assert secret not in sh(gw, "ps -eo args")
-            assert secret not in sh(gw, f"cat {CONFIG} /etc/systemd/system/rigup-gateway.service")
-            assert secret not in sh(gw, "journalctl -u rigup-gateway.service --no-pager -o cat", check=False)
-        version = sh(gw, "/opt/rigup/gateway/venv-*/bin/pip show litellm | sed -n 's/^Version: //p'")
-        assert version and f"litellm=={version} " in REQUIREMENTS_FILE.read_text()
-    # rigup verify's checks (models, completion, tool call) pass through the gateway as on a rig
+            assert secret not in sh(gw, "journalctl --no-pager -o cat -u nginx.service -u 'rigup-router@*'", check=False)
+            # the key is joined on the host from two halves: sudo logs this command line to the journal
+            half = len(secret) // 2
+            # the clients' keys anywhere on the host; the pods' key where the entrance keeps its files (the rig's
+            # own serving files hold it too: the serving task's, not the entrance's)
+            where = ("/etc /opt/rigup /var/log /run /tmp /var/lib" if secret != API_KEY else
+                     "/etc/nginx /etc/systemd /opt/rigup/gateway /var/log/nginx /var/log/journal")
+            holders = sh(gw, f"k=$(printf %s {secret[:half]} {secret[half:]}); grep -rlF -e \"$k\" {where} "
+                             "2>/dev/null | xargs -r stat -c '%a %U %n'", check=False).splitlines()
+            # only their owner reads them: root's (nginx's includes), or prometheus' (the monitor's scrape key)
+            assert holders and [line for line in holders if line.split()[0][1:] != "00"] == [], (gateway, holders)
+        version = sh(gw, "/opt/rigup/gateway/venv-*/bin/pip show vllm-router | sed -n 's/^Version: //p'")
+        assert version and f"vllm-router=={version} " in REQUIREMENTS_FILE.read_text()
+    # rigup verify's checks (models, completion, tool call) pass through the entrance as on a rig
     proc = subprocess.run([sys.executable, "-m", "rigup", "verify", "--url", gateway_url(bed), "--api-key-file",
                            bed.gateway_key, "--json"], cwd=REPO_ROOT, env=bed.env(),  # type: ignore[attr-defined]
                           capture_output=True, text=True, timeout=300)
@@ -142,7 +172,9 @@ def test_bring_up_routes_to_every_rig_and_answers(bed: Bed) -> None:
     box = bed.host("gw-01")
     assert sh(box, "ls /opt/rigup") == "gateway"
     assert sh(box, "command -v docker nvidia-smi || true") == ""
-    assert "Wait for the gateway to answer" in output
+    assert "Wait for the entrance to answer" in output
+    assert ROUTER_PORT_BASE  # the router listens on loopback only: the front is the one way in
+    assert sh(box, f"ss -Hltn 'sport = :{ROUTER_PORT_BASE}' | awk '{{print $4}}'") == f"127.0.0.1:{ROUTER_PORT_BASE}"
 
 
 def _port() -> int:
@@ -152,38 +184,48 @@ def _port() -> int:
 
 
 def test_a_converged_rerun_changes_nothing(bed: Bed) -> None:
-    before = unit_prop(bed.host("rig-01"), "rigup-gateway.service", "ExecMainStartTimestamp")
+    before = unit_prop(bed.host("rig-01"), "nginx.service", "ExecMainStartTimestamp")
     result = bed.deploy_json()
     changed = {op["name"]: op["success"] for op in result["results"]["operations"] if op["success"]}
     assert changed == {}, f"operations that changed on a converged re-run: {changed}"
-    assert unit_prop(bed.host("rig-01"), "rigup-gateway.service", "ExecMainStartTimestamp") == before
+    assert unit_prop(bed.host("rig-01"), "nginx.service", "ExecMainStartTimestamp") == before
+    proc = bed.deploy()  # what a converged re-run sends each host, the entrances' route reads included
+    assert max(remote_commands(proc.stdout + proc.stderr).values()) <= 2, proc.stdout[-3000:]
 
 
-def test_a_stopped_rig_leaves_rotation_and_the_gateway_keeps_answering(bed: Bed) -> None:
+def test_a_rig_stopped_mid_traffic_costs_no_failed_request(bed: Bed) -> None:
     name = served_name(VARIANT)
     rig2 = bed.host("rig-02")
-    sh(rig2, f"systemctl stop rigup-{VARIANT}.service")
+    codes: list[int] = []
+    stop_at = time.monotonic() + 4 * INTERVAL_S
+
+    def client(index: int) -> None:
+        turn = 0
+        while time.monotonic() < stop_at:  # sessions of their own: some hash to rig-02
+            codes.append(chat(bed, name, session=f"session-{index}-{turn % 4}").status_code)
+            turn += 1
+
+    clients = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    for thread in clients:
+        thread.start()
     try:
-        started = time.monotonic()
-        codes = []
-        while time.monotonic() - started < 2 * INTERVAL_S:
-            codes.append(chat(bed, name).status_code)  # retried on rig-01 when it lands on rig-02
-        assert set(codes) == {200}, codes
-
-        def rig2_out() -> bool:
-            unhealthy = [e.get("model_id") for e in health(bed)["unhealthy_endpoints"]]
-            return f"rig-02/rigup-{VARIANT}.service" in unhealthy
-
-        waited = wait_for(rig2_out, 10 * INTERVAL_S, "rig-02 to be reported unhealthy")
-        print(f"rig-02 stopped: {len(codes)} requests in {2 * INTERVAL_S} s, all answered; /health reports it "
-              f"unhealthy {time.monotonic() - started:.1f} s after the stop (waited {waited:.1f} s for it)")
+        time.sleep(INTERVAL_S)  # traffic flowing to both rigs first
+        sh(rig2, f"systemctl kill -s KILL rigup-{VARIANT}.service; systemctl stop rigup-{VARIANT}.service")
+        for thread in clients:
+            thread.join()
+        assert codes and set(codes) == {200}, {c: codes.count(c) for c in set(codes)}
+        print(f"rig-02 stopped under 4 streams of session traffic: {len(codes)} requests, all answered")
     finally:
+        for thread in clients:
+            thread.join()
         sh(rig2, f"systemctl start rigup-{VARIANT}.service")
-    wait_for(lambda: chat(bed, name).status_code == 200, 120, "the gateway to answer after rig-02 is back")
+    wait_for(lambda: chat(bed, name).status_code == 200, 120, "the entrance to answer after rig-02 is back")
 
 
 def test_a_variant_switch_moves_the_routes_at_that_converge(bed: Bed) -> None:
-    bed.group_data = {**bed.group_data, "rigs": {"variant": OTHER_VARIANT}}
+    # ... and the teammate, removed from the fleet file, is refused after the same converge
+    bed.group_data = {**bed.group_data, "rigs": {"variant": OTHER_VARIANT},
+                      "gateway": {"gateway_api_key_file": bed.gateway_key}}  # type: ignore[attr-defined]
     bed.write()
     bed.deploy()
     new, old = served_name(OTHER_VARIANT), served_name(VARIANT)
@@ -191,6 +233,7 @@ def test_a_variant_switch_moves_the_routes_at_that_converge(bed: Bed) -> None:
         assert {(model, host) for model, host, _ in routes(bed, gateway)} == {(new, "rig-02"), (old, "rig-01")}
         reply = chat(bed, new, gateway=gateway)
         assert reply.status_code == 200, reply.text
+        assert chat(bed, new, key=TEAMMATE_KEY, gateway=gateway).status_code == 401
         models = requests.get(f"{gateway_url(bed, gateway)}/v1/models",
                               headers={"Authorization": f"Bearer {GATEWAY_KEY}"}, timeout=30)
         assert {m["id"] for m in models.json()["data"]} == {new, old}
@@ -223,7 +266,9 @@ def test_status_shows_each_gateway_and_its_routes(bed: Bed) -> None:
         [answer] = [i for i in items[gateway] if i["item"] == "gateway"]
         assert answer["state"] == "ok" and answer["actual"].startswith("ready"), items[gateway]
         seen = sorted(i["actual"].split()[1] for i in items[gateway] if i["item"].startswith("route "))
-        assert seen == [f"rig-01/rigup-{VARIANT}.service", f"rig-02/rigup-{VARIANT}.service"], items[gateway]
+        port = _port()
+        rig1 = "127.0.0.1" if gateway == "rig-01" else bed.host("rig-01").ip
+        assert seen == sorted([f"http://{rig1}:{port}", f"http://{bed.host('rig-02').ip}:{port}"]), items[gateway]
         assert all(i["state"] == "ok" for i in items[gateway] if i["item"].startswith("route "))
     assert "gateway" not in {i["item"] for i in items["rig-02"]}
     assert GATEWAY_KEY not in proc.stdout + proc.stderr

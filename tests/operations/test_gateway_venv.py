@@ -71,7 +71,7 @@ def test_a_plain_http_index_is_trusted_by_host() -> None:
 
 def test_the_plan_carries_no_index_unless_the_knob_sets_one(tmp_path: Any) -> None:
     key = tmp_path / "gateway.key"
-    key.write_text("sk-gateway\n")
+    key.write_text("sk-gateway-0123456789\n")
     key.chmod(0o600)
     data = {**load_defaults(), "serves_variant": False, "gateway_api_key_file": str(key)}
     assert load_defaults()["gateway_pip_index_url"] is None
