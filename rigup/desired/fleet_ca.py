@@ -193,9 +193,10 @@ def ensure_ca(host_data: Mapping[str, Any], base_dir: Path | None = None) -> Fle
 
 
 def host_sans(name: str, data: Mapping[str, Any], local: bool = True) -> list[str]:
-    """The SANs of a service on host `name`: its inventory name, its ssh_hostname and model_fleet_address
-    (how the fleet reaches it), and with `local` localhost and 127.0.0.1 (the host's own checks)."""
-    names = [name, data.get("ssh_hostname"), knob(data, "model_fleet_address")]
+    """The SANs of a service on host `name`: its inventory name (unless it is a pyinfra connector's, such as
+    '@local', which no client dials), its ssh_hostname and model_fleet_address (how the fleet reaches it),
+    and with `local` localhost and 127.0.0.1 (the host's own checks)."""
+    names = [name if not name.startswith("@") else None, data.get("ssh_hostname"), knob(data, "model_fleet_address")]
     if local:
         names += ["localhost", "127.0.0.1"]
     return sans_of(str(n) for n in names if n)

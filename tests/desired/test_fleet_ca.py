@@ -144,3 +144,8 @@ def test_a_renewal_window_as_long_as_the_validity_is_refused(tmp_path: Path) -> 
 def test_a_name_that_cannot_be_in_a_certificate_is_refused() -> None:
     with pytest.raises(FleetCAError, match="cannot be a certificate's name"):
         sans_of(["rig 01"])
+
+
+def test_a_connector_name_is_left_out_of_the_sans_and_the_addresses_stay() -> None:
+    sans = host_sans("@local", {**load_defaults(), "ssh_hostname": "10.0.0.11"})
+    assert sans == ["IP:10.0.0.11", "DNS:localhost", "IP:127.0.0.1"]

@@ -33,13 +33,16 @@ NOLOCK, LOCKED = "@fake/rig-nolock", "@fake/rig-locked"
 INVENTORY = """
 from tests.tasks.test_hostlayer_fake import responses
 base = {{"fake_delay": 0, "fake_delay_jitter": 0, "variant": "dual"}}
+# BoundaryView: each rig resolves the other (the model chain's server admits its peers)
+boundary = {{"==> control": ["==> control 192.0.2.10", "==> peer {nolock} 192.0.2.11", "==> peer {locked} 192.0.2.12"]}}
 locked = {{
     **responses("converged"),
+    **boundary,
     "echo state=absent": ["state=absent"],  # GitCheckout: no checkout yet
     "--check --manifest-b64": ['{{"script": "stale"}}'],  # ModelFiles: rigfetch not uploaded yet
 }}
 rigs = [
-    ("{nolock}", {{**base, "fake_responses": responses("converged"), "lock_file": {missing!r}}}),
+    ("{nolock}", {{**base, "fake_responses": {{**responses("converged"), **boundary}}, "lock_file": {missing!r}}}),
     ("{locked}", {{**base, "fake_responses": locked, "lock_file": {lock!r}}}),
 ]
 """

@@ -91,6 +91,8 @@ def responses(kind: str) -> dict:
         "dpkg -l": installed,
         "/var/run/reboot-required": [],
         "/proc/sys/kernel/random/boot_id": "boot-1",
+        # BoundaryView: the control machine's address as the rig's SSH session shows it, no peers
+        "==> control": "==> control 192.0.2.10",
         "/dev/nvidia*": ["dev c3 0 /dev/nvidia0", "link 195:0 /dev/nvidia0"] if converged else [],
         # systemd facts: on the converged rig every unit rigup manages is running and enabled
         re.compile(r"systemctl show .*--property SubState"): (
