@@ -98,9 +98,8 @@ def test_the_gateway_routes_to_the_head_alone(bed: Bed) -> None:
             break
         time.sleep(2)
     assert served_name(VARIANT) in [m["id"] for m in reply.json()["data"]]
-    config = yaml.safe_load(sh(bed.testbed.host("rig-a"), "cat /opt/rigup/gateway/config.yaml"))
-    hosts = {entry["model_info"]["rigup_host"] for entry in config["model_list"]}
-    assert hosts == {"rig-a"}, config["model_list"]  # the worker serves nothing itself
+    routes = json.loads(sh(bed.testbed.host("rig-a"), "cat /opt/rigup/gateway/routes.json"))["routes"]
+    assert {route["host"] for route in routes} == {"rig-a"}, routes  # the worker serves nothing itself
     # rigup verify's checks (models, completion, tool call) pass through the gateway: the whole cluster answers
     proc = subprocess.run([sys.executable, "-m", "rigup", "verify", "--url", f"http://{bed.testbed.host('rig-a').ip}:"
                            f"{GATEWAY_PORT}", "--api-key-file", bed.gateway_key, "--json"],  # type: ignore[attr-defined]
@@ -136,7 +135,9 @@ def test_outside_the_cluster_no_ray_port_answers(bed: Bed) -> None:
     assert _reaches(bed, "rig-b", "rig-a", 6379)  # the worker reaches the head's GCS
     assert not _reaches(bed, None, "rig-a", 6379)  # a host outside the cluster does not
     assert not _reaches(bed, None, "rig-b", 6380)  # nor a member's raylet
-    assert _reaches(bed, None, "rig-a", PORT)  # the API stays open
+    # off the fleet only the entrance answers (the boundary, issue 42): the head's pod is reached through it
+    assert not _reaches(bed, None, "rig-a", PORT)
+    assert _reaches(bed, None, "rig-a", GATEWAY_PORT)
 
 
 def test_a_fresh_clusters_second_converge_changes_nothing_and_status_says_so(bed: Bed) -> None:

@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 import requests
-import yaml
 
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import HostSpec
@@ -154,9 +153,8 @@ def test_one_pods_override_restarts_that_pod_alone(bed: Bed) -> None:
 
 
 def test_the_gateway_routes_to_every_pod(bed: Bed) -> None:
-    doc = yaml.safe_load(sh(bed.host("quad"), "cat /opt/rigup/gateway/config.yaml"))
-    routes = sorted((e["model_name"], e["model_info"]["rigup_host"], e["model_info"]["rigup_unit"],
-                     e["litellm_params"]["api_base"]) for e in doc["model_list"])
+    doc = json.loads(sh(bed.host("quad"), "cat /opt/rigup/gateway/routes.json"))
+    routes = sorted((e["model"], e["host"], e["unit"], e["api_base"]) for e in doc["routes"])
     dual, single, tri = served_name(DUAL), served_name(SINGLE), bed.host("tri").ip
     assert routes == sorted([
         (dual, "quad", "rigup-left.service", f"http://127.0.0.1:{QUAD_PODS[0]['port']}/v1"),
@@ -208,9 +206,8 @@ def test_dropping_a_pod_stops_its_unit(bed: Bed) -> None:
     assert unit_prop(tri, "rigup-solo.service", "UnitFileState") == "disabled"
     assert unit_prop(tri, "rigup-pair.service", "ActiveState") == "active"
     assert started_at(bed, "tri", "rigup-pair.service") == pair_started  # the pod that stays keeps running
-    doc = yaml.safe_load(sh(bed.host("quad"), "cat /opt/rigup/gateway/config.yaml"))
-    assert [e["model_info"]["rigup_unit"] for e in doc["model_list"] if e["model_info"]["rigup_host"] == "tri"] == [
-        "rigup-pair.service"]
+    doc = json.loads(sh(bed.host("quad"), "cat /opt/rigup/gateway/routes.json"))
+    assert [e["unit"] for e in doc["routes"] if e["host"] == "tri"] == ["rigup-pair.service"]
 
 
 # apt's own hook, run before every dpkg invocation: which rigup units were active then, in which boot
