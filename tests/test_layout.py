@@ -374,7 +374,6 @@ ROLE_KNOBS = ("serves_variant", "gateway_group", "monitor_group", "image_mirror"
 ROLE_KNOB_READERS: dict[str, str] = {
     "rigup/desired/knobs.py": "monitor_group's default is gateway_group's value: a default, not a role question",
     "rigup/cli/status.py": "a cluster member's peers and network: the sentinel's work edits this module now",
-    "rigup/desired/gateway.py": "names gateway_group in a refusal: the entrance's work rewrites this module now",
     "rigup/desired/boundary.py": "the mirror's clients: the cluster firewall's work in progress (roles.mirror_host answers it)",
 }
 
@@ -416,7 +415,6 @@ RIG_SIDE = "rigup/rig/"
 # modules still spelling paths under install_root, each with why; remove an entry when its module moves
 # to RigLayout (the test fails on an entry that no longer spells one)
 LAYOUT_PENDING: dict[str, str] = {
-    "rigup/desired/gateway.py": "gateway_paths: the entrance (nginx + vllm-router) rewrites this module now",
     "rigup/desired/monitoring.py": "the DCGM counters file: the fleet CA's work edits this module now",
     "rigup/desired/knobs.py": "model_dir's default: the firewall's work edits this module now",
 }

@@ -26,9 +26,10 @@ from typing import Any
 from rigup import DEPLOY_ROOT
 from rigup.desired.entrance import Client, EntranceError, EntrancePaths, client_entries, client_key
 from rigup.desired.knobs import knob, knob_int
-from rigup.desired.roles import is_gateway, serves_variant
+from rigup.desired.roles import gateway_group, is_gateway, serves_variant
 from rigup.desired.secrets import SecretError, load_api_key, read_secret_file
 from rigup.desired.templating import render_template
+from rigup.layout import RigLayout
 
 REQUIREMENTS_FILE = DEPLOY_ROOT / "files" / "router" / "requirements.txt"
 ROUTER_UNIT = "rigup-router@.service"  # one instance per served model: rigup-router@<slug>.service
@@ -116,7 +117,7 @@ class GatewayPaths(EntrancePaths):
 
 
 def gateway_paths(install_root: str) -> GatewayPaths:
-    return GatewayPaths(posixpath.join(install_root.rstrip("/"), "gateway"))
+    return GatewayPaths(RigLayout(install_root).gateway_dir)
 
 
 def key_env(host_name: str) -> str:
@@ -273,7 +274,7 @@ def _clients(data: Mapping[str, Any], read_secrets: bool) -> tuple[Client, ...]:
     if not entries:
         raise GatewayError(
             f"gateway_api_key_file is not set and gateway_clients is empty: an entrance host needs at least one client "
-            f"(a name and a 0600 key file on the control machine) (group {knob(data, 'gateway_group')!r})"
+            f"(a name and a 0600 key file on the control machine) (group {gateway_group(data)!r})"
         )
     if not read_secrets:
         return tuple(Client(name, "unread") for name, _ in entries)

@@ -30,9 +30,14 @@ def serves_variant(data: Mapping[str, Any]) -> bool:
     return bool(knob(data, "serves_variant"))
 
 
+def gateway_group(data: Mapping[str, Any]) -> str:
+    """The inventory group whose hosts run the fleet's gateway (gateway_group)."""
+    return str(knob(data, "gateway_group"))
+
+
 def is_gateway(data: Mapping[str, Any], groups: Iterable[str]) -> bool:
     """Whether the host runs the fleet's gateway: it is in gateway_group."""
-    return knob(data, "gateway_group") in set(groups)
+    return gateway_group(data) in set(groups)
 
 
 def is_monitor(data: Mapping[str, Any], groups: Iterable[str]) -> bool:
