@@ -103,3 +103,7 @@ class RigLayout:
     @property
     def metrics_dir(self) -> str:  # the exporters' files (the DCGM counters list)
         return self._under("metrics")
+
+    @property
+    def gpu_counters(self) -> str:  # rigup's DCGM fields (files/monitoring/dcgm-counters.csv), mounted into the exporter
+        return self._under("metrics", "dcgm-counters.csv")

@@ -368,28 +368,35 @@ def test_function_level_imports_are_deliberate() -> None:
 
 
 # the role knobs, read in rigup.desired.roles alone: whether a host serves, which groups hold the gateway
-# and the monitor, the mirror it pulls through, its share of a cluster
+# and the monitor, the mirror it pulls through, its share of a cluster. A knob's derived default
+# (rigup.desired.knobs.DERIVED_DEFAULTS: monitor_group's is gateway_group's value) is a default, read by
+# knob() for every reader, not a role question: role_knob_reads skips that table.
 ROLE_KNOBS = ("serves_variant", "gateway_group", "monitor_group", "image_mirror", "cluster")
-# modules that still read one, each with why; the test fails on an entry whose module no longer reads one
-ROLE_KNOB_READERS: dict[str, str] = {
-    "rigup/desired/knobs.py": "monitor_group's default is gateway_group's value: a default, not a role question",
-    "rigup/cli/status.py": "a cluster member's peers and network: the sentinel's work edits this module now",
-    "rigup/desired/boundary.py": "the mirror's clients: the cluster firewall's work in progress (roles.mirror_host answers it)",
-}
 
 
 def role_knob_reads(source: str) -> list[str]:
-    """Role knobs a module reads through knob(data, "<name>") with the name spelled literally."""
+    """Role knobs a module reads through knob(data, "<name>") with the name spelled literally, outside a
+    DERIVED_DEFAULTS table."""
+    tree = ast.parse(source)
+    defaults = {id(node) for top in tree.body
+                if isinstance(top, (ast.Assign, ast.AnnAssign))
+                and "DERIVED_DEFAULTS" in {t.id for t in (top.targets if isinstance(top, ast.Assign) else [top.target])
+                                           if isinstance(t, ast.Name)}
+                for node in ast.walk(top)}
     found = []
-    for node in ast.walk(ast.parse(source)):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "knob"
-                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value in ROLE_KNOBS):
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and id(node) not in defaults and isinstance(node.func, ast.Name)
+                and node.func.id == "knob" and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+                and node.args[1].value in ROLE_KNOBS):
             found.append(node.args[1].value)
     return found
 
 
 def test_the_role_knob_finder_finds_a_read() -> None:
     assert role_knob_reads('x = knob(target.data, "serves_variant")\ny = knob(d, "variant")') == ["serves_variant"]
+    derived = 'DERIVED_DEFAULTS: dict = {"monitor_group": lambda data: knob(data, "gateway_group")}\n'
+    assert role_knob_reads(derived) == []
+    assert role_knob_reads(derived + 'g = knob(data, "gateway_group")') == ["gateway_group"]
 
 
 def test_what_a_host_is_is_decided_in_rigup_desired_roles_alone() -> None:
@@ -401,10 +408,7 @@ def test_what_a_host_is_is_decided_in_rigup_desired_roles_alone() -> None:
         for path in [*sorted((ROOT / "rigup").rglob("*.py")), *sorted((ROOT / "tasks").glob("*.py")), ROOT / "deploy.py"]
         if (rel := str(path.relative_to(ROOT))) != "rigup/desired/roles.py" and (reads := role_knob_reads(path.read_text()))
     }
-    unexplained = {rel: reads for rel, reads in readers.items() if rel not in ROLE_KNOB_READERS}
-    assert unexplained == {}, f"ask rigup.desired.roles (or the run's FleetPlan) instead: {unexplained}"
-    stale = sorted(rel for rel in ROLE_KNOB_READERS.keys() - readers.keys() if (ROOT / rel).exists())
-    assert not stale, f"ROLE_KNOB_READERS lists modules that no longer read a role knob: {stale}"
+    assert readers == {}, f"ask rigup.desired.roles (or the run's FleetPlan) instead: {readers}"
 
 
 # Where things live on a rig is spelled in rigup/layout.py alone (RigLayout, issue 40). The scripts uploaded
@@ -412,12 +416,6 @@ def test_what_a_host_is_is_decided_in_rigup_desired_roles_alone() -> None:
 # under the install_root they are handed, each named in their docstrings.
 RIG_LAYOUT_MODULE = "rigup/layout.py"
 RIG_SIDE = "rigup/rig/"
-# modules still spelling paths under install_root, each with why; remove an entry when its module moves
-# to RigLayout (the test fails on an entry that no longer spells one)
-LAYOUT_PENDING: dict[str, str] = {
-    "rigup/desired/monitoring.py": "the DCGM counters file: the fleet CA's work edits this module now",
-    "rigup/desired/knobs.py": "model_dir's default: the firewall's work edits this module now",
-}
 
 
 def mentions_install_root(node: ast.AST) -> bool:
@@ -481,10 +479,7 @@ def test_where_things_live_on_a_rig_is_spelled_in_rig_layout_alone() -> None:
         if (rel := str(path.relative_to(ROOT))) != RIG_LAYOUT_MODULE and not rel.startswith(RIG_SIDE)
         and (lines := install_root_spellings(path.read_text()))
     }
-    unexplained = {rel: lines for rel, lines in spelled.items() if rel not in LAYOUT_PENDING}
-    assert unexplained == {}, f"ask rigup.layout.RigLayout for these paths: {unexplained}"
-    stale = sorted(LAYOUT_PENDING.keys() - spelled.keys())
-    assert not stale, f"LAYOUT_PENDING lists modules that no longer spell a path under install_root: {stale}"
+    assert spelled == {}, f"ask rigup.layout.RigLayout for these paths: {spelled}"
 
 
 def state_caches(source: str) -> list[int]:

@@ -30,16 +30,17 @@ from pyinfra.api.exceptions import FactProcessError
 
 from rigup.checks.preflight import check_capabilities
 from rigup.cli.runner import Target, add_target_arguments, fleet_targets, progress, run_fleet_command
-from rigup.client.openai_client import ApiClient
-from rigup.client.ssh import LOCAL_HOST, LazySsh, RemoteError, Runner, SshSettings, gpu_memory
+from rigup.client.openai_client import ApiClient, tls_failure
+from rigup.client.ssh import LOCAL_HOST, LazySsh, RemoteError, Runner, gpu_memory
 from rigup.desired.cluster import MemberNetwork, cluster_of, member_data, member_net
-from rigup.desired.fleet import Fleet, load_fleet
+from rigup.desired.fleet import load_fleet
+from rigup.desired.fleet_plan import fleet_entries, plan_fleet
 from rigup.desired.knobs import knob
 from rigup.desired.lock import LockError
 from rigup.desired.plan import host_plan
 from rigup.desired.recipe import RecipeError, pods_of
 from rigup.desired.release import Provenance, ProvenanceError, parse_provenance, provenance_path, recipe_provenance_path
-from rigup.desired.roles import serves_variant
+from rigup.desired.roles import cluster_membership, serves_variant
 from rigup.desired.secrets import SecretError
 from rigup.facts.gpu import GpuTopology, NvidiaGpus
 from rigup.facts.network import ClusterPeerRoutes
@@ -141,21 +142,11 @@ def desired_state(target: Target, topology: Topology | None = None, network: Mem
 # actual state (over SSH)
 
 
-def cluster_peers(fleet: Fleet, host: str) -> dict[str, str]:
-    """The other members of `host`'s cluster as the deploy reaches them (rigup.operations.cluster.peer_addresses:
-    their ssh_hostname, else their name); {} for a host in no cluster."""
-    member = knob(fleet.resolved_data(host), "cluster")
-    if not member:
-        return {}
-    return {name: SshSettings.from_data(name, fleet.resolved_data(name)).hostname
-            for name in cluster_of(member).hosts if name != host}
-
-
 def member_network(target: Target, read: PeerRoutes | None) -> MemberNetwork | None:
     """A cluster member's interface and addresses decided from what it read, as the deploy decides them
     (rigup.desired.cluster.member_net); None for a host in no cluster or when nothing was read."""
-    member = knob(target.data, "cluster")
-    if not member or read is None:
+    member = cluster_membership(target.data)
+    if member is None or read is None:
         return None
     return member_net(cluster_of(member), target.host or target.name, read)
 
@@ -170,7 +161,7 @@ def gather_facts(runner: Runner, install_root: str, record: str | None = None,
                  peers: Mapping[str, str] | None = None) -> Facts:
     """Everything status needs from one rig, in a few commands over one connection; `record`: the
     pod's provenance.json (default: the one of a host without pods); `peers`: a cluster member's other
-    members (cluster_peers), whose routes it reads as the deploy does."""
+    members (FleetPlan.cluster_peers), whose routes it reads as the deploy does."""
     facts = Facts(reachable=True, capabilities=read_capabilities(runner))
     if peers:
         routes = ClusterPeerRoutes()
@@ -264,16 +255,20 @@ LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 def gateway_items(target: Target, timeout: float = 60.0) -> list[Item]:
-    """The entrance this host runs, asked over HTTP from here: its front answers /health, then every route
-    with its router's verdict (vllm-router's vllm_router_worker_health per model and worker, from the front's
-    /metrics/, asked with a client's key)."""
+    """The entrance this host runs, asked over HTTPS from here (its certificate verified against the fleet CA's,
+    or gateway_tls_ca_file's): its front answers /health, then every route with its router's verdict
+    (vllm-router's vllm_router_worker_health per model and worker, from the front's /metrics/, asked with a
+    client's key)."""
     url = target.gateway_url
     problem = [Item("gateway key", "readable", target.gateway_error, DRIFT)] if target.gateway_error else []
     if url is None:
         return problem
+    verify = target.gateway_ca or True
     try:
-        ready = requests.get(f"{url}/health", timeout=10)
+        ready = requests.get(f"{url}/health", timeout=10, verify=verify)
         answered = "ready (nginx + vllm-router)" if ready.ok else f"HTTP {ready.status_code}"
+    except requests.exceptions.SSLError as exc:
+        return problem + [Item("gateway", f"answering on {url}", tls_failure(exc, target.gateway_ca), UNHEALTHY)]
     except requests.RequestException as exc:
         return problem + [Item("gateway", f"answering on {url}", f"no answer ({type(exc).__name__})", UNHEALTHY)]
     items = problem + [Item("gateway", f"answering on {url}", answered, OK if ready.ok else UNHEALTHY)]
@@ -282,7 +277,8 @@ def gateway_items(target: Target, timeout: float = 60.0) -> list[Item]:
     if target.gateway_key is None:
         return items + [Item("gateway routes", "checked", "no gateway key to ask with", UNHEALTHY)]
     try:
-        metrics = requests.get(f"{url}/metrics/", headers={"Authorization": f"Bearer {target.gateway_key}"}, timeout=timeout)
+        metrics = requests.get(f"{url}/metrics/", headers={"Authorization": f"Bearer {target.gateway_key}"}, timeout=timeout,
+                               verify=verify)
     except requests.RequestException as exc:
         return items + [Item("gateway routes", "checked", f"GET /metrics/: {type(exc).__name__}", UNHEALTHY)]
     if not metrics.ok:
@@ -536,7 +532,7 @@ class HostStatus:
 
 
 def host_status(target: Target, quiet: bool = False, peers: Mapping[str, str] | None = None) -> HostStatus:
-    """Desired against actual for one target; `peers`: the other members of its cluster (cluster_peers)."""
+    """Desired against actual for one target; `peers`: the other members of its cluster (FleetPlan.cluster_peers)."""
     if not quiet:
         where = "here (pyinfra's local connector)" if target.name == LOCAL_HOST else "over SSH"
         progress(f"[{target.name}] gathering state {where} ...")
@@ -625,7 +621,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     def select() -> list[Target]:
         fleet = load_fleet()
         targets = fleet_targets(args.limit, fleet)
-        peers.update({t.name: cluster_peers(fleet, t.host) for t in targets if t.host is not None})
+        planned = plan_fleet(fleet_entries(fleet))  # its members' peers as the deploy reaches them
+        peers.update({t.name: planned.cluster_peers(t.host) for t in targets if t.host is not None})
         return targets
 
     code, _ = run_fleet_command(

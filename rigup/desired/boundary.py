@@ -21,7 +21,7 @@ from typing import Any
 
 from rigup.desired.knobs import FIREWALL_ALLOW_FORM, allow_problem, knob
 from rigup.desired.models import in_fleet_chains
-from rigup.desired.roles import HostRoles
+from rigup.desired.roles import HostRoles, mirror_host
 from rigup.desired.templating import render_template
 
 TABLE = "rigup_boundary"
@@ -98,7 +98,7 @@ def _mirror_port(fleet: Any, name: str) -> list[str]:
 
 def _mirror_clients(fleet: Any, name: str) -> list[str]:
     """The hosts that pull through this mirror (they name it) and so fill their relays from it."""
-    return [h.name for h in fleet.hosts if h.name != name and (knob(h.data, "image_mirror") or {}).get("host") == name]
+    return [h.name for h in fleet.hosts if h.name != name and mirror_host(h.data) == name]
 
 
 def _in_chains(roles: HostRoles, name: str, data: Mapping[str, Any]) -> bool:

@@ -11,7 +11,6 @@ import difflib
 import functools
 import ipaddress
 import json
-import posixpath
 import re
 import types
 from collections.abc import Callable, Iterable, Mapping
@@ -25,6 +24,7 @@ from rigup.desired.alert_for import ALERT_FOR_S
 from rigup.desired.catalog import closest_variants, load_catalog, variant_names
 from rigup.desired.interconnect import MODES as INTERCONNECT_MODES
 from rigup.desired.pods import pods_problem
+from rigup.layout import RigLayout
 from rigup.parsers.dpkg import DriverSource
 from rigup.parsers.system import Flavour
 
@@ -91,7 +91,7 @@ _UNSET = object()
 
 
 def _model_dir(data: Any) -> str:
-    return posixpath.join(str(knob(data, "install_root")).rstrip("/") or "/", "models")
+    return RigLayout(str(knob(data, "install_root"))).default_model_dir
 
 
 # Knobs whose default follows other knobs: group_data/all.py declares them None (its comment says what

@@ -34,6 +34,7 @@ from rigup.desired.metrics_auth import NODE_EXPORTER_SERVICE, scrape_auth, web_f
 from rigup.desired.roles import is_gateway, is_monitor, serves_variant
 from rigup.desired.secrets import SecretError, read_secret_file
 from rigup.desired.templating import render_template
+from rigup.layout import RigLayout
 
 # Debian's and Ubuntu's prometheus packages: the unit reads ARGS from /etc/default/prometheus and
 # the configuration from /etc/prometheus (prometheus-node-exporter likewise, with the textfile
@@ -177,7 +178,7 @@ class RigExporters:
     @property
     def counters_file(self) -> str:
         """rigup's DCGM fields on the rig, mounted into the exporter's container."""
-        return posixpath.join(self.install_root, "metrics", "dcgm-counters.csv")
+        return RigLayout(self.install_root).gpu_counters
 
     @property
     def textfile(self) -> str:

@@ -17,6 +17,7 @@ from rigup.cli import status as S
 from rigup.cli.runner import Target, fleet_targets
 from rigup.desired.cluster import cluster_of, member_data, member_net
 from rigup.desired.fleet import Fleet, load_fleet
+from rigup.desired.fleet_plan import fleet_entries, plan_fleet
 from rigup.desired.knobs import knob
 from rigup.desired.release import parse_provenance
 from rigup.facts.gpu import GpuTopology
@@ -103,7 +104,7 @@ def statuses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rigs: dict[str, Lo
     for target in targets:
         assert target.host is not None
         monkeypatch.setattr(S, "LazySsh", lambda settings, rig=rigs[target.host]: rig)
-        found[target.host] = S.host_status(target, quiet=True, peers=S.cluster_peers(loaded, target.host))
+        found[target.host] = S.host_status(target, quiet=True, peers=plan_fleet(fleet_entries(loaded)).cluster_peers(target.host))
     return found
 
 
@@ -123,8 +124,9 @@ def test_right_after_a_converge_both_members_are_ok(tmp_path: Path, monkeypatch:
 
 def test_status_reads_each_members_routes_to_the_others_as_the_deploy_does(tmp_path: Path) -> None:
     loaded = fleet(tmp_path)
-    assert S.cluster_peers(loaded, "rig-a") == {"rig-b": "10.0.0.12"}
-    assert S.cluster_peers(loaded, "rig-b") == {"rig-a": "10.0.0.11"}
+    planned = plan_fleet(fleet_entries(loaded))  # what cmd_status asks
+    assert planned.cluster_peers("rig-a") == {"rig-b": "10.0.0.12"}
+    assert planned.cluster_peers("rig-b") == {"rig-a": "10.0.0.11"}
     rig = converged_rig(converged_release(loaded.resolved_data("rig-b"), "rig-b"), "rig-b")
     gathered = S.gather_facts(rig, "/opt/rigup", "/opt/rigup/state/pods/big/provenance.json", {"rig-a": "10.0.0.11"})
     assert gathered.peer_routes is not None and gathered.peer_routes.addresses == {"rig-a": "10.0.0.11"}
