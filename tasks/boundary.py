@@ -19,13 +19,13 @@ import posixpath
 from io import StringIO
 
 from pyinfra import host
-from pyinfra.facts.deb import DebPackages
-from pyinfra.operations import apt, files, server
+from pyinfra.operations import files, server
 
 from rigup.desired.boundary import RULES_FILE, UNIT, BoundaryError, host_rules, peer_hostnames, table_text, unit_text
 from rigup.desired.knobs import knob
 from rigup.desired.recipe import RecipeError
 from rigup.facts.boundary import BoundaryView
+from rigup.operations.apt import os_packages
 from rigup.operations.boundary import boundary_absent
 from rigup.operations.planning_errors import stop_the_run_on
 from rigup.operations.units import unit_runs_current_files
@@ -36,9 +36,7 @@ if knob(host.data, "firewall"):
         fleet = fleet_plan(host.state)
         seen = host.get_fact(BoundaryView, peers=peer_hostnames(fleet, host.name))
         text = table_text(host.name, host_rules(fleet, host.name, seen.control, seen.peers))
-    if "nftables" not in (host.get_fact(DebPackages) or {}):  # only then are the lists refreshed
-        apt.update(name="Update apt before installing nftables")
-    apt.packages(name="Install nftables (the boundary's firewall)", packages=["nftables"])
+    os_packages(name="Install nftables (the boundary's firewall)", packages=["nftables"])
     files.directory(name="Create /etc/rigup", path=posixpath.dirname(RULES_FILE), mode="755")
     rules = files.put(name="Write the boundary's rules (default deny, holes from the fleet's roles)",
                       src=StringIO(text), dest=RULES_FILE, mode="644")

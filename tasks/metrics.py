@@ -30,8 +30,7 @@ from dataclasses import replace
 from io import StringIO
 
 from pyinfra import host
-from pyinfra.facts.deb import DebPackages
-from pyinfra.operations import apt, files, systemd
+from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
 from rigup.desired.knobs import knob
@@ -49,6 +48,7 @@ from rigup.desired.monitoring import (
     TEXTFILE_DIR,
 )
 from rigup.facts.system import OsReleaseInfo
+from rigup.operations.apt import os_packages
 from rigup.operations.fleet_certs import fleet_ca_of, service_web_files
 from rigup.operations.planning_errors import rig_exporters_or_stop
 from rigup.operations.serving import ctl_path, image_pulled
@@ -60,10 +60,8 @@ if exporters is not None:
     exporters = replace(exporters, web_config_flag=node_exporter_web_flag(
         os_info.id if os_info else None, os_info.version_id if os_info else None))
     fleet_ca, metrics_login = fleet_ca_of(host)
-    if "prometheus-node-exporter" not in (host.get_fact(DebPackages) or {}):  # only then are the lists refreshed
-        apt.update(name="Update apt before installing node_exporter")
     # without Recommends (prometheus-node-exporter-collectors' timers): rigup's textfile is the one it reads
-    apt.packages(name="Install prometheus-node-exporter", packages=["prometheus-node-exporter"], no_recommends=True)
+    os_packages(name="Install prometheus-node-exporter", packages=["prometheus-node-exporter"], no_recommends=True)
     web_files = service_web_files(host, fleet_ca, metrics_login, NODE_EXPORTER_SERVICE, owner=PROMETHEUS_USER)
     files.put(
         name="Set node_exporter's flags (port, web config, textfile directory, systemd collector)",

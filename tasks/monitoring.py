@@ -39,7 +39,6 @@ from io import StringIO
 
 from pyinfra import host, logger, state
 from pyinfra.api.hiddenvalue import HiddenValue
-from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import FindDirectories
 from pyinfra.operations import apt, files
 
@@ -77,7 +76,7 @@ from rigup.desired.monitoring import (
     targets_file,
     targets_text,
 )
-from rigup.operations.apt import GRAFANA_KEYRING, GRAFANA_LIST, signed_repository
+from rigup.operations.apt import GRAFANA_KEYRING, GRAFANA_LIST, os_packages, signed_repository
 from rigup.operations.fleet_certs import fleet_ca_of
 from rigup.operations.monitoring import checked_file, pod_targets_file
 from rigup.operations.planning_errors import stop_the_run_on, vllm_dashboards_or_stop
@@ -91,9 +90,7 @@ with stop_the_run_on(host, MonitoringError, KnobError):
 assert plan is not None  # deploy.py includes this file on monitor_group hosts only
 
 packages = ["prometheus"] + (["prometheus-alertmanager"] if plan.alertmanager_port is not None else [])
-if any(p not in (host.get_fact(DebPackages) or {}) for p in packages):  # only then are the lists refreshed
-    apt.update(name="Update apt before installing Prometheus")
-apt.packages(name="Install Prometheus (OS archive)", packages=packages, no_recommends=True)
+os_packages(name="Install Prometheus (OS archive)", packages=packages, no_recommends=True)
 
 files.put(
     name="Set Prometheus' flags (listen address, retention)",
