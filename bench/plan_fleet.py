@@ -24,6 +24,7 @@ import datetime
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -134,6 +135,19 @@ def measure(sizes: list[int], repeat: int) -> list[dict[str, Any]]:
     return rows
 
 
+def measured_commit() -> str:
+    """The commit the planning code was measured at (HEAD of this checkout), and whether rigup/ differed from it."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short=7", "HEAD")
+        dirty = git("status", "--porcelain", "--", "rigup", "group_data", "templates")
+    except (OSError, subprocess.CalledProcessError):
+        return "an unknown commit (not a git checkout)"
+    return head + (" with uncommitted changes to rigup/, group_data/ or templates/" if dirty else "")
+
+
 def label() -> str:
     return f"{platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
 
@@ -145,7 +159,7 @@ def measured(rows: list[dict[str, Any]], command: str) -> str:
     base = rows[0]
     lines = [
         f"### Measured: {label()}", "",
-        f"{now}, with `{command}`. Plan only (no bed, no network): the fleet file read, `plan_fleet` over its hosts and "
+        f"{now}, at {measured_commit()}, with `{command}`. Plan only (no bed, no network): the fleet file read, `plan_fleet` over its hosts and "
         "everything a converge of the whole fleet plans before its first operation (every host's pods, model "
         "plan, image pins and registry, the image chain, the gateway's routes, the monitor's targets); the fleet: "
         "every fourth rig two pods, the others dual or dual-dflash, all through rig-001's image mirror, plus one "
