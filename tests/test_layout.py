@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 import sys
 from pathlib import Path
 
@@ -519,3 +520,29 @@ def test_per_run_state_is_kept_in_rigup_runstate_alone() -> None:
         if path.name != "runstate.py" and (lines := state_caches(path.read_text()))
     }
     assert found == {}, f"keep per-run state in rigup.runstate: {found}"
+
+
+# Every systemd unit, drop-in and timer rigup writes is a template in templates/ (issue 40): no Python source
+# of the product or the deploy holds a unit's section header in a string.
+UNIT_SECTION = re.compile(r"^\[(Unit|Service|Timer|Install|Socket|Path|Mount)\][ \t]*$", re.MULTILINE)
+
+
+def unit_text_builders(source: str) -> list[int]:
+    """Lines of string literals (f-strings' literal parts too) that hold a systemd section header on a line
+    of its own."""
+    return sorted({node.lineno for node in ast.walk(ast.parse(source))
+                   if isinstance(node, ast.Constant) and isinstance(node.value, str) and UNIT_SECTION.search(node.value)})
+
+
+def test_the_unit_text_finder_finds_a_unit_built_in_python() -> None:
+    source = ('A = "[Unit]\\nDescription=x\\n"\n'
+              'B = f"""\\n[Service]\\nExecStart={x}\\n"""\n'
+              'C = "a [Unit] in prose"\n'
+              'D = render_template("rigup-x.service.j2")\n')
+    assert unit_text_builders(source) == [1, 2]
+
+
+def test_every_unit_drop_in_and_timer_is_a_template() -> None:
+    sources = [*sorted((ROOT / "rigup").rglob("*.py")), *sorted((ROOT / "tasks").glob("*.py")), ROOT / "deploy.py"]
+    built = {str(p.relative_to(ROOT)): lines for p in sources if (lines := unit_text_builders(p.read_text()))}
+    assert built == {}, f"write these units as templates in templates/ (rigup.desired.templating.render_template): {built}"
