@@ -4,7 +4,7 @@ nvcr.io/nvidia/k8s/dcgm-exporter:<dcgm>-<exporter>-ubuntu22.04 with this as /usr
 behind the image's entrypoint script). The facts it follows, with their commits, are in
 rigup_testbed/FACTS.md section 12.
 
-  dcgm-exporter [-f FILE] [-a ADDRESS] [-c MS] [-n] [-o] [--replace-blanks-in-model-name] [-v]
+  dcgm-exporter [-f FILE] [-a ADDRESS] [-c MS] [-n] [-o] [--replace-blanks-in-model-name] [--web-config-file FILE] [-v]
 
 It reads the GPUs where the real one's DCGM reads NVML: from the driver the container toolkit's hook
 mounted into the container, here the GPU stand-in (nvidia-smi's module, its directory mounted with it,
@@ -20,23 +20,38 @@ reading the hardware file the hook wrote for this container and the driver's /ru
     (DCGM's blank value), as are profiling (DCGM_FI_PROF_*) fields when GPU 0 has no profiling support
     (GeForce before Blackwell), each skipped with the exporter's warning;
   * values are read at each scrape (the real one samples every -c ms; see FACTS.md), so what a test
-    injects (nvidia_smi.set_gpu_state: temperature_c, xid, ...) shows at the next scrape.
+    injects (nvidia_smi.set_gpu_state: temperature_c, xid, ...) shows at the next scrape;
+  * with --web-config-file (DCGM_EXPORTER_WEB_CONFIG_FILE), exporter-toolkit's web config as the real one
+    serves it (internal/pkg/server/server.go: web.ListenAndServe): TLS from tls_server_config's cert_file and
+    key_file, plain HTTP answered 400 "Client sent an HTTP request to an HTTPS server.", and basic_auth_users
+    (bcrypt hashes, checked with the C library's crypt: libxcrypt knows $2b$) asked of every request, 401
+    "Unauthorized" with WWW-Authenticate: Basic otherwise. The file is read as the block mappings a YAML
+    dumper writes (a top-level key, its indented `key: value` lines); a key exporter-toolkit does not know
+    stops it, as its strict YAML reading does.
 
 Standard library only: it runs on the image's Python, like the vLLM image's stand-in.
 """
 
 from __future__ import annotations
 
+import base64
 import csv
+import hmac
 import http.server
 import json
 import os
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
+import warnings
 from typing import Any, Callable, NamedTuple
+
+with warnings.catch_warnings():  # deprecated from Python 3.11, gone in 3.13: the rigs' image has 3.11
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import crypt
 
 HERE = os.path.dirname(os.path.realpath(__file__))
 DEFAULT_COUNTERS = "/etc/dcgm-exporter/default-counters.csv"
@@ -167,6 +182,7 @@ FLAGS = {  # name: (aliases, takes a value, environment variable)
     "replace-blanks-in-model-name": (("rbmn",), False, "DCGM_EXPORTER_REPLACE_BLANKS_IN_MODEL_NAME"),
     "kubernetes": (("k",), False, "DCGM_EXPORTER_KUBERNETES"),
     "debug": ((), False, "DCGM_EXPORTER_DEBUG"),
+    "web-config-file": ((), True, "DCGM_EXPORTER_WEB_CONFIG_FILE"),
 }
 DEFAULTS = {"collectors": DEFAULT_COUNTERS, "address": ":9400", "collect-interval": "30000"}
 
@@ -346,9 +362,51 @@ def render(counters: list[Counter], gpus: list[Any], shared: dict[str, Any], opt
     return "".join(out)
 
 
+WEB_CONFIG_KEYS = {"tls_server_config": {"cert_file", "key_file"}, "basic_auth_users": None}  # None: any user name
+
+
+def read_web_config(path: str) -> dict[str, dict[str, str]]:
+    """exporter-toolkit's web config as block mappings: {section: {key: value}} (see the module's docstring)."""
+    out: dict[str, dict[str, str]] = {}
+    section = ""
+    with open(path) as fh:
+        for number, raw in enumerate(fh, 1):
+            line = "" if raw.lstrip().startswith("#") else raw.split(" #")[0].rstrip()
+            if not line.strip():
+                continue
+            key, _, value = line.strip().partition(":")
+            value = value.strip()
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+                value = value[1:-1]
+            if not line.startswith(" "):
+                if key not in WEB_CONFIG_KEYS or value:
+                    raise ValueError(f"yaml: unmarshal errors: line {number}: field {key} not found in type web.Config")
+                section = key
+                out[section] = {}
+                continue
+            known = WEB_CONFIG_KEYS.get(section, set())
+            if not section or (known is not None and key not in known):
+                raise ValueError(f"yaml: unmarshal errors: line {number}: field {key} not found")
+            out[section][key] = value
+    return out
+
+
 class Handler(http.server.BaseHTTPRequestHandler):
     server: Any
     protocol_version = "HTTP/1.1"  # as Go's net/http answers
+
+    def authorized(self) -> bool:
+        """exporter-toolkit's basic auth: the user's bcrypt hash checks the password (no users: everyone)."""
+        users = self.server.users
+        if not users:
+            return True
+        scheme, _, encoded = (self.headers.get("Authorization") or "").partition(" ")
+        try:
+            user, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return False
+        hashed = users.get(user)
+        return scheme.lower() == "basic" and hashed is not None and hmac.compare_digest(crypt.crypt(password, hashed) or "", hashed)
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
         pass
@@ -364,7 +422,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802
         path = self.path.split("?")[0]
-        if path == "/metrics":
+        if not self.authorized():
+            self.send_response(401)
+            self.send_header("Www-Authenticate", "Basic")
+            body = b"Unauthorized\n"
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("X-Content-Type-Options", "nosniff")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+        elif path == "/metrics":
             try:
                 gpus, shared = self.server.gpus.read()
                 body = render(self.server.counters, gpus, shared, self.server.opts, self.server.hostname).encode()
@@ -388,6 +456,21 @@ class Handler(http.server.BaseHTTPRequestHandler):
 class Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    tls: ssl.SSLContext | None = None
+    users: dict[str, str] = {}
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """With TLS: Go's answer to plain HTTP on a TLS port, else the handshake, in the connection's thread."""
+        if self.tls is not None:
+            try:
+                first = request.recv(1, socket.MSG_PEEK)
+                if first and first != b"\x16":  # not a TLS handshake record
+                    request.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n")
+                    return
+                request = self.tls.wrap_socket(request, server_side=True)
+            except (OSError, ssl.SSLError):
+                return
+        super().finish_request(request, client_address)
 
 
 def main(argv: list[str]) -> int:
@@ -424,6 +507,19 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         log("ERROR", str(exc))
         return 1
+    if opts.get("web-config-file"):
+        try:
+            web = read_web_config(opts["web-config-file"])
+            tls = web.get("tls_server_config")
+            if tls is not None:
+                Server.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+                Server.tls.minimum_version = ssl.TLSVersion.TLSv1_2  # exporter-toolkit's default min_version
+                Server.tls.load_cert_chain(tls["cert_file"], tls["key_file"])
+            Server.users = dict(web.get("basic_auth_users") or {})
+        except (OSError, ValueError, KeyError, ssl.SSLError) as exc:
+            log("ERROR", "Failed to Listen and Server HTTP server.", error=str(exc))
+            return 1
+        log("INFO", "TLS is enabled." if Server.tls is not None else "TLS is disabled.", http2=Server.tls is not None)
     family, host, port = listen_address(opts["address"])
     Server.address_family = family
     try:

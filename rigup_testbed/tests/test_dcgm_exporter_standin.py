@@ -7,12 +7,14 @@ module's /proc/driver/nvidia/version, the container's hardware file, and the dri
 
 from __future__ import annotations
 
+import base64
 import gzip
 import io
 import json
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import tarfile
@@ -23,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import bcrypt
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -318,3 +321,52 @@ def test_the_dcgm_exporter_image_is_built_like_nvidias() -> None:
     assert members["usr/bin/dcgm-exporter"].linkname == "/usr/lib/rigup-standin/dcgm_exporter.py"
     assert members["usr/bin/python3.11"].isfile() and "usr/bin/nvidia-smi" not in members  # the hook brings it
     assert registry.DCGM_EXPORTER_TAG in registry.dcgm_exporter_tags()
+
+
+def test_a_web_config_asks_for_tls_and_basic_auth_as_exporter_toolkit_does(container: GpuContainer, tmp_path: Path) -> None:
+    """--web-config-file (the real one's exporter-toolkit web config, pkg/cmd/app.go and internal/pkg/server/server.go
+    at 4.5.3-4.8.2): TLS from its certificate and key, a bcrypt-hashed user asked of every request (401 without,
+    or with a wrong password), plain HTTP answered 400; a key the web config does not know stops it."""
+    key, cert = tmp_path / "gpu.key", tmp_path / "gpu.crt"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=gpu-exporter",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    hashed = bcrypt.hashpw(b"pw-of-the-fleet", bcrypt.gensalt(10)).decode()
+    web = tmp_path / "web.yml"
+    web.write_text(f"# a comment\ntls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n"
+                   f"basic_auth_users:\n  rigup-prometheus: {hashed}\n")
+    proc = subprocess.Popen([sys.executable, str(EXPORTER), "-f", str(container.counters), "-a", f"127.0.0.1:{(port := _free_port())}",
+                             "--web-config-file", str(web)], env=container.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    trusting = ssl.create_default_context(cafile=str(cert))
+
+    def status(url: str, password: str | None = None, context: ssl.SSLContext | None = trusting) -> int:
+        request = urllib.request.Request(url)
+        if password is not None:
+            request.add_header("Authorization", "Basic " + base64.b64encode(f"rigup-prometheus:{password}".encode()).decode())
+        try:
+            with urllib.request.urlopen(request, timeout=5, context=context) as reply:
+                return reply.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.05)
+        url = f"https://127.0.0.1:{port}/metrics"
+        assert status(url) == 401 and status(url, "wrong") == 401
+        assert status(url, "pw-of-the-fleet") == 200
+        with pytest.raises(urllib.error.HTTPError, match="400"):  # plain HTTP on the TLS port, as Go answers it
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    web.write_text(web.read_text() + "tls_config:\n  cert_file: x\n")  # exporter-toolkit's web.Config has no such field
+    bad = subprocess.run([sys.executable, str(EXPORTER), "-f", str(container.counters), "-a", "127.0.0.1:0",
+                          "--web-config-file", str(web)], env=container.env, capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 1 and "field tls_config not found in type web.Config" in bad.stderr
