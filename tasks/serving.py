@@ -28,6 +28,11 @@ A failed gate the fleet no longer asks for: a pod whose record says a release fa
 rolled back, when this converge renders the release it serves (the fleet file reverted), has that
 failure marked superseded (one command, once), so RigupGateFailed clears; a fleet still asking for the
 failed release restarts it, gates it, fails and rolls back again, and the alert stays.
+A rig that changed under a pod: when the rig's fingerprint (GPU UUIDs, PCI bus ids and topology, VBIOS,
+driver, NVIDIA module, kernel, BIOS) differs from the one the pod's last passed gate recorded, the pod is
+re-validated (one command): vLLM's P2P access cache removed, the pod restarted and gated with every probe
+of its release (no rollback: the release did not change), and the account says "fingerprint changed:
+<what> -> P2P cache removed (...), full probe set passed". Not for a cluster member yet.
 Not idempotent: "Health-gate the (re)started variant" runs only after a (re)start, enable or
 driver change and then reports a change; when it fails it restores the pod's previous good
 generation, restarts it, gates it again, and fails the host saying it was rolled back. A cluster
@@ -213,4 +218,5 @@ if blocked is None and not missing_pins:
             release_text=pod_plans.text(index, "release"),
             timeout_s=timeout_s,
             keep=keep,
+            revalidate=member is None,  # a cluster's members are gated as one (not re-validated yet)
         )

@@ -7,13 +7,15 @@ Two JSON documents, both free of secrets:
   from the resolved recipe and the rendered files: variant, unit, health URL, served model, image
   (tag and digest), every source commit, every model revision, engine settings, the fields every chat
   request must carry (chat_request, only when the variant has some; the gate adds them), the gate's
-  probes the model answers (gate_probes, only when the variant leaves some out) and the SHA-256
+  probes the model answers (gate_probes, only when the variant leaves some out), the rig directories
+  holding vLLM's P2P access cache (p2p_cache_dirs, only when the compose file mounts it) and the SHA-256
   of each rendered file. tasks/serving.py uploads it next to the compose file, so a new pin (a source
   commit, a model revision, an image digest) changes this file, which restarts the service exactly
   like a changed compose file would.
 * provenance.json ({install_root}/state/provenance.json; a listed pod's in state/pods/<pod>/) — written on the rig by rigup-servingctl
   (rigup/rig/servingctl.py) when a release passes the health gate: the release, its generation number,
-  host-layer versions, the gate's result and times, and the last rollback if there was one. It is
+  host-layer versions, the rig's fingerprint (GPUs, PCI topology, driver, module, kernel, BIOS: a converge
+  that finds another re-validates the pod), the gate's result and times, and the last rollback if there was one. It is
   written only when the gate runs, so a converged re-run leaves it untouched. `rigup status` reads it
   with `parse_provenance`.
 """
@@ -63,6 +65,32 @@ def manifest_sha256(file_pins: Sequence[Any]) -> str:
     """One hash over a model's locked file list (path, size, SHA-256 of every file)."""
     lines = sorted(f"{pin.path}\t{pin.size}\t{pin.sha256}\n" for pin in file_pins)
     return sha256_text("".join(lines))
+
+
+# Where vLLM keeps its P2P access cache in the container: os.path.join(envs.VLLM_CACHE_ROOT,
+# f"gpu_p2p_access_cache_for_{cuda_visible_devices}.json") (vllm/distributed/device_communicators/
+# all_reduce_utils.py at vllm-project/vllm b250ac3dd5ef41c880d647ac1556ead89a7bff54), VLLM_CACHE_ROOT being
+# ~/.cache/vllm unless set (club-3090 docs/PCIE_P2P.md@4a29ab57d42a1d587de1042fa5dfd9535f94a063: "caching the
+# result to `~/.cache/vllm/gpu_p2p_access_cache_for_<devices>.json`"); upstream's containers run as root.
+CONTAINER_VLLM_CACHE_ROOT = "/root/.cache/vllm"
+
+
+def p2p_cache_dirs(recipe: Recipe) -> list[str]:
+    """The rig directories holding the pod's vLLM P2P access cache: where a writable mount of the compose
+    file covers the container's VLLM_CACHE_ROOT (its environment's VLLM_CACHE_ROOT, else XDG_CACHE_HOME/vllm,
+    else /root/.cache/vllm). Empty when the cache stays in the container, which every start of rigup's unit
+    removes (`docker compose down`); no variant of today's catalog mounts it (upstream mounts only
+    /root/.cache/vllm/torch_compile_cache, beneath it)."""
+    env = {e.name: e.value for e in recipe.environment}
+    root = env.get("VLLM_CACHE_ROOT") or (posixpath.join(env["XDG_CACHE_HOME"], "vllm") if env.get("XDG_CACHE_HOME")
+                                          else CONTAINER_VLLM_CACHE_ROOT)
+    root = posixpath.normpath(root)
+    covering = [m for m in recipe.mounts if not m.read_only
+                and (root == m.target.rstrip("/") or root.startswith(m.target.rstrip("/") + "/"))]
+    if not covering:
+        return []
+    mount = max(covering, key=lambda m: len(m.target))  # the innermost mount is the one the file lands in
+    return [posixpath.normpath(posixpath.join(mount.source, posixpath.relpath(root, mount.target)))]
 
 
 def build_release(
@@ -156,6 +184,11 @@ def build_release(
     if recipe.chat_request:
         # Only when the variant has some: a release without them stays byte-identical (no restart).
         release["chat_request"] = json.loads(json.dumps(dict(recipe.chat_request)))
+    cache_dirs = p2p_cache_dirs(recipe)
+    if cache_dirs:
+        # Only for a pod that keeps vLLM's P2P cache on the rig: `rigup-servingctl revalidate` removes it when
+        # the rig's fingerprint changed. Other releases stay byte-identical (no restart).
+        release["p2p_cache_dirs"] = cache_dirs
     if recipe.gate_probes is not None and tuple(recipe.gate_probes) != PROBE_NAMES:
         # Only when the variant leaves out some of the gate's probes: a release asking every one (the
         # rig's default) stays byte-identical (no restart).

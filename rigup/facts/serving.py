@@ -1,7 +1,7 @@
 """Facts of the serving task: rigup's variant units as systemd sees them, the serving state the rig
 reports through rigup-servingctl, the state of secret files (never their content), and what a rig
 serves now (its provenance records and running rigup units: the gateway's routes and the monitor's
-pod targets come from it)."""
+pod targets come from it), and the rig's fingerprint (what a passed gate records, to re-validate on change)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pyinfra.api import FactBase, FactProcessError, QuoteString, StringCommand
 
 from rigup.facts.util import python_script
 from rigup.layout import RigLayout
+from rigup.rig.servingctl import FINGERPRINT_SCRIPT, parse_fingerprint
 
 UNITS_MARK = "--rigup-active-units--"
 RECORD_MARK = "--rigup-provenance-record--"
@@ -176,3 +177,25 @@ class ServedRecord(FactBase[dict[str, Any]]):
             "records": records,
             "active_units": [line.strip() for line in output[mark + 1 :] if line.strip().endswith(".service")],
         }
+
+
+class RigFingerprint(FactBase[dict[str, Any]]):
+    """
+    The rig's fingerprint now, as rigup-servingctl's gate records it with a release that passed (the same
+    script and parser, rigup.rig.servingctl.FINGERPRINT_SCRIPT): the GPUs' UUIDs, PCI bus ids and VBIOS,
+    the driver, nvidia-smi's GPU link and P2P matrices, the loaded NVIDIA module's line, the kernel and
+    the BIOS version; None where the rig gave nothing. The serving task compares it with each pod's record.
+
+    .. code:: python
+
+        {"driver": "580.95.05", "gpu0.uuid": "GPU-1b6f...", "gpu0.pci": "00000000:01:00.0",
+         "gpu0.vbios": "94.02.42.00.A9", "topology": "GPU0 X PIX; GPU1 PIX X", "p2p": "GPU0 X NS; GPU1 NS X",
+         "module": "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64 580.95.05 ...",
+         "kernel": "6.8.0-45-generic", "bios": "F20"}
+    """
+
+    default = dict
+    command = FINGERPRINT_SCRIPT
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        return dict(parse_fingerprint(output))

@@ -16,9 +16,10 @@ from pyinfra.api.hiddenvalue import HiddenValue
 
 from rigup.desired.recipe import Recipe
 from rigup.facts.docker import DockerImage
-from rigup.facts.serving import RigupVariantUnits, SecretFileState, ServedRecord, ServingStatus
+from rigup.facts.serving import RigFingerprint, RigupVariantUnits, SecretFileState, ServedRecord, ServingStatus
 from rigup.layout import RigLayout
 from rigup.operations.live_output import streamed
+from rigup.rig.servingctl import REVALIDATED_MARKER
 from rigup.runstate import account
 
 # Gate budget when serving_health_timeout_s is None: a base for container start, CUDA init and
@@ -260,9 +261,21 @@ def health_gate(ctl: str, release: str, timeout_s: int, keep: int = 2, rollback:
     yield gate_command(ctl, release, timeout_s, keep, rollback)
 
 
+def account_revalidation(host: Any, ok: bool, output: Any, seconds: float) -> None:
+    """The converge's account of `rigup-servingctl revalidate`: its last line says what it did."""
+    said = [line.split(REVALIDATED_MARKER, 1)[1].strip() for line in getattr(output, "stdout_lines", [])
+            if REVALIDATED_MARKER in line]
+    account(host, said[-1] if said else f"re-validation FAILED after {seconds:.0f} s")
+
+
+def revalidate_command(ctl: str, release: str, timeout_s: int, keep: int) -> StringCommand:
+    return streamed(StringCommand("python3", QuoteString(ctl), "revalidate", "--release", QuoteString(release),
+                                  "--timeout", str(int(timeout_s)), "--keep", str(int(keep))), account_revalidation)
+
+
 @operation()
 def serving_verified(ctl: str, release: str, release_text: Callable[[], str], timeout_s: int, keep: int = 2,
-                     rollback: bool = True):
+                     rollback: bool = True, revalidate: bool = True):
     """
     Make sure the variant serves the release it was last gated with; gate it when it does not.
 
@@ -273,10 +286,17 @@ def serving_verified(ctl: str, release: str, release_text: Callable[[], str], ti
     + timeout_s: seconds the gate waits for the served model
     + keep: generations to keep for rollback
     + rollback: roll back when the gate fails
+    + revalidate: compare the rig's fingerprint with the one the last passed gate recorded (False: a
+      cluster member, whose members pass or roll back as one)
 
-    Converged means: the unit is active, ``/v1/models`` lists the served model, and provenance.json
-    records this exact release as having passed the gate. Anything else (a crashed service, a
-    deploy interrupted between restart and gate) runs the full gate.
+    Converged means: the unit is active, ``/v1/models`` lists the served model, provenance.json
+    records this exact release as having passed the gate, and the rig's fingerprint (GPU UUIDs, PCI bus
+    ids and topology, VBIOS, driver, module, kernel, BIOS: the RigFingerprint fact) is the one that gate
+    recorded. Anything else (a crashed service, a deploy interrupted between restart and gate) runs the
+    full gate. A pod serving as recorded on a rig whose fingerprint changed is re-validated
+    (``rigup-servingctl revalidate``): vLLM's P2P access cache removed, the pod restarted and gated with
+    every probe of its release, no rollback; the account says what changed. A record without a
+    fingerprint (a gate before it was recorded) gets today's, without a restart.
 
     A pod that serves as recorded while its record says a release's gate failed (rolled back), when
     this converge renders neither that release nor anything but the one that serves (the fleet file
@@ -304,6 +324,10 @@ def serving_verified(ctl: str, release: str, release_text: Callable[[], str], ti
         and recorded.get("gate_result") == "passed"
         and recorded.get("release_sha256") == status.get("release_sha256")
     ):
+        current = host.get_fact(RigFingerprint) if revalidate else None
+        if current and recorded.get("fingerprint") != current:
+            yield revalidate_command(ctl, release, timeout_s, keep)
+            return
         failed = recorded.get("failed_release_sha256")
         if failed and failed != hashlib.sha256(release_text().encode()).hexdigest() == status.get("release_sha256"):
             yield streamed(

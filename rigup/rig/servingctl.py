@@ -21,6 +21,10 @@ rig has nothing else we can count on. Commands:
            passed or not, when another member's gate failed: the cluster rolls back as one unit).
   supersede  a converge found the pod asked for the release it serves, not the one whose failed gate
            the last rollback records: mark that failure superseded (the fleet no longer asks for it).
+  revalidate a converge found the rig's fingerprint (GPUs, PCI topology, driver, module, kernel, BIOS)
+           differs from the one the pod's last passed gate recorded: remove vLLM's P2P access cache,
+           restart the pod and gate it with every probe of its release (no rollback); a pod whose record
+           has none gets today's recorded.
   sentinel one round of the continuous sentinel (a timer runs it): every serving pod asked the probes
            directly; failed and passed rounds in a row counted in its sentinel.json, which quarantines
            and releases it; the results as a textfile for node_exporter (docs/sentinel.md).
@@ -1089,6 +1093,110 @@ def restore_generation(install_root: str, variant: str, number: int, systemd: Sy
 
 
 # ----------------------------------------------------------------------------------------------
+# the rig's fingerprint: what a passed gate was true of (issue 43, docs/sentinel.md)
+#
+# vLLM keeps its P2P verdict in gpu_p2p_access_cache_for_<CUDA_VISIBLE_DEVICES>.json under VLLM_CACHE_ROOT and
+# reads it on later starts without checking again (gpu_p2p_access_check, vllm/distributed/device_communicators/
+# all_reduce_utils.py at vllm-project/vllm b250ac3dd5ef41c880d647ac1556ead89a7bff54); club-3090's
+# docs/PCIE_P2P.md@4a29ab57d42a1d587de1042fa5dfd9535f94a063 says to delete it "after any hardware, BIOS, or
+# driver change", because its name is keyed only on the device ids. So the gate records the rig's
+# fingerprint with the release that passed, a converge compares it with the rig's fingerprint now (the
+# RigFingerprint fact runs the same script and parser), and when it changed `revalidate` removes the P2P
+# cache, restarts the pod and gates it again with every probe of its release.
+
+FINGERPRINT_MARK = "--rigup-fingerprint--"
+# One shell script, read by the gate (recorded) and by the converge's fact (compared): the GPUs' UUIDs, PCI
+# bus ids and VBIOS versions and the driver's version (nvidia-smi), the GPU-to-GPU link matrix (PCI topology)
+# and P2P read matrix as nvidia-smi reports them, the loaded NVIDIA module's own line (a rebuilt or patched
+# P2P module has its own build line), the running kernel and the BIOS version where DMI is readable.
+FINGERPRINT_SCRIPT = (
+    "nvidia-smi --query-gpu=index,uuid,pci.bus_id,driver_version,vbios_version --format=csv,noheader 2>/dev/null; "
+    f"echo {FINGERPRINT_MARK}; nvidia-smi topo -m 2>/dev/null; "
+    f"echo {FINGERPRINT_MARK}; nvidia-smi topo -p2p r 2>/dev/null; "
+    f"echo {FINGERPRINT_MARK}; head -n 1 /proc/driver/nvidia/version 2>/dev/null; "
+    f"echo {FINGERPRINT_MARK}; uname -r; "
+    f"echo {FINGERPRINT_MARK}; cat /sys/class/dmi/id/bios_version 2>/dev/null; true"
+)
+FINGERPRINT_NAMES = {"driver": "driver", "topology": "PCI topology", "p2p": "P2P matrix", "module": "NVIDIA module",
+                     "kernel": "kernel", "bios": "BIOS", "uuid": "UUID", "pci": "PCI bus id", "vbios": "VBIOS"}
+P2P_CACHE_GLOB = "gpu_p2p_access_cache_for_*.json"
+
+
+def _gpu_matrix(lines: List[str]) -> Optional[str]:
+    """The GPU-to-GPU cells of `nvidia-smi topo -m` or `topo -p2p r` ("GPU0 X PIX; GPU1 PIX X"): the rows
+    named GPU<n>, each cut to its GPU columns (CPU and NUMA affinity, NICs and the legend left out)."""
+    import re
+
+    rows = [line.replace("\x1b[4m", " ").replace("\x1b[0m", " ").split() for line in lines]
+    rows = [row for row in rows if row and re.fullmatch(r"GPU\d+", row[0]) and "X" in row]  # not the header
+    if not rows:
+        return None
+    return "; ".join(" ".join(row[: len(rows) + 1]) for row in rows)
+
+
+def parse_fingerprint(lines: List[str]) -> Dict[str, Optional[str]]:
+    """FINGERPRINT_SCRIPT's output as {"driver", "gpu0.uuid", "gpu0.pci", "gpu0.vbios", .., "topology", "p2p",
+    "module", "kernel", "bios"}: strings, None where the rig gave nothing (no driver, no DMI)."""
+    sections: List[List[str]] = [[]]
+    for line in lines:
+        if line.strip() == FINGERPRINT_MARK:
+            sections.append([])
+        else:
+            sections[-1].append(line)
+    sections += [[] for _ in range(6 - len(sections))]
+    gpus, topo, p2p, module, kernel, bios = sections[:6]
+    found: Dict[str, Optional[str]] = {"driver": None}
+    for line in gpus:
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != 5 or not cells[0].isdigit():
+            continue  # nvidia-smi's failure text (no driver, a version mismatch): no GPU read
+        index, uuid, bus_id, driver, vbios = cells
+        found["driver"] = found["driver"] or driver
+        found.update({f"gpu{index}.uuid": uuid, f"gpu{index}.pci": bus_id, f"gpu{index}.vbios": vbios})
+
+    def first(part: List[str]) -> Optional[str]:
+        text = " ".join(" ".join(part).split())
+        return text or None
+
+    found.update(topology=_gpu_matrix(topo), p2p=_gpu_matrix(p2p), module=first(module), kernel=first(kernel),
+                 bios=first(bios))
+    return found
+
+
+def rig_fingerprint() -> Dict[str, Optional[str]]:
+    """This rig's fingerprint now (FINGERPRINT_SCRIPT); a part that cannot be read is None."""
+    try:
+        proc = subprocess.run(["sh", "-c", FINGERPRINT_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return parse_fingerprint([])
+    return parse_fingerprint(proc.stdout.splitlines())
+
+
+def fingerprint_changes(recorded: Dict[str, Any], current: Dict[str, Any]) -> List[str]:
+    """What differs, one phrase per part: "driver 580.95.05 to 580.105.08", "GPU1 UUID GPU-9f.. to none"."""
+    changes = []
+    for key in sorted(set(recorded) | set(current), key=lambda k: (k.startswith("gpu"), k)):
+        before, after = recorded.get(key), current.get(key)
+        if before != after:
+            gpu, _, part = key.partition(".")
+            name = f"{gpu.upper()} {FINGERPRINT_NAMES.get(part, part)}" if part else FINGERPRINT_NAMES.get(key, key)
+            changes.append(f"{name} {before or 'none'} to {after or 'none'}")
+    return changes
+
+
+def p2p_cache_files(release: Release) -> List[str]:
+    """vLLM's P2P access cache files the pod keeps on this rig: in the host directories its release names
+    (p2p_cache_dirs: where the compose file mounts the container's VLLM_CACHE_ROOT; rigup.desired.release).
+    A pod without such a mount keeps the file in its container, which every start of rigup's unit removes
+    (`docker compose down` in ExecStartPre and ExecStop)."""
+    found: List[str] = []
+    for directory in release.data.get("p2p_cache_dirs") or []:
+        found += sorted(glob.glob(os.path.join(str(directory), P2P_CACHE_GLOB)))
+    return found
+
+
+# ----------------------------------------------------------------------------------------------
 # provenance
 
 
@@ -1118,6 +1226,7 @@ def write_provenance(
     gate: Dict[str, Any],
     previous: Optional[Dict[str, Any]] = None,
     versions: Optional[Dict[str, Optional[str]]] = None,
+    fingerprint: Optional[Dict[str, Optional[str]]] = None,
 ) -> Dict[str, Any]:
     record: Dict[str, Any] = {
         "schema": SCHEMA,
@@ -1127,6 +1236,8 @@ def write_provenance(
         "release_sha256": release.sha256,
         "release": release.data,
         "host": versions if versions is not None else host_versions(),
+        # what the gate passed on: a converge that finds another re-validates the pod (revalidate)
+        "fingerprint": fingerprint if fingerprint is not None else rig_fingerprint(),
         "gate": gate,
         "written_at": now_iso(),
     }
@@ -1403,6 +1514,8 @@ def probe(release_path: str, systemd: Systemd) -> Dict[str, Any]:
         "gate_result": gate.get("result"),
         # the release whose failed gate still stands (the converge supersedes it when it asks for another)
         "failed_release_sha256": failure.get("failed_release_sha256") if failure else None,
+        # the rig's fingerprint the last passed gate recorded (None before issue 43's re-validation)
+        "fingerprint": prov.get("fingerprint"),
     }
     return result
 
@@ -1453,6 +1566,7 @@ def gate(
     poll_s: float = POLL_S,
     docker: Optional[Docker] = None,
     hold: bool = False,
+    fingerprint: Optional[Dict[str, Optional[str]]] = None,
 ) -> int:
     """The health gate (module docstring). `hold`: a cluster member's first gate, which records nothing
     and rolls nothing back (RESULT "held" or "failed"): `rollback` or a second gate follows once the
@@ -1475,7 +1589,7 @@ def gate(
     result["at"] = now_iso()
     dropped: set = set()
     number = record_generation(release, keep, dropped)
-    write_provenance(release, number, result, previous, versions)
+    write_provenance(release, number, result, previous, versions, fingerprint)
     prune_images(release.install_root, dropped, docker or Docker(), out)
     out(
         f"rigup: {release.unit} serves {release.served_model_name!r} (ready in {result['ready_seconds']} s, "
@@ -1570,6 +1684,73 @@ def _roll_back(
     return EXIT_ROLLED_BACK
 
 
+REVALIDATED_MARKER = "RIGUP-REVALIDATED:"  # last line of `revalidate`: what the converge's account says
+
+
+def revalidate(
+    release_path: str,
+    timeout_s: float,
+    keep: int,
+    systemd: Systemd,
+    out: Callable[[str], None] = print,
+    fingerprint: Optional[Dict[str, Optional[str]]] = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    poll_s: float = POLL_S,
+    docker: Optional[Docker] = None,
+) -> int:
+    """The rig's fingerprint now against the one the pod's last passed gate recorded. Unchanged: nothing.
+    None recorded (a gate before issue 43's re-validation): the fingerprint now is recorded, nothing restarts.
+    Changed: vLLM's P2P access cache is removed (the host's files, p2p_cache_files; the container's goes with
+    the restart's `compose down`), the pod restarted and gated with every probe its release names, without
+    rollback (the release did not change: the rig did). A passed gate records the new fingerprint; a failed
+    one keeps the old, so the next converge re-validates again. The last line says what was done
+    (REVALIDATED_MARKER). Exit codes as `gate`'s."""
+    release = Release.load(release_path)
+    record = read_json(release.provenance_path) or {}
+    gate_record = record.get("gate") if isinstance(record.get("gate"), dict) else {}
+    if record.get("release_sha256") != release.sha256 or gate_record.get("result") != "passed":
+        out(f"rigup: {release.unit}: {release.path} is not the release whose gate passed; gate it first")
+        out(f"{REVALIDATED_MARKER} not re-validated: the release did not pass its gate here")
+        return EXIT_FAILED
+    current = fingerprint if fingerprint is not None else rig_fingerprint()
+    recorded = record.get("fingerprint")
+    if not isinstance(recorded, dict):
+        record = dict(record)
+        record["fingerprint"] = current
+        record["written_at"] = now_iso()
+        atomic_write(release.provenance_path, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode(), 0o644)
+        out(f"{REVALIDATED_MARKER} fingerprint recorded (the last gate predates the record)")
+        return EXIT_PASSED
+    changes = fingerprint_changes(recorded, current)
+    if not changes:
+        out(f"{REVALIDATED_MARKER} fingerprint unchanged")
+        return EXIT_PASSED
+    what = "; ".join(changes)
+    out(f"rigup: {release.unit}: fingerprint changed: {what}")
+    removed = []
+    for path in p2p_cache_files(release):
+        os.unlink(path)
+        removed.append(path)
+        out(f"rigup: removed vLLM's P2P access cache {path}")
+    where = (f"{len(removed)} file(s) on the host, and the container's with compose down" if removed
+             else "the container's, with compose down: none is kept on the host")
+    try:
+        systemd.restart(release.unit)  # ExecStop and ExecStartPre run `docker compose down`: a new container
+    except subprocess.CalledProcessError as exc:
+        detail = exc.stderr.strip() if exc.stderr else str(exc)
+        out(f"rigup: {release.unit} could not be restarted: {detail}")
+        out(f"{REVALIDATED_MARKER} fingerprint changed: {what} -> P2P cache removed ({where}), restart FAILED")
+        return EXIT_FAILED
+    code = gate(release_path, timeout_s, keep, False, systemd, out=out, clock=clock, sleep=sleep, poll_s=poll_s,
+                docker=docker, fingerprint=current)
+    probes = f"{len(release.gate_probes)} probes: {', '.join(release.gate_probes)}"
+    verdict = "passed" if code == EXIT_PASSED else "FAILED"
+    out(f"{REVALIDATED_MARKER} fingerprint changed: {what} -> P2P cache removed ({where}), full probe set {verdict} "
+        f"({probes})")
+    return code
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="rigup-servingctl", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -1586,6 +1767,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     p_back.add_argument("--release", required=True, help="the variant's release.json (the one to take out)")
     p_back.add_argument("--timeout", type=float, required=True, help="seconds to wait for the restored model")
     p_back.add_argument("--reason", required=True, help="why, for the record (another member's failed gate)")
+    p_reval = sub.add_parser("revalidate", help="the rig's fingerprint changed since the last passed gate: remove "
+                             "vLLM's P2P cache, restart and gate with every probe")
+    p_reval.add_argument("--release", required=True, help="the pod's release.json")
+    p_reval.add_argument("--timeout", type=float, required=True, help="seconds to wait for the model")
+    p_reval.add_argument("--keep", type=int, default=2, help="generations to keep")
     p_super = sub.add_parser("supersede", help="the fleet asks for the release that serves: a failed gate of another no longer stands")
     p_super.add_argument("--release", required=True, help="the pod's release.json (as the converge rendered it)")
     p_text = sub.add_parser("textfile", help="write rigup's facts for node_exporter's textfile collector")
@@ -1614,6 +1800,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     if args.command == "supersede":
         return supersede(args.release, out=out)
+    if args.command == "revalidate":
+        return revalidate(args.release, args.timeout, args.keep, systemd, out=out)
     if args.command == "rollback":
         return roll_back(args.release, args.reason, args.timeout, systemd, out=out)
     return gate(args.release, args.timeout, args.keep, not args.no_rollback, systemd, out=out, hold=args.hold)

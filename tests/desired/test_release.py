@@ -17,6 +17,7 @@ from rigup.desired.release import (
     ProvenanceError,
     build_release,
     manifest_sha256,
+    p2p_cache_dirs,
     parse_provenance,
     release_json,
     release_path,
@@ -159,3 +160,30 @@ def test_parse_provenance_rejects_other_documents():
         parse_provenance('{"schema": 99}')
     with pytest.raises(ProvenanceError):
         parse_provenance({"schema": 1, "variant": "x"})
+
+
+def test_a_pod_that_keeps_the_p2p_cache_in_its_container_has_no_p2p_cache_dirs():
+    """Upstream mounts /root/.cache/vllm/torch_compile_cache only: vLLM's P2P verdict, beside it in
+    /root/.cache/vllm, stays in the container (its release is unchanged: no key, no restart)."""
+    recipe = resolve({**load_defaults(), "variant": "dual"}, FakeLock())
+    assert "/root/.cache/vllm/torch_compile_cache" in [m.target for m in recipe.mounts]
+    assert p2p_cache_dirs(recipe) == []
+    assert "p2p_cache_dirs" not in release_for(FakeLock())
+
+
+def test_a_mount_over_vllms_cache_root_names_the_rig_directory_to_clear():
+    from dataclasses import replace
+
+    from rigup.desired.recipe import EnvVar, Mount
+
+    recipe = resolve({**load_defaults(), "variant": "dual"}, FakeLock())
+    home = Mount("/opt/rigup/cache/dual/root-cache", "/root/.cache", False, "cache", "cache")
+    assert p2p_cache_dirs(replace(recipe, mounts=(*recipe.mounts, home))) == ["/opt/rigup/cache/dual/root-cache/vllm"]
+    # the innermost writable mount holds it; a read-only one cannot
+    vllm = Mount("/opt/rigup/cache/dual/vllm", "/root/.cache/vllm", False, "cache", "cache")
+    assert p2p_cache_dirs(replace(recipe, mounts=(*recipe.mounts, home, vllm))) == ["/opt/rigup/cache/dual/vllm"]
+    assert p2p_cache_dirs(replace(recipe, mounts=(*recipe.mounts, replace(vllm, read_only=True)))) == []
+    # the container's own VLLM_CACHE_ROOT decides where the file goes
+    moved = replace(recipe, mounts=(*recipe.mounts, Mount("/srv/vc", "/data", False, "cache", "cache")),
+                    environment=(*recipe.environment, EnvVar("VLLM_CACHE_ROOT", "/data/vllm-cache")))
+    assert p2p_cache_dirs(moved) == ["/srv/vc/vllm-cache"]

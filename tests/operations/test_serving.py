@@ -212,6 +212,7 @@ def test_image_pulled_pulls_when_missing():
 # health gate and its fact
 
 PROBE = "probe --release"
+FINGERPRINT = "--rigup-fingerprint--"  # in the RigFingerprint fact's command
 GATE = f"python3 {CTL} gate --release {RELEASE} --timeout 900 --keep 2"
 
 
@@ -228,7 +229,7 @@ def probe_output(**over: Any) -> list[str]:
 
 def test_serving_verified_noop_when_serving_the_recorded_release():
     executed, meta = run(serving_verified, {PROBE: probe_output()}, ctl=CTL, release=RELEASE, release_text=rendered(GOOD), timeout_s=900)
-    assert changes(executed, (PROBE,)) == []
+    assert changes(executed, (PROBE, FINGERPRINT)) == []
     assert not meta.did_change()
 
 
@@ -244,7 +245,7 @@ def test_serving_verified_noop_when_serving_the_recorded_release():
 def test_serving_verified_gates_otherwise(over):
     executed, meta = run(serving_verified, {PROBE: probe_output(**over)}, ctl=CTL, release=RELEASE, release_text=rendered(GOOD),
                          timeout_s=900)
-    assert changes(executed, (PROBE,)) == [GATE]
+    assert changes(executed, (PROBE, FINGERPRINT)) == [GATE]
     assert meta.did_change()
 
 
@@ -272,7 +273,7 @@ def test_serving_verified_supersedes_a_failed_gate_the_fleet_no_longer_asks_for(
     # the fleet file was reverted: the converge renders the release that serves, not the one that failed
     executed, meta = run(serving_verified, {PROBE: rolled_back(sha(BAD))}, ctl=CTL, release=RELEASE,
                          release_text=rendered(GOOD), timeout_s=900)
-    assert changes(executed, (PROBE,)) == [SUPERSEDE]
+    assert changes(executed, (PROBE, FINGERPRINT)) == [SUPERSEDE]
     assert meta.did_change()
 
 
@@ -286,7 +287,7 @@ def test_serving_verified_supersedes_a_failed_gate_the_fleet_no_longer_asks_for(
 def test_serving_verified_leaves_a_failed_gate_the_fleet_still_asks_for(probe, asked):
     executed, meta = run(serving_verified, {PROBE: probe}, ctl=CTL, release=RELEASE, release_text=rendered(asked),
                          timeout_s=900)
-    assert changes(executed, (PROBE,)) == []
+    assert changes(executed, (PROBE, FINGERPRINT)) == []
     assert not meta.did_change()
 
 
@@ -350,7 +351,7 @@ UNIT = "rigup-dual.service"
 
 def service(**over: Any) -> tuple[list[str], Any]:
     executed, meta = run(variant_service, {PROBE: probe_output(**over)}, ctl=CTL, release=RELEASE, unit=UNIT)
-    return changes(executed, (PROBE,)), meta
+    return changes(executed, (PROBE, FINGERPRINT)), meta
 
 
 def test_variant_service_noop_when_running_current_files():
@@ -380,3 +381,68 @@ def test_variant_service_reloads_systemd_only_when_it_says_so():
 def test_variant_service_refuses_another_variants_release():
     with pytest.raises(OperationValueError):
         service(unit="rigup-single.service")
+
+
+# --------------------------------------------------------------------------------------------
+# re-validation when the rig's fingerprint changed (issue 43)
+
+REVALIDATE = f"python3 {CTL} revalidate --release {RELEASE} --timeout 900 --keep 2"
+RIG = {"driver": "580.95.05", "gpu0.uuid": "GPU-0a", "gpu0.pci": "00000000:01:00.0", "gpu0.vbios": "94.02.42.00.A9",
+       "topology": "GPU0 X", "p2p": "GPU0 X", "module": "NVRM version: x", "kernel": "6.8.0-45-generic", "bios": "F20"}
+
+
+def fingerprint_output(fingerprint: dict[str, Any]) -> list[str]:
+    """What the fact's script prints on a rig with one GPU and this fingerprint."""
+    return [f"0, {fingerprint['gpu0.uuid']}, {fingerprint['gpu0.pci']}, {fingerprint['driver']}, {fingerprint['gpu0.vbios']}",
+            FINGERPRINT, "GPU0\t X \t0-15", FINGERPRINT, "GPU0\tX", FINGERPRINT, fingerprint["module"], FINGERPRINT,
+            fingerprint["kernel"], FINGERPRINT, fingerprint["bios"]]
+
+
+def recorded_with(fingerprint: dict[str, Any] | None) -> list[str]:
+    return probe_output(provenance={"variant": "dual", "generation": 2, "release_sha256": "r1", "gate_result": "passed",
+                                    "fingerprint": fingerprint})
+
+
+def test_the_fact_reads_what_the_gate_records():
+    from rigup.facts.serving import RigFingerprint
+
+    assert RigFingerprint().process(fingerprint_output(RIG)) == RIG
+
+
+def test_serving_verified_noop_when_the_rig_is_the_one_the_gate_passed_on():
+    executed, meta = run(serving_verified, {PROBE: recorded_with(RIG), FINGERPRINT: fingerprint_output(RIG)}, ctl=CTL,
+                         release=RELEASE, release_text=rendered(GOOD), timeout_s=900)
+    assert changes(executed, (PROBE, FINGERPRINT)) == []
+    assert not meta.did_change()
+
+
+@pytest.mark.parametrize("recorded", [{**RIG, "driver": "580.82.09"}, {**RIG, "gpu0.uuid": "GPU-old"}, None])
+def test_serving_verified_revalidates_a_pod_whose_rig_changed(recorded):
+    """A driver or a GPU changed under a pod serving as recorded (or its record has no fingerprint yet):
+    one command, which removes vLLM's P2P cache, restarts and gates (or, without a record, records)."""
+    executed, meta = run(serving_verified, {PROBE: recorded_with(recorded), FINGERPRINT: fingerprint_output(RIG)},
+                         ctl=CTL, release=RELEASE, release_text=rendered(GOOD), timeout_s=900)
+    assert changes(executed, (PROBE, FINGERPRINT)) == [REVALIDATE]
+    assert meta.did_change()
+
+
+def test_a_cluster_member_is_not_revalidated():
+    executed, meta = run(serving_verified, {PROBE: recorded_with({**RIG, "driver": "580.82.09"}),
+                                            FINGERPRINT: fingerprint_output(RIG)},
+                         ctl=CTL, release=RELEASE, release_text=rendered(GOOD), timeout_s=900, revalidate=False)
+    assert changes(executed, (PROBE, FINGERPRINT)) == []
+
+
+def test_the_account_says_what_revalidate_did():
+    from types import SimpleNamespace
+
+    from rigup.operations.serving import account_revalidation
+    from rigup.runstate import accounts
+
+    host = SimpleNamespace(name="rig-01", state=SimpleNamespace())
+    said = ("fingerprint changed: GPU0 VBIOS 94.02.42.00.A9 to 94.02.42.00.B1 -> P2P cache removed (the container's, "
+            "with compose down: none is kept on the host), full probe set passed (4 probes: arithmetic, recall, "
+            "tool-call, json-shape)")
+    account_revalidation(host, True, SimpleNamespace(stdout_lines=["rigup: ...", f"RIGUP-REVALIDATED: {said}"]), 9.0)
+    account_revalidation(host, False, SimpleNamespace(stdout_lines=["Traceback"]), 3.0)
+    assert accounts(host.state)["rig-01"] == [said, "re-validation FAILED after 3 s"]

@@ -25,6 +25,10 @@ from tests.support.json_http import JsonHandler
 MODEL = "qwen3.6-27b-autoround"
 API_KEY = "sk-test-0123456789abcdef"
 VERSIONS = {"kernel": "6.8.0", "nvidia_driver": "580.95.05", "docker": "28.0.1", "docker_compose": "2.40.3", "nvidia_ctk": None}
+# the rig's fingerprint the gate records (servingctl.rig_fingerprint's shape; tests/rig/test_fingerprint.py)
+FINGERPRINT = {"driver": "580.95.05", "gpu0.uuid": "GPU-0a", "gpu0.pci": "00000000:01:00.0", "gpu0.vbios": "94.02.42.00.A9",
+               "topology": "GPU0 X", "p2p": "GPU0 X", "module": "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64 580.95.05",
+               "kernel": "6.8.0-45-generic", "bios": "F20"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -287,7 +291,7 @@ def run_gate(release: Path, systemd: FakeSystemd, *, timeout: float = 5.0, keep:
     lines: list[str] = []
     code = ctl.gate(
         str(release), timeout, keep, rollback, systemd, out=lines.append, versions=VERSIONS, poll_s=0.01,
-        docker=docker or FakeDocker(),
+        docker=docker or FakeDocker(), fingerprint=FINGERPRINT,
     )
     return code, lines
 
@@ -830,6 +834,7 @@ def test_probe_reports_serving_and_the_recorded_release(rig, systemd, server):
         "release_sha256": after["release_sha256"],
         "gate_result": "passed",
         "failed_release_sha256": None,
+        "fingerprint": FINGERPRINT,
     }
     server.behaviour.model = "other"
     assert ctl.probe(str(release), systemd)["serving"] is False
