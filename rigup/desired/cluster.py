@@ -547,25 +547,10 @@ def firewall_text(cluster: Cluster, members: Mapping[str, str], ports: RayPorts,
     ephemeral range, where NCCL, Gloo and vLLM's own sockets listen on unpinned ports: Ray and NCCL
     traffic is unauthenticated, and vLLM's docs warn it allows code execution. New connections only
     (replies to this host's own connections pass), the loopback and the API port always."""
-    addresses = ", ".join(sorted(set(members.values())))
     first, last = local_ports
-    guarded = ", ".join([*ports.tcp(head=True), f"{first}-{last}"])
-    return (
-        f"# Written by rigup (tasks/serving.py): cluster {cluster.name}'s members ({', '.join(members)}) alone may\n"
-        f"# open Ray's ports and the ephemeral range on this host.\n"
-        f"table inet {FIREWALL_TABLE}\n"
-        f"delete table inet {FIREWALL_TABLE}\n"
-        f"table inet {FIREWALL_TABLE} {{\n"
-        f"\tset members {{\n\t\ttype ipv4_addr\n\t\telements = {{ {addresses} }}\n\t}}\n"
-        f"\tchain input {{\n"
-        f"\t\ttype filter hook input priority filter - 1; policy accept;\n"
-        f"\t\tiif \"lo\" accept\n"
-        f"\t\tip saddr @members accept\n"
-        f"\t\ttcp dport {api_port} accept\n"
-        f"\t\ttcp dport {{ {guarded} }} ct state new drop\n"
-        f"\t}}\n"
-        f"}}\n"
-    )
+    return render_template("rigup-cluster-firewall.nft.j2", cluster=cluster.name, members=list(members),
+                           table=FIREWALL_TABLE, addresses=sorted(set(members.values())), api_port=api_port,
+                           guarded=[*ports.tcp(head=True), f"{first}-{last}"])
 
 
 def firewall_unit_text() -> str:
