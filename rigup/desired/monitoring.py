@@ -30,6 +30,7 @@ from rigup import DEPLOY_ROOT
 from rigup.desired.alert_for import ALERT_FOR_S
 from rigup.desired.gateway import current_records, is_loopback, reach_address
 from rigup.desired.knobs import knob, knob_int
+from rigup.desired.lock import LockFile
 from rigup.desired.metrics_auth import NODE_EXPORTER_SERVICE, scrape_auth, web_file
 from rigup.desired.roles import is_gateway, is_monitor, serves_variant
 from rigup.desired.secrets import SecretError, read_secret_file
@@ -129,7 +130,7 @@ class GpuExporterImage:
         return f"{ref}@{self.digest}" if self.digest else ref
 
 
-def gpu_exporter_image(data: Mapping[str, Any], lock: Any = None) -> GpuExporterImage:
+def gpu_exporter_image(data: Mapping[str, Any], lock: LockFile | None = None) -> GpuExporterImage:
     reference = str(knob(data, "gpu_exporter_image"))
     name, _, tag = reference.rpartition(":")
     registry, _, repository = name.partition("/")
@@ -204,7 +205,7 @@ class RigExporters:
                                container_port=GPU_EXPORTER_CONTAINER_PORT, counters=GPU_COUNTERS_IN_CONTAINER)
 
 
-def rig_exporters(data: Mapping[str, Any], lock: Any = None) -> RigExporters | None:
+def rig_exporters(data: Mapping[str, Any], lock: LockFile | None = None) -> RigExporters | None:
     """The exporters of a rig (None: metrics_exporters is off, or the host serves no variant)."""
     if not knob(data, "metrics_exporters") or not serves_variant(data):
         return None
