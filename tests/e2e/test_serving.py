@@ -1,5 +1,6 @@
 """Serving end to end on the test bed: bring-up, converged re-run, pin change, variant switch, a failed
-gate that rolls back, a pod answering garbage that fails its gate's probes and rolls back, the API key,
+gate that rolls back, a pod answering garbage that fails its gate's probes and rolls back, a rig whose
+fingerprint changed (a GPU's VBIOS) re-validated with its P2P cache removed, the API key,
 and a fleet rollout with a canary and a host that is down, its rigs pulling through the fleet's image
 mirror on the canary.
 
@@ -326,6 +327,42 @@ def test_a_pod_answering_garbage_fails_its_gate_and_rolls_back(bed: Bed) -> None
     assert prov["generation"] == good["generation"] and prov["release_sha256"] == good["release_sha256"]
     assert prov["last_rollback"]["outcome"] == "rolled back"
     assert prov["last_rollback"]["reason"].startswith("probe arithmetic failed: lexical variety 0.00")
+
+
+def test_a_changed_rig_loses_its_p2p_cache_and_is_revalidated(bed: Bed) -> None:
+    """Issue 43: a GPU of rig-01 flashed with another VBIOS (a change of the bed's hardware fixture, which the
+    stand-in nvidia-smi reports) under a pod that serves as recorded. The next converge finds the rig's
+    fingerprint differs from the one its last gate recorded: vLLM's P2P access cache goes (a stale verdict
+    planted where vLLM writes it, /root/.cache/vllm in the container, which the restart's compose down
+    removes), the pod restarts and passes every probe again, and the account says so."""
+    host = bed.host("rig-01")
+    unit, cache = f"rigup-{VARIANT}.service", "/root/.cache/vllm/gpu_p2p_access_cache_for_0,1.json"
+    before = provenance(host)
+    assert before["fingerprint"]["gpu0.vbios"] == "94.02.42.00.A9" and before["fingerprint"]["gpu0.uuid"]
+    assert before["fingerprint"]["driver"] and before["fingerprint"]["kernel"]
+    sh(host, f"""docker exec rigup-{VARIANT} sh -c 'echo "{{\\"0->1\\": true, \\"1->0\\": true}}" > {cache}'""")
+    sh(host, f"docker exec rigup-{VARIANT} sh -c '[ -f {cache} ]'")
+    started = unit_prop(host, unit, "ExecMainStartTimestamp")
+    sh(host, """python3 -c 'import json; p = "/etc/rigup-testbed/hardware.json"; d = json.load(open(p)); """
+             """d["gpus"][0]["vbios_version"] = "94.02.42.00.B1"; json.dump(d, open(p, "w"), indent=2)'""")
+    proc = bed.deploy("--limit", "rig-01")
+    output = proc.stdout + proc.stderr
+    said = ("fingerprint changed: GPU0 VBIOS 94.02.42.00.A9 to 94.02.42.00.B1 -> P2P cache removed (the container's, "
+            "with compose down: none is kept on the host), full probe set passed (4 probes: arithmetic, recall, "
+            "tool-call, json-shape)")
+    summary = output[output.index("--> What this converge did, per host:"):]
+    assert said in summary, _tail(proc)  # the per-host account
+    assert unit_prop(host, unit, "ExecMainStartTimestamp") != started
+    assert sh(host, f"docker exec rigup-{VARIANT} sh -c '[ -e {cache} ] && echo stale || echo gone'") == "gone"
+    after = provenance(host)
+    assert after["fingerprint"] == {**before["fingerprint"], "gpu0.vbios": "94.02.42.00.B1"}
+    assert after["generation"] == before["generation"] and after["release_sha256"] == before["release_sha256"]
+    assert after["gate"]["at"] > before["gate"]["at"] and sorted(after["gate"]["probes"]) == sorted(
+        ["arithmetic", "recall", "tool-call", "json-shape"])
+    # re-validated once: the next converge finds the rig as recorded
+    result = bed.deploy_json("--limit", "rig-01")
+    assert {op["name"] for op in serving_ops(result) if op["success"]} == set()
+    assert provenance(host)["gate"]["at"] == after["gate"]["at"]
 
 
 def test_api_key_is_enforced_and_kept_secret(bed: Bed, tmp_path: Path) -> None:
