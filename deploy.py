@@ -15,6 +15,7 @@ Phases, in order (each task file's docstring says what is true afterwards and wh
   serving            compose/env/unit rendered; (re)started only on change; health gate
   metrics            node_exporter with rigup's facts, the GPU exporter container (metrics_exporters)
   gateway            on gateway_group hosts: the entrance (nginx front, a vllm-router per model) over what each rig serves now
+  quarantine_routes  on gateway_group hosts: a pod its rig's sentinel quarantined leaves its model's router within a second
   monitoring         on monitor_group hosts: Prometheus over every pod, GPU, node and gateway; alerts
 When the run ends, a table of what the converge did on each host.
 
@@ -55,5 +56,6 @@ if runs_rig_tasks(host):
 every_rig_done(name="Wait until every rig of this run has served")
 if runs_gateway_task(host):  # passed preflight and is in gateway_group
     local.include("tasks/gateway.py")
+    local.include("tasks/quarantine_routes.py")
 if runs_monitor_task(host):  # passed preflight and is in monitor_group
     local.include("tasks/monitoring.py")

@@ -19,6 +19,7 @@ from rigup.rig.servingctl import PROVENANCE_NAME  # the gate writes the record o
 CTL_NAME = "rigup-servingctl"  # rigup/rig/servingctl.py: health gate, generations, rollback, sentinel
 RIGFETCH_NAME = "rigfetch.py"  # rigup/rig/rigfetch as one zipapp file: verified downloads, the fleet chain
 IMAGE_MIRROR_HELPER_NAME = "rigup-image-mirror"  # rigup/rig/imagemirror.py on the mirror host: check, warm, prune
+QUARANTINE_ROUTES_NAME = "rigup-quarantine-routes"  # rigup/rig/quarantine_routes.py on the entrance host
 CLUSTER_MEMBER_NAME = "rigup-cluster-member"  # files/cluster/rigup-cluster-member: starts a member's Ray node
 
 
@@ -50,6 +51,10 @@ class RigLayout:
     @property
     def image_mirror_helper(self) -> str:
         return self._under("bin", IMAGE_MIRROR_HELPER_NAME)
+
+    @property
+    def quarantine_routes(self) -> str:
+        return self._under("bin", QUARANTINE_ROUTES_NAME)
 
     @property
     def cluster_member_script(self) -> str:

@@ -135,6 +135,11 @@ def _monitors(fleet: Any, name: str) -> list[str]:
     return [*_hosts(fleet, lambda r: r.monitor), CONTROL]
 
 
+def _exporter_readers(fleet: Any, name: str) -> list[str]:
+    # the entrance reads each rig's sentinel quarantines there (rigup-quarantine-routes, docs/sentinel.md)
+    return [*_hosts(fleet, lambda r: r.monitor or r.gateway), CONTROL]
+
+
 def _control(fleet: Any, name: str) -> list[str]:
     return [CONTROL]
 
@@ -153,8 +158,8 @@ SERVICES: tuple[Service, ...] = (
     Service("each pod's vLLM API", "each pod's port (8000+)", "every rig", "the entrance, the monitor, the control "
             "machine, the host itself", "serving_api_key_file's key on /v1 only (vLLM leaves /invocations, /tokenize, "
             "/pause and more unguarded): the firewall", _pod_ports, _pod_callers, VLLM_PROBE_PATHS),
-    Service("node_exporter", "node_exporter_port (9100)", "every rig (metrics_exporters)", "the monitor, the control "
-            "machine", "none: the firewall", _exporter_port("node_exporter_port"), _monitors, ("/metrics",)),
+    Service("node_exporter", "node_exporter_port (9100)", "every rig (metrics_exporters)", "the monitor, the entrance, the control "
+            "machine", "none: the firewall", _exporter_port("node_exporter_port"), _exporter_readers, ("/metrics",)),
     Service("the DCGM exporter (Docker-published)", "gpu_exporter_port (9400)", "every rig (metrics_exporters)",
             "the monitor, the control machine", "none: the firewall", _exporter_port("gpu_exporter_port"), _monitors,
             ("/metrics",)),

@@ -122,8 +122,15 @@ def other_venvs_removed(root: str, keep: str):
     yield StringCommand("rm -rf", *[QuoteString(v) for v in others])
 
 
-# What entrance_routes decided for each host in this pass (prepare, then execution): routers_run_current reads it.
+# What entrance_routes decided for each host in this pass (prepare, then execution): routers_run_current reads it,
+# and rigup.operations.quarantine_routes the routes behind them.
 _ROUTERS: dict[str, list[ModelRouter]] = {}
+_ROUTES: dict[str, list[Route]] = {}
+
+
+def decided_routes(host_name: str) -> tuple[list[Route], list[ModelRouter]]:
+    """The routes and routers entrance_routes decided for `host_name` in this pass ([] before it ran)."""
+    return _ROUTES.get(host_name, []), _ROUTERS.get(host_name, [])
 
 
 def _routes_now(rigs: Sequence[RigEndpoint], install_roots: dict[str, str], carried: list[Route]) -> tuple[list[Route], list[str]]:
@@ -170,6 +177,7 @@ def entrance_routes(paths: GatewayPaths, rigs: Sequence[RigEndpoint], install_ro
     routes, notes = _routes_now(rigs, install_roots, routes_in_config(current))
     routers = model_routers(workers_by_model(routes))
     _ROUTERS[host.name] = routers
+    _ROUTES[host.name] = routes
     wanted = {
         paths.config_file: routes_text(routes),
         paths.models_json: models_document(routers),

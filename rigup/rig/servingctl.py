@@ -841,7 +841,7 @@ def sentinel_metrics(records: List[Tuple[Release, Dict[str, Any]]], now: Callabl
         quarantine = record.get("quarantined") if isinstance(record.get("quarantined"), dict) else None
         add("rigup_sentinel_quarantined", "gauge",
             "1 while the sentinel holds the pod in quarantine; the labels carry the evidence (a fixed probe: no user text).",
-            _labels(pod=pod, variant=variant, probe=(quarantine or {}).get("probe", ""),
+            _labels(pod=pod, variant=variant, model=release.served_model_name, probe=(quarantine or {}).get("probe", ""),
                     answer=(quarantine or {}).get("answer", ""), expected=(quarantine or {}).get("expected", "")),
             1 if quarantine else 0)
         add("rigup_sentinel_probe_tokens_total", "counter",

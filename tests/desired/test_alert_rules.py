@@ -55,8 +55,14 @@ def fires_once_at(name: str, times: list[str], labels: dict[str, str], annotatio
             for at in times]
 
 
-QUARANTINE = {"pod": "dual", "variant": "dual", "probe": "arithmetic", "answer": "'!!!!!!!!...'",
+QUARANTINE = {"pod": "dual", "variant": "dual", "model": "qwen", "probe": "arithmetic", "answer": "'!!!!!!!!...'",
               "expected": "lexical variety 0.00 over the first 200 words (verify-full fails < 0.30)"}
+QUARANTINED_SUMMARY = ("rig-1/dual (dual) is QUARANTINED: probe arithmetic answered '!!!!!!!!...' (lexical variety 0.00 "
+                       "over the first 200 words (verify-full fails < 0.30))")
+QUARANTINED_RUNBOOK = ("rigup status --limit rig-1 shows the evidence; club-3090 #922's '!!!!' is a broken peer path: on "
+                       "the rig check the driver, the P2P module and vLLM's P2P cache (docs/sentinel.md), then converge; "
+                       "the pod returns after right answers")
+ROUTER = {"job": "gateway-gw", "instance": "gw:4000", "host": "gw", "model": "qwen"}
 CRASH_LOOP = {**UNIT, "severity": "critical"}, {
     "summary": "rig-1: rigup-dual.service keeps restarting or has failed",
     "runbook": "on the rig: journalctl -u rigup-dual.service -n 100 (boot OOM, context that does not fit, a missing model file)"}
@@ -85,16 +91,17 @@ CASES: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
               "and converge", quiet_at="1m"),
     ),
     "RigupPodQuarantined": (
-        # the rig's sentinel quarantines the pod at minute 2 (evidence in the labels) and releases it at 5
-        [series("rigup_sentinel_quarantined", {**NODE, "pod": "dual", "variant": "dual", "probe": "", "answer": "",
-                                               "expected": ""}, "0 0 stale _ _ 0 0 0"),
-         series("rigup_sentinel_quarantined", {**NODE, **QUARANTINE}, "_ _ 1 1 1 stale _ _")],
+        # the rig's sentinel quarantines the pod at minute 2 (evidence in the labels) and releases it at 5; its
+        # model's other pod (rig-2) answers right: the entrance takes rig-1's out, and the summary says no more
+        [series("rigup_sentinel_quarantined", {**NODE, "pod": "dual", "variant": "dual", "model": "qwen", "probe": "",
+                                               "answer": "", "expected": ""}, "0 0 stale _ _ 0 0 0"),
+         series("rigup_sentinel_quarantined", {**NODE, **QUARANTINE}, "_ _ 1 1 1 stale _ _"),
+         series("rigup_sentinel_quarantined", {**NODE, "host": "rig-2", "instance": "10.0.0.12:9100", "pod": "dual",
+                                               "variant": "dual", "model": "qwen", "probe": "", "answer": "",
+                                               "expected": ""}, "0x8"),
+         series("vllm_router_active_workers", ROUTER, "2 2 1 1 1 2 2 2")],
         alert("RigupPodQuarantined", "3m", "6m", {**NODE, **QUARANTINE, "severity": "critical"},
-              "rig-1/dual (dual) is QUARANTINED: probe arithmetic answered '!!!!!!!!...' (lexical variety 0.00 over "
-              "the first 200 words (verify-full fails < 0.30))",
-              "rigup status --limit rig-1 shows the evidence; club-3090 #922's '!!!!' is a broken peer path: on the rig "
-              "check the driver, the P2P module and vLLM's P2P cache (docs/sentinel.md), then converge; the pod returns "
-              "after right answers", quiet_at="1m"),
+              QUARANTINED_SUMMARY, QUARANTINED_RUNBOOK, quiet_at="1m"),
     ),
     "RigupPodOutvoted": (
         # three replicas of one identity agree, then rig-3's answer differs from minute 2 to 5; two replicas
@@ -244,6 +251,26 @@ CASES: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
 
 # More scenarios of the alerts above, run in the same promtool test.
 SCENARIOS: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
+    "RigupPodQuarantined says when the entrance kept a model's last routes": (
+        # every pod of qwen is quarantined: with gateway_quarantine_removes_last_route false its router keeps
+        # them (active workers 1), and the summary says so
+        [series("rigup_sentinel_quarantined", {**NODE, **QUARANTINE}, "1x4"),
+         series("vllm_router_active_workers", ROUTER, "1x4")],
+        [*fires_once_at("RigupPodQuarantined", ["2m"], {**NODE, **QUARANTINE, "severity": "critical"},
+                        {"summary": QUARANTINED_SUMMARY + "; every pod of qwen is quarantined and the entrance KEEPS "
+                                    "ROUTING to them, its last routes (gateway_quarantine_removes_last_route is false): "
+                                    "its clients get these answers",
+                         "runbook": QUARANTINED_RUNBOOK})],
+    ),
+    "RigupPodQuarantined says when a model has no route left": (
+        # the same with gateway_quarantine_removes_last_route true: the router holds no worker
+        [series("rigup_sentinel_quarantined", {**NODE, **QUARANTINE}, "1x4"),
+         series("vllm_router_active_workers", ROUTER, "0x4")],
+        [*fires_once_at("RigupPodQuarantined", ["2m"], {**NODE, **QUARANTINE, "severity": "critical"},
+                        {"summary": QUARANTINED_SUMMARY + "; every pod of qwen is quarantined: the entrance has no "
+                                    "route left for it (gateway_quarantine_removes_last_route)",
+                         "runbook": QUARANTINED_RUNBOOK})],
+    ),
     "RigupGpuXid as dcgm-exporter labels it": (
         # the field carries the XID's code and text: XID 79 is a new series, the "No Error" one goes stale
         [series("DCGM_FI_DEV_XID_ERRORS", {**GPU, "err_code": "0", "err_msg": "No Error"}, "0x5"),

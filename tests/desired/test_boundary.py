@@ -79,6 +79,19 @@ def test_each_service_admits_the_members_that_use_it(tmp_path: Path) -> None:
     assert peer_hostnames(fleet, "rig-01") == {"rig-02": "10.0.0.2", "gw": "10.0.0.9"}
 
 
+def test_node_exporter_admits_the_entrance_which_reads_the_sentinels_quarantines(tmp_path: Path) -> None:
+    # the monitor on a host of its own: the entrance (rigup-quarantine-routes) still reads each rig's node_exporter
+    text = FLEET.replace("      image_mirror_host: rig-01\n", "      image_mirror_host: rig-01\n      monitor_group: monitors\n")
+    text += """      monitors:
+        data: {serves_variant: false}
+        hosts:
+          mon: {ssh_hostname: 10.0.0.8, image_mirror_host: null}
+"""
+    rig = by_service(fleet_plan(tmp_path, text), "rig-01")
+    assert rig["node_exporter"].sources == ("gw", "mon", CONTROL)
+    assert rig["the DCGM exporter (Docker-published)"].sources == ("mon", CONTROL)
+
+
 def test_a_host_taken_out_of_a_role_loses_its_holes(tmp_path: Path) -> None:
     # rig-02 no longer pulls through rig-01's mirror, and no rig is in the chains: their holes go
     text = FLEET.replace("rig-02: {ssh_hostname: 10.0.0.2}",

@@ -84,7 +84,8 @@ def test_a_garbage_pod_is_quarantined_after_fail_after_rounds_with_the_evidence_
     assert metrics['rigup_sentinel_consecutive_failures{pod="bad",variant="dual"}'] == 3
     quarantined = [k for k, v in metrics.items() if k.startswith('rigup_sentinel_quarantined{pod="bad"') and v == 1]
     assert len(quarantined) == 1 and 'probe="arithmetic"' in quarantined[0]
-    assert metrics['rigup_sentinel_quarantined{pod="good",variant="dual",probe="",answer="",expected=""}'] == 0
+    # labelled with the served model: the alert asks whether the model's other pods are quarantined too
+    assert metrics[f'rigup_sentinel_quarantined{{pod="good",variant="dual",model="{MODEL}",probe="",answer="",expected=""}}'] == 0
     assert metrics['rigup_sentinel_probe_tokens_total{pod="good"}'] == good["tokens"] > 0
     # the two pods share a release identity, so the monitor compares their answers' hashes
     answers = {k: v for k, v in metrics.items() if k.startswith("rigup_sentinel_answer_info")}
