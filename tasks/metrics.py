@@ -13,14 +13,15 @@ rigup-sentinel.timer runs `rigup-servingctl sentinel` every sentinel_interval_s,
 the gate's probes and writing rigup-sentinel.prom there (docs/sentinel.md); the GPU exporter image
 (gpu_exporter_image, by its locked digest) is pulled and rigup-gpu-exporter.service runs it with every
 GPU on gpu_exporter_port, at boot too, reading rigup's DCGM fields (files/monitoring/dcgm-counters.csv,
-uploaded to {install_root}/metrics/).
+uploaded to {install_root}/metrics/) and asking for TLS and basic auth as node_exporter does (its own
+certificate, key and web config under /etc/prometheus/rigup-web, mounted read-only into its container).
 Reads: metrics_exporters, serves_variant, node_exporter_port, sentinel_interval_s, sentinel_fail_after,
 sentinel_pass_after, gpu_exporter_image, gpu_exporter_port,
 install_root, model_dir, nvidia_driver_branch, lock_file, docker_insecure_registries, fleet_ca_dir,
 fleet_ca_cert_file, fleet_ca_key_file, fleet_ca_key_passphrase_file, fleet_cert_days, fleet_cert_renew_days,
 metrics_password_file, model_fleet_address.
 Restarts: prometheus-node-exporter when its flags, certificate, key or web config changed after it started; rigup-gpu-exporter when
-its unit (the image digest, the port) or its fields file changed after it started. Nothing else.
+its unit (the image digest, the port), its fields file, certificate, key or web config changed after it started. Nothing else.
 Without the GPU exporter's pin in the lock: a --dry run warns and plans nothing here; a real run stops.
 Included by deploy.py on hosts that passed preflight and serve a variant, after serving.
 """
@@ -34,7 +35,7 @@ from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
 from rigup.desired.knobs import knob
-from rigup.desired.metrics_auth import NODE_EXPORTER_SERVICE, node_exporter_web_flag
+from rigup.desired.metrics_auth import GPU_EXPORTER_SERVICE, NODE_EXPORTER_SERVICE, node_exporter_web_flag
 from rigup.desired.monitoring import (
     FACTS_TIMER,
     FACTS_UNIT,
@@ -113,6 +114,7 @@ if exporters is not None:
         dest=exporters.counters_file,
         mode="644",
     )
+    gpu_web_files = service_web_files(host, fleet_ca, metrics_login, GPU_EXPORTER_SERVICE, owner=PROMETHEUS_USER)
     files.put(
         name="Write the GPU exporter's systemd unit",
         src=StringIO(exporters.gpu_unit_text()),
@@ -120,7 +122,7 @@ if exporters is not None:
         mode="644",
     )
     unit_runs_current_files(
-        name="Run the GPU exporter on its current unit",
+        name="Run the GPU exporter on its current unit, fields, certificate and web config",
         unit=GPU_EXPORTER_UNIT,
-        files=[f"/etc/systemd/system/{GPU_EXPORTER_UNIT}", exporters.counters_file],
+        files=[f"/etc/systemd/system/{GPU_EXPORTER_UNIT}", exporters.counters_file, *gpu_web_files],
     )

@@ -1,7 +1,9 @@
 """Monitoring: on the hosts of monitor_group, Prometheus over every pod, GPU, node and gateway.
 
 True afterwards: prometheus (the OS package) runs on prometheus_listen_address, keeping
-prometheus_retention of samples (flags in /etc/default/prometheus); /etc/prometheus/prometheus.yml
+prometheus_retention of samples (flags in /etc/default/prometheus), asking every caller for TLS with
+its fleet-CA certificate and basic auth (its web config under /etc/prometheus/rigup-web, the login
+node_exporter asks for: rigup.desired.metrics_auth); /etc/prometheus/prometheus.yml
 (checked by promtool before it replaces the one in use) scrapes every prometheus_scrape_interval_s:
 Prometheus itself, each rig's GPU exporter and node_exporter (file_sd rigup-targets/gpu.json and
 node.json, from the fleet file; node_exporter over https, trusting the fleet CA's certificate in
@@ -13,9 +15,11 @@ in this run: a variant switch moves its target at this converge; a rig that cann
 targets). Labels: host, and pod, variant, model on pods. /etc/prometheus/rigup-alerts.yml holds
 rigup's alert rules (promtool-checked), thresholds from the alert_* knobs. With
 alertmanager_webhook_url_file set, prometheus-alertmanager (OS package) listens on 127.0.0.1:
-alertmanager_port and sends every alert to that webhook (alertmanager.yml, which holds the URL, is 0600
-for the prometheus user). With grafana: True, Grafana from grafana_apt_url (signed; suite stable, main)
-listens on grafana_port with a provisioned datasource (this Prometheus) and rigup's fleet overview
+alertmanager_port, asking for the same TLS and login (its own web config; Prometheus sends it alerts
+with them), with no HA cluster listener, and sends every alert to that webhook (alertmanager.yml, which
+holds the URL, is 0600 for the prometheus user). With grafana: True, Grafana from grafana_apt_url (signed; suite stable, main)
+listens on grafana_port with a provisioned datasource (this Prometheus, with its login: the file is
+0600 grafana) and rigup's fleet overview
 dashboard (rigup.desired.dashboards) under /var/lib/grafana/dashboards/rigup, and vLLM's official
 dashboards at each vLLM version the fleet's pods run (the lock's git:vllm@<ref> commits of
 vllm_git_url, read on the control machine from vllm_dashboards_path) in a folder per version under
@@ -29,7 +33,7 @@ node_exporter_port, gpu_exporter_port, install_root, ssh_hostname, gateway_port,
 gateway_bind_address, gateway_api_key_file, and the fleet CA's and the metrics password's knobs
 (fleet_ca_dir, fleet_ca_cert_file, fleet_ca_key_file, fleet_ca_key_passphrase_file, metrics_password_file).
 Restarts: prometheus (and alertmanager, grafana) when its flags, config, rules, keys, the fleet CA's
-certificate or the exporters' password changed after it started;
+certificate, the exporters' password or its own certificate, key or web config changed after it started;
 target changes need none (file_sd is re-read on change).
 Not idempotent: "Wait for Prometheus to answer" runs only after such a restart.
 Included by deploy.py on monitor_group hosts that passed preflight, after the gateway.
@@ -49,6 +53,7 @@ from rigup.desired.dashboards import (
     GRAFANA_PACKAGE,
     GRAFANA_PORT_DROPIN,
     GRAFANA_UNIT,
+    GRAFANA_USER,
     OVERVIEW_FILE,
     VLLM_DASHBOARDS_DIR,
     dashboards_provider_text,
@@ -59,7 +64,14 @@ from rigup.desired.dashboards import (
     vllm_ref_dir,
 )
 from rigup.desired.knobs import KnobError, knob
-from rigup.desired.metrics_auth import CA_FILE, PASSWORD_FILE, WEB_DIR
+from rigup.desired.metrics_auth import (
+    ALERTMANAGER_SERVICE,
+    CA_FILE,
+    METRICS_USER,
+    PASSWORD_FILE,
+    PROMETHEUS_SERVICE,
+    WEB_DIR,
+)
 from rigup.desired.monitoring import (
     ALERTMANAGER_CONFIG_FILE,
     ALERTMANAGER_DEFAULTS_FILE,
@@ -77,11 +89,11 @@ from rigup.desired.monitoring import (
     targets_text,
 )
 from rigup.operations.apt import GRAFANA_KEYRING, GRAFANA_LIST, os_packages, signed_repository
-from rigup.operations.fleet_certs import fleet_ca_of
-from rigup.operations.monitoring import checked_file, pod_targets_file
+from rigup.operations.fleet_certs import fleet_ca_of, service_web_files
+from rigup.operations.monitoring import answers_with_login, checked_file, pod_targets_file
 from rigup.operations.planning_errors import stop_the_run_on, vllm_dashboards_or_stop
 from rigup.operations.serving import secret_file
-from rigup.operations.units import answers_http, unit_runs_current_files
+from rigup.operations.units import unit_runs_current_files
 from rigup.runstate import fleet_plan
 
 with stop_the_run_on(host, MonitoringError, KnobError):
@@ -117,6 +129,8 @@ secret_file(
     content=HiddenValue(metrics_login.password + "\n"),
     owner=PROMETHEUS_USER,
 )
+# Prometheus asks its callers the same (TLS from the fleet CA, basic auth): its certificate, key and web config
+prometheus_web = service_web_files(host, fleet_ca, metrics_login, PROMETHEUS_SERVICE, owner=PROMETHEUS_USER)
 files.directory(name="Create the targets directory", path=TARGETS_DIR, mode="755")
 for job, groups in host.loop(sorted(plan.static_targets().items())):
     files.put(
@@ -140,11 +154,14 @@ checked_file(
 prometheus = unit_runs_current_files(
     name="Run Prometheus on its current flags, config, rules and keys (restart only on a change)",
     unit=PROMETHEUS_UNIT,
-    files=[PROMETHEUS_DEFAULTS_FILE, PROMETHEUS_CONFIG_FILE, RULES_FILE, *key_files, CA_FILE, PASSWORD_FILE],
+    files=[PROMETHEUS_DEFAULTS_FILE, PROMETHEUS_CONFIG_FILE, RULES_FILE, *key_files, CA_FILE, PASSWORD_FILE, *prometheus_web],
 )
-answers_http(
-    name="Wait for Prometheus to answer",
+answers_with_login(
+    name="Wait for Prometheus to answer (with the login it asks for)",
     url=f"{plan.local_url}/-/ready",
+    ca_file=CA_FILE,
+    user=METRICS_USER,
+    password_file=PASSWORD_FILE,
     timeout_s=120,
     unit=PROMETHEUS_UNIT,
     what="Prometheus",
@@ -157,8 +174,9 @@ pod_targets_file(
 )
 
 if plan.alertmanager_port is not None:
+    alertmanager_web = service_web_files(host, fleet_ca, metrics_login, ALERTMANAGER_SERVICE, owner=PROMETHEUS_USER)
     files.put(
-        name="Set Alertmanager's flags (listen on loopback)",
+        name="Set Alertmanager's flags (loopback, its web config, no HA cluster)",
         src=StringIO(plan.alertmanager_defaults_text()),
         dest=ALERTMANAGER_DEFAULTS_FILE,
         mode="644",
@@ -172,7 +190,7 @@ if plan.alertmanager_port is not None:
     unit_runs_current_files(
         name="Run Alertmanager on its current flags and config",
         unit=ALERTMANAGER_UNIT,
-        files=[ALERTMANAGER_DEFAULTS_FILE, ALERTMANAGER_CONFIG_FILE],
+        files=[ALERTMANAGER_DEFAULTS_FILE, ALERTMANAGER_CONFIG_FILE, *alertmanager_web],
     )
 
 if plan.grafana_port is not None:
@@ -192,11 +210,11 @@ if plan.grafana_port is not None:
         dest=GRAFANA_PORT_DROPIN,
         mode="644",
     )
-    files.put(
-        name="Provision the Prometheus datasource",
-        src=StringIO(datasource_text(plan.local_url)),
-        dest=DATASOURCE_FILE,
-        mode="644",
+    secret_file(
+        name="Provision the Prometheus datasource (0600, grafana: it holds Prometheus' login)",
+        path=DATASOURCE_FILE,
+        content=HiddenValue(datasource_text(plan.local_url, metrics_login, fleet_ca.cert_pem)),
+        owner=GRAFANA_USER,
     )
     vllm_boards, vllm_notes = vllm_dashboards_or_stop(host, fleet.named_groups())
     for note in vllm_notes:

@@ -380,9 +380,9 @@ def choose_source(args: argparse.Namespace, timeout: float) -> Source:
         return source
     keep = selection_filter(fleet, args.limit)
     primary = PrometheusSource(monitor.url, timeout, scrape_interval_s=monitor.scrape_interval_s, keep=keep,
-                               route_names=names)
+                               route_names=names, login=monitor.login)
     # the targets resolved (and --limit checked) up front; quarantines marked while Prometheus answers
-    return SentinelMarks(FallbackSource(primary, direct()), monitor.url, timeout)
+    return SentinelMarks(FallbackSource(primary, direct()), monitor.url, timeout, monitor.login)
 
 
 def cmd_top(args: argparse.Namespace) -> int:

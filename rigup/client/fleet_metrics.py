@@ -20,6 +20,7 @@ from rigup.client.fanout import parallel
 from rigup.client.ssh import SshSettings
 from rigup.desired.fleet import Fleet
 from rigup.desired.knobs import knob, url_host
+from rigup.desired.metrics_auth import PrometheusLogin, prometheus_login
 from rigup.desired.monitoring import JOB_GATEWAY, JOB_GPU, JOB_PODS, is_monitor
 from rigup.parsers.common import ParseError
 from rigup.parsers.prometheus import (
@@ -445,10 +446,12 @@ class PrometheusUnreachable(PrometheusError):
 Vector = list[tuple[dict[str, str], float]]
 
 
-def query_prometheus(url: str, promql: str, at: float, timeout: float) -> Vector:
-    """GET /api/v1/query: the instant vector as (labels, value) pairs."""
+def query_prometheus(url: str, promql: str, at: float, timeout: float, login: PrometheusLogin | None = None) -> Vector:
+    """GET /api/v1/query: the instant vector as (labels, value) pairs; with `login`, as the fleet's Prometheus asks
+    (basic auth, its certificate checked against the fleet CA's)."""
     try:
-        reply = requests.get(f"{url}/api/v1/query", params={"query": promql, "time": f"{at:.3f}"}, timeout=timeout)
+        reply = requests.get(f"{url}/api/v1/query", params={"query": promql, "time": f"{at:.3f}"}, timeout=timeout,
+                             auth=login.auth if login else None, verify=login.ca_file if login else True)
     except requests.RequestException as exc:
         raise PrometheusUnreachable(why_not(exc, timeout)) from None
     try:
@@ -516,9 +519,10 @@ Keep = Callable[[str, str | None], bool]  # (host, pod or None) -> whether --lim
 
 class PrometheusSource(Source):
     def __init__(self, url: str, timeout: float, *, scrape_interval_s: int = 15, keep: Keep | None = None,
-                 route_names: RouteNames | None = None) -> None:
+                 route_names: RouteNames | None = None, login: PrometheusLogin | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self.login = login
         # rate() needs two samples in its window: four scrape intervals, at least Grafana's usual 1m / 5m
         self.queries = prometheus_queries(duration(max(60, 4 * scrape_interval_s)), duration(max(300, 4 * scrape_interval_s)),
                                           duration(scrape_interval_s), duration(2 * scrape_interval_s))
@@ -532,7 +536,7 @@ class PrometheusSource(Source):
 
         def ask(name: str) -> Vector | PrometheusError:
             try:
-                return query_prometheus(self.url, self.queries[name], at, self.timeout)
+                return query_prometheus(self.url, self.queries[name], at, self.timeout, self.login)
             except PrometheusError as exc:
                 return exc
 
@@ -673,10 +677,11 @@ class SentinelMarks(Source):
     Prometheus has it (the sentinel's series and the RigupPodOutvoted alert). A frame read directly from the
     targets without that Prometheus cannot know it: `rigup status` reads the rigs' own records."""
 
-    def __init__(self, source: Source, url: str, timeout: float) -> None:
+    def __init__(self, source: Source, url: str, timeout: float, login: PrometheusLogin | None = None) -> None:
         self.source = source
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self.login = login
         self.description = source.description
 
     def frame(self) -> Frame:
@@ -684,7 +689,7 @@ class SentinelMarks(Source):
         results: dict[str, Vector] = {}
         for name, promql in SENTINEL_QUERIES.items():
             try:
-                results[name] = query_prometheus(self.url, promql, frame.taken_at, self.timeout)
+                results[name] = query_prometheus(self.url, promql, frame.taken_at, self.timeout, self.login)
             except PrometheusError as exc:
                 frame.notes.append(f"sentinel {name}: {exc}")
         marks = sentinel_marks(results)
@@ -700,16 +705,18 @@ class SentinelMarks(Source):
 
 @dataclass(frozen=True)
 class Monitor:
-    """The fleet's Prometheus: its host, where it answers from here, and how often it scrapes."""
+    """The fleet's Prometheus: its host, where it answers from here, how often it scrapes, and the login it asks for."""
 
     host: str
     url: str | None  # None: not reachable from here (problem says why)
     scrape_interval_s: int
     problem: str | None = None
+    login: PrometheusLogin | None = None
 
 
 def fleet_monitor(fleet: Fleet) -> Monitor | None:
-    """The first host of monitor_group and where its Prometheus answers (0.0.0.0: at its ssh_hostname)."""
+    """The first host of monitor_group and where its Prometheus answers (0.0.0.0: at its ssh_hostname), over TLS with
+    the login it asks for (rigup.desired.metrics_auth.prometheus_login: as the converge left it on this machine)."""
     for host in fleet.hosts:
         data = fleet.resolved_data(host.name)
         if not is_monitor(data, [host.group]):
@@ -725,5 +732,8 @@ def fleet_monitor(fleet: Fleet) -> Monitor | None:
             return Monitor(host.name, None, interval, f"Prometheus on {host.name} listens on {listen}, its own loopback")
         else:
             reach = f"[{address}]" if ":" in address else address
-        return Monitor(host.name, f"http://{reach}:{port}", interval)
+        login = prometheus_login(data, fleet.path.parent)
+        if isinstance(login, str):
+            return Monitor(host.name, None, interval, f"Prometheus on {host.name} asks who is calling: {login}")
+        return Monitor(host.name, f"https://{reach}:{port}", interval, login=login)
     return None

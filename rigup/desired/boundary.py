@@ -46,7 +46,13 @@ class Service:
     checked: str  # how the service itself checks the caller, beyond the firewall
     ports: Callable[[Any, str], list[str]]  # (fleet plan, host) -> nftables port specs on that host ([] none)
     sources: Callable[[Any, str], list[str] | None]  # (fleet plan, host) -> admitted hosts; None: anyone
-    probe_paths: tuple[str, ...] = ()  # HTTP paths an outsider tries (the probe test)
+    # the probe test (tests/e2e/boundary_probe.py): the requests an outsider tries ("METHOD /path"; a bare
+    # path is a GET), at `probe_ports` where given (a service on every port: where its HTTP APIs listen),
+    # else at its ports; and the paths where a member the firewall admits, without credentials, is refused
+    # (401 or 403): the service itself asks who is calling
+    probes: tuple[str, ...] = ()
+    probe_ports: tuple[str, ...] = ()
+    asks: tuple[str, ...] = ()
 
 
 def _roles(fleet: Any, name: str) -> HostRoles:
@@ -148,34 +154,49 @@ def _anyone(fleet: Any, name: str) -> None:
     return None
 
 
-# vLLM's security guide lists these as unguarded even with --api-key (/work/shared/reference/anchors-trust.md §3)
-VLLM_PROBE_PATHS = ("/v1/models", "/invocations", "/tokenize", "/detokenize", "/pause", "/version", "/health", "/metrics")
+# vLLM's docs/usage/security.md: --api-key guards /v1, /v2 and /inference only; these answer anyone who reaches
+# the port even with a key (/work/shared/reference/anchors-trust.md section 3), beside /v1's own
+VLLM_PROBES = ("/v1/models", "POST /v1/chat/completions", "POST /v1/completions", "POST /invocations", "POST /pooling",
+               "POST /classify", "POST /score", "POST /rerank", "POST /pause", "POST /resume", "POST /update_weights",
+               "POST /tokenize", "POST /detokenize", "/health", "/version", "/load", "/metrics")
+PROMETHEUS_PROBES = ("/api/v1/query?query=up", "/api/v1/targets", "/api/v1/status/config",
+                     "POST /api/v1/admin/tsdb/snapshot", "POST /api/v1/admin/tsdb/delete_series?match[]=up",
+                     "POST /-/reload", "/metrics")
+# the Distribution registry's API: pull (catalog, a manifest) and push (start a blob upload)
+REGISTRY_PROBES = ("/v2/", "/v2/_catalog", "/v2/library/debian/manifests/latest", "POST /v2/rigup-probe/blobs/uploads/")
+# Ray's dashboard: its job submission API (the way ShadowRay ran code) and its state API; rigup starts the head
+# with --include-dashboard=false, and the probe tries Ray's default dashboard port (8265) all the same
+RAY_PROBES = ("/api/version", "/api/jobs/", "POST /api/jobs/", "/api/v0/nodes", "/nodes?view=summary")
 
 SERVICES: tuple[Service, ...] = (
     Service("SSH", "ssh_port (22)", "every fleet host", "anyone", "SSH keys", _ssh_port, _anyone),
     Service("the entrance (the fleet's API)", "gateway_port (4000)", "gateway_group's hosts", "anyone",
-            "the gateway's key (gateway_api_key_file)", _entrance_port, _anyone, ("/v1/models", "/metrics")),
+            "the gateway's key (gateway_api_key_file)", _entrance_port, _anyone,
+            # every vLLM path but /health, the front's own liveness answer ({"status":"ok"}) to anyone
+            tuple(probe for probe in VLLM_PROBES if probe != "/health"), asks=("/v1/models", "/metrics/")),
     Service("each pod's vLLM API", "each pod's port (8000+)", "every rig", "the entrance, the monitor, the control "
             "machine, the host itself", "serving_api_key_file's key on /v1 only (vLLM leaves /invocations, /tokenize, "
-            "/pause and more unguarded): the firewall", _pod_ports, _pod_callers, VLLM_PROBE_PATHS),
+            "/pause and more unguarded): the firewall", _pod_ports, _pod_callers, VLLM_PROBES, asks=("/v1/models",)),
     Service("node_exporter", "node_exporter_port (9100)", "every rig (metrics_exporters)", "the monitor, the entrance, the control "
-            "machine", "none: the firewall", _exporter_port("node_exporter_port"), _exporter_readers, ("/metrics",)),
+            "machine", "TLS from the fleet CA and basic auth (the metrics password's bcrypt hash)",
+            _exporter_port("node_exporter_port"), _exporter_readers, ("/metrics",), asks=("/metrics",)),
     Service("the DCGM exporter (Docker-published)", "gpu_exporter_port (9400)", "every rig (metrics_exporters)",
-            "the monitor, the control machine", "none: the firewall", _exporter_port("gpu_exporter_port"), _monitors,
-            ("/metrics",)),
+            "the monitor, the control machine", "TLS from the fleet CA and basic auth (the metrics password's bcrypt "
+            "hash)", _exporter_port("gpu_exporter_port"), _monitors, ("/metrics",), asks=("/metrics",)),
     Service("Prometheus", "prometheus_listen_address (9090)", "monitor_group's hosts", "the control machine, the "
-            "host itself", "none: the firewall", _prometheus_port, _control,
-            ("/api/v1/query?query=up", "/api/v1/targets", "/api/v1/admin/tsdb/snapshot", "/metrics")),
+            "host itself", "TLS from the fleet CA and basic auth (the metrics password's bcrypt hash)", _prometheus_port,
+            _control, PROMETHEUS_PROBES, asks=("/api/v1/query?query=up", "/-/ready")),
     Service("Grafana", "grafana_port (3000)", "monitor_group's hosts (grafana)", "the control machine",
-            "Grafana's login", _grafana_port, _control, ("/api/health",)),
+            "Grafana's login", _grafana_port, _control, ("/api/health", "/api/datasources", "/api/search"),
+            asks=("/api/datasources",)),
     Service("the image mirror (registry)", "image_mirror_port (5000)", "image_mirror_host", "the hosts pulling "
-            "through it (their relays)", "none: the firewall", _mirror_port, _mirror_clients, ("/v2/", "/v2/_catalog")),
+            "through it (their relays)", "none: the firewall", _mirror_port, _mirror_clients, REGISTRY_PROBES),
     Service("the chain server (models and images rig to rig)", "model_fleet_port (8765)", "every rig and image "
             "registry in the fleet's chains (model_fleet_source auto)", "the other hosts of the chains", "a per-run token, only while "
-            "a peer needs files", _chain_port, _chain_peers, ("/",)),
+            "a peer needs files", _chain_port, _chain_peers, ("/", "/_rigfetch/ping", "/_rigfetch/pieces/")),
     Service("Ray, NCCL, Gloo (a cluster)", "every port, Ray's pinned (cluster_ray_*) and the ephemeral range",
             "every cluster member", "the cluster's other members", "none (Ray's token auth is not on): the firewall",
-            _cluster_ports, _cluster_peers, ("/api/jobs/", "/api/version")),
+            _cluster_ports, _cluster_peers, RAY_PROBES, probe_ports=("8265",)),
 )
 
 

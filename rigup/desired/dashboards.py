@@ -18,12 +18,14 @@ from typing import Any
 import yaml
 
 from rigup.desired.catalog import load_catalog
+from rigup.desired.metrics_auth import MetricsCredentials
 from rigup.desired.monitoring import JOB_GPU, JOB_NODE, JOB_PODS, route_failing_expr
 from rigup.desired.recipe import pods_of
 from rigup.desired.roles import serves_variant
 from rigup.desired.templating import render_template
 
 GRAFANA_PACKAGE = "grafana"
+GRAFANA_USER = "grafana"  # the user its deb runs it as: the datasource file (it holds a password) is its own
 GRAFANA_UNIT = "grafana-server.service"
 DATASOURCE_FILE = "/etc/grafana/provisioning/datasources/rigup.yaml"
 DASHBOARDS_PROVIDER_FILE = "/etc/grafana/provisioning/dashboards/rigup.yaml"
@@ -130,10 +132,16 @@ def overview_text() -> str:
     return json.dumps(overview_dashboard(), indent=2, sort_keys=True) + "\n"
 
 
-def datasource_text(prometheus_url: str) -> str:
+def datasource_text(prometheus_url: str, login: MetricsCredentials, ca_pem: str) -> str:
+    """Grafana's datasource: the fleet's Prometheus, which asks for TLS and basic auth (rigup.desired.metrics_auth),
+    read with `login` (its user and password: the file is written 0600 for Grafana's user) and trusting the fleet
+    CA's certificate `ca_pem` (Grafana's datasource settings: basicAuth, basicAuthUser, jsonData.tlsAuthWithCACert,
+    secureJsonData.basicAuthPassword and tlsCACert)."""
     document = {"apiVersion": 1, "datasources": [{
         "name": "rigup Prometheus", "uid": DATASOURCE_UID, "type": "prometheus", "access": "proxy",
-        "url": prometheus_url, "isDefault": True, "editable": False}]}
+        "url": prometheus_url, "isDefault": True, "editable": False,
+        "basicAuth": True, "basicAuthUser": login.user, "jsonData": {"tlsAuthWithCACert": True},
+        "secureJsonData": {"basicAuthPassword": login.password, "tlsCACert": ca_pem}}]}
     return "# Written by rigup (tasks/monitoring.py).\n" + yaml.safe_dump(document, sort_keys=False)
 
 

@@ -31,7 +31,14 @@ from rigup.desired.alert_for import ALERT_FOR_S
 from rigup.desired.gateway import current_records, is_loopback, reach_address
 from rigup.desired.knobs import knob, knob_int
 from rigup.desired.lock import LockFile
-from rigup.desired.metrics_auth import NODE_EXPORTER_SERVICE, scrape_auth, web_file
+from rigup.desired.metrics_auth import (
+    ALERTMANAGER_SERVICE,
+    GPU_EXPORTER_SERVICE,
+    NODE_EXPORTER_SERVICE,
+    PROMETHEUS_SERVICE,
+    scrape_auth,
+    web_file,
+)
 from rigup.desired.roles import is_gateway, is_monitor, serves_variant
 from rigup.desired.secrets import SecretError, read_secret_file
 from rigup.desired.templating import render_template
@@ -201,8 +208,12 @@ class RigExporters:
         return render_template("rigup-sentinel.timer.j2", interval_s=self.sentinel_interval_s)
 
     def gpu_unit_text(self) -> str:
+        """The GPU exporter's unit: its container asks for TLS and basic auth (--web-config-file), its certificate,
+        key and web config mounted read-only where the web config names them."""
+        web = [web_file(GPU_EXPORTER_SERVICE, suffix) for suffix in ("crt", "key", "yml")]
         return render_template("rigup-gpu-exporter.service.j2", exporters=self, container=GPU_EXPORTER_CONTAINER,
-                               container_port=GPU_EXPORTER_CONTAINER_PORT, counters=GPU_COUNTERS_IN_CONTAINER)
+                               container_port=GPU_EXPORTER_CONTAINER_PORT, counters=GPU_COUNTERS_IN_CONTAINER,
+                               web_files=web, web_config=web[2])
 
 
 def rig_exporters(data: Mapping[str, Any], lock: LockFile | None = None) -> RigExporters | None:
@@ -279,14 +290,17 @@ class MonitorPlan:
 
     @property
     def local_url(self) -> str:
-        """Prometheus as the monitor host itself reaches it."""
+        """Prometheus as the monitor host itself reaches it (TLS: its certificate names 127.0.0.1 and localhost)."""
         address = self.listen_address.rpartition(":")[0].strip("[]")
         if address in ("0.0.0.0", "::"):
             address = "127.0.0.1"
-        return f"http://{_bracketed(address)}:{self.port}"
+        return f"https://{_bracketed(address)}:{self.port}"
 
     def defaults_text(self) -> str:
-        args = f"--web.listen-address={self.listen_address} --storage.tsdb.retention.time={self.retention}"
+        """Prometheus' flags: where it listens, what it keeps, and its web config (TLS from the fleet CA and basic
+        auth: rigup.desired.metrics_auth), so it asks every caller who it is."""
+        args = (f"--web.listen-address={self.listen_address} --storage.tsdb.retention.time={self.retention} "
+                f"--web.config.file={web_file(PROMETHEUS_SERVICE, 'yml')}")
         return f"# Written by rigup (tasks/monitoring.py): Prometheus' flags.\nARGS='{args}'\n"
 
     def config_document(self) -> dict[str, Any]:
@@ -297,9 +311,10 @@ class MonitorPlan:
 
         jobs: list[dict[str, Any]] = [
             {"job_name": JOB_PROMETHEUS, "static_configs": [
-                {"targets": [self.local_url.removeprefix("http://")], "labels": {"host": self.host}}]},
+                {"targets": [self.local_url.removeprefix("https://")], "labels": {"host": self.host}}],
+             **scrape_auth()},  # its own web config asks Prometheus too
             file_sd(JOB_PODS),
-            file_sd(JOB_GPU),
+            {**file_sd(JOB_GPU), **scrape_auth()},  # so does the DCGM exporter (metrics_auth)
             {**file_sd(JOB_NODE), **scrape_auth()},  # node_exporter asks for TLS and basic auth (metrics_auth)
         ]
         for gateway in self.gateways:
@@ -318,7 +333,8 @@ class MonitorPlan:
             "scrape_configs": jobs,
         }
         if self.alertmanager_port is not None:
-            document["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.alertmanager_port}"]}]}]}
+            document["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.alertmanager_port}"]}],
+                                                       **scrape_auth()}]}  # Alertmanager's web config asks the same
         return document
 
     def config_text(self) -> str:
@@ -348,7 +364,11 @@ class MonitorPlan:
         return header + yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
 
     def alertmanager_defaults_text(self) -> str:
-        args = f"--web.listen-address=127.0.0.1:{self.alertmanager_port}"
+        """Alertmanager's flags: loopback, its web config (TLS and basic auth, as Prometheus'), and no HA cluster
+        (its gossip listens on 0.0.0.0:9094 by default; an empty cluster.listen-address turns it off:
+        cmd/alertmanager/main.go line 201 at v0.23.0, 61046b1)."""
+        args = (f"--web.listen-address=127.0.0.1:{self.alertmanager_port} "
+                f"--web.config.file={web_file(ALERTMANAGER_SERVICE, 'yml')} --cluster.listen-address=")
         return f"# Written by rigup (tasks/monitoring.py): Alertmanager's flags.\nARGS='{args}'\n"
 
 

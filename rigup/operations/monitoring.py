@@ -1,6 +1,7 @@
 """Operations of the monitoring tasks: the pod targets from what the rigs serve (read when the
-operation runs, after every rig's serving phase), and configuration files that are checked by the
-tool that reads them (promtool, amtool) before they replace the ones in use."""
+operation runs, after every rig's serving phase), configuration files that are checked by the
+tool that reads them (promtool, amtool) before they replace the ones in use, and the wait for a
+(re)started Prometheus that asks who is calling."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from collections.abc import Sequence
 from io import StringIO
 
 from pyinfra import host
-from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
 from rigup.desired.monitoring import ScrapedRig, pod_target_groups, pod_targets, pods_in_targets, targets_text
 from rigup.facts.units import TextFile
+from rigup.operations.live_output import streamed
 from rigup.operations.serving import served_now
 from rigup.runstate import account
 
@@ -74,3 +76,33 @@ def checked_file(path: str, content: str, check: str, mode: str = "644", user: s
         command, QuoteString(staged), rest, "|| { rc=$?; rm -f", QuoteString(staged), "; exit $rc; } && mv -f",
         QuoteString(staged), QuoteString(path),
     )  # fmt: skip
+
+
+@operation(is_idempotent=False)
+def answers_with_login(url: str, ca_file: str, user: str, password_file: str, timeout_s: int, unit: str, what: str):
+    """
+    Wait until the (re)started ``what``, which asks for TLS and basic auth (its exporter-toolkit web config),
+    answers ``url`` (a readiness endpoint) to ``user`` with the password in ``password_file``, up to
+    ``timeout_s``; on a timeout, the host fails with the last lines of ``unit``'s journal.
+
+    + url: https, its certificate checked against ``ca_file`` (a path on the host)
+    + password_file: a 0600 file on the host: curl reads the login from its stdin (``-K -``), written there by
+      the shell's printf (a builtin: no process has the password in its argv)
+
+    Not idempotent: run it only after the service (re)started (``_if``).
+    """
+    if timeout_s < 1:
+        raise OperationValueError("timeout_s must be at least 1")
+    login = StringCommand("printf 'user = \"%s:%s\"\\n'", QuoteString(user), '"$(cat', QuoteString(password_file), ')"')
+    yield streamed(
+        StringCommand(
+            "deadline=$(( $(date +%s) +", str(timeout_s), ")); waited=0; until", login,
+            "| curl -fs -o /dev/null --max-time 5 -K - --cacert", QuoteString(ca_file), QuoteString(url),
+            "; do if [ $(date +%s) -ge $deadline ]; then echo", QuoteString(
+                f"rigup: {what} did not answer {url} within {timeout_s} s; journalctl -u {unit}:"),
+            "; journalctl -u", QuoteString(unit), "-n 30 --no-pager; exit 1; fi; sleep 1; waited=$((waited + 1));",
+            '[ $((waited % 10)) -eq 0 ] && echo', QuoteString(f"rigup: waiting for {what} to answer"), '"($waited s)"; done; echo',
+            QuoteString(f"rigup: {what} answers {url}"),
+        ),  # fmt: skip
+        lambda h, ok, output, s: account(h, f"{what} ready in {s:.0f} s" if ok else f"{what} did not come up"),
+    )

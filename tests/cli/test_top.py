@@ -370,9 +370,10 @@ def test_a_bad_limit_or_fleet_file_is_one_line_and_exit_2(fleet: FakeFleet, caps
 def test_an_unreachable_fleet_prometheus_falls_back_to_direct(tmp_path: Path, fleet: FakeFleet,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     path = write_fleet(tmp_path, fleet.ports, prometheus_listen_address=f"0.0.0.0:{DEAD_PORT}")
+    fleet_login(path.parent)
     code, out, _ = run_top(["--fleet", str(path), "--json", "--interval", "0.3"], capsys)
     frame = json.loads(out)
-    assert frame["source"] == f"direct: 8 targets (Prometheus http://127.0.0.1:{DEAD_PORT}: connection refused)"
+    assert frame["source"] == f"direct: 8 targets (Prometheus https://127.0.0.1:{DEAD_PORT}: connection refused)"
     assert code == 1 and any(p["generation_tps"] for p in frame["pods"])
 
 
@@ -640,6 +641,18 @@ def monitor_of(tmp_path: Path, text: str) -> Any:
     return fleet_monitor(load_fleet(path))
 
 
+def fleet_login(directory: Path) -> Path:
+    """What a converge that set the monitor up leaves beside the fleet file: the fleet CA's certificate and the
+    metrics password (0600), the login the fleet's Prometheus asks for."""
+    ca_dir = directory / "fleet-ca"
+    ca_dir.mkdir(exist_ok=True)
+    (ca_dir / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    password = ca_dir / "metrics.password"
+    password.write_text("pw-of-the-fleet\n")
+    password.chmod(0o600)
+    return ca_dir
+
+
 def test_the_fleet_prometheus(tmp_path: Path) -> None:
     key = tmp_path / "gw.key"
     key.write_text("k\n")
@@ -647,16 +660,21 @@ def test_the_fleet_prometheus(tmp_path: Path) -> None:
     gateway = f"  gateway:\n    data: {{gateway_api_key_file: {key}, serves_variant: false}}\n    hosts: {{gw: {{ssh_hostname: 10.0.0.5}}}}\n"
     rigs = "  rigs:\n    hosts: {r1: {ssh_hostname: 10.0.0.7}}\n"
     assert monitor_of(tmp_path, "groups:\n" + rigs) is None  # no gateway, no monitor: read directly
+    # Prometheus asks who is calling: without the login a converge leaves here, top reads the targets directly
+    unknown = monitor_of(tmp_path, "groups:\n" + gateway + rigs)
+    assert unknown.url is None and "Prometheus on gw asks who is calling: no " in (unknown.problem or "")
+    ca_dir = fleet_login(tmp_path)
     monitor = monitor_of(tmp_path, "groups:\n" + gateway + rigs)
-    assert (monitor.host, monitor.url, monitor.scrape_interval_s) == ("gw", "http://10.0.0.5:9090", 15)
+    assert (monitor.host, monitor.url, monitor.scrape_interval_s) == ("gw", "https://10.0.0.5:9090", 15)
+    assert (monitor.login.auth, monitor.login.ca_file) == (("rigup-prometheus", "pw-of-the-fleet"), str(ca_dir / "ca.crt"))
     monitor = monitor_of(tmp_path, "data: {monitor_group: rigs, prometheus_listen_address: '10.0.0.7:9999'}\ngroups:\n"
                          + gateway + rigs)
-    assert (monitor.host, monitor.url) == ("r1", "http://10.0.0.7:9999")
+    assert (monitor.host, monitor.url) == ("r1", "https://10.0.0.7:9999")
     loopback = monitor_of(tmp_path, "data: {prometheus_listen_address: '127.0.0.1:9090'}\ngroups:\n" + gateway + rigs)
     assert loopback.url is None and "listens on 127.0.0.1:9090, its own loopback" in (loopback.problem or "")
     local = monitor_of(tmp_path, "data: {prometheus_listen_address: '127.0.0.1:9090'}\ngroups:\n"
                        f"  gateway:\n    data: {{gateway_api_key_file: {key}, serves_variant: false}}\n    hosts: {{'@local': {{}}}}\n")
-    assert local.url == "http://127.0.0.1:9090"
+    assert local.url == "https://127.0.0.1:9090"
 
 
 def test_a_routes_current_state_is_its_latest_answers() -> None:

@@ -28,6 +28,7 @@ from rigup.desired.dashboards import (
 from rigup.desired.fleet import load_fleet
 from rigup.desired.fleet_plan import fleet_entries, plan_fleet
 from rigup.desired.knobs import load_defaults
+from rigup.desired.metrics_auth import METRICS_USER, MetricsCredentials
 from rigup.desired.needs import dashboard_needs
 from rigup.desired.upstream import GitCache
 from rigup_testbed import debarchive
@@ -65,9 +66,13 @@ def test_every_panel_query_is_promql_promtool_parses(tmp_path: Path) -> None:
 
 
 def test_provisioning_files() -> None:
-    source = yaml.safe_load(datasource_text("http://127.0.0.1:9090"))["datasources"][0]
+    login = MetricsCredentials(METRICS_USER, "pw-of-the-fleet", "$2b$10$hash")
+    source = yaml.safe_load(datasource_text("https://127.0.0.1:9090", login, "-----BEGIN CERTIFICATE-----\n"))["datasources"][0]
     assert (source["type"], source["url"], source["uid"], source["isDefault"]) == (
-        "prometheus", "http://127.0.0.1:9090", DATASOURCE_UID, True)
+        "prometheus", "https://127.0.0.1:9090", DATASOURCE_UID, True)
+    # Prometheus asks who is calling: Grafana presents the login and trusts the fleet CA (the file is 0600 grafana)
+    assert (source["basicAuth"], source["basicAuthUser"], source["jsonData"]) == (True, METRICS_USER, {"tlsAuthWithCACert": True})
+    assert source["secureJsonData"] == {"basicAuthPassword": "pw-of-the-fleet", "tlsCACert": "-----BEGIN CERTIFICATE-----\n"}
     provider = yaml.safe_load(dashboards_provider_text())["providers"][0]
     assert provider["type"] == "file" and provider["options"] == {"path": DASHBOARDS_DIR}
     assert "Environment=GF_SERVER_HTTP_PORT=3001" in port_dropin_text(3001)

@@ -1,7 +1,8 @@
-"""node_exporter asks who is calling (rigup.desired.metrics_auth): Debian's real node_exporter under rigup's web
-config and a fleet-CA certificate refuses a caller without the password (401) and answers Prometheus' login over
-TLS; the password is made once 0600 and its bcrypt hash kept stable, and Prometheus' node job carries the
-login as a password file and the CA as a file."""
+"""node_exporter, Prometheus and Alertmanager ask who is calling (rigup.desired.metrics_auth): Debian's real
+node_exporter under rigup's web config and a fleet-CA certificate refuses a caller without the password (401) and
+answers Prometheus' login over TLS, as Debian's Prometheus and Alertmanager do under rigup's flags, with `rigup
+top`'s client logging in; the password is made once 0600 and its bcrypt hash kept stable, and Prometheus' node
+job carries the login as a password file and the CA as a file."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
+from rigup.client.fleet_metrics import PrometheusError, query_prometheus
 from rigup.desired.fleet_ca import ensure_ca, host_sans, issue
 from rigup.desired.knobs import load_defaults
 from rigup.desired.metrics_auth import (
@@ -26,13 +28,16 @@ from rigup.desired.metrics_auth import (
     METRICS_USER,
     NODE_EXPORTER_SERVICE,
     PASSWORD_FILE,
+    PROMETHEUS_SERVICE,
     WEB_DIR,
+    PrometheusLogin,
     metrics_credentials,
     node_exporter_web_flag,
+    prometheus_login,
     scrape_auth,
     web_config_text,
 )
-from rigup.desired.monitoring import rig_exporters
+from rigup.desired.monitoring import MonitorPlan, rig_exporters
 from rigup_testbed import debarchive
 
 
@@ -123,3 +128,61 @@ def test_the_flag_follows_the_release_and_prometheus_scrapes_the_nodes_with_file
         "tls_config": {"ca_file": CA_FILE},
     }
     assert "--web.config" not in rig_exporters(knobs()).node_exporter_args  # no flag: no web config
+
+
+def _serve(argv: list[str], port: int) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for _ in range(100):
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return proc
+        time.sleep(0.1)
+    proc.terminate()
+    raise AssertionError(f"{argv[0]} did not listen on {port}")
+
+
+def _web_files(tmp_path: Path, ca, login, service: str) -> Path:
+    """`service`'s certificate, key and web config as the monitor host has them, under tmp_path/web."""
+    web = tmp_path / "web"
+    web.mkdir(exist_ok=True)
+    cert = issue(ca, "gw", service, host_sans("gw", knobs(ssh_hostname="10.9.9.5")), days=30, renew_days=5)
+    (web / f"{service}.crt").write_bytes(cert.cert.read_bytes())
+    (web / f"{service}.key").write_bytes(cert.key.read_bytes())
+    (web / f"{service}.yml").write_text(web_config_text(service, login).replace(WEB_DIR, str(web)))
+    return web
+
+
+def test_prometheus_asks_who_is_calling_and_rigup_top_logs_in(tmp_path: Path) -> None:
+    """Debian's Prometheus under rigup's flags and web config: a caller without the password gets 401; the client
+    `rigup top` reads with (query_prometheus with prometheus_login: the control machine's password and CA
+    certificate) gets its answers over TLS. (Debian's Alertmanager reads its templates from /usr/share: it runs
+    under rigup's flags on the bed, tests/e2e/test_monitoring.py.)"""
+    ca = ensure_ca(knobs(), base_dir=tmp_path)
+    login = metrics_credentials(knobs(), ca)
+    top_login = prometheus_login(knobs(), base_dir=tmp_path)
+    assert isinstance(top_login, PrometheusLogin) and top_login.auth == (METRICS_USER, login.password)
+    assert top_login.ca_file == str(ca.cert) and login.password not in repr(top_login)
+    web = _web_files(tmp_path, ca, login, PROMETHEUS_SERVICE)
+    port = free_port()
+    (tmp_path / "prometheus.yml").write_text("global: {scrape_interval: 1m}\n")
+    plan = MonitorPlan(host="gw", listen_address=f"127.0.0.1:{port}", retention="1d", scrape_interval_s=60, rigs=(),
+                       gateways=(), alertmanager_port=None, rules_text="")
+    flags = [a.replace(WEB_DIR, str(web)) for a in plan.defaults_text().split("ARGS='")[1].rstrip("'\n").split()]
+    prometheus = _serve([str(debarchive.prometheus()), *flags, f"--config.file={tmp_path / 'prometheus.yml'}",
+                         f"--storage.tsdb.path={tmp_path / 'tsdb'}"], port)
+    try:
+        trusting = ssl.create_default_context(cafile=str(ca.cert))
+        for url in (f"https://127.0.0.1:{port}/api/v1/query?query=vector(1)", f"https://127.0.0.1:{port}/-/ready"):
+            assert get(url, trusting) == 401
+            assert get(url, trusting, (METRICS_USER, "wrong")) == 401
+            assert get(url, trusting, (METRICS_USER, login.password)) == 200
+        with pytest.raises(PrometheusError, match="HTTP 401"):
+            query_prometheus(f"https://127.0.0.1:{port}", "vector(1)", time.time(), 5.0,
+                             PrometheusLogin(METRICS_USER, "wrong", top_login.ca_file))
+        assert query_prometheus(f"https://127.0.0.1:{port}", "vector(7)", time.time(), 5.0, top_login) == [({}, 7.0)]
+    finally:
+        prometheus.terminate()
+        prometheus.wait(timeout=10)
+    (tmp_path / "fleet-ca" / "metrics.password").unlink()
+    assert "metrics.password" in str(prometheus_login(knobs(), base_dir=tmp_path))  # nothing made: says what is missing

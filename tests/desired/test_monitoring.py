@@ -17,6 +17,7 @@ import yaml
 
 from rigup.desired.knobs import load_defaults
 from rigup.desired.lock import ImagePin, LockFile
+from rigup.desired.metrics_auth import scrape_auth
 from rigup.desired.monitoring import (
     GPU_COUNTERS_FILE,
     KEYS_DIR,
@@ -86,7 +87,14 @@ def test_prometheus_yml_scrapes_every_job_and_names_the_gateway_key_file_only(tm
     assert gateway["static_configs"] == [{"targets": ["127.0.0.1:4000"], "labels": {"host": "gw"}}]
     assert plan.gateway_keys == {f"{KEYS_DIR}/gateway-gw.key": "sk-gateway-secret"}
     assert "alerting" not in document  # no webhook: no Alertmanager
-    assert plan.defaults_text().endswith("ARGS='--web.listen-address=0.0.0.0:9090 --storage.tsdb.retention.time=15d'\n")
+    assert plan.defaults_text().endswith("ARGS='--web.listen-address=0.0.0.0:9090 --storage.tsdb.retention.time=15d "
+                                         "--web.config.file=/etc/prometheus/rigup-web/prometheus.yml'\n")
+    for job in ("gpu", "node"):  # both exporters ask who is calling: https, the login, the fleet CA
+        assert {key: jobs[job][key] for key in scrape_auth()} == scrape_auth()
+    # Prometheus asks itself who it is: its own job over TLS with the login (rigup.desired.metrics_auth)
+    assert jobs["prometheus"] == {"job_name": "prometheus", "static_configs": [
+        {"targets": ["127.0.0.1:9090"], "labels": {"host": "gw"}}], **scrape_auth()}
+    assert plan.local_url == "https://127.0.0.1:9090"
 
 
 def test_exporter_targets_follow_the_fleet_file(tmp_path: Path) -> None:
@@ -114,7 +122,11 @@ def test_alertmanager_runs_when_a_webhook_file_is_set_and_its_url_stays_out_of_p
     assert receivers == [{"name": "webhook", "webhook_configs": [{"url": url, "send_resolved": True}]}]
     assert "secret-token" not in plan.config_text()
     assert yaml.safe_load(plan.config_text())["alerting"] == {
-        "alertmanagers": [{"static_configs": [{"targets": ["127.0.0.1:9093"]}]}]}
+        "alertmanagers": [{"static_configs": [{"targets": ["127.0.0.1:9093"]}], **scrape_auth()}]}
+    # Alertmanager asks for the same login, and its HA gossip (0.0.0.0:9094 by default) is off
+    assert plan.alertmanager_defaults_text().endswith(
+        "ARGS='--web.listen-address=127.0.0.1:9093 --web.config.file=/etc/prometheus/rigup-web/alertmanager.yml "
+        "--cluster.listen-address='\n")
     bad = key_file(tmp_path, "bad.url", "not a url")
     with pytest.raises(MonitoringError, match="must hold one http"):
         plan_of(tmp_path, alertmanager_webhook_url_file=bad)
@@ -169,8 +181,12 @@ def test_rig_exporters_and_the_locked_gpu_exporter_image() -> None:
     exporters = rig_exporters(data(gpu_exporter_image="mirror.lan:5000/nvidia/k8s/dcgm-exporter:4.5.3-4.8.2-ubuntu22.04"), lock)
     assert exporters.image.ref.endswith(f":4.5.3-4.8.2-ubuntu22.04@{digest}")
     unit = exporters.gpu_unit_text()
+    web = "/etc/prometheus/rigup-web/gpu-exporter"
+    # its web config (TLS and basic auth, metrics_auth): the three files mounted read-only where it names them
     assert (f"--pull never --gpus all --cap-add SYS_ADMIN -p 9400:9400 -v /opt/rigup/metrics/dcgm-counters.csv:"
-            f"/etc/dcgm-exporter/rigup-counters.csv:ro {exporters.image.ref} -f /etc/dcgm-exporter/rigup-counters.csv") in unit
+            f"/etc/dcgm-exporter/rigup-counters.csv:ro -v {web}.crt:{web}.crt:ro -v {web}.key:{web}.key:ro "
+            f"-v {web}.yml:{web}.yml:ro {exporters.image.ref} -f /etc/dcgm-exporter/rigup-counters.csv "
+            f"--web-config-file {web}.yml\n") in unit
     assert "--collector.textfile.directory=/var/lib/prometheus/node-exporter" in exporters.defaults_text()
 
 

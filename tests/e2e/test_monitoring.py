@@ -8,6 +8,9 @@ GPU exporter, node, the gateway, Prometheus itself) and loads every alert rule; 
 each pod's vllm:generation_tokens_total; a stopped pod fires RigupPodDown within its `for:` window
 (and clears when it serves again); a variant switch moves its target at that converge; a converged
 re-run changes nothing; no key is in the scrape config, and the key files are 0600 prometheus.
+Every internal service asks who is calling (issue 42): node_exporter, the DCGM exporter, Prometheus and
+Alertmanager want TLS from the fleet CA and the metrics login (these tests read Prometheus as `rigup top`
+does, with it); from the hub, no member, only SSH and the entrance answer (tests/e2e/boundary_probe.py).
 """
 
 from __future__ import annotations
@@ -22,11 +25,14 @@ import pytest
 import requests
 
 from rigup.desired.dashboards import panels
+from rigup.desired.knobs import load_defaults
+from rigup.desired.metrics_auth import PrometheusLogin, prometheus_login
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import HostSpec
 from rigup_testbed.image import REPO_ROOT
 from tests.desired.test_monitoring import ALERTS
-from tests.e2e.helpers import key_files
+from tests.e2e.boundary_probe import check_from_outside, plan_of, refused_from_members
+from tests.e2e.helpers import key_files, remote_commands
 from tests.e2e.test_serving import API_KEY, OTHER_VARIANT, VARIANT, Bed, port_of, served_name, sh
 
 pytestmark = pytest.mark.e2e
@@ -37,7 +43,12 @@ POD_DOWN_FOR_S = 60  # RigupPodDown's `for:` in templates/rigup-alerts.yml.j2
 
 
 def prometheus(bed: Bed, path: str, **params: Any) -> Any:
-    reply = requests.get(f"http://{bed.host('gw-01').ip}:9090{path}", params=params, timeout=30)
+    """Prometheus' API as `rigup top` reads it: over TLS (the fleet CA's certificate) with the login it asks for,
+    as the converge left them beside the fleet file."""
+    login = prometheus_login({**load_defaults(), **bed.data}, bed.fleet.parent)
+    assert isinstance(login, PrometheusLogin), login
+    reply = requests.get(f"https://{bed.host('gw-01').ip}:9090{path}", params=params, timeout=30, auth=login.auth,
+                         verify=login.ca_file)
     assert reply.status_code == 200, reply.text
     body = reply.json()
     assert body["status"] == "success", body
@@ -68,10 +79,12 @@ def bed(testbed_factory: Callable[..., Testbed], tmp_path_factory: pytest.TempPa
              HostSpec("rig-01", group="rigs"), HostSpec("rig-02", group="lab")]
     testbed = testbed_factory(specs, "monitor")
     b = Bed(testbed, testbed.workdir)
-    keys = key_files(tmp_path_factory.mktemp("keys"), rig=API_KEY, gateway=GATEWAY_KEY)
+    # the webhook answers nothing (the discard port): Alertmanager runs, Prometheus sends it alerts with its login
+    keys = key_files(tmp_path_factory.mktemp("keys"), rig=API_KEY, gateway=GATEWAY_KEY, hook="http://127.0.0.1:9/rigup-e2e")
     b.data = {**b.data, "serving_api_key_file": str(keys["rig"]), "prometheus_scrape_interval_s": SCRAPE_S,
               "gateway_health_check_interval_s": 5}
-    b.group_data = {"gateway": {"gateway_api_key_file": str(keys["gateway"])}}
+    b.group_data = {"gateway": {"gateway_api_key_file": str(keys["gateway"]),
+                                "alertmanager_webhook_url_file": str(keys["hook"])}}
     b.write()
     yield b
     testbed.down()  # Prometheus, two exporters per rig and LiteLLM: not left running under later modules
@@ -121,7 +134,7 @@ def test_bring_up_scrapes_every_target_and_loads_every_rule(bed: Bed) -> None:
     loaded = sorted(r["name"] for g in rules for r in g["rules"])
     assert loaded == sorted(ALERTS)  # every rule the fleet renders (tests/desired/test_monitoring.py's list)
     assert all(r["health"] == "ok" for g in rules for r in g["rules"]), rules
-    assert f"http://{rig2}:9400/metrics" in {t["scrapeUrl"] for t in targets(bed)}
+    assert f"https://{rig2}:9400/metrics" in {t["scrapeUrl"] for t in targets(bed)}  # the DCGM exporter asks too
 
 
 def test_node_exporter_asks_who_is_calling(bed: Bed) -> None:
@@ -138,6 +151,29 @@ def test_node_exporter_asks_who_is_calling(bed: Bed) -> None:
     assert sh(monitor, f"{ask} https://{rig1}:9100/metrics") == "401"  # the CA checks out, the caller does not
     assert sh(monitor, f"curl -s -o /dev/null -w '%{{http_code}}' -m 5 http://{rig1}:9100/metrics", check=False) == "400"
     assert sh(bed.host("rig-01"), "stat -c '%a %U' /etc/prometheus/rigup-web/node-exporter.key") == "600 prometheus"
+
+
+def test_from_outside_only_ssh_and_the_entrance_answer_and_members_are_asked_who_they_are(bed: Bed) -> None:
+    """Issue 42's probe, from the table the boundary is rendered from (tests/e2e/boundary_probe.py): the hub
+    (on the fleet's network, no member) scans every TCP port of every host and tries every service's requests;
+    only SSH and the entrance answer, and only the entrance with its key lets a request through. From a member
+    the firewall admits, every service that asks who is calling refuses a caller without credentials."""
+    fleet = plan_of(bed.fleet)
+    answer = check_from_outside(fleet, lambda h: bed.host(h).ip, bed.testbed.network.hub_netns,
+                                {("gw-01", 4000): GATEWAY_KEY})
+    print(f"outsider's scan of {len(answer['scan'])} hosts and {len(answer['probes'])} requests: {answer['seconds']} s")
+
+    def run_on(member: str | None, command: str) -> str:
+        if member is None:  # the control machine
+            return subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60).stdout
+        return sh(bed.host(member), command, check=False)
+
+    asked, silent = refused_from_members(fleet, lambda h: bed.host(h).ip, run_on)
+    print(f"members without credentials: {asked}")
+    assert not silent, f"nothing answered: {silent}"  # every service of this bed listens where the table says
+    assert {what.split(" on ")[0] for what in asked} == {
+        "the entrance (the fleet's API)", "each pod's vLLM API", "node_exporter", "the DCGM exporter (Docker-published)",
+        "Prometheus"}, asked
 
 
 def test_verify_moves_every_pods_generated_tokens(bed: Bed) -> None:
@@ -195,6 +231,24 @@ def test_a_stopped_pod_fires_pod_down_within_its_window_and_clears(bed: Bed) -> 
     wait_for(lambda: not firing(), 120, "RigupPodDown to clear once the pod serves again")
 
 
+def test_alertmanager_asks_who_is_calling_and_prometheus_sends_it_alerts_with_its_login(bed: Bed) -> None:
+    """Alertmanager (on the monitor's loopback) asks for TLS and the login as Prometheus does; Prometheus sent it
+    RigupPodDown (above) with them and no notification failed; its HA gossip listener (0.0.0.0:9094 by default)
+    is off (issue 42)."""
+    gw = bed.host("gw-01")
+    ask = "curl -s -o /dev/null -w '%{http_code}' -m 5 --cacert /etc/prometheus/rigup-web/fleet-ca.crt"
+    assert sh(gw, f"{ask} https://127.0.0.1:9093/-/ready") == "401"
+    assert sh(gw, "curl -s -o /dev/null -w '%{http_code}' -m 5 http://127.0.0.1:9093/-/ready", check=False) == "400"
+
+    def count(metric: str) -> float:
+        return sum(float(r["value"][1]) for r in query(bed, f'{metric}{{job="prometheus"}}'))
+
+    wait_for(lambda: count("prometheus_notifications_sent_total") > 0, 3 * SCRAPE_S + 10, "Prometheus to have sent alerts")
+    assert count("prometheus_notifications_errors_total") == 0 and count("prometheus_notifications_dropped_total") == 0
+    assert count("prometheus_notifications_alertmanagers_discovered") == 1
+    assert "9094" not in sh(gw, "ss -Hltnu")
+
+
 def test_a_variant_switch_moves_the_target_at_that_converge(bed: Bed) -> None:
     bed.group_data = {**bed.group_data, "lab": {"variant": OTHER_VARIANT}}
     bed.write()
@@ -214,6 +268,10 @@ def test_a_converged_rerun_changes_nothing(bed: Bed) -> None:
     result = bed.deploy_json()
     changed = {op["name"]: op["success"] for op in result["results"]["operations"] if op["success"]}
     assert changed == {}, f"operations that changed on a converged re-run: {changed}"
+    proc = bed.deploy()  # what a converged re-run sends each host, the monitor's certificates and web configs included
+    counts = remote_commands(proc.stdout + proc.stderr)
+    print(f"remote commands of a converged re-run: {counts}")
+    assert max(counts.values()) <= 2, counts
 
 
 def test_no_key_in_the_scrape_config_and_the_key_files_are_the_prometheus_users(bed: Bed) -> None:

@@ -1,0 +1,167 @@
+"""Issue 42's probe test, for any bed: what the fleet's boundary lets through, read from the same table the
+firewall and docs/security.md's port table are rendered from (rigup.desired.boundary.SERVICES and holes).
+
+From outside (the bed's hub namespace: on the fleet's network, no member, not the control machine), every TCP
+port of every fleet host is scanned and each service's requests tried (tests/e2e/portscan.py): only the ports
+the table opens to anyone (SSH, the entrance) may answer, and no request without credentials may succeed;
+the entrance with a valid key does. From a member the firewall admits, each service that asks who is
+calling (a row's `asks`) refuses a caller without credentials (401 or 403).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rigup.desired.boundary import CONTROL, SERVICES, Service, holes
+from rigup.desired.fleet import load_fleet
+from rigup.desired.fleet_plan import FleetPlan, fleet_entries, plan_fleet
+from rigup.desired.knobs import load_defaults
+
+SCANNER = Path(__file__).with_name("portscan.py")
+SCAN_TIMEOUT_S = 1.0  # a SYN-ACK on the bed's bridge comes in well under a millisecond
+SCAN_WIDTH = 12000  # connections in flight (the scanner raises its open-files limit to the hard one)
+
+
+@dataclass(frozen=True)
+class Request:
+    host: str
+    port: int
+    service: str
+    method: str
+    path: str
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def __str__(self) -> str:
+        auth = " (with a key)" if self.headers else ""
+        return f"{self.method} {self.host}:{self.port}{self.path} [{self.service}]{auth}"
+
+
+def plan_of(fleet_file: Path) -> FleetPlan:
+    """The FleetPlan the bed's converge renders its boundary from."""
+    return plan_fleet(fleet_entries(load_fleet(fleet_file)))
+
+
+def _numbers(specs: list[str] | tuple[str, ...]) -> list[int]:
+    """nftables port specs as single ports ('1-65535' ranges are the scan's business, not a request's)."""
+    return [int(spec) for spec in specs if spec.isdigit()]
+
+
+def _expand(specs: tuple[str, ...]) -> set[int]:
+    out: set[int] = set()
+    for spec in specs:
+        first, _, last = spec.partition("-")
+        out.update(range(int(first), int(last or first) + 1))
+    return out
+
+
+def open_to_anyone(fleet: FleetPlan, host: str) -> set[int]:
+    """The ports the table opens to anyone on `host` (SSH, the entrance)."""
+    return {port for hole in holes(fleet, host) if hole.sources is None for port in _expand(hole.ports)}
+
+
+def _default_port(service: Service) -> list[int]:
+    """Where a service no host of this fleet runs would listen: its port knob's default."""
+    knob_name = service.port.split()[0]
+    value = load_defaults().get(knob_name)
+    if isinstance(value, str) and ":" in value:  # a listen address (prometheus_listen_address)
+        value = value.rpartition(":")[2]
+    return [int(value)] if isinstance(value, int) or (isinstance(value, str) and value.isdigit()) else []
+
+
+def _split(probe: str) -> tuple[str, str]:
+    method, _, path = probe.rpartition(" ")
+    return method or "GET", path
+
+
+def outsider_requests(fleet: FleetPlan, keys: Mapping[tuple[str, int], str]) -> list[Request]:
+    """Every service's requests at every port it has on every host (a service no host runs: at its default port
+    on every host, or where its HTTP APIs would listen); `keys`: (host, port) -> a valid bearer key, tried once
+    more with it on the first request."""
+    out = []
+    hosts = [h.name for h in fleet.hosts]
+    for service in SERVICES:
+        runs = {h: service.ports(fleet, h) for h in hosts}
+        anywhere = any(runs.values())
+        for host in hosts:
+            if runs[host]:
+                ports = _numbers(service.probe_ports) if service.probe_ports else _numbers(runs[host])
+            elif not anywhere:
+                ports = _numbers(service.probe_ports) or _default_port(service)
+            else:
+                continue
+            for port in ports:
+                for probe in service.probes:
+                    out.append(Request(host, port, service.name, *_split(probe)))
+                if (host, port) in keys and service.probes:
+                    key = keys[(host, port)]
+                    out.append(Request(host, port, service.name, *_split(service.probes[0]),
+                                       (("Authorization", f"Bearer {key}"),)))
+    return out
+
+
+def scan_from(netns: str, addresses: list[str], requests: list[tuple[str, Request]]) -> dict[str, Any]:
+    """Run tests/e2e/portscan.py inside network namespace `netns`: (address, request) pairs to try."""
+    body = {"addresses": addresses, "timeout_s": SCAN_TIMEOUT_S, "width": SCAN_WIDTH,
+            "probes": [[address, r.port, r.method, r.path, dict(r.headers)] for address, r in requests]}
+    proc = subprocess.run(["ip", "netns", "exec", netns, sys.executable, str(SCANNER)], input=json.dumps(body),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def check_from_outside(fleet: FleetPlan, ip: Callable[[str], str], netns: str,
+                       keys: Mapping[tuple[str, int], str]) -> dict[str, Any]:
+    """The outsider's scan and requests, asserted: on each host exactly the ports open to anyone answer (so the
+    scan cannot pass by seeing nothing), no request without a key succeeds (2xx or 3xx, over TLS or plain
+    HTTP), and the entrance's first request with a valid key does. Returns the scanner's answer."""
+    hosts = [h.name for h in fleet.hosts]
+    requests = outsider_requests(fleet, keys)
+    answer = scan_from(netns, [ip(h) for h in hosts], [(ip(r.host), r) for r in requests])
+    scanned = {h: answer["scan"][ip(h)] for h in hosts}
+    assert all(not s["errors"] for s in scanned.values()), {h: s["errors"] for h, s in scanned.items()}
+    seen = {h: set(s["open"]) for h, s in scanned.items()}
+    wanted = {h: open_to_anyone(fleet, h) for h in hosts}
+    assert seen == wanted, f"open from outside: {seen}; the table opens to anyone: {wanted}"
+    for when in ("probes", "probes_after"):
+        answered = [(r, [code for code in codes if code is not None]) for r, codes in zip(requests, answer[when])]
+        let_in = [f"{r}: {codes}" for r, codes in answered if not r.headers and any(code < 400 for code in codes)]
+        assert not let_in, f"requests an outsider got through: {let_in}"
+        keyed = [(r, codes) for r, codes in answered if r.headers]
+        entrance = [f"{r}: {codes}" for r, codes in answered if r.port in {port for _, port in keys}]
+        assert len(keyed) == len(keys) and all(200 in codes for _, codes in keyed), (
+            f"{when}: the entrance with its key: {keyed}; all its answers: {entrance}; conntrack entries in the "
+            f"outsider's namespace {answer['tracked_before']} -> {answer['tracked_after']}")
+    return answer
+
+
+def refused_from_members(fleet: FleetPlan, ip: Callable[[str], str],
+                         run_on: Callable[[str | None, str], str]) -> tuple[dict[str, list[int]], list[str]]:
+    """From a member the firewall admits (a host among the hole's sources, else the control machine: `run_on`
+    None), each service that asks who is calling answers its `asks` paths with 401 or 403 to a caller without
+    credentials (over TLS without checking the certificate, and in plain HTTP: one of them is its scheme).
+    Returns what each answered, by request, and the requests nothing answered (no listener: the caller says
+    which may have none, e.g. a cluster worker's pod port)."""
+    answers: dict[str, list[int]] = {}
+    for host in (h.name for h in fleet.hosts):
+        for service in (s for s in SERVICES if s.asks):
+            ports = _numbers(service.ports(fleet, host))
+            if not ports:
+                continue
+            sources = service.sources(fleet, host)
+            member = next((s for s in sources or () if s not in (CONTROL, host)), None)
+            for port in ports:
+                for path in service.asks:
+                    ask = " ".join(f"curl -sk -o /dev/null -w '%{{http_code}}\\n' -m 5 {scheme}://{ip(host)}:{port}{path};"
+                                   for scheme in ("https", "http"))
+                    codes = [int(code) for code in run_on(member, ask).split()]
+                    answers[f"{service.name} on {host}:{port}{path} from {member or 'the control machine'}"] = codes
+    silent = sorted(what for what, codes in answers.items() if not any(codes))  # curl's 000: no HTTP answer
+    let_in = {what: codes for what, codes in answers.items() if any(codes) and not {401, 403} & set(codes)}
+    assert answers and not let_in, f"services that did not ask who is calling: {let_in}"
+    return answers, silent
