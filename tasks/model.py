@@ -18,9 +18,10 @@ the lock pins and how to make it; a --dry run warns so in one line and plans not
 """
 
 from pyinfra import host, state
-from pyinfra.operations import apt, files
+from pyinfra.operations import files
 
 from rigup.desired.knobs import knob
+from rigup.operations.apt import os_packages
 from rigup.operations.model import model_files, rigfetch_upload
 from rigup.operations.planning_errors import model_plan_or_stop
 
@@ -31,7 +32,7 @@ if plan is not None:
     retries = knob(host.data, "model_download_retries")
     token_file = knob(host.data, "hf_token_file")
 
-    apt.packages(name="Install python3 for rigfetch", packages=["python3"])
+    os_packages(name="Install python3 for rigfetch", packages=["python3"])
     files.directory(name="Create the rigup bin directory", path=plan.script.rsplit("/", 1)[0], mode="755")
     files.put(name="Upload rigfetch (model fetch and verify helper)", src=rigfetch_upload(), dest=plan.script, mode="755")
 

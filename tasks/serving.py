@@ -44,12 +44,11 @@ what the lock pins and how to make it; a --dry run warns so in one line and plan
 """
 
 import posixpath
-from io import StringIO
 
 from pyinfra import host, logger
-from pyinfra.operations import apt, files
+from pyinfra.operations import files
 
-from rigup.desired.cluster import FIREWALL_FILE, FIREWALL_UNIT, MEMBER_SCRIPT, firewall_text, firewall_unit_text
+from rigup.desired.cluster import MEMBER_SCRIPT, firewall_text
 from rigup.desired.knobs import knob, knob_int
 from rigup.desired.lock import LockError
 from rigup.desired.recipe import RecipeError
@@ -57,7 +56,8 @@ from rigup.desired.release import release_path
 from rigup.desired.secrets import SecretError
 from rigup.facts.gpu import GpuTopology
 from rigup.layout import RigLayout
-from rigup.operations.cluster import cluster_firewall_absent, cluster_host_data, peer_routes
+from rigup.operations.apt import os_packages
+from rigup.operations.cluster import cluster_firewall, cluster_firewall_absent, cluster_host_data, peer_routes
 from rigup.operations.cluster_gate import cluster_gate_verdict, cluster_member_gate, member_gates_when
 from rigup.operations.planning_errors import stop_the_run_on
 from rigup.operations.serving import (
@@ -70,7 +70,6 @@ from rigup.operations.serving import (
     variant_service,
 )
 from rigup.operations.serving_plans import PodPlans, text_file
-from rigup.operations.units import unit_runs_current_files
 from rigup.rig import SERVINGCTL_SCRIPT
 from rigup.runstate import driver_changed, pins_missing, serving_blocked
 
@@ -95,7 +94,7 @@ if blocked is None and not missing_pins:
     ctl = layout.servingctl
     pods = list(zip(plans, env_texts, timeouts))
 
-    apt.packages(name="Install python3 for rigup-servingctl", packages=["python3"])
+    os_packages(name="Install python3 for rigup-servingctl", packages=["python3"])
     files.directory(name="Create the rigup bin directory", path=layout.bin_dir, mode="755")
     files.directory(name="Create the state directory", path=paths.state_dir, mode="755")
     files.put(
@@ -106,23 +105,16 @@ if blocked is None and not missing_pins:
     )
     member = plans[0].recipe.cluster  # a cluster member serves its share only (one pod)
     if member is not None:
-        apt.packages(name="Install nftables (the cluster's firewall)", packages=["nftables"])
+        os_packages(name="Install nftables (the cluster's firewall)", packages=["nftables"])
         files.directory(name="Create the cluster directory", path=posixpath.dirname(member.script), mode="755")
         files.put(name="Upload rigup's cluster member script (Ray head or worker)", src=str(MEMBER_SCRIPT),
                   dest=member.script, mode="755")
-        files.directory(name="Create /etc/rigup", path=posixpath.dirname(FIREWALL_FILE), mode="755")
         read = peer_routes(host)
-        files.put(
-            name=f"Write the firewall of cluster {member.cluster.name} (members only to Ray's and NCCL's ports)",
-            src=StringIO(firewall_text(member.cluster, {host.name: member.net.address, **dict(read.addresses)},
-                                       member.ports, read.local_ports, plans[0].recipe.host_port)),
-            dest=FIREWALL_FILE,
-            mode="644",
+        cluster_firewall(
+            name=f"Run the firewall of cluster {member.cluster.name} on its current rules (members only to Ray's and NCCL's ports)",
+            rules=firewall_text(member.cluster, {host.name: member.net.address, **dict(read.addresses)},
+                                member.ports, read.local_ports, plans[0].recipe.host_port),
         )
-        files.put(name="Write the firewall's unit", src=StringIO(firewall_unit_text()),
-                  dest=f"/etc/systemd/system/{FIREWALL_UNIT}", mode="644")
-        unit_runs_current_files(name="Run the cluster's firewall on its current rules", unit=FIREWALL_UNIT,
-                                files=[FIREWALL_FILE, f"/etc/systemd/system/{FIREWALL_UNIT}"])
     else:
         cluster_firewall_absent(name="Remove the firewall of a cluster this host has left")
 

@@ -13,11 +13,12 @@ file raises), saying what the lock pins and how to make it; a --dry run warns so
 """
 
 from pyinfra import host, state
-from pyinfra.operations import apt, files
+from pyinfra.operations import files
 
 from rigup.desired.lock import LockError
 from rigup.desired.plan import host_sources
 from rigup.desired.recipe import RecipeError
+from rigup.operations.apt import os_packages
 from rigup.operations.git import git_checkout
 from rigup.operations.planning_errors import stop_the_run_on
 from rigup.runstate import fleet_plan, pins_missing
@@ -29,7 +30,7 @@ wanted = host_sources(plans)  # every pod's sources, each once, with the paths a
 sources = () if wanted and any(pins_missing(host, "sources", plan) for plan in plans) else wanted
 
 if sources:
-    apt.packages(name="Install git", packages=["git"])
+    os_packages(name="Install git", packages=["git"])
     files.directory(name="Create the sources directory", path=plans[0].recipe.paths.sources_dir, mode="755")
 
 for source in host.loop(sources):

@@ -1,13 +1,16 @@
-"""A cluster member's network, read on the host as the deploy plans it (rigup.desired.cluster), and the
-firewall of a host that is no longer a member."""
+"""A cluster member's network, read on the host as the deploy plans it (rigup.desired.cluster), a member's
+firewall, and the firewall of a host that is no longer a member."""
 
 from __future__ import annotations
 
+import posixpath
+from io import StringIO
 from typing import Any
 
 from pyinfra import host as current_host
 from pyinfra.api import StringCommand, operation
 from pyinfra.facts.files import File
+from pyinfra.operations import files
 
 from rigup.desired.cluster import (
     FIREWALL_FILE,
@@ -15,11 +18,13 @@ from rigup.desired.cluster import (
     FIREWALL_UNIT,
     MemberNetwork,
     cluster_of,
+    firewall_unit_text,
     member_data,
     member_net,
 )
 from rigup.desired.roles import cluster_membership
 from rigup.facts.network import ClusterPeerRoutes
+from rigup.operations.units import unit_runs_current_files
 from rigup.parsers.iproute import PeerRoutes
 from rigup.runstate import fleet_plan
 
@@ -51,6 +56,23 @@ def cluster_host_data(host: Any) -> dict[str, Any]:
     decided: preflight fails the host otherwise), so a member's compose names its real interface and
     addresses."""
     return member_data(host.data.dict(), member_network(host))
+
+
+@operation()
+def cluster_firewall(rules: str, unit_dir: str = "/etc/systemd/system"):
+    """
+    A cluster member's firewall: ``rules`` in its rules file and rigup-cluster-firewall.service (its unit
+    written here) enabled and active on them, restarted when the rules or the unit changed after it started
+    (the unit's start loads the table, its stop deletes it). The counterpart of cluster_firewall_absent.
+
+    + rules: the nftables table (rigup.desired.cluster.firewall_text: the members alone to Ray's and NCCL's ports)
+    + unit_dir: where rigup writes systemd units
+    """
+    unit_file = f"{unit_dir}/{FIREWALL_UNIT}"
+    yield from files.directory._inner(path=posixpath.dirname(FIREWALL_FILE), mode="755")
+    yield from files.put._inner(src=StringIO(rules), dest=FIREWALL_FILE, mode="644")
+    yield from files.put._inner(src=StringIO(firewall_unit_text()), dest=unit_file, mode="644")
+    yield from unit_runs_current_files._inner(unit=FIREWALL_UNIT, files=[FIREWALL_FILE, unit_file])
 
 
 @operation()
