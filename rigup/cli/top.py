@@ -1,11 +1,10 @@
 """`rigup top`: a live view of the fleet in the terminal, redrawn every few seconds.
 
 Per pod: requests running and waiting, generated and prompt tokens per second, time to first token
-(p50, p95) and KV-cache use. Per GPU: utilisation, memory, temperature and power. Per gateway route:
-its name, its answers per second and its state now (healthy, partial or complete outage) as its latest
-answers say: LiteLLM keeps a failure's state beside the healthy state of later successes ("unknown
-(idle)": they disagree and no answer was seen since). The columns fit the terminal: short headers
-first, then the least useful columns go; host, pod and state always show.
+(p50, p95) and KV-cache use. Per gateway route (a pod behind the entrance's router of its model): its name,
+its answers per second and its state now as the router says (vllm-router's vllm_router_worker_health and
+vllm_router_cb_state on the entrance's /metrics/: healthy, out of rotation, circuit open or half-open). The
+columns fit the terminal: short headers first, then the least useful columns go; host, pod and state always show.
 
 Where it reads: the fleet's Prometheus (the first host of monitor_group, by default gateway_group's,
 at prometheus_listen_address) through its HTTP API, or the one --prometheus names. With --direct, or
@@ -39,6 +38,7 @@ from typing import Any
 
 from rigup.cli.runner import Target, add_target_arguments, api_host, fleet_targets, limit_selection, progress
 from rigup.client.fleet_metrics import (
+    OUT_OF_ROTATION,
     QUARANTINED,
     UP,
     DirectSource,
@@ -75,7 +75,7 @@ MAX_TIMEOUT_S = 5.0  # a scrape or query waits at most this long (and never long
 
 def direct_endpoints(targets: Sequence[Target]) -> list[Endpoint]:
     """What to scrape for the fleet targets: each pod's /metrics, one GPU exporter per rig that runs
-    the exporters, each gateway's /metrics/ (LiteLLM mounts it there; the bare path redirects)."""
+    the exporters, each gateway's /metrics/ (the entrance's routers' metrics, joined by its front)."""
     out: list[Endpoint] = []
     rigs_seen: set[str] = set()
     for target in targets:
@@ -101,10 +101,9 @@ def direct_endpoints(targets: Sequence[Target]) -> list[Endpoint]:
 
 
 def fleet_route_names(targets: Sequence[Target]) -> RouteNames:
-    """The name rigup gives each route (<host>/<unit>, LiteLLM's model_id), found from its API base: the
-    pod listening on that port at that address (127.0.0.1 for a pod on the gateway's own host). LiteLLM
-    1.108 labels a route's successes without its model_id, so a route that never failed has no name in
-    the gateway's series."""
+    """The name rigup gives each route (<host>/<unit>), found from its API base (the router's worker + /v1): the
+    pod listening on that port at that address (127.0.0.1 for a pod on the gateway's own host). The routers'
+    series name a route by its worker's URL only."""
     pods: list[tuple[int, set[str], str, str]] = []  # (port, addresses, host, name)
     for target in targets:
         if target.recipe is None or target.api_url is None or target.host is None:
@@ -159,7 +158,7 @@ def memory_text(used: float | None, free: float | None, unit: str = " GiB") -> s
 
 
 def _state_style(state: str, answered: bool) -> str:
-    if not answered or state.startswith(("complete", QUARANTINED)):
+    if not answered or state.startswith((OUT_OF_ROTATION, QUARANTINED)):
         return "bold red"
     if state in (UP, "healthy"):
         return "green"

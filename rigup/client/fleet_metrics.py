@@ -46,16 +46,17 @@ GPU_FIELDS = {
     "DCGM_FI_DEV_GPU_TEMP": "temp_c",
     "DCGM_FI_DEV_POWER_USAGE": "power_w",
 }
-# LiteLLM's proxy (its prometheus callback): prometheus_client writes a counter x as x_total
-ROUTE_STATE = "litellm_deployment_state"  # labels litellm_model_name, model_id, api_base, api_provider
-ROUTE_SUCCESS = "litellm_deployment_success_responses_total"
-ROUTE_FAILURE = "litellm_deployment_failure_responses_total"
-ROUTE_STATES = {0: "healthy", 1: "partial outage", 2: "complete outage"}
+# The entrance's routers (vllm-router 0.1.17; the front's /metrics/ joins them, each sample labelled with its
+# model): a route is one worker (a pod's base URL, label worker) of one model's router. Checked against the wheel.
+ROUTE_HEALTH = "vllm_router_worker_health"  # 1 in rotation, 0 out (its health checks failed it)
+ROUTE_BREAKER = "vllm_router_cb_state"  # 0 closed, 1 open, 2 half_open
+ROUTE_OUTCOMES = "vllm_router_cb_outcomes_total"  # answers by worker and outcome (success | failure)
+ROUTE_HEALTHY = "healthy"
+OUT_OF_ROTATION = "out of rotation"
+BREAKER_STATES = {1: "circuit open", 2: "circuit half-open"}
 
 UP = "up"
-NO_ROUTES = "no routes yet"  # LiteLLM reports a deployment's state once a request went to it
-ANSWER_LOOKBACK = "1h"  # how far back Prometheus looks for a route's latest success and failure
-UNKNOWN_IDLE = "unknown (idle)"  # its series disagree and no answer was seen since: nothing says which is now
+NO_ROUTES = "no routes yet"  # the entrance routes to no pod
 
 
 # --------------------------------------------------------------------------------------------------
@@ -96,9 +97,9 @@ class GpuRow:
 class RouteRow:
     gateway: str  # the gateway's host
     model: str | None
-    route: str | None  # LiteLLM's model_id (rigup writes <host>/<unit>)
+    route: str | None  # <host>/<unit> of the pod at api_base (its address when no pod of the fleet listens there)
     api_base: str | None
-    state: str  # healthy | partial outage | complete outage | no routes yet | why the gateway did not answer
+    state: str  # healthy | out of rotation | circuit open | ... | no routes yet | why the gateway did not answer
     answered: bool = True
     success_rps: float | None = None
     failure_rps: float | None = None
@@ -262,46 +263,18 @@ def gpu_rows(now: Scrape) -> list[GpuRow]:
     return gpu_rows_from(endpoint.host, fields)
 
 
-def route_model(name: str | None) -> str | None:
-    """LiteLLM's model name without the provider prefix rigup's routes carry (hosted_vllm/...)."""
-    return name.split("/", 1)[1] if name and name.startswith("hosted_vllm/") else name
+def route_api_base(worker: str) -> str:
+    """A route's API base as rigup writes it (http://host:port/v1) from the router's worker (the pod's base URL,
+    what --worker-urls took)."""
+    return worker.rstrip("/") + "/v1"
 
 
-def route_state(value: float) -> str:
-    return ROUTE_STATES[int(value)] if value in ROUTE_STATES else f"state {value:g}"
-
-
-def route_base(api_base: str | None) -> str | None:
-    """A route's API base as rigup wrote it (http://host:port/v1): LiteLLM labels some series with the
-    endpoint it called (.../v1/chat/completions) instead. None for a series of no route (LiteLLM writes
-    its counters with empty deployment labels for a request it refused before picking one)."""
-    if not api_base:
-        return None
-    if "/v1/" in api_base:
-        return api_base.split("/v1/", 1)[0] + "/v1"
-    return api_base.rstrip("/")
-
-
-def current_route_state(states: Sequence[float], last_success_at: float | None, last_failure_at: float | None) -> str:
-    """A route's state now. LiteLLM 1.108 writes litellm_deployment_state under a different label set per
-    event (integrations/prometheus.py: a success sets 0 with api_base .../v1/chat/completions and no
-    model_id, a failure 1 and a cooldown 2 with api_base .../v1 and the model_id), so after a heal the
-    failure's series keeps its 1 or 2 forever beside the success's 0. The series written last is the one
-    of the latest answer: a success makes the route healthy, a failure gives LiteLLM's failure state,
-    both within the latest step is a partial outage. Without any answer seen, series that disagree say
-    nothing of now: unknown."""
-    failing = max((s for s in states if s > 0), default=None)
-    if failing is None:
-        return ROUTE_STATES[0] if states else NO_ROUTES
-    if not any(s == 0 for s in states):
-        return route_state(failing)  # never answered well since LiteLLM started
-    if last_success_at is None and last_failure_at is None:
-        return UNKNOWN_IDLE
-    if last_failure_at is None or (last_success_at is not None and last_success_at > last_failure_at):
-        return ROUTE_STATES[0]
-    if last_success_at is None or last_failure_at > last_success_at:
-        return route_state(failing)
-    return ROUTE_STATES[1]
+def route_state(health: float | None, breaker: float | None) -> str:
+    """A route's state now, as its model's router says: vllm_router_worker_health (1 in rotation, 0 out: its health
+    checks failed it) and vllm_router_cb_state (0 closed, 1 open: requests skip the pod, 2 half-open: one tries it)."""
+    if health is not None and health < 1:
+        return f"{OUT_OF_ROTATION}, circuit open" if breaker == 1 else OUT_OF_ROTATION
+    return BREAKER_STATES.get(int(breaker), f"circuit state {breaker:g}") if breaker else ROUTE_HEALTHY
 
 
 def address_of(api_base: str) -> str:
@@ -314,94 +287,64 @@ RouteNames = Callable[[str, str], str | None]  # (gateway host, API base) -> the
 
 @dataclass
 class RouteEvidence:
-    """Everything a gateway's series say of one route (the gateway and the route's API base)."""
+    """What an entrance's routers say of one route: a worker of one model's router."""
 
     gateway: str
-    api_base: str
-    model: str | None = None
-    route: str | None = None  # LiteLLM's model_id where a series carries it (rigup writes <host>/<unit>)
-    states: list[float] = field(default_factory=list)
+    model: str
+    worker: str
+    health: float | None = None
+    breaker: float | None = None
     success_rps: float | None = None
     failure_rps: float | None = None
-    last_success_at: float | None = None  # when its latest success was counted, as far as the source saw
-    last_failure_at: float | None = None
-
-    def learn(self, labels: Callable[[str], str | None]) -> None:
-        self.model = self.model or route_model(labels("litellm_model_name"))
-        self.route = self.route or labels("model_id") or None
-
-    def add_rates(self, success: float | None, failure: float | None) -> None:
-        for attr, value in (("success_rps", success), ("failure_rps", failure)):
-            if value is not None:
-                setattr(self, attr, (getattr(self, attr) or 0.0) + value)
 
     def row(self, names: RouteNames | None) -> RouteRow:
-        name = self.route or (names(self.gateway, self.api_base) if names else None) or address_of(self.api_base)
-        success, failure = self.success_rps, self.failure_rps
-        if success is not None or failure is not None:  # LiteLLM has no series of a count before its first
-            success, failure = success or 0.0, failure or 0.0
-        state = current_route_state(self.states, self.last_success_at, self.last_failure_at)
-        return RouteRow(self.gateway, self.model, name, self.api_base, state, success_rps=success, failure_rps=failure)
+        base = route_api_base(self.worker)
+        name = (names(self.gateway, base) if names else None) or address_of(base)
+        return RouteRow(self.gateway, self.model or None, name, base, route_state(self.health, self.breaker),
+                        success_rps=self.success_rps, failure_rps=self.failure_rps)
 
 
 def route_rows_of(evidence: Mapping[Any, RouteEvidence], names: RouteNames | None) -> list[RouteRow]:
-    """A row per route LiteLLM reports a state of (a route only in counters is a request it refused)."""
-    rows = (e.row(names) for e in evidence.values() if e.states)
+    """A row per route its router reports the health of (vllm_router_worker_health)."""
+    rows = (e.row(names) for e in evidence.values() if e.health is not None)
     return sorted(rows, key=lambda r: (r.gateway, r.model or "", r.route or ""))
 
 
-def gateway_evidence(gateway: str, metrics: Exposition) -> dict[str, RouteEvidence]:
-    """The routes a gateway's /metrics shows, by API base: its state series and the names its counters carry."""
-    routes: dict[str, RouteEvidence] = {}
-    for name in (ROUTE_STATE, ROUTE_SUCCESS, ROUTE_FAILURE):
+def gateway_evidence(gateway: str, metrics: Exposition) -> dict[tuple[str, str], RouteEvidence]:
+    """The routes an entrance's /metrics/ shows, by (model, worker): each router's samples, labelled with its model."""
+    routes: dict[tuple[str, str], RouteEvidence] = {}
+    for name, attr in ((ROUTE_HEALTH, "health"), (ROUTE_BREAKER, "breaker")):
         for sample in metrics.samples(name):
-            base = route_base(sample.label("api_base"))
-            if base is None:
-                continue
-            evidence = routes.setdefault(base, RouteEvidence(gateway, base))
-            evidence.learn(sample.label)
-            if name == ROUTE_STATE:
-                evidence.states.append(sample.value)
+            model, worker = sample.label("model") or "", sample.label("worker")
+            if worker:
+                setattr(routes.setdefault((model, worker), RouteEvidence(gateway, model, worker)), attr, sample.value)
     return routes
 
 
-def answers_between(before: Exposition, now: Exposition, name: str) -> dict[str, float]:
-    """Per route (API base), how much counter `name` grew between two scrapes. A series the earlier scrape
-    lacks counts from 0: LiteLLM creates a route's series at its first success or failure."""
-    earlier = {s.labels: s.value for s in before.samples(name)}
-    grown: dict[str, float] = {}
-    for sample in now.samples(name):
-        base = route_base(sample.label("api_base"))
-        if base is not None:
-            grown[base] = grown.get(base, 0.0) + counter_increase(earlier.get(sample.labels, 0.0), sample.value)
+def outcomes_between(before: Exposition, now: Exposition) -> dict[tuple[str, str, str], float]:
+    """Per (model, worker, outcome), how many answers the routers counted between two scrapes (a series the earlier
+    scrape lacks counts from 0: the router makes it at its first such outcome)."""
+    earlier = {s.labels: s.value for s in before.samples(ROUTE_OUTCOMES)}
+    grown: dict[tuple[str, str, str], float] = {}
+    for sample in now.samples(ROUTE_OUTCOMES):
+        key = (sample.label("model") or "", sample.label("worker") or "", sample.label("outcome") or "")
+        grown[key] = grown.get(key, 0.0) + counter_increase(earlier.get(sample.labels, 0.0), sample.value)
     return grown
 
 
-LastAnswers = dict[tuple[str, str], list[float | None]]  # (gateway, API base) -> [last success, last failure] at
-
-
-def route_rows(now: Scrape, before: Scrape | None, seen: LastAnswers | None = None,
-               names: RouteNames | None = None) -> list[RouteRow]:
-    """A gateway's routes from two scrapes; `seen` carries each route's latest success and failure from
-    frame to frame (direct reading has no history but what it saw)."""
+def route_rows(now: Scrape, before: Scrape | None, names: RouteNames | None = None) -> list[RouteRow]:
+    """An entrance's routes from two scrapes of its /metrics/: each router's verdict now, and its answers per second
+    between the scrapes (none on the first)."""
     endpoint = now.endpoint
     if now.metrics is None:
         return [RouteRow(endpoint.host, None, None, None, now.error or "down", answered=False)]
     routes = gateway_evidence(endpoint.host, now.metrics)
-    seen = seen if seen is not None else {}
     if before is not None and before.metrics is not None and now.at > before.at:
         seconds = now.at - before.at
-        ok = answers_between(before.metrics, now.metrics, ROUTE_SUCCESS)
-        failed = answers_between(before.metrics, now.metrics, ROUTE_FAILURE)
-        for base, evidence in routes.items():
-            evidence.add_rates(ok.get(base, 0.0) / seconds, failed.get(base, 0.0) / seconds)
-            last = seen.setdefault((endpoint.host, base), [None, None])
-            if ok.get(base):
-                last[0] = now.at
-            if failed.get(base):
-                last[1] = now.at
-    for base, evidence in routes.items():
-        evidence.last_success_at, evidence.last_failure_at = seen.get((endpoint.host, base), (None, None))
+        grown = outcomes_between(before.metrics, now.metrics)
+        for (model, worker), evidence in routes.items():
+            evidence.success_rps = grown.get((model, worker, "success"), 0.0) / seconds
+            evidence.failure_rps = grown.get((model, worker, "failure"), 0.0) / seconds
     return route_rows_of(routes, names) or [RouteRow(endpoint.host, None, None, None, NO_ROUTES)]
 
 
@@ -413,7 +356,6 @@ class DirectSource(Source):
         self.timeout = timeout
         self.route_names = route_names
         self.previous: dict[Endpoint, Scrape] = {}
-        self.last_answers: LastAnswers = {}
         self.description = f"direct: {len(self.endpoints)} targets"
 
     def frame(self) -> Frame:
@@ -426,7 +368,7 @@ class DirectSource(Source):
             elif now.endpoint.kind == "gpu":
                 frame.gpus.extend(gpu_rows(now))
             else:
-                frame.routes.extend(route_rows(now, before, self.last_answers, self.route_names))
+                frame.routes.extend(route_rows(now, before, self.route_names))
         self.previous = {s.endpoint: s for s in scrapes if s.metrics is not None}
         return frame
 
@@ -474,13 +416,11 @@ def query_prometheus(url: str, promql: str, at: float, timeout: float, login: Pr
     return out
 
 
-def prometheus_queries(rate_window: str = "1m", ttft_window: str = "5m", scrape_interval: str = "15s",
-                       step_window: str = "30s") -> dict[str, str]:
+def prometheus_queries(rate_window: str = "1m", ttft_window: str = "5m") -> dict[str, str]:
     """What a frame asks Prometheus: the fleet's jobs (rigup.desired.monitoring) and their labels. A route's
-    latest success and failure: the last step (one scrape interval) of the past ANSWER_LOOKBACK at which its
-    counter grew over `step_window` (two scrape intervals, the least increase() can see)."""
+    routes: each router's verdict of its workers and their answers per second, by entrance host, model and worker."""
     by_pod = "host, pod"
-    by_route = "host, litellm_model_name, model_id, api_base"  # route_base merges a route's api_base forms
+    by_route = "host, model, worker"
     pods, gpus, gateways = f'job="{JOB_PODS}"', f'job="{JOB_GPU}"', f'job=~"{JOB_GATEWAY}-.*"'
     queries = {
         "pod_up": f"up{{{pods}}}",
@@ -492,17 +432,11 @@ def prometheus_queries(rate_window: str = "1m", ttft_window: str = "5m", scrape_
         "gpu_up": f"up{{{gpus}}}",
         "gpu_fields": f'{{{gpus},__name__=~"{"|".join(GPU_FIELDS)}"}}',
         "gateway_up": f"up{{{gateways}}}",
-        "route_state": f"{ROUTE_STATE}{{{gateways}}}",
-        "success_rps": f"sum by ({by_route}) (rate({ROUTE_SUCCESS}{{{gateways}}}[{rate_window}]))",
-        "failure_rps": f"sum by ({by_route}) (rate({ROUTE_FAILURE}{{{gateways}}}[{rate_window}]))",
+        "route_health": f"max by ({by_route}) ({ROUTE_HEALTH}{{{gateways}}})",
+        "route_breaker": f"max by ({by_route}) ({ROUTE_BREAKER}{{{gateways}}})",
+        "success_rps": f'sum by ({by_route}) (rate({ROUTE_OUTCOMES}{{{gateways},outcome="success"}}[{rate_window}]))',
+        "failure_rps": f'sum by ({by_route}) (rate({ROUTE_OUTCOMES}{{{gateways},outcome="failure"}}[{rate_window}]))',
     }
-    for name, counter in (("last_success_at", ROUTE_SUCCESS), ("last_failure_at", ROUTE_FAILURE)):
-        series = f"{counter}{{{gateways}}}"
-        # a series new within the window counts too: LiteLLM creates it at a route's first success or failure,
-        # which increase() cannot see (as the alert rule RigupGatewayRouteUnhealthy does)
-        grew = f"increase({series}[{step_window}]) > 0 or ({series} unless {series} offset {step_window})"
-        queries[name] = (f"max by (host, api_base) (max_over_time(timestamp({grew})"
-                         f"[{ANSWER_LOOKBACK}:{scrape_interval}]))")
     for name, q in (("ttft_p50_s", 0.5), ("ttft_p95_s", 0.95)):
         queries[name] = (f"histogram_quantile({q}, sum by (le, {by_pod}) "
                          f"(rate({TTFT}_bucket{{{pods}}}[{ttft_window}])))")
@@ -524,8 +458,7 @@ class PrometheusSource(Source):
         self.timeout = timeout
         self.login = login
         # rate() needs two samples in its window: four scrape intervals, at least Grafana's usual 1m / 5m
-        self.queries = prometheus_queries(duration(max(60, 4 * scrape_interval_s)), duration(max(300, 4 * scrape_interval_s)),
-                                          duration(scrape_interval_s), duration(2 * scrape_interval_s))
+        self.queries = prometheus_queries(duration(max(60, 4 * scrape_interval_s)), duration(max(300, 4 * scrape_interval_s)))
         self.keep: Keep = keep or (lambda host, pod: True)
         self.route_names = route_names
         self.description = f"Prometheus {self.url}"
@@ -589,31 +522,24 @@ class PrometheusSource(Source):
         return sorted(rows, key=lambda r: (r.host, _index(r.gpu)))
 
     def _routes(self, results: Mapping[str, Vector]) -> list[RouteRow]:
-        routes: dict[tuple[str, str], RouteEvidence] = {}
+        routes: dict[tuple[str, str, str], RouteEvidence] = {}
 
-        def evidence(labels: Mapping[str, str]) -> RouteEvidence | None:
-            host, base = labels.get("host", "?"), route_base(labels.get("api_base"))
-            if base is None or not self.keep(host, None):
+        def evidence(labels: Mapping[str, str], create: bool) -> RouteEvidence | None:
+            host, model, worker = labels.get("host", "?"), labels.get("model", ""), labels.get("worker")
+            if not worker or not self.keep(host, None):
                 return None
-            found = routes.setdefault((host, base), RouteEvidence(host, base))
-            found.learn(labels.get)
-            return found
+            if create:
+                return routes.setdefault((host, model, worker), RouteEvidence(host, model, worker))
+            return routes.get((host, model, worker))
 
-        for labels, value in results["route_state"]:
-            if (route := evidence(labels)) is not None:
-                route.states.append(value)
-        for labels, value in results["success_rps"]:
-            if (route := evidence(labels)) is not None:
-                route.add_rates(_finite(value), None)
-        for labels, value in results["failure_rps"]:
-            if (route := evidence(labels)) is not None:
-                route.add_rates(None, _finite(value))
-        for attr in ("last_success_at", "last_failure_at"):
+        for labels, value in results["route_health"]:
+            if (route := evidence(labels, True)) is not None:
+                route.health = value
+        for attr in ("route_breaker", "success_rps", "failure_rps"):
             for labels, value in results[attr]:
-                route = routes.get((labels.get("host", "?"), route_base(labels.get("api_base")) or ""))
-                if route is not None and _finite(value) is not None:
-                    setattr(route, attr, max(value, getattr(route, attr) or value))
-        rows = route_rows_of({key: r for key, r in routes.items() if r.states}, self.route_names)
+                if (route := evidence(labels, False)) is not None:
+                    setattr(route, attr.removeprefix("route_"), _finite(value))
+        rows = route_rows_of(routes, self.route_names)
         with_routes = {row.gateway for row in rows}
         for labels, value in results["gateway_up"]:
             host = labels.get("host", labels.get("instance", "?"))

@@ -1,6 +1,6 @@
 """`rigup top`, used the way a person uses it: in a terminal (tmux at 80, 120 and 200 columns) against a
 fleet whose pods, GPU exporters and gateway are HTTP servers on 127.0.0.1 printing what vLLM,
-dcgm-exporter and LiteLLM 1.108 print (tests/support/exporters.py, tests/support/litellm_routes.py),
+dcgm-exporter and the entrance's vllm-router 0.1.17 print (tests/support/exporters.py, tests/support/router_routes.py),
 counters moving between scrapes; the screen is read table by table as a reader reads it, the terminal is
 resized, and q or Ctrl-C ends it. Then the pieces: the direct reading's arithmetic over two scrapes, a
 route's state from its latest answers, the columns that fit a width, the Prometheus reading against a
@@ -46,7 +46,6 @@ from rigup.cli.top import (
 from rigup.client.fleet_metrics import (
     NO_ROUTES,
     SENTINEL_QUERIES,
-    UNKNOWN_IDLE,
     UP,
     DirectSource,
     Endpoint,
@@ -56,20 +55,20 @@ from rigup.client.fleet_metrics import (
     PrometheusUnreachable,
     Scrape,
     SentinelMarks,
-    current_route_state,
     fleet_monitor,
     gpu_rows,
     pod_row,
     prometheus_queries,
     query_prometheus,
     route_rows,
+    route_state,
     scrape,
 )
 from rigup.desired.fleet import load_fleet
 from rigup.parsers.prometheus import parse_exposition
-from tests.support.exporters import Gpu, MetricsServer, Route, VllmPod, dcgm_text, litellm_text
+from tests.support.exporters import Gpu, MetricsServer, VllmPod, dcgm_text
 from tests.support.json_http import JsonHandler
-from tests.support.litellm_routes import ServedRoute, litellm_1108_text
+from tests.support.router_routes import RouterRoute, entrance_text
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "prometheus"
@@ -126,20 +125,16 @@ def fleet(tmp_path: Path) -> Iterator[FakeFleet]:
     left = VllmPod(MODEL, started=started, running=1, waiting=0, kv_usage=0.105, generation_tps=400.0)
     right = VllmPod(MODEL, started=started, running=0, waiting=0, kv_usage=0.0, generation_tps=0.0, prompt_tps=0.0,
                     ttft_per_s=0.0)
-    # each route as LiteLLM 1.108 writes it (tests/support/litellm_routes.py), each with its own traffic
+    # each route as the entrance's routers report it (tests/support/router_routes.py), each with its own traffic
     routes = [
-        # never failed: no series names it (LiteLLM labels successes without model_id)
-        ServedRoute(MODEL, "rig-1/rigup-dual.service", "http://127.0.0.1:{rig-1}/v1", success_per_s=20.0,
-                    earlier_successes=50),
-        # healed after a cooldown: its failure's 2 stays beside the 0 of its successes since
-        ServedRoute(MODEL, "rig-2/rigup-left.service", "http://127.0.0.1:{rig-2/left}/v1", success_per_s=8.0,
-                    earlier_successes=20, earlier_failures=6, failure_state=2),
-        # failing one answer in three
-        ServedRoute(MODEL, "rig-2/rigup-right.service", "http://127.0.0.1:{rig-2/right}/v1", success_per_s=4.0,
-                    failure_per_s=2.0, failure_state=1),
-        # its pod is down: failing since its earlier successes
-        ServedRoute(MODEL, "rig-3/rigup-dual.service", f"http://127.0.0.1:{DEAD_PORT}/v1", failure_per_s=6.0,
-                    earlier_successes=30, failure_state=2),
+        RouterRoute(MODEL, "http://127.0.0.1:{rig-1}", success_per_s=20.0, earlier_successes=50),
+        # healed: its earlier failures stay counted
+        RouterRoute(MODEL, "http://127.0.0.1:{rig-2/left}", success_per_s=8.0, earlier_successes=20, earlier_failures=6),
+        # failing one answer in three: its circuit half-open
+        RouterRoute(MODEL, "http://127.0.0.1:{rig-2/right}", breaker=2, success_per_s=4.0, failure_per_s=2.0),
+        # its pod is down: its health checks and its circuit keep it out of rotation, no answers since
+        RouterRoute(MODEL, f"http://127.0.0.1:{DEAD_PORT}", healthy=False, breaker=1, earlier_successes=30,
+                    earlier_failures=2),
     ]
     with contextlib.ExitStack() as stack:
         def serve(text: Callable[[], str], path: str = "/metrics", key: str | None = None) -> int:
@@ -155,8 +150,8 @@ def fleet(tmp_path: Path) -> Iterator[FakeFleet]:
             "rig-2 gpus": serve(lambda: dcgm_text("rig-2", [Gpu(i, temp_c=60 + i, util=40) for i in range(4)])),
         }
         for route in routes:
-            route.api_base = route.api_base.format_map(ports)
-        ports["gateway"] = serve(lambda: litellm_1108_text(routes, started), "/metrics/", GATEWAY_KEY)
+            route.worker = route.worker.format_map(ports)
+        ports["gateway"] = serve(lambda: entrance_text(routes, started), "/metrics/", GATEWAY_KEY)
         yield FakeFleet(write_fleet(tmp_path, ports), ports)
 
 
@@ -281,15 +276,15 @@ def test_top_in_a_terminal(fleet: FakeFleet, width: int, quit_key: str) -> None:
         assert set(routes) in (names, {n.replace("rigup-", "").removesuffix(".service") for n in names}), shown
         states = {name.split("/")[0] + "/" + name.split("/")[1].removeprefix("rigup-").removesuffix(".service"): r["STATE"]
                   for name, r in routes.items()}
-        assert states == {"rig-1/dual": "healthy", "rig-2/left": "healthy", "rig-2/right": "partial outage",
-                          "rig-3/dual": "complete outage"}, shown
+        assert states == {"rig-1/dual": "healthy", "rig-2/left": "healthy", "rig-2/right": "circuit half-open",
+                          "rig-3/dual": "out of rotation, circuit open"}, shown
         rates = {name.split("/")[0] + "/" + name.split("/")[1].removeprefix("rigup-").removesuffix(".service"):
                  (float(r["OK/S"]), float(r["FAIL/S"])) for name, r in routes.items()}
-        # each route's own answers (20, 8, 4 + 2 and 0 + 6 a second, counted in whole answers over about a second)
+        # each route's own answers (20, 8, 4 + 2 and none a second, counted in whole answers over about a second)
         assert 15 < rates["rig-1/dual"][0] < 25 and rates["rig-1/dual"][1] == 0, rates
         assert 5 < rates["rig-2/left"][0] < 11 and rates["rig-2/left"][1] == 0, rates
         assert 2 < rates["rig-2/right"][0] < 6 and 1 <= rates["rig-2/right"][1] < 4, rates
-        assert rates["rig-3/dual"][0] == 0 and 4 < rates["rig-3/dual"][1] < 9, rates
+        assert rates["rig-3/dual"] == (0, 0), rates
 
         if width >= 120:  # room for every pod column (short headers: rig-3's state takes 24 columns)
             assert len(rig1) == 11 and rig1["MODEL"] == MODEL
@@ -337,8 +332,8 @@ def test_once_as_json_reads_twice_and_exits_1_for_a_target_that_did_not_answer(
     routes = {r["route"]: (r["state"], r["success_rps"] > 0, r["failure_rps"] > 0) for r in frame["routes"]}
     assert routes == {"rig-1/rigup-dual.service": ("healthy", True, False),
                       "rig-2/rigup-left.service": ("healthy", True, False),
-                      "rig-2/rigup-right.service": ("partial outage", True, True),
-                      "rig-3/rigup-dual.service": ("complete outage", False, True)}
+                      "rig-2/rigup-right.service": ("circuit half-open", True, True),
+                      "rig-3/rigup-dual.service": ("out of rotation, circuit open", False, False)}
 
 
 def test_once_prints_the_tables(fleet: FakeFleet, capsys: pytest.CaptureFixture[str]) -> None:
@@ -468,17 +463,32 @@ def test_gpu_rows() -> None:
 
 
 def test_route_rows_with_rates() -> None:
-    routes = [Route(MODEL, "rig-1/rigup-dual.service", "http://10.0.0.1:8000/v1", success_per_s=4.0),
-              Route(MODEL, "rig-2/rigup-dual.service", "http://10.0.0.2:8000/v1", state=1, success_per_s=1.0, failure_per_s=2.0)]
-    before = scraped("gateway", litellm_text(routes, 0.0, 100.0), 5.0, host="gw-1")
-    now = scraped("gateway", litellm_text(routes, 0.0, 105.0), 10.0, host="gw-1")
-    rows = {r.route: r for r in route_rows(now, before)}
-    one, two = rows["rig-1/rigup-dual.service"], rows["rig-2/rigup-dual.service"]
+    routes = [RouterRoute(MODEL, "http://10.0.0.1:8000", success_per_s=4.0),
+              RouterRoute(MODEL, "http://10.0.0.2:8000", healthy=False, breaker=1, success_per_s=1.0, failure_per_s=2.0),
+              RouterRoute("other-model", "http://10.0.0.1:8010", earlier_successes=3)]
+    before = scraped("gateway", entrance_text(routes, 0.0, 100.0), 5.0, host="gw-1")
+    now = scraped("gateway", entrance_text(routes, 0.0, 105.0), 10.0, host="gw-1")
+    names = {"http://10.0.0.1:8000/v1": "rig-1/rigup-dual.service"}
+    rows = {r.route: r for r in route_rows(now, before, lambda gateway, api_base: names.get(api_base))}
+    one, two, other = rows["rig-1/rigup-dual.service"], rows["10.0.0.2:8000"], rows["10.0.0.1:8010"]
     assert (one.gateway, one.model, one.api_base, one.state) == ("gw-1", MODEL, "http://10.0.0.1:8000/v1", "healthy")
     assert (one.success_rps, one.failure_rps) == (pytest.approx(4.0), 0.0)  # no failure series: none failed
-    assert (two.state, two.success_rps, two.failure_rps) == ("partial outage", pytest.approx(1.0), pytest.approx(2.0))
-    (quiet,) = route_rows(scraped("gateway", "# HELP litellm_proxy_total_requests_metric x\n", 1.0, host="gw-1"), None)
+    assert (two.state, two.success_rps, two.failure_rps) == ("out of rotation, circuit open", pytest.approx(1.0),
+                                                             pytest.approx(2.0))
+    assert (other.model, other.state, other.success_rps, other.failure_rps) == ("other-model", "healthy", 0.0, 0.0)
+    (first,) = [r for r in route_rows(now, None) if r.model == "other-model"]
+    assert (first.success_rps, first.failure_rps) == (None, None)  # one scrape: no rates yet
+    (quiet,) = route_rows(scraped("gateway", "# HELP vllm_router_requests_total x\n", 1.0, host="gw-1"), None)
     assert (quiet.state, quiet.answered) == (NO_ROUTES, True)
+
+
+def test_a_routes_state_is_its_routers_verdict() -> None:
+    """vllm_router_worker_health (its health checks) and vllm_router_cb_state (its circuit breaker)."""
+    assert route_state(1.0, 0.0) == "healthy" and route_state(1.0, None) == "healthy"
+    assert route_state(0.0, 0.0) == "out of rotation"
+    assert route_state(0.0, 1.0) == "out of rotation, circuit open"
+    assert route_state(1.0, 1.0) == "circuit open"  # the circuit opened at a failed request, before a health check
+    assert route_state(1.0, 2.0) == "circuit half-open"
 
 
 def test_direct_source_first_frame_then_rates(fleet: FakeFleet) -> None:
@@ -574,13 +584,14 @@ def test_a_frame_from_what_a_real_prometheus_answered(prometheus: Callable[..., 
     assert [(g.host, g.gpu, g.temp_c) for g in frame.gpus] == [
         ("rig-1", "0", 66.0), ("rig-1", "1", 71.0), ("rig-2", "0", 58.0), ("rig-3", None, None)]
     assert frame.gpus[0].mem_used_mib == 22850.0 and frame.gpus[0].power_w == 301.456 and not frame.gpus[3].answered
-    # rig-2's route healed after a cooldown (its failure's 2 stays in LiteLLM's series), rig-3's fails since
-    # its earlier successes; each with its own rates, rig-1's named by the fleet (no series names it)
+    # rig-2's route healed (its earlier failures stay counted), rig-3's pod is down: out of rotation, its circuit
+    # open; each with its own rates, named by the fleet from its worker's address
     assert [(r.gateway, r.route, r.state) for r in frame.routes] == [
         ("gw-1", "rig-1/rigup-dual.service", "healthy"), ("gw-1", "rig-2/rigup-dual.service", "healthy"),
-        ("gw-1", "rig-3/rigup-dual.service", "complete outage")]
+        ("gw-1", "rig-3/rigup-dual.service", "out of rotation, circuit open")]
     assert [(r.success_rps, r.failure_rps) for r in frame.routes] == [
-        (pytest.approx(2.0, rel=0.05), 0.0), (pytest.approx(1.0, rel=0.05), 0.0), (0.0, pytest.approx(0.5, rel=0.05))]
+        (pytest.approx(2.0, rel=0.05), None), (pytest.approx(1.0, rel=0.05), 0.0), (0.0, pytest.approx(0.5, rel=0.05))]
+    # (no series of a route's failures before its first: none counted, "-")
     assert all(r.api_base and r.api_base.endswith("/v1") for r in frame.routes)
     assert frame.unanswered == 2
 
@@ -675,55 +686,6 @@ def test_the_fleet_prometheus(tmp_path: Path) -> None:
     local = monitor_of(tmp_path, "data: {prometheus_listen_address: '127.0.0.1:9090'}\ngroups:\n"
                        f"  gateway:\n    data: {{gateway_api_key_file: {key}, serves_variant: false}}\n    hosts: {{'@local': {{}}}}\n")
     assert local.url == "https://127.0.0.1:9090"
-
-
-def test_a_routes_current_state_is_its_latest_answers() -> None:
-    """LiteLLM's state series of a route disagree once it failed: the latest answer says which holds."""
-    assert current_route_state([0.0], None, None) == "healthy"
-    assert current_route_state([], None, None) == NO_ROUTES
-    assert current_route_state([2.0], None, 5.0) == "complete outage"  # never answered well
-    assert current_route_state([0.0, 2.0], 9.0, 5.0) == "healthy"  # healed: the stale 2 says nothing now
-    assert current_route_state([0.0, 2.0], 5.0, 9.0) == "complete outage"
-    assert current_route_state([0.0, 1.0], 5.0, 9.0) == "partial outage"
-    assert current_route_state([0.0, 2.0], 9.0, 9.0) == "partial outage"  # both since the last look
-    assert current_route_state([0.0, 2.0], None, None) == UNKNOWN_IDLE  # nothing seen since: no guess
-
-
-def gateway_scrape(at: float, *routes: ServedRoute) -> Scrape:
-    return scraped("gateway", litellm_1108_text(routes, 0.0, 0.0), at, host="gw-1")
-
-
-def test_a_route_that_fails_then_heals_as_litellm_1108_reports_it() -> None:
-    """The sandbox's rig-01: its pod crashed (failures, a cooldown: state 2 under .../v1 with its
-    model_id), came back (successes: 0 under .../v1/chat/completions, no model_id): healthy, though the
-    failure's series keeps its 2; it stays healthy while idle. Each route has its own rates and name."""
-    base = "http://10.213.0.11:8010/v1"
-
-    def rig01(successes: int, failures: int) -> ServedRoute:
-        return ServedRoute(MODEL, "rig-01/rigup-dual.service", base, earlier_successes=successes,
-                           earlier_failures=failures, failure_state=2)
-
-    other = ServedRoute(MODEL, "rig-02/rigup-dual.service", "http://10.213.0.12:8010/v1", earlier_successes=7)
-    quiet = ServedRoute(MODEL, "rig-03/rigup-left.service", "http://10.213.0.13:8011/v1", earlier_successes=1)
-    names = {"http://10.213.0.12:8010/v1": "rig-02/rigup-dual.service"}
-    seen: dict[tuple[str, str], list[float | None]] = {}
-    history = [gateway_scrape(10.0, rig01(10, 0), other, quiet), gateway_scrape(12.0, rig01(10, 4), other, quiet),
-               gateway_scrape(14.0, rig01(15, 4), other, quiet), gateway_scrape(16.0, rig01(15, 4), other, quiet)]
-    frames = []
-    for before, now in zip([None, *history], history):
-        rows = route_rows(now, before, seen, lambda gateway, api_base: names.get(api_base))
-        frames.append({r.route: (r.state, r.success_rps, r.failure_rps, r.api_base) for r in rows})
-    assert frames[0] == {"10.213.0.11:8010": ("healthy", None, None, base),  # no series names it before it fails
-                         "rig-02/rigup-dual.service": ("healthy", None, None, "http://10.213.0.12:8010/v1"),
-                         "10.213.0.13:8011": ("healthy", None, None, "http://10.213.0.13:8011/v1")}
-    assert frames[1]["rig-01/rigup-dual.service"] == ("complete outage", 0.0, 2.0, base)
-    assert frames[2]["rig-01/rigup-dual.service"] == ("healthy", 2.5, 0.0, base)
-    assert frames[3]["rig-01/rigup-dual.service"] == ("healthy", 0.0, 0.0, base)
-    assert frames[3]["rig-02/rigup-dual.service"][1:3] == (0.0, 0.0)
-
-    # one frame of a gateway seen for the first time: its series disagree and no answer was seen
-    (row, *_) = route_rows(gateway_scrape(1.0, rig01(15, 4)), None, {})
-    assert (row.route, row.state, row.success_rps) == ("rig-01/rigup-dual.service", UNKNOWN_IDLE, None)
 
 
 def test_fleet_route_names(fleet: FakeFleet) -> None:

@@ -1,6 +1,6 @@
 """Re-capture tests/fixtures/prometheus/api-query-2.42.0.json: a real Prometheus scrapes the fake vLLM,
-dcgm-exporter and LiteLLM 1.108 servers (rig-1 and rig-2 up, rig-3's pod and GPU exporter down; gw-1's
-routes: rig-1's healthy, rig-2's healed after a cooldown, rig-3's failing now after earlier successes),
+dcgm-exporter and entrance (its vllm-routers' series, tests/support/router_routes.py) servers (rig-1 and rig-2 up,
+rig-3's pod and GPU exporter down; gw-1's routes: rig-1's healthy, rig-2's healed, rig-3's out of rotation),
 then answers each of rigup.client.fleet_metrics.prometheus_queries() (and two malformed queries) at one time.
 
     .venv/bin/python -m tests.support.capture_prometheus_answers PROMETHEUS_BINARY [OUT.json]
@@ -24,7 +24,7 @@ import yaml
 
 from rigup.client.fleet_metrics import prometheus_queries
 from tests.support.exporters import Gpu, MetricsServer, VllmPod, dcgm_text
-from tests.support.litellm_routes import ServedRoute, litellm_1108_text
+from tests.support.router_routes import RouterRoute, entrance_text
 
 MODEL = "qwen3.6-27b-autoround"
 KEY = "sk-gw-capture"
@@ -54,14 +54,13 @@ def main(binary: str, out: Path) -> None:
         gpus1 = serve(lambda: dcgm_text("rig-1", [Gpu(0), Gpu(1, temp_c=71)]))
         gpus2 = serve(lambda: dcgm_text("rig-2", [Gpu(0, temp_c=58)]))
         routes = [
-            ServedRoute(MODEL, "rig-1/rigup-dual.service", f"http://127.0.0.1:{pod1}/v1", success_per_s=2.0,
-                        earlier_successes=40),
-            ServedRoute(MODEL, "rig-2/rigup-dual.service", f"http://127.0.0.1:{pod2}/v1", success_per_s=1.0,
-                        earlier_successes=20, earlier_failures=6, failure_state=2),
-            ServedRoute(MODEL, "rig-3/rigup-dual.service", f"http://127.0.0.1:{DEAD}/v1", failure_per_s=0.5,
-                        earlier_successes=30, earlier_failures=3, failure_state=2),
+            RouterRoute(MODEL, f"http://127.0.0.1:{pod1}", success_per_s=2.0, earlier_successes=40),
+            RouterRoute(MODEL, f"http://127.0.0.1:{pod2}", success_per_s=1.0, earlier_successes=20, earlier_failures=6),
+            # its circuit half-opens now and then: one request tries the pod and fails
+            RouterRoute(MODEL, f"http://127.0.0.1:{DEAD}", healthy=False, breaker=1, failure_per_s=0.5,
+                        earlier_successes=30, earlier_failures=3),
         ]
-        gateway = serve(lambda: litellm_1108_text(routes, started), "/metrics/", KEY)
+        gateway = serve(lambda: entrance_text(routes, started), "/metrics/", KEY)
         pods = [("rig-1", pod1), ("rig-2", pod2), ("rig-3", DEAD)]
         config = {
             "global": {"scrape_interval": f"{SCRAPE_S}s", "evaluation_interval": f"{SCRAPE_S}s"},
@@ -96,9 +95,9 @@ def main(binary: str, out: Path) -> None:
             prometheus.wait(10)
     document = {
         "captured": f"Prometheus {version} (Debian 12's package) on 127.0.0.1, scraping tests/support/exporters.py's "
-                    "fakes and tests/support/litellm_routes.py's LiteLLM 1.108: rig-1 and rig-2 up, rig-3's pod and GPU "
-                    "exporter down, gw-1's gateway with three routes (rig-1's healthy, rig-2's healed after a "
-                    "cooldown, rig-3's failing after earlier successes); by tests/support/capture_prometheus_answers.py",
+                    "fakes and tests/support/router_routes.py's entrance (vllm-router 0.1.17's series): rig-1 and rig-2 "
+                    "up, rig-3's pod and GPU exporter down, gw-1's gateway with three routes (rig-1's healthy, rig-2's "
+                    "healed, rig-3's out of rotation, its circuit open); by tests/support/capture_prometheus_answers.py",
         "time": at,
         "responses": responses,
     }
