@@ -91,8 +91,10 @@ gateway_bind_address = "0.0.0.0"  # address the gateway listens on
 gateway_port = 4000  # the gateway's TCP port
 gateway_api_key_file = None  # control-machine path of a 0600 file holding a key clients send (client "default"); this or gateway_clients is required on a gateway host
 gateway_clients = []  # the entrance's clients, each {name: lowercase name, key_file: control-machine path of its 0600 key file (made with a new key if absent)}; a client removed here is refused at the next converge
-gateway_tls_cert_file = None  # control-machine path of the front's certificate (PEM, its chain after it); None: the front speaks plain HTTP
+gateway_tls_cert_file = None  # control-machine path of the front's certificate (PEM, its chain after it); None: one the fleet CA issues at converge for the gateway host's names (docs/gateway.md)
 gateway_tls_key_file = None  # control-machine path of that certificate's private key, a 0600 file; set with gateway_tls_cert_file
+gateway_tls_ca_file = None  # control-machine path of the CA certificate (PEM) that issued gateway_tls_cert_file: what rigup verify/bench/top/status and the monitor trust for the front; None: the system's trust store (a publicly issued certificate)
+gateway_plain_http = False  # True: the front speaks plain HTTP, no TLS (the clients' keys cross the network in the clear): only behind a TLS terminator of your own; False: TLS, with gateway_tls_cert_file or the fleet CA's certificate
 gateway_pip_index_url = None  # PEP 503 index the hash-pinned router (files/router/requirements.txt) installs from; None: pip's own config as root on the gateway host (pip.conf, PIP_INDEX_URL), else PyPI
 gateway_health_check_interval_s = 10  # seconds between the gateway's checks of each route; a failing route leaves rotation
 gateway_num_retries = 2  # a failed request is retried this many times, on another rig serving the same model
@@ -106,7 +108,7 @@ fleet_ca_key_file = None  # control-machine path of your own CA's private key, a
 fleet_ca_key_passphrase_file = None  # control-machine path of a 0600 file holding that key's passphrase (openssl reads it from the file); None: the key is not encrypted
 fleet_cert_days = 365  # days a certificate issued at converge is valid
 fleet_cert_renew_days = 30  # a certificate with this many days left or fewer is issued anew at the next converge
-metrics_password_file = None  # control-machine path of a 0600 file holding the password the fleet's Prometheus presents to node_exporter (bcrypt basic auth); None: one made once in fleet_ca_dir (metrics.password, 0600)
+metrics_password_file = None  # control-machine path of a 0600 file holding the metrics login's password: node_exporter, the DCGM exporter, Prometheus and Alertmanager ask it (bcrypt basic auth), Prometheus, Grafana and rigup top present it; None: one made once in fleet_ca_dir (metrics.password, 0600)
 
 # --- The fleet's boundary: default deny on every host, holes from the fleet's roles (docs/security.md's port table) ---
 firewall = True  # rigup-boundary.service loads rigup's nftables table: SSH, the entrance, and each internal service from the members that use it; False: no table (preflight warns)

@@ -1,7 +1,9 @@
 """Entrance: on the hosts of gateway_group, the fleet's one OpenAI endpoint over what the rigs serve (issue 44).
 
 True afterwards: nginx and its njs module from the OS archive front the fleet on gateway_bind_address:gateway_port
-(TLS with gateway_tls_cert_file/_key_file); /etc/nginx/conf.d/rigup-entrance.conf allows only the OpenAI paths
+over TLS with a certificate the fleet CA issued (or renewed) in this run for the host's names, or
+gateway_tls_cert_file/_key_file's ({install_root}/gateway/tls.crt, tls.key 0600, tls-ca.crt: the CA its clients trust;
+plain HTTP only with gateway_plain_http); /etc/nginx/conf.d/rigup-entrance.conf allows only the OpenAI paths
 (rigup.desired.entrance.ALLOWED_PATHS) and refuses the rest with 404, a request without a client's key with 401;
 {install_root}/gateway/clients.map (0600, root) holds the clients' keys (gateway_clients, and gateway_api_key_file's
 as client "default"), pod-key.conf (0600) the pods' key, which the front sends in place of the client's;
@@ -12,7 +14,9 @@ the rigs serving it (consistent hash on the session header, health checks, retri
 provenance record and its running unit, read after every rig's serving phase in this run (a rig outside the run
 is connected to for that read; one that cannot be read keeps the routes it had).
 Reads: gateway_group, gateway_bind_address, gateway_port, gateway_api_key_file, gateway_clients,
-gateway_tls_cert_file, gateway_tls_key_file, gateway_pip_index_url, gateway_health_check_interval_s,
+gateway_tls_cert_file, gateway_tls_key_file, gateway_tls_ca_file, gateway_plain_http, the fleet CA's knobs
+(fleet_ca_dir, fleet_ca_cert_file, fleet_ca_key_file, fleet_ca_key_passphrase_file, fleet_cert_days,
+fleet_cert_renew_days), gateway_pip_index_url, gateway_health_check_interval_s,
 gateway_num_retries, gateway_ready_timeout_s, install_root, and every rig's serving_api_key_file, ssh_hostname
 and install_root.
 Restarts: a router when its venv, environment file or unit changed after it started; nginx when its site, keys,
@@ -30,9 +34,11 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files
 
 from rigup.desired.entrance import NGINX_PACKAGES, key_map_text, pod_key_text
+from rigup.desired.fleet_ca import FleetCAError, certificate_names
 from rigup.desired.gateway import (
     FRONT_UNIT,
     REQUIREMENTS_FILE,
+    TLS_SERVICE,
     UNIT_FILE,
     GatewayError,
     requirements_sha256,
@@ -40,6 +46,7 @@ from rigup.desired.gateway import (
 )
 from rigup.desired.knobs import KnobError
 from rigup.desired.secrets import SecretError
+from rigup.operations.fleet_certs import issued_certificate
 from rigup.operations.gateway import (
     entrance_routes,
     gateway_venv,
@@ -88,11 +95,25 @@ secret_file(
     content=HiddenValue(pod_key_text(plan.pod_key)),
 )
 front_files = [paths.site_file, paths.key_map, paths.pod_key, paths.dispatch_js]
-if plan.tls_files is not None:
-    files.put(name="Upload the entrance's certificate", src=plan.tls_files[0], dest=paths.tls_cert, mode="644")
-    with open(plan.tls_files[1]) as key_file:  # checked 0600 on the control machine by the plan
-        secret_file(name="Upload the entrance's TLS key (0600)", path=paths.tls_key, content=HiddenValue(key_file.read()))
+ready_at, connect_to, ca_pem = plan.readiness_url, None, None
+if plan.fleet_ca_issues:  # issued (or renewed) now for the host's names; reused while still good
+    fleet_ca, issued = issued_certificate(host, TLS_SERVICE, plan.cert_sans)
+    cert_pem, key_pem, ca_pem = issued.cert.read_text(), issued.key.read_text(), fleet_ca.cert_pem
+elif plan.tls_files is not None:  # the user's; the key checked 0600 on the control machine by the plan
+    cert_pem, key_pem = (open(path).read() for path in plan.tls_files)
+    ca_pem = open(plan.client_ca).read() if plan.client_ca is not None else None
+    with stop_the_run_on(host, FleetCAError):
+        ready_at, connect_to = plan.readiness(certificate_names(plan.tls_files[0]))
+if plan.tls is not None:
+    files.put(name="Upload the entrance's certificate", src=StringIO(cert_pem), dest=paths.tls_cert, mode="644")
+    secret_file(name="Upload the entrance's TLS key (0600)", path=paths.tls_key, content=HiddenValue(key_pem))
+    if ca_pem is not None:
+        files.put(name="Upload the CA certificate the entrance's readiness wait trusts", src=StringIO(ca_pem),
+                  dest=paths.tls_ca, mode="644")
     front_files += [paths.tls_cert, paths.tls_key]
+else:  # gateway_plain_http: no certificate or key left behind
+    for path in (paths.tls_cert, paths.tls_key, paths.tls_ca):
+        files.file(name=f"Remove the entrance's {path.rpartition('/')[2]} (plain HTTP)", path=path, present=False)
 files.put(
     name="Write the routers' systemd unit (one instance per served model)",
     src=StringIO(router_unit_text(paths)),
@@ -122,10 +143,12 @@ front = unit_runs_current_files(
 )
 answers_http(
     name="Wait for the entrance to answer",
-    url=plan.readiness_url,
+    url=ready_at,
     timeout_s=plan.ready_timeout_s,
     unit=FRONT_UNIT,
     what="entrance",
+    ca_file=paths.tls_ca if ca_pem is not None else None,  # none: the host's trust store (a public CA's)
+    connect_to=connect_to,
     _if=front.did_change,
 )
 other_venvs_removed(name="Remove the venvs of earlier router pins", root=paths.root, keep=paths.venv)

@@ -9,7 +9,8 @@ Prometheus itself, each rig's GPU exporter and node_exporter (file_sd rigup-targ
 node.json, from the fleet file; node_exporter over https, trusting the fleet CA's certificate in
 /etc/prometheus/rigup-web/fleet-ca.crt, with basic auth, the password in a 0600 file of the prometheus
 user there, never in prometheus.yml: rigup.desired.metrics_auth), each gateway's /metrics with its key read from a 0600 file of the
-prometheus user under /etc/prometheus/rigup-keys (never in prometheus.yml), and every pod
+prometheus user under /etc/prometheus/rigup-keys (never in prometheus.yml), over https verified against the fleet
+CA's certificate (or its gateway_tls_ca_file, written beside it; plain HTTP only with gateway_plain_http), and every pod
 (rigup-targets/vllm.json, from each rig's provenance records, read after every rig's serving phase
 in this run: a variant switch moves its target at this converge; a rig that cannot be read keeps its
 targets). Labels: host, and pod, variant, model on pods. /etc/prometheus/rigup-alerts.yml holds
@@ -30,7 +31,7 @@ prometheus_scrape_interval_s, alert_ttft_p95_s, alert_gpu_temp_c, alert_disk_fre
 alertmanager_webhook_url_file, alertmanager_port, grafana, grafana_apt_url, grafana_apt_key_url,
 grafana_port, vllm_git_url, vllm_dashboards_path, and every host's serves_variant, metrics_exporters,
 node_exporter_port, gpu_exporter_port, install_root, ssh_hostname, gateway_port,
-gateway_bind_address, gateway_api_key_file, and the fleet CA's and the metrics password's knobs
+gateway_bind_address, gateway_api_key_file, gateway_plain_http, gateway_tls_cert_file, gateway_tls_ca_file, and the fleet CA's and the metrics password's knobs
 (fleet_ca_dir, fleet_ca_cert_file, fleet_ca_key_file, fleet_ca_key_passphrase_file, metrics_password_file).
 Restarts: prometheus (and alertmanager, grafana) when its flags, config, rules, keys, the fleet CA's
 certificate, the exporters' password or its own certificate, key or web config changed after it started;
@@ -123,6 +124,9 @@ fleet_ca, metrics_login = fleet_ca_of(host)  # node_exporter asks for TLS and ba
 files.directory(name="Create the directory of the fleet's certificates", path=WEB_DIR, mode="755")
 files.put(name="Write the fleet CA's certificate (what Prometheus trusts)", src=StringIO(fleet_ca.cert_pem), dest=CA_FILE,
           mode="644")
+for gateway in host.loop([g for g in plan.gateways if g.ca_source is not None and g.ca_file is not None]):
+    files.put(name="Write the CA certificate a gateway's front is checked with (its gateway_tls_ca_file)",
+              src=gateway.ca_source, dest=gateway.ca_file, mode="644")
 secret_file(
     name="Write the exporters' password for Prometheus (0600, prometheus)",
     path=PASSWORD_FILE,

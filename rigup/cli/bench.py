@@ -206,14 +206,15 @@ def _short(run: RunSample) -> str:
 
 
 def concurrent_round(
-    base_url: str, api_key: str | None, body: dict[str, Any], streams: int, timeout_s: float
+    base_url: str, api_key: str | None, body: dict[str, Any], streams: int, timeout_s: float, ca_file: str | None = None
 ) -> list[StreamResult]:
-    """`streams` identical requests started together (a barrier), one client each."""
+    """`streams` identical requests started together (a barrier), one client each (an https URL's certificate
+    verified against `ca_file`, None: the system's trust store)."""
     barrier = threading.Barrier(streams)
     results: list[StreamResult | None] = [None] * streams
 
     def one(index: int) -> None:
-        client = ApiClient(base_url, api_key)
+        client = ApiClient(base_url, api_key, ca_file)
         try:
             barrier.wait()
             results[index] = client.stream_chat(body, timeout_s)
@@ -229,7 +230,8 @@ def concurrent_round(
 
 
 def run_concurrency(
-    base_url: str, api_key: str | None, model: str, settings: BenchSettings, say: Callable[[str], None]
+    base_url: str, api_key: str | None, model: str, settings: BenchSettings, say: Callable[[str], None],
+    ca_file: str | None = None,
 ) -> list[dict[str, Any]]:
     body = payload(model, "narr", settings)
     levels = []
@@ -237,7 +239,7 @@ def run_concurrency(
         rounds: list[dict[str, Any]] = []
         failures: list[str] = []
         for i in range(settings.concurrency_runs):
-            results = concurrent_round(base_url, api_key, body, streams, settings.timeout_s)
+            results = concurrent_round(base_url, api_key, body, streams, settings.timeout_s, ca_file)
             try:
                 measured = aggregate(results)
             except BenchError as exc:
@@ -303,7 +305,7 @@ def bench_target(
     if target.cluster_head is not None:
         document["skipped"] = f"a worker of its cluster: benchmarked as {target.cluster_head}, which serves it"
         return document
-    client = ApiClient(target.api_url, target.api_key)
+    client = ApiClient(target.api_url, target.api_key, target.ca_file)
     ssh = LazySsh(target.ssh)
     try:
         served = model or target.served_model
@@ -321,7 +323,8 @@ def bench_target(
         for prompt in settings.prompts:
             document["prompts"][prompt] = run_prompt(client, served, prompt, settings, say)
         if settings.concurrency:
-            document["concurrency"] = run_concurrency(target.api_url, target.api_key, served, settings, say)
+            document["concurrency"] = run_concurrency(target.api_url, target.api_key, served, settings, say,
+                                                      target.ca_file)
         log = service_log(target, ssh, log_file)
         if target.ssh is not None:
             document["gpus"] = gpu_snapshot(ssh)
@@ -496,7 +499,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         concurrency_runs=args.concurrency_runs,
     )
     try:
-        targets = api_targets(args.url, args.api_key_file, args.limit)
+        targets = api_targets(args.url, args.api_key_file, args.limit, args.ca_file)
     except (RemoteError, ValueError) as exc:
         print(f"rigup bench: {exc}", file=sys.stderr)
         return 2

@@ -11,13 +11,16 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from rigup.client.fanout import parallel
 from rigup.client.ssh import LOCAL_HOST, FileLog, JournalLog, RemoteError, Runner, ServiceLog, SshSettings
 from rigup.desired.fleet import Fleet, load_fleet
+from rigup.desired.fleet_ca import ca_cert_path
 from rigup.desired.fleet_plan import fleet_entries, plan_fleet
-from rigup.desired.gateway import GatewayError, gateway_plan
+from rigup.desired.gateway import GatewayError, front_trust, gateway_plan
 from rigup.desired.knobs import knob, url_host
 from rigup.desired.pods import Pod
 from rigup.desired.recipe import Recipe, RecipeError, pods_of
@@ -41,10 +44,12 @@ class Target:
     gateway_url: str | None = None  # the fleet gateway this host runs (gateway_group), None: none
     gateway_key: str | None = field(default=None, repr=False)
     gateway_error: str | None = None  # why the gateway cannot be asked (its key); the rig itself is fine
+    gateway_ca: str | None = None  # the CA certificate its https front is verified against; None: the system's store
     host: str | None = None  # the fleet host (name is "<host>/<pod>" for a pod the host lists)
     pod: Pod | None = None  # which of the host's pods (rigup.desired.pods); None: a bare URL, a gateway-only host
     host_units: tuple[str, ...] = ()  # the units of every pod of the host (none of them is "another variant")
     cluster_head: str | None = None  # a cluster worker: the head's target name, which serves the cluster
+    ca_file: str | None = None  # an https api_url's certificate is verified against it; None: the system's store
 
     @property
     def variant(self) -> str | None:
@@ -97,10 +102,10 @@ def fleet_targets(limit: Sequence[str] | None = None, fleet: Fleet | None = None
     for name, only in limit_selection(fleet, limit).items():
         data = fleet.resolved_data(name)
         ssh = SshSettings.from_data(name, data)
-        gateway_url, gateway_key, gateway_error = gateway_of(fleet, name, data, ssh)
+        gateway_url, gateway_key, gateway_error, gateway_ca = gateway_of(fleet, name, data, ssh)
         if not planned.roles(name).rig:  # a gateway-only host
             targets.append(Target(name, None, data=data, ssh=ssh, gateway_url=gateway_url, gateway_key=gateway_key,
-                                  gateway_error=gateway_error, host=name))
+                                  gateway_error=gateway_error, gateway_ca=gateway_ca, host=name))
             continue
         try:
             pods = pods_of(data)
@@ -122,7 +127,7 @@ def fleet_targets(limit: Sequence[str] | None = None, fleet: Fleet | None = None
             if only is not None and pod.name not in only:
                 continue
             # the gateway a host runs is reported once, with the first of its pods selected
-            gateway = (gateway_url, gateway_key, gateway_error) if len(targets) == first else (None, None, None)
+            gateway = (gateway_url, gateway_key, gateway_error, gateway_ca) if len(targets) == first else (None,) * 4
             label = pod.target(name)
             try:
                 recipe = planned.pod(name, pod).recipe
@@ -143,37 +148,69 @@ def fleet_targets(limit: Sequence[str] | None = None, fleet: Fleet | None = None
     return targets
 
 
-def gateway_of(fleet: Fleet, name: str, data: dict[str, Any], ssh: SshSettings) -> tuple[str | None, str | None, str | None]:
-    """(URL, key, problem) of the gateway `name` runs; all None when it is not in gateway_group."""
+def gateway_of(fleet: Fleet, name: str, data: dict[str, Any],
+               ssh: SshSettings) -> tuple[str | None, str | None, str | None, str | None]:
+    """(URL, key, problem, CA certificate) of the gateway `name` runs; all None when it is not in gateway_group.
+    The URL is https unless gateway_plain_http; its certificate is verified against the CA (the fleet CA's, or
+    gateway_tls_ca_file), None: the system's trust store. A CA file not there yet: no URL, the problem says so."""
     try:
         plan = gateway_plan(name, data, [fleet.host(name).group], [], read_secrets=False)
     except GatewayError as exc:
-        return None, None, f"gateway: {exc}"
+        return None, None, f"gateway: {exc}", None
     if plan is None:
-        return None, None, None
+        return None, None, None, None
     address = "127.0.0.1" if ssh.local else api_host(ssh.hostname)
-    url = f"{'https' if plan.tls_files else 'http'}://{address}:{plan.port}"
+    scheme, ca_file = front_trust(data, fleet.path.parent)
+    url = f"{scheme}://{address}:{plan.port}"
+    if ca_file is not None and not Path(ca_file).is_file():
+        made = " (the fleet CA is made at the first converge)" if plan.fleet_ca_issues else ""
+        return None, None, f"gateway: the CA certificate its TLS is checked with, {ca_file}, is not there{made}", None
     # asked with gateway_api_key_file's key (client "default"), else the first of gateway_clients
     key_file, knob_name = knob(data, "gateway_api_key_file"), "gateway_api_key_file"
     if key_file is None:
         key_file, knob_name = (knob(data, "gateway_clients") or [{}])[0].get("key_file"), "gateway_clients"
     try:
-        return url, read_secret_file(key_file, knob_name), None
+        return url, read_secret_file(key_file, knob_name), None, ca_file
     except SecretError as exc:
-        return url, None, f"gateway: {exc}"
+        return url, None, f"gateway: {exc}", ca_file
 
 
-def url_target(url: str, api_key_file: str | None = None) -> Target:
-    """A target for a bare API URL (no fleet, no SSH)."""
+def url_ca_file(url: str, ca_file: str | None) -> str | None:
+    """The CA certificate an https URL given on the command line is verified against: --ca-file; else that of
+    the fleet's entrance at that address and port (the fleet file's: the fleet CA's or gateway_tls_ca_file),
+    else the fleet CA's certificate when there is one; else None, the system's trust store. Never unchecked."""
+    if ca_file is not None:
+        if not Path(ca_file).expanduser().is_file():
+            raise RemoteError(f"--ca-file: {ca_file} does not exist")
+        return str(Path(ca_file).expanduser())
+    if urlsplit(url).scheme != "https":
+        return None
+    try:
+        fleet = load_fleet()
+    except (OSError, ValueError):
+        return None  # no fleet file here: the system's trust store
+    wanted = urlsplit(url.rstrip("/")).netloc
+    for host in fleet.hosts:
+        data = fleet.resolved_data(host.name)
+        gateway_url, _, _, gateway_ca = gateway_of(fleet, host.name, data, SshSettings.from_data(host.name, data))
+        if gateway_url is not None and urlsplit(gateway_url).netloc == wanted:
+            return gateway_ca
+    cert = ca_cert_path(fleet.resolved_data(fleet.hosts[0].name), fleet.path.parent) if fleet.hosts else None
+    return str(cert) if cert is not None and cert.is_file() else None
+
+
+def url_target(url: str, api_key_file: str | None = None, ca_file: str | None = None) -> Target:
+    """A target for a bare API URL (no fleet, no SSH); an https URL's certificate verified (url_ca_file)."""
     api_key = read_secret_file(api_key_file, "--api-key-file") if api_key_file else os.environ.get("RIGUP_API_KEY") or None
-    return Target(name=url, api_url=url.rstrip("/"), api_key=api_key)
+    return Target(name=url, api_url=url.rstrip("/"), api_key=api_key, ca_file=url_ca_file(url, ca_file))
 
 
-def api_targets(url: str | None, api_key_file: str | None, limit: Sequence[str] | None) -> list[Target]:
-    """The API URL given on the command line (--url, --api-key-file), else the fleet's hosts that serve a
-    variant (--limit)."""
+def api_targets(url: str | None, api_key_file: str | None, limit: Sequence[str] | None,
+                ca_file: str | None = None) -> list[Target]:
+    """The API URL given on the command line (--url, --api-key-file, --ca-file), else the fleet's hosts that
+    serve a variant (--limit)."""
     if url:
-        return [url_target(url, api_key_file)]
+        return [url_target(url, api_key_file, ca_file)]
     return [t for t in fleet_targets(limit) if serves_variant(t.data)]  # a gateway-only host serves no model
 
 
@@ -205,6 +242,9 @@ def add_target_arguments(parser: argparse.ArgumentParser, *, url_help: str | Non
     if url_help is not None:
         parser.add_argument("--url", help=url_help)
         parser.add_argument("--api-key-file", help="with --url: file holding the API key (else $RIGUP_API_KEY)")
+        parser.add_argument("--ca-file", help="with an https --url: the CA certificate its certificate is checked "
+                                              "against (default: the fleet's entrance's, the fleet CA's, else the "
+                                              "system's trust store)")
     parser.add_argument("--json", action="store_true", help=json_help or "print JSON instead of the table")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 

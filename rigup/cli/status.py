@@ -30,7 +30,7 @@ from pyinfra.api.exceptions import FactProcessError
 
 from rigup.checks.preflight import check_capabilities
 from rigup.cli.runner import Target, add_target_arguments, fleet_targets, progress, run_fleet_command
-from rigup.client.openai_client import ApiClient
+from rigup.client.openai_client import ApiClient, tls_failure
 from rigup.client.ssh import LOCAL_HOST, LazySsh, RemoteError, Runner, gpu_memory
 from rigup.desired.cluster import MemberNetwork, cluster_of, member_data, member_net
 from rigup.desired.fleet import load_fleet
@@ -255,16 +255,20 @@ LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 def gateway_items(target: Target, timeout: float = 60.0) -> list[Item]:
-    """The entrance this host runs, asked over HTTP from here: its front answers /health, then every route
-    with its router's verdict (vllm-router's vllm_router_worker_health per model and worker, from the front's
-    /metrics/, asked with a client's key)."""
+    """The entrance this host runs, asked over HTTPS from here (its certificate verified against the fleet CA's,
+    or gateway_tls_ca_file's): its front answers /health, then every route with its router's verdict
+    (vllm-router's vllm_router_worker_health per model and worker, from the front's /metrics/, asked with a
+    client's key)."""
     url = target.gateway_url
     problem = [Item("gateway key", "readable", target.gateway_error, DRIFT)] if target.gateway_error else []
     if url is None:
         return problem
+    verify = target.gateway_ca or True
     try:
-        ready = requests.get(f"{url}/health", timeout=10)
+        ready = requests.get(f"{url}/health", timeout=10, verify=verify)
         answered = "ready (nginx + vllm-router)" if ready.ok else f"HTTP {ready.status_code}"
+    except requests.exceptions.SSLError as exc:
+        return problem + [Item("gateway", f"answering on {url}", tls_failure(exc, target.gateway_ca), UNHEALTHY)]
     except requests.RequestException as exc:
         return problem + [Item("gateway", f"answering on {url}", f"no answer ({type(exc).__name__})", UNHEALTHY)]
     items = problem + [Item("gateway", f"answering on {url}", answered, OK if ready.ok else UNHEALTHY)]
@@ -273,7 +277,8 @@ def gateway_items(target: Target, timeout: float = 60.0) -> list[Item]:
     if target.gateway_key is None:
         return items + [Item("gateway routes", "checked", "no gateway key to ask with", UNHEALTHY)]
     try:
-        metrics = requests.get(f"{url}/metrics/", headers={"Authorization": f"Bearer {target.gateway_key}"}, timeout=timeout)
+        metrics = requests.get(f"{url}/metrics/", headers={"Authorization": f"Bearer {target.gateway_key}"}, timeout=timeout,
+                               verify=verify)
     except requests.RequestException as exc:
         return items + [Item("gateway routes", "checked", f"GET /metrics/: {type(exc).__name__}", UNHEALTHY)]
     if not metrics.ok:

@@ -96,7 +96,7 @@ def direct_endpoints(targets: Sequence[Target]) -> list[Endpoint]:
         if url is None or target.gateway_key is None:
             out.append(Endpoint("gateway", host, url, problem=target.gateway_error or "no gateway key"))
         else:
-            out.append(Endpoint("gateway", host, url, key=target.gateway_key))
+            out.append(Endpoint("gateway", host, url, key=target.gateway_key, ca_file=target.gateway_ca))
     return out
 
 

@@ -555,7 +555,13 @@ def verify_target(
         return HostReport(target.name, target.api_url, target.variant, target.served_model,
                           [CheckResult("cluster", SKIP, f"a worker of its cluster: verified as {target.cluster_head}, "
                                                         "which serves it")])
-    client = ApiClient(target.api_url, target.api_key)
+    client = ApiClient(target.api_url, target.api_key, target.ca_file)
+    if target.api_url.startswith("https://"):  # a certificate not trusted is one line, not every check failing
+        listed = client.models(timeout=10.0)
+        if listed.status == 0 and (listed.error or "").startswith("TLS refused"):
+            client.close()
+            return HostReport(target.name, target.api_url, target.variant, target.served_model,
+                              [CheckResult("tls", FAIL, f"{listed.error} ({target.api_url})")])
     ssh = LazySsh(target.ssh)
     try:
         log = service_log(target, ssh, log_file)
@@ -642,7 +648,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     )
     code, _ = run_fleet_command(
         "verify",
-        lambda: api_targets(args.url, args.api_key_file, args.limit),
+        lambda: api_targets(args.url, args.api_key_file, args.limit, args.ca_file),
         lambda t: verify_target(t, options, args.log_file, args.model, quiet=args.quiet or args.json),
         as_json=args.json,
         document=reports_json,

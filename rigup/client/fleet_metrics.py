@@ -17,6 +17,7 @@ from typing import Any
 import requests
 
 from rigup.client.fanout import parallel
+from rigup.client.openai_client import tls_failure
 from rigup.client.ssh import SshSettings
 from rigup.desired.fleet import Fleet
 from rigup.desired.knobs import knob, url_host
@@ -140,6 +141,7 @@ class Endpoint:
     model: str | None = None  # the served model the recipe names
     key: str | None = field(default=None, repr=False, compare=False)  # the gateway's bearer key
     problem: str | None = None
+    ca_file: str | None = None  # an https URL's certificate is verified against it; None: the system's store
 
 
 @dataclass(frozen=True)
@@ -155,10 +157,12 @@ def metrics_url(api_url: str) -> str:
     return api_url.rstrip("/").removesuffix("/v1") + "/metrics"
 
 
-def why_not(exc: requests.RequestException, timeout: float) -> str:
+def why_not(exc: requests.RequestException, timeout: float, ca_file: str | None = None) -> str:
     """A failed request in a few words."""
     if isinstance(exc, requests.Timeout):
         return f"no answer in {timeout:g} s"
+    if isinstance(exc, requests.exceptions.SSLError):
+        return tls_failure(exc, ca_file)
     if isinstance(exc, requests.ConnectionError):
         text = str(exc)
         if "refused" in text:
@@ -174,9 +178,9 @@ def scrape(endpoint: Endpoint, timeout: float) -> Scrape:
         return Scrape(endpoint, time.monotonic(), None, f"not asked: {endpoint.problem}")
     headers = {"Authorization": f"Bearer {endpoint.key}"} if endpoint.key else {}
     try:
-        reply = requests.get(endpoint.url, headers=headers, timeout=timeout)
+        reply = requests.get(endpoint.url, headers=headers, timeout=timeout, verify=endpoint.ca_file or True)
     except requests.RequestException as exc:
-        return Scrape(endpoint, time.monotonic(), None, f"down: {why_not(exc, timeout)}")
+        return Scrape(endpoint, time.monotonic(), None, f"down: {why_not(exc, timeout, endpoint.ca_file)}")
     at = time.monotonic()
     if reply.status_code != 200:
         refused = " (the key refused)" if reply.status_code in (401, 403) and endpoint.key else ""

@@ -9,6 +9,7 @@ ended, with perf_counter stamps taken as the bytes are read, so the parsing cost
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -141,9 +142,15 @@ class ApiClient:
     """Requests to one OpenAI-compatible server. One instance per thread (requests.Session is not
     documented as thread-safe)."""
 
-    def __init__(self, base_url: str, api_key: str | None = None) -> None:
+    def __init__(self, base_url: str, api_key: str | None = None, ca_file: str | None = None) -> None:
+        """`ca_file`: the CA certificate an https server's certificate is verified against (the fleet CA's for
+        the entrance); None: the system's trust store. The check is never skipped."""
         self.base_url = base_url.rstrip("/")
         self.session = requests.Session()
+        self.ca_file = ca_file
+        # given with each request: a session's own `verify` loses to $REQUESTS_CA_BUNDLE (requests'
+        # merge_environment_settings), a request's does not
+        self.verify: str | bool = ca_file or True
         if api_key:
             self.session.headers["Authorization"] = f"Bearer {api_key}"
 
@@ -153,9 +160,9 @@ class ApiClient:
     def models(self, timeout: float = 5.0) -> ModelsResult:
         started = time.perf_counter()
         try:
-            response = self.session.get(f"{self.base_url}/v1/models", timeout=(CONNECT_TIMEOUT_S, timeout))
+            response = self.session.get(f"{self.base_url}/v1/models", timeout=(CONNECT_TIMEOUT_S, timeout), verify=self.verify)
         except requests.RequestException as exc:
-            return ModelsResult(0, time.perf_counter() - started, _request_error(exc))
+            return ModelsResult(0, time.perf_counter() - started, _request_error(exc, self.ca_file))
         elapsed = time.perf_counter() - started
         if response.status_code != 200:
             return ModelsResult(response.status_code, elapsed, _error_text(response.text))
@@ -172,10 +179,11 @@ class ApiClient:
         body = {**payload, "stream": False}
         try:
             response = self.session.post(
-                f"{self.base_url}/v1/chat/completions", json=body, timeout=(CONNECT_TIMEOUT_S, timeout)
+                f"{self.base_url}/v1/chat/completions", json=body, timeout=(CONNECT_TIMEOUT_S, timeout),
+                verify=self.verify,
             )
         except requests.RequestException as exc:
-            return ChatResult(0, time.perf_counter() - started, _request_error(exc))
+            return ChatResult(0, time.perf_counter() - started, _request_error(exc, self.ca_file))
         elapsed = time.perf_counter() - started
         if response.status_code != 200:
             return ChatResult(response.status_code, elapsed, _error_text(response.text))
@@ -216,9 +224,10 @@ class ApiClient:
                 json=body,
                 stream=True,
                 timeout=(CONNECT_TIMEOUT_S, timeout),
+                verify=self.verify,
             )
         except requests.RequestException as exc:
-            return _finish(result, _request_error(exc))
+            return _finish(result, _request_error(exc, self.ca_file))
         with response:
             result.status = response.status_code
             if response.status_code != 200:
@@ -237,7 +246,7 @@ class ApiClient:
                         apply_stream_event(result, calls, data, time.perf_counter())
             except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
                 # Reading the raw stream bypasses requests' own exception wrapping.
-                return _finish(result, f"stream broke: {_request_error(exc)}", calls)
+                return _finish(result, f"stream broke: {_request_error(exc, self.ca_file)}", calls)
             except ValueError as exc:
                 return _finish(result, f"bad event in stream: {exc}", calls)
         if not result.done:
@@ -313,12 +322,14 @@ def _finish(result: StreamResult, error: str | None, calls: dict[int, ToolCall] 
     return result
 
 
-def _request_error(exc: Exception) -> str:
+def _request_error(exc: Exception, ca_file: str | None = None) -> str:
     """A short reason without the request details (URLs are fine, headers could hold the key)."""
     if isinstance(exc, (requests.Timeout, urllib3.exceptions.ReadTimeoutError, TimeoutError)):
         return "timed out"
     if isinstance(exc, (urllib3.exceptions.ProtocolError, ConnectionError)):
         return "connection dropped by the server"
+    if isinstance(exc, requests.exceptions.SSLError):
+        return tls_failure(exc, ca_file)
     if isinstance(exc, requests.ConnectionError):
         reason = str(exc.args[0]) if exc.args else "connection failed"
         if "Connection refused" in reason:
@@ -329,6 +340,27 @@ def _request_error(exc: Exception) -> str:
             return "connection dropped by the server"
         return "connection failed"
     return type(exc).__name__
+
+
+def tls_failure(exc: Exception, ca_file: str | None = None) -> str:
+    """One line for a TLS handshake that failed: the server's certificate is not one the client trusts
+    (another CA's, expired, for other names) or the server does not speak TLS."""
+    text = str(exc)
+    trusted = f"the CA in {ca_file}" if ca_file else "a CA this machine trusts (no CA file given)"
+    for marker, why in (
+        ("unable to get local issuer certificate", f"its certificate is not signed by {trusted}"),
+        ("self-signed certificate in certificate chain", f"its certificate is not signed by {trusted}"),
+        ("self signed certificate in certificate chain", f"its certificate is not signed by {trusted}"),
+        ("certificate has expired", "its certificate has expired"),
+        ("Hostname mismatch", "its certificate does not name the address asked"),
+        ("IP address mismatch", "its certificate does not name the address asked"),
+        ("WRONG_VERSION_NUMBER", "it does not speak TLS there (plain HTTP?)"),
+        ("Could not find a suitable TLS CA certificate bundle", f"the CA certificate file is not there ({ca_file or '?'})"),
+    ):
+        if marker in text:
+            return f"TLS refused: {why}"
+    verify = re.search(r"certificate verify failed: ([^(')]+)", text)
+    return f"TLS refused: {verify.group(1).strip() if verify else type(exc).__name__}"
 
 
 def _error_text(text: str) -> str:

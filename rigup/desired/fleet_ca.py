@@ -217,6 +217,18 @@ def sans_of(names: Iterable[str]) -> list[str]:
     return out
 
 
+def certificate_names(cert: Path | str) -> list[str]:
+    """The DNS names and IP addresses a certificate's subjectAltName holds (the first certificate of a PEM
+    file), in its order; [] when it has none."""
+    text = openssl("x509", "-in", Path(cert).expanduser(), "-noout", "-ext", "subjectAltName")
+    names = []
+    for entry in text.partition("Subject Alternative Name:")[2].split(","):
+        kind, _, value = entry.strip().partition(":")
+        if kind in ("DNS", "IP Address") and value:
+            names.append(value.strip())
+    return names
+
+
 def not_after(cert: Path) -> float:
     """When `cert` expires, in seconds since the epoch (openssl's notAfter)."""
     line = openssl("x509", "-in", cert, "-noout", "-enddate").strip()
@@ -308,12 +320,18 @@ class CertificateAge:
     days_left: float | None
 
 
+def ca_cert_path(host_data: Mapping[str, Any], base_dir: Path | None = None) -> Path:
+    """Where the CA's certificate is on the control machine (the user's fleet_ca_cert_file, else rigup's in
+    fleet_ca_dir): what a client of the fleet's services trusts. Nothing is made."""
+    own = knob(host_data, "fleet_ca_cert_file")
+    return Path(str(own)).expanduser() if own is not None else ca_directory(host_data, base_dir) / CA_CERT_NAME
+
+
 def ca_report(host_data: Mapping[str, Any], base_dir: Path | None = None) -> list[CertificateAge]:
     """The CA's days to expiry and every issued certificate's, read-only (nothing is made): the CA first,
     then the issued certificates soonest-expiring first."""
     directory = ca_directory(host_data, base_dir)
-    own = knob(host_data, "fleet_ca_cert_file")
-    cert = Path(str(own)).expanduser() if own is not None else directory / CA_CERT_NAME
+    cert = ca_cert_path(host_data, base_dir)
     now = time.time()
     ca_age = CertificateAge("CA", cert, (not_after(cert) - now) / DAY_S if cert.is_file() else None)
     issued = [CertificateAge(f"{host}/{service}", directory / ISSUED_DIR / host / f"{service}.crt", (expires - now) / DAY_S)

@@ -21,10 +21,13 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from rigup import DEPLOY_ROOT
 from rigup.desired.entrance import Client, EntranceError, EntrancePaths, client_entries, client_key
+from rigup.desired.fleet_ca import FleetCAError, ca_cert_path, host_sans, sans_of
 from rigup.desired.knobs import knob, knob_int
 from rigup.desired.roles import gateway_group, is_gateway, serves_variant
 from rigup.desired.secrets import SecretError, load_api_key, read_secret_file
@@ -36,6 +39,7 @@ ROUTER_UNIT = "rigup-router@.service"  # one instance per served model: rigup-ro
 UNIT_FILE = f"/etc/systemd/system/{ROUTER_UNIT}"
 FRONT_UNIT = "nginx.service"  # the archive package's unit
 LOCAL_HOST = "@local"  # pyinfra's local connector: the machine the deploy runs on
+TLS_SERVICE = "entrance"  # the fleet CA's name for the front's certificate: fleet-ca/issued/<host>/entrance.crt
 DEFAULT_CLIENT = "default"  # the client whose key is gateway_api_key_file's
 
 
@@ -105,6 +109,12 @@ class GatewayPaths(EntrancePaths):
     @property
     def tls_key(self) -> str:
         return posixpath.join(self.root, "tls.key")
+
+    @property
+    def tls_ca(self) -> str:
+        """The CA certificate the host's own readiness wait verifies the front with (the fleet CA's, or
+        gateway_tls_ca_file's)."""
+        return posixpath.join(self.root, "tls-ca.crt")
 
     @property
     def requirements_file(self) -> str:
@@ -248,18 +258,44 @@ class GatewayPlan:
     install_roots: dict[str, str]  # rig -> its install_root (its provenance record lives there)
     clients: tuple[Client, ...] = field(repr=False)
     pod_key: str | None = field(repr=False)  # what the front sends the pods (through the routers); None: open
-    tls_files: tuple[str, str] | None = None  # control-machine (certificate, key) of the front; None: plain HTTP
+    tls_files: tuple[str, str] | None = None  # the user's (certificate, key) on the control machine; None: see plain_http
+    plain_http: bool = False  # gateway_plain_http: no TLS at all; False without tls_files: the fleet CA issues one
+    client_ca: str | None = None  # control-machine CA certificate its clients trust for it; None: the system's store
+    cert_sans: tuple[str, ...] = ()  # the names of the fleet CA's certificate for it (when fleet_ca_issues)
+
+    @property
+    def fleet_ca_issues(self) -> bool:
+        """The front's certificate is issued at converge by the fleet CA (no gateway_tls_cert_file, not plain HTTP)."""
+        return not self.plain_http and self.tls_files is None
 
     @property
     def tls(self) -> tuple[str, str] | None:
         """Where the certificate and key are on the host (nginx reads them), when the front speaks TLS."""
-        return (self.paths.tls_cert, self.paths.tls_key) if self.tls_files else None
+        return None if self.plain_http else (self.paths.tls_cert, self.paths.tls_key)
+
+    @property
+    def scheme(self) -> str:
+        return "http" if self.plain_http else "https"
 
     @property
     def readiness_url(self) -> str:
         address = "127.0.0.1" if self.bind_address in ("0.0.0.0", "::") else self.bind_address
         address = f"[{address}]" if ":" in address else address
-        return f"{'https' if self.tls_files else 'http'}://{address}:{self.port}/health"
+        return f"{self.scheme}://{address}:{self.port}/health"
+
+    def readiness(self, cert_names: Sequence[str]) -> tuple[str, str | None]:
+        """What the host's own readiness wait asks, verifying the front's certificate as a client would: the URL,
+        and curl's --connect-to (None: the URL's address) when the URL names the front by a name of its certificate
+        (`cert_names`, the user's certificate's) that is not the address it listens on here."""
+        url = self.readiness_url
+        if self.plain_http or self.fleet_ca_issues:  # the fleet CA's certificate names 127.0.0.1 and the bind address
+            return url, None
+        address = urlsplit(url).hostname or "127.0.0.1"
+        if address in cert_names or not cert_names:
+            return url, None
+        name, target = cert_names[0].replace("*", "rigup-ready", 1), f"[{address}]" if ":" in address else address
+        name = f"[{name}]" if ":" in name else name
+        return f"https://{name}:{self.port}/health", f"{name}:{self.port}:{target}:{self.port}"
 
 
 def _clients(data: Mapping[str, Any], read_secrets: bool) -> tuple[Client, ...]:
@@ -286,6 +322,19 @@ def _clients(data: Mapping[str, Any], read_secrets: bool) -> tuple[Client, ...]:
     if len(set(keys)) != len(keys):
         raise GatewayError("gateway_clients: two clients share one key; each client needs its own")
     return tuple(clients)
+
+
+def front_trust(data: Mapping[str, Any], base_dir: Path | None = None) -> tuple[str, str | None]:
+    """How a client reaches the entrance of a host with `data`: its scheme ("http" only with gateway_plain_http)
+    and the control-machine CA certificate its certificate is verified against (the fleet CA's for one issued at
+    converge, gateway_tls_ca_file's for the user's; None: the system's trust store, or plain HTTP). `base_dir`:
+    the fleet file's directory (default: $RIGUP_RIGS's), where a relative fleet_ca_dir is."""
+    if knob(data, "gateway_plain_http") is True:
+        return "http", None
+    if knob(data, "gateway_tls_cert_file") is not None:
+        own_ca = knob(data, "gateway_tls_ca_file")
+        return "https", str(Path(str(own_ca)).expanduser()) if own_ca is not None else None
+    return "https", str(ca_cert_path(data, base_dir))
 
 
 def gateway_plan(
@@ -328,6 +377,22 @@ def gateway_plan(
     cert, tls_key = knob(data, "gateway_tls_cert_file"), knob(data, "gateway_tls_key_file")
     if (cert is None) != (tls_key is None):
         raise GatewayError("gateway_tls_cert_file and gateway_tls_key_file are set together (a certificate and its key)")
+    plain_http, own_ca = knob(data, "gateway_plain_http") is True, knob(data, "gateway_tls_ca_file")
+    bind_address = str(knob(data, "gateway_bind_address"))
+    if plain_http and (cert is not None or own_ca is not None):
+        raise GatewayError("gateway_plain_http is true but gateway_tls_cert_file or gateway_tls_ca_file is set: the front "
+                           "speaks TLS or plain HTTP, not both; unset one")
+    if own_ca is not None and cert is None:
+        raise GatewayError("gateway_tls_ca_file is set without gateway_tls_cert_file: it names the CA of your own "
+                           "certificate (the fleet CA's certificate is trusted without it)")
+    client_ca, cert_sans = front_trust(data)[1], []
+    if not plain_http and cert is None:  # the fleet CA's, for the host's names and the one address it listens on
+        try:
+            cert_sans = host_sans(host_name, data)
+            if bind_address not in ("0.0.0.0", "::"):
+                cert_sans += [n for n in sans_of([bind_address]) if n not in cert_sans]
+        except FleetCAError as exc:
+            raise GatewayError(f"the entrance's certificate: {exc}") from None
     if tls_key is not None and read_secrets:
         try:
             read_secret_file(tls_key, "gateway_tls_key_file")  # 0600, or refused with the reason
@@ -337,7 +402,7 @@ def gateway_plan(
     return GatewayPlan(
         host=host_name,
         paths=gateway_paths(knob(data, "install_root")),
-        bind_address=knob(data, "gateway_bind_address"),
+        bind_address=bind_address,
         port=knob(data, "gateway_port"),
         pip_index_url=knob(data, "gateway_pip_index_url"),
         health_check_interval_s=knob_int(data, "gateway_health_check_interval_s", minimum=1),
@@ -348,4 +413,7 @@ def gateway_plan(
         clients=clients,
         pod_key=pod_key,
         tls_files=(str(cert), str(tls_key)) if cert is not None else None,
+        plain_http=plain_http,
+        client_ca=client_ca,
+        cert_sans=tuple(cert_sans),
     )

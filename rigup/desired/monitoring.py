@@ -28,14 +28,17 @@ import yaml
 
 from rigup import DEPLOY_ROOT
 from rigup.desired.alert_for import ALERT_FOR_S
-from rigup.desired.gateway import current_records, is_loopback, reach_address
+from rigup.desired.fleet_ca import ca_cert_path
+from rigup.desired.gateway import current_records, front_trust, is_loopback, reach_address
 from rigup.desired.knobs import knob, knob_int
 from rigup.desired.lock import LockFile
 from rigup.desired.metrics_auth import (
     ALERTMANAGER_SERVICE,
+    CA_FILE,
     GPU_EXPORTER_SERVICE,
     NODE_EXPORTER_SERVICE,
     PROMETHEUS_SERVICE,
+    WEB_DIR,
     scrape_auth,
     web_file,
 )
@@ -252,6 +255,9 @@ class ScrapedGateway:
     address: str
     port: int
     key_file: str  # on the monitor host, 0600 prometheus
+    scheme: str = "https"  # "http" only with the gateway's gateway_plain_http
+    ca_file: str | None = None  # on the monitor host: the CA its certificate is verified against; None: system roots
+    ca_source: str | None = None  # the control-machine file written to ca_file; None: CA_FILE, written anyway
 
     @property
     def job(self) -> str:
@@ -318,10 +324,13 @@ class MonitorPlan:
             {**file_sd(JOB_NODE), **scrape_auth()},  # node_exporter asks for TLS and basic auth (metrics_auth)
         ]
         for gateway in self.gateways:
+            tls = {"tls_config": {"ca_file": gateway.ca_file}} if gateway.scheme == "https" and gateway.ca_file else {}
             jobs.append({
                 "job_name": gateway.job,
-                # LiteLLM mounts its Prometheus app at /metrics/; the bare path answers with a redirect
+                # the front serves the routers' expositions at /metrics/ (the entrance's allowlist)
                 "metrics_path": "/metrics/",
+                "scheme": gateway.scheme,
+                **tls,
                 "authorization": {"credentials_file": gateway.key_file},
                 "static_configs": [{"targets": [f"{_bracketed(gateway.address)}:{gateway.port}"],
                                     "labels": {"host": gateway.host}}],
@@ -429,7 +438,14 @@ def monitor_plan(
             reach = address if bind in ("0.0.0.0", "::") else bind
             if is_loopback(reach) and not local:
                 continue  # a gateway bound to its own loopback: out of reach, and its own monitor scrapes it
-            gateways.append(ScrapedGateway(name, reach, knob(other, "gateway_port"), key_file))
+            scheme, trusted = front_trust(other)
+            if trusted is None or scheme == "http":  # the system's roots, or plain HTTP
+                ca_file, ca_source = None, None
+            elif trusted == str(ca_cert_path(data)):  # the fleet CA the monitor trusts for node_exporter too
+                ca_file, ca_source = CA_FILE, None
+            else:  # the gateway's own CA (gateway_tls_ca_file), or another fleet CA's
+                ca_file, ca_source = posixpath.join(WEB_DIR, f"gateway-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-ca.crt"), trusted
+            gateways.append(ScrapedGateway(name, reach, knob(other, "gateway_port"), key_file, scheme, ca_file, ca_source))
             if read_secrets:
                 source = knob(other, "gateway_api_key_file")
                 if source is None:

@@ -7,13 +7,14 @@ service runs as (rigup.operations.serving.secret_file), never on a command line 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from io import StringIO
 from typing import Any
 
 from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.operations import files
 
-from rigup.desired.fleet_ca import FleetCA, FleetCAError, ensure_ca, host_sans, issue
+from rigup.desired.fleet_ca import FleetCA, FleetCAError, Issued, ensure_ca, host_sans, issue
 from rigup.desired.knobs import knob
 from rigup.desired.metrics_auth import WEB_DIR, MetricsCredentials, metrics_credentials, web_config_text, web_file
 from rigup.desired.secrets import SecretError
@@ -26,6 +27,15 @@ def fleet_ca_of(host: Any) -> tuple[FleetCA, MetricsCredentials]:
     with stop_the_run_on(host, FleetCAError, SecretError):
         ca = ensure_ca(host.data)
         return ca, metrics_credentials(host.data, ca)
+
+
+def issued_certificate(host: Any, service: str, sans: Sequence[str]) -> tuple[FleetCA, Issued]:
+    """The fleet CA and `service`'s certificate on the host for `sans`, issued now or reused (renewed as every
+    certificate the CA issues: fleet_cert_days, fleet_cert_renew_days), or the run stops with one line naming the host."""
+    with stop_the_run_on(host, FleetCAError, SecretError):
+        ca = ensure_ca(host.data)
+        return ca, issue(ca, host.name, service, list(sans), days=int(knob(host.data, "fleet_cert_days")),
+                         renew_days=float(knob(host.data, "fleet_cert_renew_days")))
 
 
 def service_web_files(host: Any, ca: FleetCA, credentials: MetricsCredentials, service: str, owner: str) -> list[str]:

@@ -56,18 +56,24 @@ def unit_runs_current_files(unit: str, files: Sequence[str]):
 
 
 @operation(is_idempotent=False)
-def answers_http(url: str, timeout_s: int, unit: str, what: str):
+def answers_http(url: str, timeout_s: int, unit: str, what: str, ca_file: str | None = None,
+                 connect_to: str | None = None):
     """
     Wait until the (re)started ``what`` answers ``url`` (a readiness endpoint), up to ``timeout_s``;
     on a timeout, the host fails with the last lines of ``unit``'s journal.
+
+    + ca_file: an https ``url``'s certificate is verified against this CA certificate on the host (None: the
+      host's trust store); curl never skips the check
+    + connect_to: curl's ``--connect-to`` (``name:port:address:port``): the URL's name, reached at that address
 
     Not idempotent: run it only after the service (re)started (``_if``).
     """
     if timeout_s < 1:
         raise OperationValueError("timeout_s must be at least 1")
+    tls = [*(["--cacert", QuoteString(ca_file)] if ca_file else []), *(["--connect-to", QuoteString(connect_to)] if connect_to else [])]
     yield streamed(
         StringCommand(
-            "deadline=$(( $(date +%s) +", str(timeout_s), ")); waited=0; until curl -fs -o /dev/null --max-time 5",
+            "deadline=$(( $(date +%s) +", str(timeout_s), ")); waited=0; until curl -fs -o /dev/null --max-time 5", *tls,
             QuoteString(url), "; do if [ $(date +%s) -ge $deadline ]; then echo", QuoteString(
                 f"rigup: {what} did not answer {url} within {timeout_s} s; journalctl -u {unit}:"),
             "; journalctl -u", QuoteString(unit), "-n 30 --no-pager; exit 1; fi; sleep 1; waited=$((waited + 1));",

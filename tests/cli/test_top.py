@@ -69,6 +69,7 @@ from rigup.parsers.prometheus import parse_exposition
 from tests.support.exporters import Gpu, MetricsServer, VllmPod, dcgm_text
 from tests.support.json_http import JsonHandler
 from tests.support.router_routes import RouterRoute, entrance_text
+from tests.support.tls import ServerCert, fleet_certificate
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "prometheus"
@@ -137,8 +138,9 @@ def fleet(tmp_path: Path) -> Iterator[FakeFleet]:
                     earlier_failures=2),
     ]
     with contextlib.ExitStack() as stack:
-        def serve(text: Callable[[], str], path: str = "/metrics", key: str | None = None) -> int:
-            server = MetricsServer(text, path, key)
+        def serve(text: Callable[[], str], path: str = "/metrics", key: str | None = None,
+                  tls: ServerCert | None = None) -> int:
+            server = MetricsServer(text, path, key, tls)
             stack.callback(server.close)
             return server.port
 
@@ -151,7 +153,9 @@ def fleet(tmp_path: Path) -> Iterator[FakeFleet]:
         }
         for route in routes:
             route.worker = route.worker.format_map(ports)
-        ports["gateway"] = serve(lambda: entrance_text(routes, started), "/metrics/", GATEWAY_KEY)
+        # the entrance over TLS, its certificate from the fleet CA beside the fleet file (fleet_ca_dir's default)
+        ports["gateway"] = serve(lambda: entrance_text(routes, started), "/metrics/", GATEWAY_KEY,
+                                 fleet_certificate(tmp_path / "fleet-ca"))
         yield FakeFleet(write_fleet(tmp_path, ports), ports)
 
 
@@ -381,7 +385,7 @@ def test_direct_endpoints_of_the_fleet(fleet: FakeFleet) -> None:
     got = [(e.kind, e.host, e.pod, e.url) for e in endpoints]
     p = fleet.ports
     assert got == [
-        ("gateway", "gw-1", None, f"http://127.0.0.1:{p['gateway']}/metrics/"),
+        ("gateway", "gw-1", None, f"https://127.0.0.1:{p['gateway']}/metrics/"),
         ("pod", "rig-1", "dual", f"http://127.0.0.1:{p['rig-1']}/metrics"),
         ("gpu", "rig-1", None, f"http://127.0.0.1:{p['rig-1 gpus']}/metrics"),
         ("pod", "rig-2", "left", f"http://127.0.0.1:{p['rig-2/left']}/metrics"),
@@ -402,9 +406,16 @@ def test_no_gpu_exporter_without_metrics_exporters(tmp_path: Path) -> None:
 
 
 def test_a_gateway_that_refuses_the_key_or_whose_key_cannot_be_read(fleet: FakeFleet) -> None:
-    wrong = Endpoint("gateway", "gw-1", f"http://127.0.0.1:{fleet.ports['gateway']}/metrics/", key="sk-wrong")
+    url, ca = f"https://127.0.0.1:{fleet.ports['gateway']}/metrics/", str(fleet.path.parent / "fleet-ca" / "ca.crt")
+    wrong = Endpoint("gateway", "gw-1", url, key="sk-wrong", ca_file=ca)
     (row,) = route_rows(scrape(wrong, 2.0), None)
     assert (row.gateway, row.state, row.answered) == ("gw-1", "answered HTTP 401 (the key refused)", False)
+    # a front whose certificate another CA issued: one line, never read unchecked
+    other = str(fleet_certificate(fleet.path.parent / "other-ca").ca_cert)
+    (row,) = route_rows(scrape(Endpoint("gateway", "gw-1", url, key=GATEWAY_KEY, ca_file=other), 2.0), None)
+    assert row.state == f"down: TLS refused: its certificate is not signed by the CA in {other}" and not row.answered
+    (row,) = route_rows(scrape(Endpoint("gateway", "gw-1", url, key=GATEWAY_KEY), 2.0), None)  # the system's roots
+    assert row.state == "down: TLS refused: its certificate is not signed by a CA this machine trusts (no CA file given)" and not row.answered
     (fleet.path.parent / "gateway.key").chmod(0o644)  # rigup reads no secret others can read
     (gateway,) = [e for e in direct_endpoints(fleet_targets(fleet=load_fleet(fleet.path))) if e.kind == "gateway"]
     (row,) = route_rows(scrape(gateway, 2.0), None)

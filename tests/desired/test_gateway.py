@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
-from rigup.desired.entrance import Client
+from rigup.desired.entrance import Client, nginx_site
 from rigup.desired.gateway import (
     GatewayError,
     RigEndpoint,
     Route,
+    front_trust,
     gateway_paths,
     gateway_plan,
     key_env,
@@ -26,6 +27,7 @@ from rigup.desired.gateway import (
     routes_text,
     workers_by_model,
 )
+from rigup.desired.knobs import KnobError, check_knob
 
 REMOTE = RigEndpoint("rig-2", "10.0.0.12", "RIGUP_RIG_KEY_RIG_2", local=False)
 
@@ -118,7 +120,11 @@ def test_gateway_plan_routes_to_every_rig_with_its_key(tmp_path: Path) -> None:
     assert plan.install_roots == {"rig-1": "/opt/rigup", "rig-2": "/srv/rigup"}
     assert plan.clients == (Client("default", "sk-gateway-0123456789"),)
     assert plan.pod_key == "rig-secret"
-    assert plan.readiness_url == "http://127.0.0.1:4000/health" and plan.tls is None
+    # TLS by default: a certificate the fleet CA issues at converge for the host's names (fleet_ca_issues)
+    assert plan.readiness_url == "https://127.0.0.1:4000/health" and plan.fleet_ca_issues
+    assert plan.tls == ("/opt/rigup/gateway/tls.crt", "/opt/rigup/gateway/tls.key")
+    assert plan.cert_sans == ("DNS:rig-1", "DNS:localhost", "IP:127.0.0.1")
+    assert plan.readiness([]) == ("https://127.0.0.1:4000/health", None)
     assert plan.paths.venv == f"/opt/rigup/gateway/venv-{requirements_sha256()[:12]}"
     assert "rig-secret" not in repr(plan) and "sk-gateway" not in repr(plan)
     assert gateway_plan("rig-2", fleet[1][1], ["rigs"], fleet) is None  # not in gateway_group
@@ -182,6 +188,55 @@ def test_the_front_speaks_tls_with_a_named_certificate_and_a_0600_key(tmp_path: 
         gateway_plan("gw", data, ["gateway"], [])
     with pytest.raises(GatewayError, match="set together"):
         gateway_plan("gw", {"gateway_api_key_file": gw_key, "gateway_tls_cert_file": str(cert)}, ["gateway"], [])
+
+
+def test_the_fleet_ca_certificate_names_the_host_as_the_fleet_reaches_it_and_clients_trust_the_fleet_ca(
+    tmp_path: Path,
+) -> None:
+    gw_key = secret(tmp_path, "gw", "sk-gateway-0123456789")
+    data = {"gateway_api_key_file": gw_key, "ssh_hostname": "10.0.0.9", "gateway_bind_address": "10.0.0.9",
+            "fleet_ca_dir": str(tmp_path / "ca")}
+    plan = gateway_plan("gw-1", data, ["gateway"], [])
+    assert plan is not None and plan.fleet_ca_issues and plan.scheme == "https"
+    assert plan.cert_sans == ("DNS:gw-1", "IP:10.0.0.9", "DNS:localhost", "IP:127.0.0.1")
+    assert plan.readiness_url == "https://10.0.0.9:4000/health" and plan.readiness([]) == (plan.readiness_url, None)
+    assert plan.client_ca == str(tmp_path / "ca" / "ca.crt") and front_trust(data) == ("https", plan.client_ca)
+    # what nginx is given: TLS on the front's one listener
+    site = nginx_site([], plan.paths, bind_address=plan.bind_address, port=plan.port, tls=plan.tls)
+    assert "listen 10.0.0.9:4000 ssl;" in site and "ssl_protocols TLSv1.2 TLSv1.3;" in site
+    assert "ssl_certificate /opt/rigup/gateway/tls.crt;" in site and "ssl_certificate_key /opt/rigup/gateway/tls.key;" in site
+
+
+def test_plain_http_only_when_the_fleet_file_says_so(tmp_path: Path) -> None:
+    gw_key = secret(tmp_path, "gw", "sk-gateway-0123456789")
+    data = {"gateway_api_key_file": gw_key, "gateway_plain_http": True}
+    plan = gateway_plan("gw", data, ["gateway"], [])
+    assert plan is not None and plan.tls is None and not plan.fleet_ca_issues and plan.client_ca is None
+    assert plan.readiness_url == "http://127.0.0.1:4000/health" and front_trust(data) == ("http", None)
+    site = nginx_site([], plan.paths, bind_address=plan.bind_address, port=plan.port, tls=plan.tls)
+    assert "listen 0.0.0.0:4000;" in site and "ssl" not in site
+    with pytest.raises(GatewayError, match="gateway_plain_http is true but gateway_tls_cert_file or gateway_tls_ca_file"):
+        gateway_plan("gw", {**data, "gateway_tls_ca_file": "/ca.crt"}, ["gateway"], [])
+    with pytest.raises(KnobError, match="gateway_plain_http"):
+        check_knob("gateway_plain_http", "yes")  # a bool, as the fleet file's loader checks it
+
+
+def test_the_users_certificate_is_checked_against_their_ca_by_its_own_name(tmp_path: Path) -> None:
+    gw_key = secret(tmp_path, "gw", "sk-gateway-0123456789")
+    cert, key = tmp_path / "tls.crt", secret(tmp_path, "tls.key", "-----BEGIN PRIVATE KEY-----")
+    cert.write_text("-----BEGIN CERTIFICATE-----\n")
+    data = {"gateway_api_key_file": gw_key, "gateway_tls_cert_file": str(cert), "gateway_tls_key_file": key}
+    public = gateway_plan("gw", data, ["gateway"], [])
+    assert public is not None and not public.fleet_ca_issues and public.client_ca is None  # the system's roots
+    own = gateway_plan("gw", {**data, "gateway_tls_ca_file": "~/ca.crt"}, ["gateway"], [])
+    assert own is not None and own.client_ca == str(Path("~/ca.crt").expanduser()) and own.cert_sans == ()
+    # the readiness wait asks by a name the certificate carries, connected to the front's own address
+    assert own.readiness(["api.example.com", "10.1.1.1"]) == (
+        "https://api.example.com:4000/health", "api.example.com:4000:127.0.0.1:4000")
+    assert own.readiness(["*.example.com"])[0] == "https://rigup-ready.example.com:4000/health"
+    assert own.readiness(["api.example.com", "127.0.0.1"]) == ("https://127.0.0.1:4000/health", None)
+    with pytest.raises(GatewayError, match="gateway_tls_ca_file is set without gateway_tls_cert_file"):
+        gateway_plan("gw", {"gateway_api_key_file": gw_key, "gateway_tls_ca_file": "/ca.crt"}, ["gateway"], [])
 
 
 def test_the_pin_is_vllm_router_with_every_line_hashed() -> None:

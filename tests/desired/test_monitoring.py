@@ -17,7 +17,7 @@ import yaml
 
 from rigup.desired.knobs import load_defaults
 from rigup.desired.lock import ImagePin, LockFile
-from rigup.desired.metrics_auth import scrape_auth
+from rigup.desired.metrics_auth import CA_FILE, scrape_auth
 from rigup.desired.monitoring import (
     GPU_COUNTERS_FILE,
     KEYS_DIR,
@@ -86,6 +86,8 @@ def test_prometheus_yml_scrapes_every_job_and_names_the_gateway_key_file_only(tm
     # the monitor is the gateway host: it reaches the gateway on loopback
     assert gateway["static_configs"] == [{"targets": ["127.0.0.1:4000"], "labels": {"host": "gw"}}]
     assert plan.gateway_keys == {f"{KEYS_DIR}/gateway-gw.key": "sk-gateway-secret"}
+    # over TLS, its certificate checked against the fleet CA's (the one the node job trusts too)
+    assert gateway["scheme"] == "https" and gateway["tls_config"] == {"ca_file": CA_FILE}
     assert "alerting" not in document  # no webhook: no Alertmanager
     assert plan.defaults_text().endswith("ARGS='--web.listen-address=0.0.0.0:9090 --storage.tsdb.retention.time=15d "
                                          "--web.config.file=/etc/prometheus/rigup-web/prometheus.yml'\n")
@@ -104,6 +106,25 @@ def test_exporter_targets_follow_the_fleet_file(tmp_path: Path) -> None:
         "node": [{"targets": ["10.0.0.11:9100"], "labels": {"host": "rig-1"}}],
         "gpu": [{"targets": ["10.0.0.11:9400"], "labels": {"host": "rig-1"}}],
     }
+
+
+def test_the_gateway_scrape_trusts_the_users_ca_or_speaks_plain_http_only_when_told(tmp_path: Path) -> None:
+    def gateway_job(**gateway_data: Any) -> tuple[dict[str, Any], Any]:
+        hosts = fleet(tmp_path)
+        hosts[0] = ("gw", {**hosts[0][1], **gateway_data}, ["gateway"])
+        plan = monitor_plan("gw", hosts[0][1], ["gateway"], hosts)
+        assert plan is not None
+        [job] = [j for j in plan.config_document()["scrape_configs"] if j["job_name"] == "gateway-gw"]
+        return job, plan.gateways[0]
+
+    own = {"gateway_tls_cert_file": "/c/tls.crt", "gateway_tls_key_file": "/c/tls.key"}
+    job, gateway = gateway_job(**own, gateway_tls_ca_file="/c/our-ca.crt")
+    assert job["scheme"] == "https" and job["tls_config"] == {"ca_file": "/etc/prometheus/rigup-web/gateway-gw-ca.crt"}
+    assert gateway.ca_source == "/c/our-ca.crt"  # written there by tasks/monitoring.py
+    job, gateway = gateway_job(**own)  # a publicly issued certificate: the monitor's system roots
+    assert job["scheme"] == "https" and "tls_config" not in job and gateway.ca_source is None
+    job, gateway = gateway_job(gateway_plain_http=True)
+    assert job["scheme"] == "http" and "tls_config" not in job
 
 
 def test_a_missing_gateway_key_names_the_host_and_the_knob(tmp_path: Path) -> None:

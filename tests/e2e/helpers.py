@@ -126,3 +126,17 @@ def key_files(directory: Path, **keys: str) -> dict[str, Path]:
         path.chmod(0o600)
         paths[name] = path
     return paths
+
+
+ENTRANCE_PORT = 4000  # gateway_port's default
+
+
+def entrance_url(address: str, port: int = ENTRANCE_PORT) -> str:
+    """The fleet's entrance on a bed host: https by default (issue 44), its certificate from the fleet CA."""
+    return f"https://{address}:{port}"
+
+
+def fleet_ca_file(fleet: Path) -> str:
+    """The fleet CA's certificate beside a bed's fleet file (fleet_ca_dir's default): what a client of the
+    entrance trusts (requests' verify=, curl's --cacert)."""
+    return str(fleet.parent / "fleet-ca" / "ca.crt")

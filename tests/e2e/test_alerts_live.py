@@ -38,7 +38,7 @@ import requests
 
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import Host, HostSpec
-from tests.e2e.helpers import key_files
+from tests.e2e.helpers import entrance_url, fleet_ca_file, key_files
 from tests.e2e.test_monitoring import GATEWAY_KEY, SCRAPE_S, prometheus, query, targets, wait_for
 from tests.e2e.test_serving import API_KEY, VARIANT, Bed, port_of, served_name, sh, unit_prop
 
@@ -143,8 +143,9 @@ class Load:
     """Clients sending chat requests to `url` until stopped, each request paced by the stand-in's decode
     rate (responder.json tokens_per_s), so the engines behind stay busy."""
 
-    def __init__(self, url: str, key: str, model: str, clients: int = 6) -> None:
+    def __init__(self, url: str, key: str, model: str, clients: int = 6, ca_file: str | None = None) -> None:
         self.url, self.key, self.model = url, key, model
+        self.verify: str | bool = ca_file or True  # the entrance's https: the fleet CA's certificate
         self.stop = threading.Event()
         self.statuses: dict[int, int] = {}
         self.threads = [threading.Thread(target=self.run, daemon=True) for _ in range(clients)]
@@ -152,7 +153,7 @@ class Load:
     def run(self) -> None:
         while not self.stop.is_set():
             try:
-                reply = requests.post(self.url, headers={"Authorization": f"Bearer {self.key}"}, timeout=30,
+                reply = requests.post(self.url, headers={"Authorization": f"Bearer {self.key}"}, timeout=30, verify=self.verify,
                                       json={"model": self.model, "max_tokens": 32,
                                             "messages": [{"role": "user", "content": "Count to thirty."}]})
                 self.statuses[reply.status_code] = self.statuses.get(reply.status_code, 0) + 1
@@ -306,7 +307,7 @@ def test_a_crash_looping_pod_and_a_failed_gate_fire_one_alert_per_cause_and_a_co
     gw, rig2 = bed.host("gw-01"), bed.host("rig-02")
     wait_for(lambda: query(bed, 'up{job="gateway-gw-01"} == 1'), 60, "the gateway scraped again")
     responder_faults(bed.host("rig-01"), mode="ok", tokens_per_s=200)
-    gateway = f"http://{gw.ip}:4000/v1/chat/completions"
+    gateway = f"{entrance_url(gw.ip)}/v1/chat/completions"
     # the server now dies at every start; a drop-in shortens RestartSec so the loop takes seconds
     root(rig2, f"mkdir -p {RESTART_DROPIN} && printf '[Service]\\nRestartSec=1\\n' > {RESTART_DROPIN}/fast.conf && "
                "systemctl daemon-reload")
@@ -315,7 +316,7 @@ def test_a_crash_looping_pod_and_a_failed_gate_fire_one_alert_per_cause_and_a_co
     # test_serving's failed gate): its converge's gate fails and rolls back to the generation that served
     bed.group_data = {**bed.group_data, "rigs": {"serving_bind_address": "192.0.2.55"}}
     bed.write(relock=False)
-    with Load(gateway, GATEWAY_KEY, served_name(VARIANT), clients=3) as load:
+    with Load(gateway, GATEWAY_KEY, served_name(VARIANT), clients=3, ca_file=fleet_ca_file(bed.fleet)) as load:
         root(rig2, f"systemctl restart {UNIT}")
         crash = Watch(bed, "RigupUnitCrashLooping", "firing", host="rig-02", name=UNIT)
         pod_down = Watch(bed, "RigupPodDown", "firing", host="rig-02", pod=VARIANT)

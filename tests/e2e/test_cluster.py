@@ -23,7 +23,7 @@ import yaml
 
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import HostSpec
-from tests.e2e.helpers import REPO_ROOT, key_files
+from tests.e2e.helpers import REPO_ROOT, entrance_url, fleet_ca_file, key_files
 from tests.e2e.test_serving import API_KEY, Bed, _tail, served_name, sh, unit_prop
 
 pytestmark = pytest.mark.e2e
@@ -90,10 +90,11 @@ def test_two_rigs_serve_one_model_as_one_endpoint(bed: Bed) -> None:
 
 
 def test_the_gateway_routes_to_the_head_alone(bed: Bed) -> None:
-    url = f"http://{bed.testbed.host('rig-a').ip}:{GATEWAY_PORT}/v1/models"
+    url = f"{entrance_url(bed.testbed.host('rig-a').ip, GATEWAY_PORT)}/v1/models"
     deadline = time.monotonic() + 60
     while True:
-        reply = requests.get(url, headers={"Authorization": f"Bearer {GATEWAY_KEY}"}, timeout=30)
+        reply = requests.get(url, headers={"Authorization": f"Bearer {GATEWAY_KEY}"}, timeout=30,
+                             verify=fleet_ca_file(bed.fleet))
         if reply.status_code == 200 and reply.json()["data"] or time.monotonic() > deadline:
             break
         time.sleep(2)
@@ -101,8 +102,8 @@ def test_the_gateway_routes_to_the_head_alone(bed: Bed) -> None:
     routes = json.loads(sh(bed.testbed.host("rig-a"), "cat /opt/rigup/gateway/routes.json"))["routes"]
     assert {route["host"] for route in routes} == {"rig-a"}, routes  # the worker serves nothing itself
     # rigup verify's checks (models, completion, tool call) pass through the gateway: the whole cluster answers
-    proc = subprocess.run([sys.executable, "-m", "rigup", "verify", "--url", f"http://{bed.testbed.host('rig-a').ip}:"
-                           f"{GATEWAY_PORT}", "--api-key-file", bed.gateway_key, "--json"],  # type: ignore[attr-defined]
+    proc = subprocess.run([sys.executable, "-m", "rigup", "verify", "--url", entrance_url(bed.testbed.host('rig-a').ip,
+                           GATEWAY_PORT), "--api-key-file", bed.gateway_key, "--json"],  # type: ignore[attr-defined]
                           cwd=REPO_ROOT, env=bed.env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     # and over the fleet: the cluster is verified once, through its head; the worker says so

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import ssl
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import requests
@@ -29,8 +32,9 @@ from rigup.desired.gateway import REQUIREMENTS_FILE
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import HostSpec
 from rigup_testbed.image import REPO_ROOT
-from tests.e2e.helpers import key_files, remote_commands
+from tests.e2e.helpers import entrance_url, fleet_ca_file, key_files, remote_commands
 from tests.e2e.test_serving import API_KEY, OTHER_VARIANT, VARIANT, Bed, _tail, served_name, sh, unit_prop
+from tests.support.tls import fleet_certificate
 
 pytestmark = pytest.mark.e2e
 
@@ -48,7 +52,12 @@ GATEWAYS = ("gw-01", "rig-01")
 
 
 def gateway_url(bed: Bed, gateway: str = "gw-01") -> str:
-    return f"http://{bed.host(gateway).ip}:{PORT}"
+    return entrance_url(bed.host(gateway).ip, PORT)
+
+
+def trusted(bed: Bed) -> str:
+    """The fleet CA's certificate beside the bed's fleet file: what every client of the entrance verifies it with."""
+    return fleet_ca_file(bed.fleet)
 
 
 def chat(bed: Bed, model: str, key: str | None = GATEWAY_KEY, timeout: float = 30, gateway: str = "gw-01",
@@ -58,7 +67,8 @@ def chat(bed: Bed, model: str, key: str | None = GATEWAY_KEY, timeout: float = 3
         headers["X-Session-ID"] = session
     body = {"model": model, "messages": [{"role": "user", "content": "What is the capital of France?"}],
             "max_tokens": 16, "temperature": 0}
-    return requests.post(f"{gateway_url(bed, gateway)}/v1/chat/completions", json=body, headers=headers, timeout=timeout)
+    return requests.post(f"{gateway_url(bed, gateway)}/v1/chat/completions", json=body, headers=headers, timeout=timeout,
+                         verify=trusted(bed))
 
 
 def routes(bed: Bed, gateway: str = "gw-01") -> list[tuple[str, str, str]]:
@@ -135,11 +145,12 @@ def test_bring_up_routes_to_every_rig_and_answers(bed: Bed) -> None:
         for path in REFUSED_PATHS:
             for method in ("GET", "POST"):
                 reply = requests.request(method, f"{gateway_url(bed, gateway)}{path}", json={"model": name, "prompt": "x"},
-                                         headers={"Authorization": f"Bearer {GATEWAY_KEY}"}, timeout=30)
+                                         headers={"Authorization": f"Bearer {GATEWAY_KEY}"}, timeout=30,
+                                         verify=trusted(bed))
                 assert reply.status_code == 404, (gateway, method, path, reply.status_code)
         # streamed through the front as the pod makes it
         with requests.post(f"{gateway_url(bed, gateway)}/v1/chat/completions", stream=True, timeout=60,
-                           headers={"Authorization": f"Bearer {GATEWAY_KEY}"},
+                           headers={"Authorization": f"Bearer {GATEWAY_KEY}"}, verify=trusted(bed),
                            json={"model": name, "stream": True, "max_tokens": 8,
                                  "messages": [{"role": "user", "content": "Hi"}]}) as streamed:
             events = [line for line in streamed.iter_lines() if line.startswith(b"data: ")]
@@ -163,14 +174,15 @@ def test_bring_up_routes_to_every_rig_and_answers(bed: Bed) -> None:
             assert holders and [line for line in holders if line.split()[0][1:] != "00"] == [], (gateway, holders)
         version = sh(gw, "/opt/rigup/gateway/venv-*/bin/pip show vllm-router | sed -n 's/^Version: //p'")
         assert version and f"vllm-router=={version} " in REQUIREMENTS_FILE.read_text()
-    # rigup verify's checks (models, completion, tool call) pass through the entrance as on a rig
+    # rigup verify's checks (models, completion, tool call) pass through the entrance as on a rig, its certificate
+    # checked against the fleet CA's (no --ca-file: the fleet file's entrance at that address)
     proc = subprocess.run([sys.executable, "-m", "rigup", "verify", "--url", gateway_url(bed), "--api-key-file",
                            bed.gateway_key, "--json"], cwd=REPO_ROOT, env=bed.env(),  # type: ignore[attr-defined]
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     # the gateway-only box got no driver, Docker or variant
     box = bed.host("gw-01")
-    assert sh(box, "ls /opt/rigup") == "gateway"
+    assert sh(box, "ls /opt/rigup") == "bin\ngateway"  # bin: rigup-quarantine-routes (tasks/quarantine_routes.py)
     assert sh(box, "command -v docker nvidia-smi || true") == ""
     assert "Wait for the entrance to answer" in output
     assert ROUTER_PORT_BASE  # the router listens on loopback only: the front is the one way in
@@ -181,6 +193,40 @@ def _port() -> int:
     from tests.e2e.test_serving import port_of
 
     return port_of(VARIANT)
+
+
+def test_the_entrance_answers_https_with_the_fleet_cas_chain_and_refuses_a_client_of_another_ca(
+    bed: Bed, tmp_path: Path
+) -> None:
+    ca = trusted(bed)
+    for gateway in GATEWAYS:
+        gw = bed.host(gateway)
+        # the chain: the certificate the fleet CA issued for the host's names, verified as any TLS client does
+        context = ssl.create_default_context(cafile=ca)
+        with socket.create_connection((gw.ip, PORT), timeout=10) as raw, \
+                context.wrap_socket(raw, server_hostname=gw.ip) as tls:
+            seen = tls.getpeercert()
+            version = tls.version()
+        assert ("IP Address", gw.ip) in seen["subjectAltName"] and ("DNS", gateway) in seen["subjectAltName"], seen
+        assert dict(item[0] for item in seen["issuer"])["commonName"] == "rigup fleet CA"
+        assert version in ("TLSv1.2", "TLSv1.3")
+        assert sh(gw, "stat -c '%a %U' /opt/rigup/gateway/tls.key") == "600 root"
+        assert sh(gw, "openssl verify -CAfile /opt/rigup/gateway/tls-ca.crt /opt/rigup/gateway/tls.crt").endswith(": OK")
+        # plain HTTP to the front: nginx's 400, never an answer from a route
+        plain = requests.get(f"http://{gw.ip}:{PORT}/v1/models", headers={"Authorization": f"Bearer {GATEWAY_KEY}"},
+                             timeout=10)
+        assert plain.status_code == 400, plain.text
+    # a client that trusts another CA is refused at the handshake: requests, and rigup verify with one line
+    other = fleet_certificate(tmp_path / "other-ca").ca_cert
+    with pytest.raises(requests.exceptions.SSLError):
+        requests.get(f"{gateway_url(bed)}/health", timeout=10, verify=str(other))
+    proc = subprocess.run([sys.executable, "-m", "rigup", "verify", "--url", gateway_url(bed), "--api-key-file",
+                           bed.gateway_key, "--ca-file", str(other), "--json"],  # type: ignore[attr-defined]
+                          cwd=REPO_ROOT, env=bed.env(), capture_output=True, text=True, timeout=120)
+    [host] = json.loads(proc.stdout)["hosts"]
+    assert proc.returncode == 1 and [(r["check"], r["outcome"]) for r in host["results"]] == [("tls", "fail")], proc.stdout
+    assert host["results"][0]["detail"] == (f"TLS refused: its certificate is not signed by the CA in {other} "
+                                            f"({gateway_url(bed)})")
 
 
 def test_a_converged_rerun_changes_nothing(bed: Bed) -> None:
@@ -235,7 +281,7 @@ def test_a_variant_switch_moves_the_routes_at_that_converge(bed: Bed) -> None:
         assert reply.status_code == 200, reply.text
         assert chat(bed, new, key=TEAMMATE_KEY, gateway=gateway).status_code == 401
         models = requests.get(f"{gateway_url(bed, gateway)}/v1/models",
-                              headers={"Authorization": f"Bearer {GATEWAY_KEY}"}, timeout=30)
+                              headers={"Authorization": f"Bearer {GATEWAY_KEY}"}, timeout=30, verify=trusted(bed))
         assert {m["id"] for m in models.json()["data"]} == {new, old}
 
 

@@ -32,7 +32,7 @@ from rigup_testbed.hosts import HostSpec
 from rigup_testbed.image import REPO_ROOT
 from tests.desired.test_monitoring import ALERTS
 from tests.e2e.boundary_probe import check_from_outside, plan_of, refused_from_members
-from tests.e2e.helpers import key_files, remote_commands
+from tests.e2e.helpers import entrance_url, fleet_ca_file, key_files, remote_commands
 from tests.e2e.test_serving import API_KEY, OTHER_VARIANT, VARIANT, Bed, port_of, served_name, sh
 
 pytestmark = pytest.mark.e2e
@@ -194,7 +194,7 @@ def test_verify_moves_every_pods_generated_tokens(bed: Bed) -> None:
 def test_every_dashboard_panel_query_returns_data(bed: Bed) -> None:
     # Grafana cannot be installed here (no package reachable): its panels' queries run against the real
     # Prometheus instead. One request through the gateway first, so its per-route series exist.
-    reply = requests.post(f"http://{bed.host('gw-01').ip}:4000/v1/chat/completions",
+    reply = requests.post(f"{entrance_url(bed.host('gw-01').ip)}/v1/chat/completions", verify=fleet_ca_file(bed.fleet),
                           headers={"Authorization": f"Bearer {GATEWAY_KEY}"}, timeout=60,
                           json={"model": served_name(VARIANT), "max_tokens": 8,
                                 "messages": [{"role": "user", "content": "Say hello."}]})

@@ -25,7 +25,7 @@ import requests
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import HostSpec
 from rigup_testbed.image import REPO_ROOT
-from tests.e2e.helpers import key_files, remote_commands
+from tests.e2e.helpers import entrance_url, fleet_ca_file, key_files, remote_commands
 from tests.e2e.test_serving import API_KEY, Bed, _tail, port_of, served_name, serving_ops, sh, unit_prop
 
 pytestmark = pytest.mark.e2e
@@ -162,10 +162,10 @@ def test_the_gateway_routes_to_every_pod(bed: Bed) -> None:
         (dual, "tri", "rigup-pair.service", f"http://{tri}:{port_of(DUAL)}/v1"),
         (single, "tri", "rigup-solo.service", f"http://{tri}:{port_of(SINGLE)}/v1"),
     ])
-    url = f"http://{bed.host('quad').ip}:{GATEWAY_PORT}"
+    url = entrance_url(bed.host('quad').ip, GATEWAY_PORT)
     for model in {dual, single}:
         body = {"model": model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8, "temperature": 0}
-        reply = requests.post(f"{url}/v1/chat/completions", json=body,
+        reply = requests.post(f"{url}/v1/chat/completions", json=body, verify=fleet_ca_file(bed.fleet),
                               headers={"Authorization": f"Bearer {GATEWAY_KEY}"}, timeout=60)
         assert reply.status_code == 200, reply.text
 

@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.support.tls import ServerCert, serve_tls
+
 # vLLM's buckets for vllm:time_to_first_token_seconds
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -192,9 +194,11 @@ def litellm_text(routes: Sequence[Route], started: float, now: float | None = No
 
 
 class MetricsServer:
-    """An HTTP server on 127.0.0.1 answering GET `path` with `text()` (401 without `key` when one is set)."""
+    """An HTTP server on 127.0.0.1 answering GET `path` with `text()` (401 without `key` when one is set); over
+    TLS with `tls`'s certificate (tests.support.tls) when one is given."""
 
-    def __init__(self, text: Callable[[], str], path: str = "/metrics", key: str | None = None) -> None:
+    def __init__(self, text: Callable[[], str], path: str = "/metrics", key: str | None = None,
+                 tls: ServerCert | None = None) -> None:
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -220,6 +224,8 @@ class MetricsServer:
 
         self.requests = 0
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if tls is not None:
+            serve_tls(self.server, tls)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
