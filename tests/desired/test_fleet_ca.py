@@ -13,7 +13,15 @@ from typing import Any
 import pytest
 
 from rigup.desired import fleet_ca
-from rigup.desired.fleet_ca import FleetCAError, ensure_ca, host_sans, issue, issued_certificates, sans_of
+from rigup.desired.fleet_ca import (
+    FleetCAError,
+    certificate_names,
+    ensure_ca,
+    host_sans,
+    issue,
+    issued_certificates,
+    sans_of,
+)
 from rigup.desired.knobs import load_defaults
 
 
@@ -67,6 +75,9 @@ def test_a_certificate_chains_to_the_ca_with_the_hosts_names_and_serves_tls(tmp_
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     server.load_cert_chain(cert.cert, cert.key)  # the key is the certificate's
     assert issued_certificates(ca) == [("rig-01", "node-exporter", cert.not_after)]
+    # the names a certificate carries, as the entrance's readiness wait reads them of a user's certificate
+    assert certificate_names(cert.cert) == ["rig-01", "10.0.0.11", "localhost", "127.0.0.1"]
+    assert certificate_names(ca.cert) == []  # the CA names no host
 
 
 def test_a_rerun_reuses_the_certificate_without_running_openssl(tmp_path: Path, argv_seen) -> None:
