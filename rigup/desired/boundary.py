@@ -171,7 +171,8 @@ RAY_PROBES = ("/api/version", "/api/jobs/", "POST /api/jobs/", "/api/v0/nodes", 
 SERVICES: tuple[Service, ...] = (
     Service("SSH", "ssh_port (22)", "every fleet host", "anyone", "SSH keys", _ssh_port, _anyone),
     Service("the entrance (the fleet's API)", "gateway_port (4000)", "gateway_group's hosts", "anyone",
-            "the gateway's key (gateway_api_key_file)", _entrance_port, _anyone,
+            "TLS with the fleet CA's certificate (gateway_plain_http: none), and a client's key (gateway_clients, "
+            "gateway_api_key_file)", _entrance_port, _anyone,
             # every vLLM path but /health, the front's own liveness answer ({"status":"ok"}) to anyone
             tuple(probe for probe in VLLM_PROBES if probe != "/health"), asks=("/v1/models", "/metrics/")),
     Service("each pod's vLLM API", "each pod's port (8000+)", "every rig", "the entrance, the monitor, the control "
