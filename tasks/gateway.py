@@ -20,8 +20,11 @@ fleet_cert_renew_days), gateway_pip_index_url, gateway_health_check_interval_s,
 gateway_num_retries, gateway_ready_timeout_s, install_root, and every rig's serving_api_key_file, ssh_hostname
 and install_root.
 Restarts: a router when its venv, environment file or unit changed after it started; nginx when its site, keys,
-dispatch or certificate changed (judged on the host, so an interrupted run is finished by the next); then
-removes the venvs of earlier pins.
+dispatch or certificate changed (judged on the host, so an interrupted run is finished by the next), once nginx -t
+accepts them; then removes the venvs of earlier pins. A router that does not come up healthy, or a configuration
+nginx -t refuses, puts the last good configuration back ({install_root}/gateway/last-good.tar, 0600, recorded once
+the entrance serves) and fails the host with one line; nginx is not restarted onto a configuration it refuses.
+rigup-entrance-usage.service counts nginx's usage log per client (requests and tokens) for /metrics/.
 Not idempotent: "Wait for the entrance to answer" runs only after nginx (re)started.
 Included by deploy.py on gateway_group hosts that passed preflight only.
 """
@@ -33,7 +36,7 @@ from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files
 
-from rigup.desired.entrance import NGINX_PACKAGES, key_map_text, pod_key_text
+from rigup.desired.entrance import NGINX_PACKAGES, USAGE_UNIT, key_map_text, pod_key_text, usage_unit_text
 from rigup.desired.fleet_ca import FleetCAError, certificate_names
 from rigup.desired.gateway import (
     FRONT_UNIT,
@@ -48,7 +51,9 @@ from rigup.desired.knobs import KnobError
 from rigup.desired.secrets import SecretError
 from rigup.operations.fleet_certs import issued_certificate
 from rigup.operations.gateway import (
+    entrance_last_good,
     entrance_routes,
+    front_runs_current,
     gateway_venv,
     legacy_gateway_removed,
     other_venvs_removed,
@@ -57,6 +62,7 @@ from rigup.operations.gateway import (
 from rigup.operations.planning_errors import stop_the_run_on
 from rigup.operations.serving import secret_file
 from rigup.operations.units import answers_http, unit_runs_current_files
+from rigup.rig import ENTRANCE_USAGE_SCRIPT
 from rigup.runstate import fleet_plan
 
 with stop_the_run_on(host, GatewayError, SecretError, KnobError):
@@ -136,10 +142,17 @@ routers_run_current(
     paths=paths,
     timeout_s=plan.ready_timeout_s,
 )
-front = unit_runs_current_files(
-    name="Run the entrance's nginx on its current site, keys and dispatch (restart only on a change)",
+files.put(name="Upload rigup-entrance-usage (requests and tokens per client)", src=str(ENTRANCE_USAGE_SCRIPT),
+          dest=paths.usage_counter, mode="755")
+files.put(name="Write rigup-entrance-usage's unit", src=StringIO(usage_unit_text(paths)),
+          dest=f"/etc/systemd/system/{USAGE_UNIT}", mode="644")
+unit_runs_current_files(name="Run rigup-entrance-usage on its current script and unit", unit=USAGE_UNIT,
+                        files=[paths.usage_counter, f"/etc/systemd/system/{USAGE_UNIT}"])
+front = front_runs_current(
+    name="Run the entrance's nginx on its current site, keys and dispatch (restart only on a change, once nginx -t passes)",
     unit=FRONT_UNIT,
     files=front_files,
+    paths=paths,
 )
 answers_http(
     name="Wait for the entrance to answer",
@@ -151,4 +164,6 @@ answers_http(
     connect_to=connect_to,
     _if=front.did_change,
 )
+entrance_last_good(name="Record the entrance's configuration as the last good one", paths=paths,
+                   files=[*front_files, paths.models_json, paths.config_file, UNIT_FILE])
 other_venvs_removed(name="Remove the venvs of earlier router pins", root=paths.root, keep=paths.venv)

@@ -47,6 +47,12 @@ CLIENT_NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
 # What secrets.token_urlsafe makes (and a key rigup did not make must look like): nothing nginx would parse.
 KEY_PATTERN = re.compile(r"[A-Za-z0-9_.~+/=-]{16,256}")
 ROUTER_PORT_BASE = 30100  # router i listens on 127.0.0.1:(base + i), its metrics on (base + 100 + i)
+# Requests and tokens per client (docs/gateway.md, Usage per client): nginx logs each request to a model path in
+# USAGE_LOG (its client's name, model, status, the response's usage); rigup-entrance-usage (rigup/rig/entrance_usage.py)
+# counts that log and serves the counters on 127.0.0.1:USAGE_PORT, which /metrics/ joins.
+USAGE_LOG = "/var/log/nginx/rigup-entrance-usage.log"  # the package's logrotate rotates /var/log/nginx/*.log
+USAGE_PORT = 30300
+USAGE_UNIT = "rigup-entrance-usage.service"
 
 
 class EntranceError(ValueError):
@@ -207,13 +213,24 @@ class EntrancePaths:
     def router_env(self, router_slug: str) -> str:
         return posixpath.join(self.routers_dir, f"{router_slug}.env")
 
+    @property
+    def last_good(self) -> str:
+        """The entrance's files as they were when it last came up healthy (tar, 0600: it holds the keys): what a
+        converge whose new configuration fails puts back."""
+        return posixpath.join(self.root, "last-good.tar")
+
+    @property
+    def usage_counter(self) -> str:
+        """rigup/rig/entrance_usage.py: counts USAGE_LOG per client for Prometheus."""
+        return posixpath.join(self.root, "rigup-entrance-usage")
+
 
 def nginx_site(routers: Sequence[ModelRouter], paths: EntrancePaths, *, bind_address: str, port: int,
                tls: tuple[str, str] | None) -> str:
     """The front's server: TLS when a certificate and key are named, keys, allowlist, model dispatch."""
     return render_template("rigup-entrance.nginx.conf.j2", routers=routers, paths=paths,
                            listen=f"[{bind_address}]:{port}" if ":" in bind_address else f"{bind_address}:{port}",
-                           tls=tls, model_paths=MODEL_PATHS)
+                           tls=tls, model_paths=MODEL_PATHS, usage_log=USAGE_LOG, usage_port=USAGE_PORT)
 
 
 def dispatch_js(routers: Sequence[ModelRouter]) -> str:
@@ -224,3 +241,8 @@ def dispatch_js(routers: Sequence[ModelRouter]) -> str:
 def router_env_text(router: ModelRouter, *, health_check_interval_s: int, num_retries: int) -> str:
     return (f"# Rendered by rigup: vllm-router for {router.model}. Do not edit.\n"
             f"ROUTER_ARGS={router_args(router, health_check_interval_s=health_check_interval_s, num_retries=num_retries)}\n")
+
+
+def usage_unit_text(paths: EntrancePaths) -> str:
+    """The unit of rigup-entrance-usage: follows USAGE_LOG, serves the counters on 127.0.0.1:USAGE_PORT."""
+    return render_template("rigup-entrance-usage.service.j2", script=paths.usage_counter, log=USAGE_LOG, port=USAGE_PORT)

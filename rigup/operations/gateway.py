@@ -3,6 +3,7 @@ serve (read when the operation runs, after every rig's serving phase), one route
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from io import StringIO
 from typing import Any
@@ -13,7 +14,15 @@ from pyinfra.api import OperationValueError, QuoteString, StringCommand, operati
 from pyinfra.facts.files import File
 from pyinfra.operations import files
 
-from rigup.desired.entrance import ModelRouter, dispatch_js, model_routers, models_document, nginx_site, router_env_text
+from rigup.desired.entrance import (
+    EntrancePaths,
+    ModelRouter,
+    dispatch_js,
+    model_routers,
+    models_document,
+    nginx_site,
+    router_env_text,
+)
 from rigup.desired.gateway import (
     UNIT_FILE,
     GatewayPaths,
@@ -238,9 +247,100 @@ def routers_run_current(paths: GatewayPaths, timeout_s: int):
     for router in started:
         unit = f"rigup-router@{router.slug}.service"
         url = f"http://127.0.0.1:{router.port}/health"
-        yield StringCommand(
+        failed = f"rigup: the router of {router.model} did not answer {url} within {timeout_s} s"
+        yield streamed(StringCommand(
             "deadline=$(( $(date +%s) +", str(timeout_s), ")); until curl -fs -o /dev/null --max-time 5", QuoteString(url),
-            "; do if [ $(date +%s) -ge $deadline ]; then echo", QuoteString(
-                f"rigup: the router of {router.model} did not answer {url} within {timeout_s} s; journalctl -u {unit}:"),
-            "; journalctl -u", QuoteString(unit), "-n 30 --no-pager; exit 1; fi; sleep 0.5; done",
-        )  # fmt: skip
+            "; do if [ $(date +%s) -ge $deadline ]; then journalctl -u", QuoteString(unit), "-n 30 --no-pager;",
+            restore_last_good(paths), "&& echo", QuoteString(f"{failed}; {BACK_IN_SERVICE}"), "|| echo",
+            QuoteString(f"{failed}; {NOT_BACK}"), "; exit 1; fi; sleep 0.5; done",
+        ), _account_failure)  # fmt: skip
+
+
+BACK_IN_SERVICE = "the entrance's previous configuration is back in service"
+NOT_BACK = "the entrance's previous configuration could not be put back (see above)"
+
+
+def restore_last_good(paths: EntrancePaths) -> str:
+    """Shell: put the entrance's last good files back (paths.last_good: site, dispatch, keys, routes, the routers'
+    environment files and unit) and run every router on them again (instances of models it did not route are
+    stopped); nginx is left to the caller. Fails, saying so, when no configuration was recorded yet (a first
+    converge) or a router does not start."""
+    snapshot, routers = shlex.quote(paths.last_good), shlex.quote(paths.routers_dir)
+    none = shlex.quote("rigup: no earlier configuration of the entrance was recorded (its first converge)")
+    return (
+        f"{{ if [ ! -f {snapshot} ]; then echo {none}; false; else rm -f {routers}/*.env && tar -xPf {snapshot} && "
+        "systemctl daemon-reload && back=0 && for unit in $(systemctl list-units --all --plain --no-legend "
+        "'rigup-router@*.service' | awk '{print $1}'); do slug=${unit#rigup-router@}; "
+        f"[ -f {routers}/${{slug%.service}}.env ] || systemctl disable --now --quiet \"$unit\" || back=1; done; "
+        f"for env in {routers}/*.env; do [ -f \"$env\" ] || continue; unit=\"rigup-router@$(basename \"$env\" .env).service\"; "
+        "systemctl reset-failed \"$unit\" 2>/dev/null; systemctl enable --quiet \"$unit\" && systemctl restart \"$unit\" "
+        "|| back=1; done; [ $back -eq 0 ]; fi; }"
+    )
+
+
+def _account_failure(h: Any, ok: bool, output: Any, seconds: float) -> None:
+    if not ok:
+        lines = [line for line in getattr(output, "output_lines", []) if str(line).startswith("rigup: ")]
+        account(h, str(lines[-1]).removeprefix("rigup: ") if lines else "entrance configuration failed")
+
+
+@operation()
+def front_runs_current(unit: str, files: Sequence[str], paths: EntrancePaths):
+    """
+    Run nginx (enabled, active) on the entrance's current files, as unit_runs_current_files does, but gated: before
+    it (re)starts, ``nginx -t`` checks the new configuration (the site, the njs dispatch, the key map, the pods'
+    key, the certificate); a configuration it refuses, or one nginx does not start on, is replaced by the last good
+    one (paths.last_good, routers included) and the host fails with one line. nginx that was running is never
+    stopped for a configuration it refuses: it serves the previous one throughout.
+
+    + unit: nginx's unit
+    + files: the files it runs from
+    + paths: the entrance's files on the host
+    """
+    steps = service_steps(host.get_fact(UnitAgainstFiles, unit=unit, paths=list(files)))
+    if not steps:
+        host.noop(f"{unit} runs on its current files")
+        return
+    if "daemon-reload" in steps:
+        yield StringCommand("systemctl daemon-reload")
+    if {"start", "restart"} & set(steps):
+        refused = "rigup: nginx -t refused the entrance's new configuration"
+        yield streamed(StringCommand(
+            "checked=$(nginx -t -q 2>&1) || { printf '%s\\n' \"$checked\" >&2;",
+            "why=$(printf '%s\\n' \"$checked\" | grep -m1 -e emerg -e error || printf '%s\\n' \"$checked\" | head -n1);",
+            restore_last_good(paths), "&& echo", f"\"{refused} ($why); {BACK_IN_SERVICE}\"", "|| echo",
+            f"\"{refused} ($why); {NOT_BACK}\"", "; exit 1; }",
+        ), _account_failure)  # fmt: skip
+        restart = "start" if "start" in steps else "restart"
+        failed = f"rigup: nginx did not {restart} on the entrance's new configuration"
+        yield streamed(StringCommand(
+            "systemctl reset-failed", QuoteString(unit), "2>/dev/null; systemctl", restart, QuoteString(unit),
+            "|| { journalctl -u", QuoteString(unit), "-n 20 --no-pager;", restore_last_good(paths), "&& systemctl restart",
+            QuoteString(unit), "&& echo", QuoteString(f"{failed}; {BACK_IN_SERVICE}"), "|| echo",
+            QuoteString(f"{failed}; {NOT_BACK}"), "; exit 1; }",
+        ), _account_failure)  # fmt: skip
+    if "enable" in steps:
+        yield StringCommand("systemctl enable", QuoteString(unit))
+
+
+@operation()
+def entrance_last_good(paths: EntrancePaths, files: Sequence[str]):
+    """
+    Record the entrance's files as the last good configuration (paths.last_good, 0600 root: it holds the keys)
+    once it serves on them: when none is recorded or one of ``files`` (or a router's environment file) is newer
+    than the record. What front_runs_current and routers_run_current put back when a later configuration fails.
+
+    + paths: the entrance's files on the host
+    + files: every file the entrance runs from (the routers' environment files are found in their directory)
+    """
+    routers = [paths.router_env(r.slug) for r in _ROUTERS.get(host.name, [])]
+    wanted = [*files, *routers]
+    recorded = host.get_fact(File, path=paths.last_good)
+    present = {path: host.get_fact(File, path=path) for path in wanted}
+    newest = max((f["mtime"] for f in present.values() if f), default=None)
+    if recorded and newest is not None and recorded["mtime"] >= newest:
+        host.noop("the entrance's last good configuration is recorded")
+        return
+    kept = [QuoteString(path) for path, f in present.items() if f]
+    yield StringCommand("( umask 077 && tar -cPf", QuoteString(f"{paths.last_good}.new"), *kept, "&& mv",
+                        QuoteString(f"{paths.last_good}.new"), QuoteString(paths.last_good), ")")

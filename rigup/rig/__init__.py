@@ -4,3 +4,4 @@ from pathlib import Path
 
 SERVINGCTL_SCRIPT = Path(__file__).with_name("servingctl.py")
 QUARANTINE_ROUTES_SCRIPT = Path(__file__).with_name("quarantine_routes.py")
+ENTRANCE_USAGE_SCRIPT = Path(__file__).with_name("entrance_usage.py")

@@ -1,0 +1,227 @@
+"""The entrance's gate and rollback (rigup/operations/gateway.py, issue 44): the commands front_runs_current and
+routers_run_current send, made by pyinfra on a @fake host, then run here by sh against Debian's own nginx (with
+njs) serving a working entrance, systemctl stood in by a recorder. A configuration nginx -t refuses never reaches
+nginx, which keeps serving the previous one; it and a router that does not come up put the last good files back;
+either way the host fails with one line saying so."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.connect import connect_all, disconnect_all
+from pyinfra.api.operation import add_op
+from pyinfra.api.operations import run_ops
+
+from rigup.desired.entrance import (
+    Client,
+    EntrancePaths,
+    ModelRouter,
+    dispatch_js,
+    key_map_text,
+    models_document,
+    nginx_site,
+    pod_key_text,
+)
+from rigup.desired.gateway import GatewayPaths
+from rigup.operations import gateway as gateway_ops
+from rigup.operations.gateway import BACK_IN_SERVICE, NOT_BACK, front_runs_current, routers_run_current
+
+TEMP_PATHS = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+KEY = "alice-key-0123456789abcdef"
+HOST = "@fake/gw"
+# UnitAgainstFiles' answer for a unit whose files changed after it started (restart) or that is not running (start)
+RUNNING = ["ActiveState=active", "UnitFileState=enabled", "ExecMainStartTimestampMonotonic=1000000",
+           "NeedDaemonReload=no", "clock 5000.0 100.0"]
+STOPPED = ["ActiveState=inactive", "UnitFileState=disabled", "ExecMainStartTimestampMonotonic=0",
+           "NeedDaemonReload=no", "clock 5000.0 100.0"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def commands_of(op: Any, unit_state: list[str], changed: list[str], **kwargs: Any) -> list[str]:
+    """The shell commands `op` sends a @fake host (fact reads left out), unwrapped from pyinfra's sh -c."""
+    answer = [*unit_state, *(f"mtime 4999.0 {path}" for path in changed)]
+    inventory = Inventory(([HOST], {"fake_delay": 0, "fake_delay_jitter": 0,
+                                    "fake_responses": {"systemctl show -p ActiveState": answer}}))
+    state = State(inventory=inventory, config=Config())
+    connect_all(state)
+    host = inventory.get_host(HOST)
+    add_op(state, op, name="op under test", **kwargs)
+    before = len(host.connector.executed_commands)
+    run_ops(state)
+    disconnect_all(state)
+    out = []
+    for command in host.connector.executed_commands[before:]:
+        if "systemctl show -p ActiveState" in command:
+            continue
+        words = shlex.split(command)
+        out.append(words[-1] if words[-2:-1] == ["-c"] else command)
+    return out
+
+
+@pytest.fixture
+def entrance(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """A working entrance: its files, their last good record, nginx serving them; `nginx` and `systemctl` on PATH
+    stand in for the host's (the real nginx on this configuration; a recorder)."""
+    from rigup_testbed.debarchive import DebianArchive
+
+    archive = DebianArchive()
+    nginx = archive.program("nginx")
+    (njs_deb,) = archive.debs(["libnginx-mod-http-js"])
+    subprocess.run(["dpkg-deb", "-x", str(njs_deb), str(tmp_path / "njs")], check=True)
+    module = tmp_path / "njs/usr/lib/nginx/modules/ngx_http_js_module.so"
+    paths = GatewayPaths(str(tmp_path / "gw"))
+    Path(paths.routers_dir).mkdir(parents=True)
+    port = free_port()
+    old = [ModelRouter("old-model", "old-model", free_port(), free_port(), ("http://10.0.0.1:8000",))]
+    site_file = tmp_path / "site.conf"
+    Path(paths.key_map).write_text(key_map_text([Client("alice", KEY)]))
+    Path(paths.pod_key).write_text(pod_key_text(None))
+    Path(paths.dispatch_js).write_text(dispatch_js(old))
+    Path(paths.models_json).write_text(models_document(old))
+    Path(paths.router_env("old-model")).write_text("ROUTER_ARGS=--port 1\n")
+    site_file.write_text(nginx_site(old, paths, bind_address="127.0.0.1", port=port, tls=None)
+                         .replace("/var/log/nginx", str(tmp_path)))
+    user = "user root;\n" if os.geteuid() == 0 else ""
+    conf = tmp_path / "nginx.conf"
+    conf.write_text(f"load_module {module};\n{user}pid {tmp_path}/nginx.pid;\ndaemon off;\nevents {{}}\nhttp {{\n"
+                    + "".join(f"    {kind}_temp_path {tmp_path}/{kind};\n" for kind in TEMP_PATHS)
+                    + f"    include {site_file};\n}}\n")
+    files = [str(site_file), paths.key_map, paths.pod_key, paths.dispatch_js, paths.models_json,
+             paths.router_env("old-model")]
+    subprocess.run(["tar", "-cPf", paths.last_good, *files], check=True)  # as entrance_last_good records it
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "nginx").write_text(f'#!/bin/sh\nexec {nginx} -p {tmp_path} -e {tmp_path}/error.log -c {conf} "$@"\n')
+    (stubs / "systemctl").write_text(
+        f'#!/bin/sh\necho "$*" >> {tmp_path}/systemctl.log\n'
+        'case "$1" in list-units) echo "rigup-router@new-model.service loaded failed failed x";'
+        ' echo "rigup-router@old-model.service loaded active running x";; esac\n')
+    (stubs / "journalctl").write_text("#!/bin/sh\necho '(the unit's journal)'\n")
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    proc = subprocess.Popen([str(stubs / "nginx")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            requests.get(f"{url}/health", timeout=2)
+            break
+        except requests.ConnectionError:
+            assert proc.poll() is None and time.monotonic() < deadline, "nginx did not start"
+            time.sleep(0.1)
+    try:
+        yield {"tmp": tmp_path, "paths": paths, "site": site_file, "files": files, "url": url, "port": port,
+               "env": {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}"}}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        gateway_ops._ROUTERS.pop(HOST, None)
+
+
+def dispatched(entrance: dict[str, Any]) -> set[str]:
+    """The models the running nginx dispatches (njs compiled its dispatch when it started): the others get 404."""
+    out = set()
+    for model in ("old-model", "new-model"):
+        reply = requests.post(entrance["url"] + "/v1/chat/completions", json={"model": model, "messages": []},
+                              headers={"Authorization": f"Bearer {KEY}"}, timeout=10)
+        if reply.status_code != 404:  # its router is not running here: 502
+            out.add(model)
+    return out
+
+
+def new_configuration(entrance: dict[str, Any], broken_dispatch: bool) -> dict[str, str]:
+    """Write the next converge's files over the working ones: a new model (and router), a new site; optionally a
+    dispatch njs cannot compile. Returns the good files' contents."""
+    paths: EntrancePaths = entrance["paths"]
+    good = {name: Path(name).read_text() for name in entrance["files"]}
+    new = [ModelRouter("new-model", "new-model", free_port(), free_port(), ("http://10.0.0.2:8000",))]
+    text = dispatch_js(new)
+    Path(paths.dispatch_js).write_text(text.replace("function dispatch(r) {", "function dispatch(r) {{") if broken_dispatch else text)
+    Path(paths.models_json).write_text(models_document(new))
+    Path(paths.router_env("old-model")).unlink()
+    Path(paths.router_env("new-model")).write_text("ROUTER_ARGS=--port 2\n")
+    entrance["site"].write_text(nginx_site(new, paths, bind_address="127.0.0.1", port=entrance["port"], tls=None)
+                                .replace("/var/log/nginx", str(entrance["tmp"])))
+    return good
+
+
+def run_sh(entrance: dict[str, Any], command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["sh", "-c", command], env=entrance["env"], capture_output=True, text=True, timeout=60)
+
+
+def run_all(entrance: dict[str, Any], commands: list[str]) -> list[subprocess.CompletedProcess[str]]:
+    """The operation's commands in order, as pyinfra runs them: up to the first that fails."""
+    results = []
+    for command in commands:
+        results.append(run_sh(entrance, command))
+        if results[-1].returncode != 0:
+            break
+    return results
+
+
+def put_back(entrance: dict[str, Any], good: dict[str, str]) -> None:
+    for name, text in good.items():
+        assert Path(name).read_text() == text, name
+    assert sorted(p.name for p in Path(entrance["paths"].routers_dir).iterdir()) == ["old-model.env"]
+
+
+def test_a_configuration_nginx_refuses_never_reaches_it_and_the_last_good_one_is_put_back(entrance: dict[str, Any]) -> None:
+    good = new_configuration(entrance, broken_dispatch=True)
+    commands = commands_of(front_runs_current, RUNNING, [str(entrance["site"])], unit="nginx.service",
+                           files=[str(entrance["site"])], paths=entrance["paths"])
+    assert any("nginx -t" in c for c in commands) and any("systemctl restart" in c for c in commands)
+    results = run_all(entrance, commands)
+    gate = results[-1]
+    assert len(results) == 1 and gate.returncode == 1, gate.stdout + gate.stderr
+    said = [line for line in gate.stdout.splitlines() if line.startswith("rigup: ")]
+    assert len(said) == 1 and said[0].startswith("rigup: nginx -t refused the entrance's new configuration (")
+    assert "entrance.js" in said[0] and said[0].endswith(BACK_IN_SERVICE), said
+    put_back(entrance, good)
+    log = (entrance["tmp"] / "systemctl.log").read_text()
+    assert "restart rigup-router@old-model.service" in log  # its routers on their last good files again
+    assert "disable --now --quiet rigup-router@new-model.service" in log
+    assert "nginx" not in log  # never restarted onto what it refused
+    assert dispatched(entrance) == {"old-model"}  # serving the previous configuration throughout
+    assert run_sh(entrance, "nginx -t -q").returncode == 0  # and a restart (a reboot) would find it on disk
+
+
+def test_a_router_that_does_not_come_up_puts_the_last_good_configuration_back(entrance: dict[str, Any]) -> None:
+    good = new_configuration(entrance, broken_dispatch=False)
+    router = ModelRouter("new-model", "new-model", free_port(), free_port(), ("http://10.0.0.2:8000",))
+    gateway_ops._ROUTERS[HOST] = [router]  # what entrance_routes decided in this pass
+    commands = commands_of(routers_run_current, STOPPED, [], paths=entrance["paths"], timeout_s=1)
+    results = run_all(entrance, commands)
+    assert results[-1].returncode == 1, [r.stdout + r.stderr for r in results]
+    said = [line for line in results[-1].stdout.splitlines() if line.startswith("rigup: ")]
+    assert said == [f"rigup: the router of new-model did not answer http://127.0.0.1:{router.port}/health within 1 s; "
+                    f"{BACK_IN_SERVICE}"]
+    put_back(entrance, good)
+    assert dispatched(entrance) == {"old-model"}
+
+
+def test_without_a_recorded_configuration_it_says_so(entrance: dict[str, Any]) -> None:
+    Path(entrance["paths"].last_good).unlink()  # a first converge: nothing recorded yet
+    new_configuration(entrance, broken_dispatch=True)
+    commands = commands_of(front_runs_current, RUNNING, [str(entrance["site"])], unit="nginx.service",
+                           files=[str(entrance["site"])], paths=entrance["paths"])
+    gate = run_sh(entrance, commands[0])
+    assert gate.returncode == 1
+    said = [line for line in gate.stdout.splitlines() if line.startswith("rigup: ")]
+    assert said[-1].endswith(NOT_BACK) and "its first converge" in said[0]
+    assert dispatched(entrance) == {"old-model"}  # nginx itself was never touched
