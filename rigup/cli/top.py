@@ -7,9 +7,10 @@ vllm_router_cb_state on the entrance's /metrics/: healthy, out of rotation, circ
 columns fit the terminal: short headers first, then the least useful columns go; host, pod and state always show.
 
 Where it reads: the fleet's Prometheus (the first host of monitor_group, by default gateway_group's,
-at prometheus_listen_address) through its HTTP API, or the one --prometheus names. With --direct, or
-when the fleet has no monitor host, the targets themselves: each pod's /metrics, each rig's GPU exporter
-(gpu_exporter_port, when metrics_exporters is on) and each gateway's /metrics/ with the gateway key.
+at prometheus_listen_address) through its HTTP API over TLS with the metrics login, or the one --prometheus
+names. With --direct, or when the fleet has no monitor host, the targets themselves: each pod's /metrics,
+each rig's GPU exporter (gpu_exporter_port, when metrics_exporters is on: TLS and the metrics login, as
+the converge left them beside the fleet file) and each gateway's /metrics/ with the gateway key.
 Read directly, rates and quantiles are the difference between two scrapes, so the first frame shows
 "-" for them. When the fleet's Prometheus does not answer, the frame is read directly and the header
 says why. A target that does not answer is a row saying so.
@@ -59,6 +60,7 @@ from rigup.client.fleet_metrics import (
 from rigup.client.ssh import RemoteError
 from rigup.desired.fleet import Fleet, load_fleet
 from rigup.desired.knobs import knob
+from rigup.desired.metrics_auth import PrometheusLogin, prometheus_login
 from rigup.desired.roles import serves_variant
 
 EXIT_UNANSWERED = 1  # --once: a target (or the Prometheus the frame came from) did not answer
@@ -73,9 +75,10 @@ MAX_TIMEOUT_S = 5.0  # a scrape or query waits at most this long (and never long
 # what to read: the fleet file's targets, its Prometheus, --limit
 
 
-def direct_endpoints(targets: Sequence[Target]) -> list[Endpoint]:
+def direct_endpoints(targets: Sequence[Target], login: PrometheusLogin | str | None = None) -> list[Endpoint]:
     """What to scrape for the fleet targets: each pod's /metrics, one GPU exporter per rig that runs
-    the exporters, each gateway's /metrics/ (the entrance's routers' metrics, joined by its front)."""
+    the exporters (over TLS with the metrics login it asks for: `login`, else the string says why there is
+    none), each gateway's /metrics/ (the entrance's routers' metrics, joined by its front)."""
     out: list[Endpoint] = []
     rigs_seen: set[str] = set()
     for target in targets:
@@ -89,7 +92,11 @@ def direct_endpoints(targets: Sequence[Target]) -> list[Endpoint]:
             if host not in rigs_seen and knob(target.data, "metrics_exporters") and target.ssh is not None:
                 rigs_seen.add(host)
                 address = "127.0.0.1" if target.ssh.local else api_host(target.ssh.hostname)
-                out.append(Endpoint("gpu", host, f"http://{address}:{knob(target.data, 'gpu_exporter_port')}/metrics"))
+                url = f"https://{address}:{knob(target.data, 'gpu_exporter_port')}/metrics"
+                if isinstance(login, PrometheusLogin):
+                    out.append(Endpoint("gpu", host, url, login=login))
+                else:
+                    out.append(Endpoint("gpu", host, url, problem=f"it asks who is calling: {login or 'no metrics login'}"))
         if target.gateway_url is None and target.gateway_error is None:
             continue  # runs no gateway (or another of its pods reports it)
         url = f"{target.gateway_url}/metrics/" if target.gateway_url is not None else None
@@ -98,6 +105,14 @@ def direct_endpoints(targets: Sequence[Target]) -> list[Endpoint]:
         else:
             out.append(Endpoint("gateway", host, url, key=target.gateway_key, ca_file=target.gateway_ca))
     return out
+
+
+def metrics_login(fleet: Fleet) -> PrometheusLogin | str:
+    """The metrics login the fleet's exporters ask for, as the converge left it beside the fleet file (the fleet CA
+    is the fleet's: read with the first host's knobs), or why there is none."""
+    if not fleet.hosts:
+        return "no host in the fleet"
+    return prometheus_login(fleet.resolved_data(fleet.hosts[0].name), fleet.path.parent)
 
 
 def fleet_route_names(targets: Sequence[Target]) -> RouteNames:
@@ -365,7 +380,7 @@ def choose_source(args: argparse.Namespace, timeout: float) -> Source:
     names = fleet_route_names(fleet_targets(fleet=fleet))  # every rig: a gateway routes beyond --limit
 
     def direct() -> DirectSource:
-        return DirectSource(direct_endpoints(fleet_targets(args.limit, fleet=fleet)), timeout, names)
+        return DirectSource(direct_endpoints(fleet_targets(args.limit, fleet=fleet), metrics_login(fleet)), timeout, names)
 
     if args.prometheus:
         return SentinelMarks(PrometheusSource(args.prometheus, timeout, keep=selection_filter(fleet, args.limit),

@@ -142,6 +142,8 @@ class Endpoint:
     key: str | None = field(default=None, repr=False, compare=False)  # the gateway's bearer key
     problem: str | None = None
     ca_file: str | None = None  # an https URL's certificate is verified against it; None: the system's store
+    # the metrics login an exporter asks for (basic auth; its certificate verified against the login's CA file)
+    login: PrometheusLogin | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -177,13 +179,17 @@ def scrape(endpoint: Endpoint, timeout: float) -> Scrape:
     if endpoint.url is None or endpoint.problem is not None:
         return Scrape(endpoint, time.monotonic(), None, f"not asked: {endpoint.problem}")
     headers = {"Authorization": f"Bearer {endpoint.key}"} if endpoint.key else {}
+    login = endpoint.login
+    ca_file = login.ca_file if login is not None else endpoint.ca_file
     try:
-        reply = requests.get(endpoint.url, headers=headers, timeout=timeout, verify=endpoint.ca_file or True)
+        reply = requests.get(endpoint.url, headers=headers, timeout=timeout, auth=login.auth if login else None,
+                             verify=ca_file or True)
     except requests.RequestException as exc:
-        return Scrape(endpoint, time.monotonic(), None, f"down: {why_not(exc, timeout, endpoint.ca_file)}")
+        return Scrape(endpoint, time.monotonic(), None, f"down: {why_not(exc, timeout, ca_file)}")
     at = time.monotonic()
     if reply.status_code != 200:
         refused = " (the key refused)" if reply.status_code in (401, 403) and endpoint.key else ""
+        refused += " (the metrics login refused)" if reply.status_code in (401, 403) and login else ""
         return Scrape(endpoint, at, None, f"answered HTTP {reply.status_code}{refused}")
     try:
         # the text format is UTF-8 whatever the Content-Type says (requests would guess ISO-8859-1 without a charset)

@@ -25,7 +25,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from rigup.cli.top import (
     direct_endpoints,
     fit_columns,
     fleet_route_names,
+    metrics_login,
     pod_cells,
     selection_filter,
     table_width,
@@ -139,17 +140,23 @@ def fleet(tmp_path: Path) -> Iterator[FakeFleet]:
     ]
     with contextlib.ExitStack() as stack:
         def serve(text: Callable[[], str], path: str = "/metrics", key: str | None = None,
-                  tls: ServerCert | None = None) -> int:
-            server = MetricsServer(text, path, key, tls)
+                  tls: ServerCert | None = None, login: tuple[str, str] | None = None) -> int:
+            server = MetricsServer(text, path, key, tls, login)
             stack.callback(server.close)
             return server.port
 
+        # the GPU exporters ask for TLS and the metrics login, as the converge leaves them (fleet-ca beside the fleet)
+        exporter_tls = fleet_certificate(tmp_path / "fleet-ca", "rig-1", "gpu-exporter")
+        fleet_login(tmp_path)
+        login = ("rigup-prometheus", "pw-of-the-fleet")
         ports = {
             "rig-1": serve(rig1.text),
-            "rig-1 gpus": serve(lambda: dcgm_text("rig-1", [Gpu(0), Gpu(1, temp_c=71, power_w=288.02)])),
+            "rig-1 gpus": serve(lambda: dcgm_text("rig-1", [Gpu(0), Gpu(1, temp_c=71, power_w=288.02)]),
+                                tls=exporter_tls, login=login),
             "rig-2/left": serve(left.text),
             "rig-2/right": serve(right.text),
-            "rig-2 gpus": serve(lambda: dcgm_text("rig-2", [Gpu(i, temp_c=60 + i, util=40) for i in range(4)])),
+            "rig-2 gpus": serve(lambda: dcgm_text("rig-2", [Gpu(i, temp_c=60 + i, util=40) for i in range(4)]),
+                                tls=exporter_tls, login=login),
         }
         for route in routes:
             route.worker = route.worker.format_map(ports)
@@ -381,21 +388,31 @@ def test_an_unreachable_fleet_prometheus_falls_back_to_direct(tmp_path: Path, fl
 
 
 def test_direct_endpoints_of_the_fleet(fleet: FakeFleet) -> None:
-    endpoints = direct_endpoints(fleet_targets(fleet=load_fleet(fleet.path)))
+    loaded = load_fleet(fleet.path)
+    endpoints = direct_endpoints(fleet_targets(fleet=loaded), metrics_login(loaded))
     got = [(e.kind, e.host, e.pod, e.url) for e in endpoints]
     p = fleet.ports
     assert got == [
         ("gateway", "gw-1", None, f"https://127.0.0.1:{p['gateway']}/metrics/"),
         ("pod", "rig-1", "dual", f"http://127.0.0.1:{p['rig-1']}/metrics"),
-        ("gpu", "rig-1", None, f"http://127.0.0.1:{p['rig-1 gpus']}/metrics"),
+        ("gpu", "rig-1", None, f"https://127.0.0.1:{p['rig-1 gpus']}/metrics"),
         ("pod", "rig-2", "left", f"http://127.0.0.1:{p['rig-2/left']}/metrics"),
-        ("gpu", "rig-2", None, f"http://127.0.0.1:{p['rig-2 gpus']}/metrics"),
+        ("gpu", "rig-2", None, f"https://127.0.0.1:{p['rig-2 gpus']}/metrics"),
         ("pod", "rig-2", "right", f"http://127.0.0.1:{p['rig-2/right']}/metrics"),
         ("pod", "rig-3", "dual", f"http://127.0.0.1:{DEAD_PORT}/metrics"),
-        ("gpu", "rig-3", None, f"http://127.0.0.1:{DEAD_PORT}/metrics"),
+        ("gpu", "rig-3", None, f"https://127.0.0.1:{DEAD_PORT}/metrics"),
     ]
     assert endpoints[0].key == GATEWAY_KEY and all(e.key is None for e in endpoints[1:])
     assert all(e.model == MODEL for e in endpoints if e.kind == "pod")
+    # the GPU exporters ask who is calling: the metrics login and the fleet CA, as the converge left them here
+    gpus = [e for e in endpoints if e.kind == "gpu"]
+    assert all(e.login is not None and e.login.auth == ("rigup-prometheus", "pw-of-the-fleet") for e in gpus)
+    assert [g.temp_c for g in gpu_rows(scrape(gpus[0], 2.0))] == [66.0, 71.0]
+    wrong = replace(gpus[0], login=replace(gpus[0].login, password="wrong"))
+    assert scrape(wrong, 2.0).error == "answered HTTP 401 (the metrics login refused)"
+    (fleet.path.parent / "fleet-ca" / "metrics.password").unlink()  # no login here: not asked, and why
+    (gpu, *_) = [e for e in direct_endpoints(fleet_targets(fleet=loaded), metrics_login(loaded)) if e.kind == "gpu"]
+    assert gpu.problem is not None and gpu.problem.startswith("it asks who is calling: no ") and "metrics.password" in gpu.problem
 
 
 def test_no_gpu_exporter_without_metrics_exporters(tmp_path: Path) -> None:
@@ -503,7 +520,8 @@ def test_a_routes_state_is_its_routers_verdict() -> None:
 
 
 def test_direct_source_first_frame_then_rates(fleet: FakeFleet) -> None:
-    source = DirectSource(direct_endpoints(fleet_targets(["rig-1"], fleet=load_fleet(fleet.path))), timeout=2.0)
+    loaded = load_fleet(fleet.path)
+    source = DirectSource(direct_endpoints(fleet_targets(["rig-1"], fleet=loaded), metrics_login(loaded)), timeout=2.0)
     first = source.frame()
     assert first.first_scrape and first.pods[0].generation_tps is None
     time.sleep(0.3)
@@ -668,7 +686,8 @@ def fleet_login(directory: Path) -> Path:
     metrics password (0600), the login the fleet's Prometheus asks for."""
     ca_dir = directory / "fleet-ca"
     ca_dir.mkdir(exist_ok=True)
-    (ca_dir / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    if not (ca_dir / "ca.crt").exists():  # a test's real fleet CA stays
+        (ca_dir / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
     password = ca_dir / "metrics.password"
     password.write_text("pw-of-the-fleet\n")
     password.chmod(0o600)

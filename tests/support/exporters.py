@@ -9,6 +9,7 @@ Hostname and DCGM_FI_DRIVER_VERSION."""
 
 from __future__ import annotations
 
+import base64
 import http.server
 import threading
 import time
@@ -194,11 +195,13 @@ def litellm_text(routes: Sequence[Route], started: float, now: float | None = No
 
 
 class MetricsServer:
-    """An HTTP server on 127.0.0.1 answering GET `path` with `text()` (401 without `key` when one is set); over
-    TLS with `tls`'s certificate (tests.support.tls) when one is given."""
+    """An HTTP server on 127.0.0.1 answering GET `path` with `text()` (401 without `key` when one is set, or
+    without basic auth `login`, as exporter-toolkit's web config asks); over TLS with `tls`'s certificate
+    (tests.support.tls) when one is given."""
 
     def __init__(self, text: Callable[[], str], path: str = "/metrics", key: str | None = None,
-                 tls: ServerCert | None = None) -> None:
+                 tls: ServerCert | None = None, login: tuple[str, str] | None = None) -> None:
+        basic = "Basic " + base64.b64encode(f"{login[0]}:{login[1]}".encode()).decode() if login else None
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -211,6 +214,8 @@ class MetricsServer:
                     self._reply(404, "404 page not found\n")
                 elif key and self.headers.get("Authorization") != f"Bearer {key}":
                     self._reply(401, '{"error": {"message": "Authentication Error, No api key passed in."}}')
+                elif basic and self.headers.get("Authorization") != basic:
+                    self._reply(401, "Unauthorized\n")
                 else:
                     self._reply(200, text())
 
