@@ -23,6 +23,7 @@ import yaml
 
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import HostSpec
+from tests.e2e.boundary_probe import check_from_outside, plan_of, refused_from_members
 from tests.e2e.helpers import REPO_ROOT, entrance_url, fleet_ca_file, key_files
 from tests.e2e.test_serving import API_KEY, Bed, _tail, served_name, sh, unit_prop
 
@@ -139,6 +140,30 @@ def test_outside_the_cluster_no_ray_port_answers(bed: Bed) -> None:
     # off the fleet only the entrance answers (the boundary, issue 42): the head's pod is reached through it
     assert not _reaches(bed, None, "rig-a", PORT)
     assert _reaches(bed, None, "rig-a", GATEWAY_PORT)
+
+
+def test_from_outside_only_ssh_and_the_entrance_answer_and_members_are_asked_who_they_are(bed: Bed) -> None:
+    """Issue 42's probe on the bed with the most roles (an entrance, a monitor, rigs, a cluster): from the hub every
+    TCP port of both members is scanned and every row's requests tried (Ray's dashboard and job API among them,
+    tests/e2e/boundary_probe.py): only SSH and the entrance answer; from a member the firewall admits, every
+    service that asks who is calling refuses a caller without credentials. The worker's pod port has no
+    listener: the head serves the cluster's API."""
+    fleet = plan_of(bed.fleet)
+    answer = check_from_outside(fleet, lambda h: bed.testbed.host(h).ip, bed.testbed.network.hub_netns,
+                                {("rig-a", GATEWAY_PORT): GATEWAY_KEY})
+    print(f"outsider's scan of {len(answer['scan'])} hosts and {len(answer['probes'])} requests: {answer['seconds']} s")
+
+    def run_on(member: str | None, command: str) -> str:
+        if member is None:  # the control machine
+            return subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60).stdout
+        return sh(bed.testbed.host(member), command, check=False)
+
+    asked, silent = refused_from_members(fleet, lambda h: bed.testbed.host(h).ip, run_on)
+    print(f"members without credentials: {asked}")
+    assert [what.split(" from ")[0] for what in silent] == [f"each pod's vLLM API on rig-b:{PORT}/v1/models"], silent
+    assert {what.split(" on ")[0] for what in asked} == {
+        "the entrance (the fleet's API)", "each pod's vLLM API", "node_exporter", "the DCGM exporter (Docker-published)",
+        "Prometheus"}, asked
 
 
 def test_a_fresh_clusters_second_converge_changes_nothing_and_status_says_so(bed: Bed) -> None:
