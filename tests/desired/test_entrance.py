@@ -24,8 +24,8 @@ from rigup.desired.entrance import (
     router_args,
     router_env_text,
 )
+from tests.support.nginx_front import write_front
 
-TEMP_PATHS = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")  # nginx's defaults are under /var/lib/nginx
 CLIENTS = [Client("bob", "bob-key-0123456789abcdef"), Client("alice", "alice-key-0123456789abcdef")]
 
 
@@ -87,30 +87,13 @@ def test_models_lists_every_routed_model() -> None:
 
 
 def test_debians_nginx_with_njs_accepts_the_rendered_front(tmp_path: Path) -> None:
-    from rigup_testbed.debarchive import DebianArchive
-
-    archive = DebianArchive()
-    nginx = archive.program("nginx")
-    (njs_deb,) = archive.debs(["libnginx-mod-http-js"])
-    subprocess.run(["dpkg-deb", "-x", str(njs_deb), str(tmp_path / "njs")], check=True)
-    module = tmp_path / "njs/usr/lib/nginx/modules/ngx_http_js_module.so"
+    nginx = write_front(tmp_path, routers(), CLIENTS, port=4000)
     paths = EntrancePaths(str(tmp_path))
-    Path(paths.key_map).write_text(key_map_text(CLIENTS))
-    Path(paths.pod_key).write_text(pod_key_text("pod-secret"))
-    Path(paths.dispatch_js).write_text(dispatch_js(routers()))
-    site = nginx_site(routers(), paths, bind_address="127.0.0.1", port=4000, tls=None)
-    (tmp_path / "site.conf").write_text(site.replace("/var/log/nginx", str(tmp_path)))
-    (tmp_path / "nginx.conf").write_text(
-        f"load_module {module};\npid {tmp_path}/nginx.pid;\nevents {{}}\n"
-        f"http {{\n" + "".join(f"    {kind}_temp_path {tmp_path}/{kind};\n" for kind in TEMP_PATHS)
-        + f"    include {tmp_path}/site.conf;\n}}\n")
-    checked = subprocess.run([str(nginx), "-t", "-p", str(tmp_path), "-e", str(tmp_path / "error.log"),
-                              "-c", str(tmp_path / "nginx.conf")], capture_output=True, text=True, timeout=60)
+    checked = subprocess.run([*nginx, "-t"], capture_output=True, text=True, timeout=60)
     assert checked.returncode == 0, checked.stderr
     # njs compiles entrance.js when nginx loads it: a broken dispatch fails here
     Path(paths.dispatch_js).write_text(dispatch_js(routers()).replace("function dispatch(r) {", "function dispatch(r) {{"))
-    broken = subprocess.run([str(nginx), "-t", "-p", str(tmp_path), "-e", str(tmp_path / "error.log"),
-                             "-c", str(tmp_path / "nginx.conf")], capture_output=True, text=True, timeout=60)
+    broken = subprocess.run([*nginx, "-t"], capture_output=True, text=True, timeout=60)
     assert broken.returncode != 0 and "entrance.js" in broken.stderr
 
 
