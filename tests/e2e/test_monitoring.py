@@ -281,3 +281,24 @@ def test_no_key_in_the_scrape_config_and_the_key_files_are_the_prometheus_users(
     assert sh(gw, "stat -c '%a %U:%G' /etc/prometheus/rigup-keys/gateway-gw-01.key") == "600 prometheus:prometheus"
     assert sh(gw, "stat -c '%a %U:%G' /etc/prometheus/rigup-keys") == "750 root:prometheus"
     assert GATEWAY_KEY not in sh(gw, "ps -eo args")
+
+
+def test_the_metrics_password_is_in_no_argv_journal_or_file_others_can_read(bed: Bed) -> None:
+    """The metrics login's password (node_exporter, the DCGM exporter, Prometheus and Alertmanager ask it) is on no
+    host's process list or journal, and every file holding it is its service's alone (issue 42). The search reads
+    the password on its stdin, so it is never on a command line here either."""
+    password = (bed.fleet.parent / "fleet-ca" / "metrics.password").read_text().strip()
+    holders: dict[str, list[str]] = {}
+    for name in ("gw-01", "rig-01", "rig-02"):
+        host = bed.host(name)
+        assert password not in sh(host, "ps -eo args"), name
+        assert password not in host.ssh("sudo -n journalctl --no-pager -q -o cat", timeout=120).stdout, name
+        found = subprocess.run([*host.ssh_argv(), "sudo -n grep -rlsF -D skip -f /dev/stdin /etc /opt /run /tmp /var/log /root "
+                                "/var/lib/prometheus || true"], input=password + "\n", capture_output=True, text=True,
+                               timeout=300)
+        holders[name] = found.stdout.split()
+        for path in holders[name]:
+            mode, owner = sh(host, f"stat -c '%a %U' {path}").split()
+            assert int(mode, 8) & 0o077 == 0, f"{name}:{path} is {mode} {owner}: others can read the metrics password"
+    print(f"files holding the metrics password: {holders}")
+    assert "/etc/prometheus/rigup-web/metrics.password" in holders["gw-01"] and not holders["rig-01"] + holders["rig-02"]
