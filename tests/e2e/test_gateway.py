@@ -8,7 +8,8 @@ a client is refused before any change; bring-up routes to both rigs from both en
 missing or wrong key and every path off the allowlist, and no key shows in an argv, a journal or a world-readable
 file; a converged re-run changes nothing; a rig stopped mid-traffic costs no failed request; a variant switch moves
 the routes at that converge, and a client removed from the fleet file is refused after it; a run limited to an
-entrance reads the rigs outside it; status shows the routes.
+entrance reads the rigs outside it; status shows the routes. Two clients' requests and tokens are counted apart on
+the entrance's /metrics/.
 """
 
 from __future__ import annotations
@@ -237,6 +238,66 @@ def test_a_converged_rerun_changes_nothing(bed: Bed) -> None:
     assert unit_prop(bed.host("rig-01"), "nginx.service", "ExecMainStartTimestamp") == before
     proc = bed.deploy()  # what a converged re-run sends each host, the entrances' route reads included
     assert max(remote_commands(proc.stdout + proc.stderr).values()) <= 2, proc.stdout[-3000:]
+
+
+def client_usage(bed: Bed, gateway: str = "gw-01") -> dict[str, float]:
+    """The per-client series of the entrance's /metrics/ (rigup-entrance-usage's, joined with the routers')."""
+    reply = requests.get(f"{gateway_url(bed, gateway)}/metrics/", headers={"Authorization": f"Bearer {GATEWAY_KEY}"},
+                         timeout=30, verify=trusted(bed))
+    assert reply.status_code == 200, reply.text
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in reply.text.splitlines()
+            if line.startswith("rigup_gateway_client_")}
+
+
+def streamed_usage(bed: Bed, model: str, key: str, include_usage: bool) -> dict[str, int] | None:
+    body = {"model": model, "stream": True, "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}],
+            **({"stream_options": {"include_usage": True}} if include_usage else {})}
+    with requests.post(f"{gateway_url(bed)}/v1/chat/completions", stream=True, timeout=60, json=body,
+                       headers={"Authorization": f"Bearer {key}"}, verify=trusted(bed)) as reply:
+        events = [line[6:] for line in reply.iter_lines() if line.startswith(b"data: {")]
+    assert reply.status_code == 200 and events
+    usages = [json.loads(e)["usage"] for e in events if json.loads(e).get("usage")]
+    return usages[-1] if usages else None
+
+
+def test_usage_is_counted_per_client_on_the_entrances_metrics(bed: Bed) -> None:
+    """Two clients' requests and tokens are counted apart (rigup-entrance-usage, from nginx's usage log, joined
+    into /metrics/): tokens from each answer's usage, a stream's where it asked for it, and a stream without
+    it counted as a request whose tokens were not seen."""
+    name = served_name(VARIANT)
+    who = {client: f'client="{client}",model="{name}"' for client in ("default", "teammate")}
+    before = client_usage(bed)
+    expected: dict[str, float] = {}
+
+    def add(series: str, value: float) -> None:
+        expected[series] = expected.get(series, 0.0) + value
+
+    for client, key, turns in (("default", GATEWAY_KEY, 3), ("teammate", TEAMMATE_KEY, 1)):
+        for _ in range(turns):
+            reply = chat(bed, name, key=key)
+            assert reply.status_code == 200, reply.text
+            add(f'rigup_gateway_client_requests_total{{{who[client]},code="200"}}', 1)
+            add(f"rigup_gateway_client_prompt_tokens_total{{{who[client]}}}", reply.json()["usage"]["prompt_tokens"])
+            add(f"rigup_gateway_client_completion_tokens_total{{{who[client]}}}", reply.json()["usage"]["completion_tokens"])
+    usage = streamed_usage(bed, name, TEAMMATE_KEY, include_usage=True)
+    assert usage is not None
+    add(f'rigup_gateway_client_requests_total{{{who["teammate"]},code="200"}}', 1)
+    add(f"rigup_gateway_client_prompt_tokens_total{{{who['teammate']}}}", usage["prompt_tokens"])
+    add(f"rigup_gateway_client_completion_tokens_total{{{who['teammate']}}}", usage["completion_tokens"])
+    assert streamed_usage(bed, name, TEAMMATE_KEY, include_usage=False) is None
+    add(f'rigup_gateway_client_requests_total{{{who["teammate"]},code="200"}}', 1)
+    add(f"rigup_gateway_client_unmetered_requests_total{{{who['teammate']}}}", 1)
+    assert chat(bed, name, key=None).status_code == 401  # no client: not counted
+
+    def grown() -> dict[str, float]:
+        now = client_usage(bed)
+        return {series: now.get(series, 0.0) - before.get(series, 0.0) for series in expected}
+
+    wait_for(lambda: grown() == expected, 30, f"the counters to grow by {expected}")
+    print(f"usage per client counted apart: {grown()}")
+    now = client_usage(bed)
+    assert not any('client=""' in series for series in now)
+    assert all(secret not in "".join(now) for secret in (GATEWAY_KEY, TEAMMATE_KEY))
 
 
 def test_a_rig_stopped_mid_traffic_costs_no_failed_request(bed: Bed) -> None:
