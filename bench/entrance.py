@@ -2,14 +2,17 @@
 """The fleet's entrance, measured side by side against issue 44's done-when, in one run.
 
     .venv/bin/python bench/entrance.py [--pods 4] [--concurrency 1,8,64] [--seconds 8] [--sessions 32 --turns 10]
-                                       [--litellm] [--results bench/results.md]
+                                       [--litellm] [--parts abc] [--results bench/results.md]
 
 Loopback only; about 6 minutes on the 2-core control VM. Stand-in vLLM pods (rigup_testbed/openai_responder.py:
 SSE one token per chunk with vLLM's `stream_options.include_usage` final chunk, vLLM's `/metrics`) behind:
 
 - direct: stream i to pod i mod N;
+- nginx+vllm-router cache_aware: the front below over a cache_aware router, what parts a and b measured before
+  the first-token probe of issue 44 (cache_aware cost the first token ~3-4 ms at one stream, consistent_hash ~0.5);
 - vllm-router: vllm-router 0.1.17 (the vLLM project's Rust router, PyPI `vllm-router`, hash-pinned in
-  files/router/requirements.txt) over the N pods, its Prometheus exporter on `--prometheus-port` (launcher
+  files/router/requirements.txt) with the entrance's policy, consistent_hash (rigup.desired.entrance.router_args;
+  a fresh X-Session-ID per request, as the front sets one from $request_id) over the N pods, its Prometheus exporter on `--prometheus-port` (launcher
   flags read from vllm_router/router_args.py of that wheel);
 - nginx+router: the same router behind nginx 1.22.1 (Debian 12's package, `apt-get download` and unpacked once
   per machine into the test bed's cache, not installed) as a TLS front: a throwaway openssl CA, a bearer key per
@@ -304,6 +307,10 @@ http {{
     uwsgi_temp_path {prefix}/tmp/uwsgi;
     scgi_temp_path {prefix}/tmp/scgi;
     include {key_map};
+    map $http_x_session_id $entrance_session {{
+        "" $request_id;
+        default $http_x_session_id;
+    }}
     upstream router {{
         server 127.0.0.1:{upstream_port};
         keepalive 64;
@@ -323,6 +330,8 @@ http {{
             # the client's key stops here: the router and the pods never see it
             proxy_set_header Authorization "";
             proxy_set_header X-Entrance-Client $entrance_client;
+            # as the entrance's template: consistent_hash reads the session header, a request without one its own id
+            proxy_set_header X-Session-ID $entrance_session;
             proxy_buffering off;
             proxy_read_timeout 600s;
         }}
@@ -512,6 +521,7 @@ class Target:
     tls: ssl.SSLContext | None = None
     metrics: tuple[str, dict[str, str]] | None = None  # the entrance's metrics URL and headers
     pgids: list[int] = field(default_factory=list)  # the entrance's process groups (CPU, RSS)
+    session_ids: bool = False  # a fresh X-Session-ID per request, as the entrance's front sets one (router alone)
 
     def connection(self, stream: int) -> http.client.HTTPConnection:
         port = self.ports[stream % len(self.ports)]
@@ -523,6 +533,8 @@ class Target:
         headers = {"Content-Type": "application/json"}
         if self.key:
             headers["Authorization"] = f"Bearer {self.key}"
+        if self.session_ids:
+            headers["X-Session-ID"] = secrets.token_hex(8)
         return headers
 
 
@@ -570,8 +582,8 @@ def load(target: Target, streams: int, seconds: float, max_tokens: int) -> tuple
 
     def client(index: int) -> None:
         conn = target.connection(index)
-        headers = target.headers()
         while not stop.is_set():
+            headers = target.headers()
             try:
                 ttft, count = stream_once(conn, headers, body)
             except Exception:  # noqa: BLE001 - counted; a new connection for the next request
@@ -729,7 +741,8 @@ def start_litellm(procs: Processes, pod_ports: Sequence[int], work: Path) -> Tar
     return Target("litellm", [port], key=key, metrics=(f"http://127.0.0.1:{port}/metrics/", auth), pgids=[process.pid])
 
 
-def start_router(procs: Processes, pod_ports: Sequence[int], work: Path, policy: str) -> Target:
+def start_router(procs: Processes, pod_ports: Sequence[int], work: Path, policy: str,
+                 session_ids: bool = False) -> Target:
     port, prometheus = free_port(), free_port()
     python = router_venv() / "bin" / "python"
     log = work / f"router-{policy}.log"
@@ -738,7 +751,7 @@ def start_router(procs: Processes, pod_ports: Sequence[int], work: Path, policy:
                            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prometheus)], log=log)
     wait_http(f"http://127.0.0.1:{port}/v1/models", 120, process=process, log=log)
     return Target(f"vllm-router {policy}", [port], metrics=(f"http://127.0.0.1:{prometheus}/metrics", {}),
-                  pgids=[process.pid])
+                  pgids=[process.pid], session_ids=session_ids)
 
 
 def start_front(procs: Processes, router: Target, work: Path) -> tuple[Target, str]:
@@ -933,12 +946,18 @@ def measure(targets: Sequence[Target], concurrency: Sequence[int], seconds: floa
 
 
 def entrance(procs: Processes, pod_ports: Sequence[int], work: Path, with_litellm: bool) -> tuple[list[Target], str]:
-    """direct, (LiteLLM,) vllm-router cache_aware and nginx in front of it, over the same pods."""
+    """direct, (LiteLLM,) nginx in front of vllm-router cache_aware (what this bench measured before issue 44's
+    first-token probe), vllm-router alone and nginx in front of it with the entrance's policy, consistent_hash
+    (rigup.desired.entrance.router_args), over the same pods."""
     work.mkdir()
-    router = start_router(procs, pod_ports, work, "cache_aware")
+    (work / "cache_aware").mkdir()
+    cache_aware, _ = start_front(procs, start_router(procs, pod_ports, work / "cache_aware", "cache_aware"),
+                                 work / "cache_aware")
+    cache_aware.name = "nginx+vllm-router cache_aware"
+    router = start_router(procs, pod_ports, work, "consistent_hash", session_ids=True)
     front, nginx = start_front(procs, router, work)
     litellm = [start_litellm(procs, pod_ports, work)] if with_litellm else []
-    return [Target("direct", list(pod_ports)), *litellm, router, front], nginx
+    return [Target("direct", list(pod_ports)), *litellm, cache_aware, router, front], nginx
 
 
 TRACE_POLICIES = ("consistent_hash", "cache_aware", "random", "round_robin")
@@ -955,9 +974,13 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=10, help="turns per session")
     parser.add_argument("--tool-seconds", type=float, default=1.0, help="the second trace: tool time between turns")
     parser.add_argument("--stagger-seconds", type=float, default=0.25, help="the second trace: session i starts i x this late")
+    parser.add_argument("--parts", default="abc", help="which parts to run: a (paced), b (ceiling), c (trace); "
+                        "fewer than all three write their own block, leaving the done-when block as it is")
     parser.add_argument("--litellm", action="store_true", help="LiteLLM as rigup's old gateway too (slow to build)")
     parser.add_argument("--results", default=str(REPO_ROOT / "bench" / "results.md"), help="markdown file to update")
     args = parser.parse_args()
+    if args.parts != "abc" and not (args.parts and set(args.parts) <= {"a", "b"}):
+        parser.error("--parts: abc (all, the done-when block), or a and/or b alone (their own block)")
     started = time.perf_counter()
     concurrency = [int(c) for c in args.concurrency.split(",")]
     shapes = {s.label: s for s in (TraceShape(sessions=args.sessions, turns=args.turns),
@@ -975,15 +998,18 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="rigup-entrance-") as tmp:
         work = Path(tmp)
         os.chmod(work, 0o700)
-        with Processes() as procs:  # (a) paced
-            pod_ports = start_pods(procs, args.pods, work, REFERENCE_DECODE_TPS, name="paced")
-            targets, info["nginx"] = entrance(procs, pod_ports, work / "paced", args.litellm)
-            measure(targets, concurrency, args.seconds, args.max_tokens, paced)
-        with Processes() as procs:  # (b) the ceiling
-            pod_ports = start_pods(procs, args.pods, work, 0, name="unpaced")
-            targets, _ = entrance(procs, pod_ports, work / "unpaced", args.litellm)
-            measure(targets, [args.ceiling_streams], args.seconds, args.max_tokens, ceiling)
-        for (variant, shape), policy in itertools.product(shapes.items(), TRACE_POLICIES):  # (c) the agent trace
+        if "a" in args.parts:
+            with Processes() as procs:  # (a) paced
+                pod_ports = start_pods(procs, args.pods, work, REFERENCE_DECODE_TPS, name="paced")
+                targets, info["nginx"] = entrance(procs, pod_ports, work / "paced", args.litellm)
+                measure(targets, concurrency, args.seconds, args.max_tokens, paced)
+        if "b" in args.parts:
+            with Processes() as procs:  # (b) the ceiling
+                pod_ports = start_pods(procs, args.pods, work, 0, name="unpaced")
+                targets, info["nginx"] = entrance(procs, pod_ports, work / "unpaced", args.litellm)
+                measure(targets, [args.ceiling_streams], args.seconds, args.max_tokens, ceiling)
+        trace_runs = itertools.product(shapes.items(), TRACE_POLICIES) if "c" in args.parts else ()
+        for (variant, shape), policy in trace_runs:  # (c) the agent trace
             with Processes() as procs:  # fresh pods (cold caches) for each policy
                 pod_ports = start_pods(procs, args.pods, work, REFERENCE_DECODE_TPS, name=f"trace-{policy}", extra=[
                     "--prefill-tokens-per-s", f"{REFERENCE_PREFILL_TPS:g}", "--num-gpu-blocks-override", str(blocks),
@@ -1001,6 +1027,22 @@ def main() -> int:
                f"{args.ceiling_streams} --seconds {args.seconds:g} --max-tokens {args.max_tokens} --sessions "
                f"{args.sessions} --turns {args.turns} --tool-seconds {args.tool_seconds:g} --stagger-seconds "
                f"{args.stagger_seconds:g}" + (" --litellm" if args.litellm else ""))
+    if args.parts != "abc":
+        command += f" --parts {args.parts}"
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        load1, load5, _ = os.getloadavg()
+        lines = [f"### Measured: {label()}, parts {args.parts}", "",
+                 f"{now}, commit {info['commit']}, with `{command}` ({info['seconds']} s in all), load average "
+                 f"{load1:.1f} (1 min) / {load5:.1f} (5 min) at its end; vllm-router {info['vllm-router']}, nginx "
+                 f"{info.get('nginx', '?')}.", ""]
+        for title, results in (("(a) paced", paced), ("(b) ceiling", ceiling)):
+            if results:
+                lines += [f"**{title}**:", "", *table_rows(results), ""]
+        text = "\n".join(lines)
+        print(text)
+        write_results(Path(args.results), f"{label()}, parts {args.parts}", text, section=SECTION)
+        print(f"written: {args.results}")
+        return 0
     write_results(Path(args.results), label(), measured(paced, ceiling, by_variant, info, command, args.pods, shapes, blocks),
                   section=SECTION)
     print(f"written: {args.results}")

@@ -144,6 +144,17 @@ def test_nginx_conf_allowlists_the_api_and_holds_no_key(tmp_path: Path):
         assert not allowed.match(refused), refused
 
 
+def test_the_front_and_the_router_alone_send_a_session_header_as_the_entrance_does(tmp_path: Path):
+    # the entrance's template: the client's X-Session-ID, else the request's own id (consistent_hash spreads them)
+    conf = E.nginx_conf(prefix=tmp_path, listen_port=8443, upstream_port=9000, cert=tmp_path / "c.crt",
+                        key=tmp_path / "c.key", key_map=tmp_path / "clients.map")
+    assert "proxy_set_header X-Session-ID $entrance_session;" in conf
+    assert re.search(r'map \$http_x_session_id \$entrance_session \{\s*"" \$request_id;\s*default \$http_x_session_id;', conf)
+    router = E.Target("vllm-router consistent_hash", [9000], session_ids=True)
+    assert router.headers()["X-Session-ID"] != router.headers()["X-Session-ID"]
+    assert "X-Session-ID" not in E.Target("direct", [9001]).headers()
+
+
 def test_write_private_is_never_world_readable(tmp_path: Path):
     old = os.umask(0)
     try:
