@@ -16,6 +16,9 @@ routes for it). Faults run side by side to keep the module short:
      RigupGatewayRouteUnhealthy) and, meanwhile, a converge of rig-01 whose fleet settings fail its gate
      and roll it back (RigupGateFailed); healed by one converge of both after the fleet file is reverted
      (rig-01's release is then the one that serves: nothing restarts, no gate runs, and the alert clears).
+  3. rig-02's pod answering '!!!!' under load leaves its model's router on gw-01 within seconds of its quarantine
+     (rigup-quarantine-routes) and gets no request until it is healed; then every pod answers '!!!!', and the
+     entrance keeps them (gateway_quarantine_removes_last_route false), which RigupPodQuarantined says.
 Every alert is checked firing (one per cause) and then gone after the heal; those whose `for:` is 5 or
 15 min are held HELD_S here (HELD_SHORTER says why). Every time is printed (-s) as docs/monitoring.md's
 alert table has it: seconds from the fault to firing, and from the heal to gone.
@@ -36,6 +39,7 @@ from typing import Any
 import pytest
 import requests
 
+from rigup.desired.entrance import ROUTER_PORT_BASE
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import Host, HostSpec
 from tests.e2e.helpers import entrance_url, fleet_ca_file, key_files
@@ -352,3 +356,129 @@ def test_a_crash_looping_pod_and_a_failed_gate_fire_one_alert_per_cause_and_a_co
     responder_faults(bed.host("rig-01"), mode="ok")
     for watch in watches:
         watch.record()
+
+
+ROUTER = f"http://127.0.0.1:{ROUTER_PORT_BASE}"  # the one served model's router on gw-01 (loopback)
+
+
+def routed(bed: Bed) -> list[str]:
+    """The workers the model's router on gw-01 holds now (vllm-router's /list_workers)."""
+    return sorted(json.loads(sh(bed.host("gw-01"), f"curl -fsS {ROUTER}/list_workers"))["urls"])
+
+
+LOAD_MAX_TOKENS = 8  # the load's requests: counted on a pod by vLLM's max_tokens histogram (5 < 8 <= 10)
+
+
+def load_requests(rig: Host) -> int:
+    """The load's requests the rig's pod served, from its engine's own metrics (vllm:request_params_max_tokens, vLLM's
+    1-2-5 buckets: those above 5 and up to 10 tokens); the sentinel's probes ask 48 tokens, so they are not counted."""
+    text = sh(rig, f"curl -fsS http://127.0.0.1:{port_of(VARIANT)}/metrics")
+
+    def bucket(le: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("vllm:request_params_max_tokens_bucket{") and (f'le="{le}"' in line or f'le="{le}.0"' in line))
+
+    return int(bucket("10") - bucket("5"))
+
+
+def router_sent(bed: Bed, worker: str) -> int:
+    """Requests the model's router sent to `worker`, by its own count (vllm_router_processed_requests_total)."""
+    text = sh(bed.host("gw-01"), f"curl -fsS http://127.0.0.1:{ROUTER_PORT_BASE + 100}/metrics")
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
+               if line.startswith("vllm_router_processed_requests_total{") and f'worker="{worker}"' in line)
+
+
+def load_diagnosis(bed: Bed, rig: Host) -> str:
+    """What the load did and what the pod logged, for a failure's message."""
+    return (sh(bed.host("gw-01"), "sort /tmp/rigup-load.codes 2>&1 | uniq -c | head -5; "
+               f"curl -sS {ROUTER}/workers; curl -sS http://127.0.0.1:{ROUTER_PORT_BASE + 100}/metrics | "
+               "grep -E '^vllm_router_(cb_state|worker_health|processed_requests_total)'", check=False) + "\n" +
+            sh(rig, f"curl -sS http://127.0.0.1:{port_of(VARIANT)}/metrics | grep request_params_max_tokens_bucket",
+               check=False))
+
+
+def quarantined_since(rig: Host) -> float | None:
+    record = json.loads(root(rig, "cat /opt/rigup/state/sentinel.json")).get("quarantined")
+    return calendar.timegm(time.strptime(record["since"][:19], "%Y-%m-%dT%H:%M:%S")) if record else None
+
+
+def test_a_quarantined_pod_leaves_the_entrance_in_seconds_gets_no_request_and_comes_back_when_healed(bed: Bed) -> None:
+    """Issue 43's done-when: a pod switched to '!!!!' under traffic is caught within 2 sentinel rounds, out of its
+    model's router within 5 s of that and sent no request afterwards (rigup-quarantine-routes on gw-01 reads rig-02's
+    sentinel from its node_exporter every second); RigupPodQuarantined fires, and after the heal both clear and the
+    pod is routed again. Then every pod of the model answers '!!!!': with gateway_quarantine_removes_last_route
+    false (the default) the entrance keeps them, and the alert says so. The load goes to the model's router on
+    gw-01 (what the front forwards to), so the scenario does not depend on the front's scheme."""
+    gw, rig1, rig2 = bed.host("gw-01"), bed.host("rig-01"), bed.host("rig-02")
+    port = port_of(VARIANT)
+    pod1, pod2 = f"http://{rig1.ip}:{port}", f"http://{rig2.ip}:{port}"
+    for rig in (rig1, rig2):
+        responder_faults(rig, mode="ok")
+    wait_for(lambda: routed(bed) == sorted([pod1, pod2]) and quarantined_since(rig2) is None, 60, "both pods routed")
+    body = json.dumps({"model": served_name(VARIANT), "max_tokens": LOAD_MAX_TOKENS,
+                       "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+    loop = (f"i=0; while [ ! -e /tmp/rigup-load.stop ]; do i=$((i+1)); curl -s -o /dev/null -w '%{{http_code}}\\n' "
+            f"-H \"X-Session-ID: s$$-$i\" -H 'Content-Type: application/json' -H 'Authorization: Bearer {API_KEY}' "
+            f"-d {shlex.quote(body)} {ROUTER}/v1/chat/completions >> /tmp/rigup-load.codes; done")
+    sh(gw, "rm -f /tmp/rigup-load.stop /tmp/rigup-load.codes; for n in 1 2 3 4; do "
+           f"setsid sh -c {shlex.quote(loop)} </dev/null >/dev/null 2>&1 & done")
+    deadline = time.monotonic() + 30
+    try:
+        wait_for(lambda: load_requests(rig2) >= 20 or time.monotonic() > deadline, 60, "the load")
+        assert load_requests(rig2) >= 20, f"the load does not reach rig-02's pod: {load_diagnosis(bed, rig2)}"
+        faulted = time.time()
+        responder_faults(rig2, mode="garbage")  # club-3090 #922: "!" until max_tokens
+        garbage = Watch(bed, "RigupPodQuarantined", "firing", host="rig-02", pod=VARIANT, probe="arithmetic")
+        # out of the router: watched from gw-01 itself, every 0.1 s
+        out_at = float(sh(gw, f"until ! curl -fsS {ROUTER}/list_workers | grep -q '{rig2.ip}:'; do sleep 0.1; done; "
+                              "date +%s.%N"))
+        served_at_removal, sent_at_removal = load_requests(rig2), router_sent(bed, pod2)
+        since = quarantined_since(rig2)
+        assert since is not None
+        caught_s, out_s = since - faulted, out_at - since
+        print(f"'!!!!' on rig-02: quarantined {caught_s:.1f} s after the fault (sentinel_interval_s {SCRAPE_S}), out of "
+              f"the router {out_s:.1f} s after the quarantine (its 'since' has whole seconds)")
+        assert caught_s <= 2 * SCRAPE_S + 2, caught_s  # two rounds, each a few probes long
+        assert out_s <= 5, out_s
+        wait_all([garbage], Watch.check, 60, "RigupPodQuarantined")
+        assert "KEEPS ROUTING" not in alerts(bed, "RigupPodQuarantined", host="rig-02")[0]["annotations"]["summary"]
+        time.sleep(2 * SCRAPE_S)  # traffic goes on: every request to rig-01
+        assert routed(bed) == [pod1]
+        after, sent = load_requests(rig2) - served_at_removal, router_sent(bed, pod2) - sent_at_removal
+        print(f"the load's requests that reached rig-02's pod after it left the router: {after} ({served_at_removal} "
+              f"before; the router's own count of requests sent to it: {sent} after, {sent_at_removal} before)")
+        assert after == 0
+        healed = time.time()
+        responder_faults(rig2, mode="ok")
+        garbage.heal()
+        wait_for(lambda: routed(bed) == sorted([pod1, pod2]), 60, "rig-02 routed again")
+        back_s = time.time() - healed
+        wait_all([garbage], Watch.gone, 60, "RigupPodQuarantined to clear")
+        print(f"rig-02 back in the router {back_s:.1f} s after the heal (sentinel_pass_after 2); "
+              f"RigupPodQuarantined fired {garbage.reached:.0f} s after the fault, cleared {garbage.cleared:.0f} s "
+              f"after the heal")
+        # every pod of the model answers garbage: the last routes are kept, and the alert says so
+        for rig in (rig1, rig2):
+            responder_faults(rig, mode="garbage")
+        both = [Watch(bed, "RigupPodQuarantined", "firing", host=h, pod=VARIANT) for h in ("rig-01", "rig-02")]
+        wait_all(both, Watch.check, 60, "both pods quarantined")
+
+        def kept() -> bool:
+            summaries = [a["annotations"]["summary"] for a in alerts(bed, "RigupPodQuarantined")]
+            return len(summaries) == 2 and all("KEEPS ROUTING" in s for s in summaries)
+
+        wait_for(kept, 3 * SCRAPE_S + 10, "the alert saying the entrance keeps the last routes")
+        assert routed(bed) == sorted([pod1, pod2])
+        for rig in (rig1, rig2):
+            responder_faults(rig, mode="ok")
+        for watch in both:
+            watch.heal()
+        wait_all(both, Watch.gone, 60, "both quarantines to clear")
+        assert routed(bed) == sorted([pod1, pod2])
+    finally:
+        sh(gw, "touch /tmp/rigup-load.stop")
+        for rig in (rig1, rig2):
+            responder_faults(rig, mode="ok")
+    codes = sh(gw, "sleep 2; sort /tmp/rigup-load.codes | uniq -c")
+    print(f"the load's answers (count, status): {codes}")
+    garbage.record()
