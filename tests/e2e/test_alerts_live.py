@@ -140,7 +140,11 @@ def wait_all(watches: list[Watch], what: Callable[[Watch], bool], timeout: float
         wait_for(done, timeout, doing)
     except AssertionError:
         late = [(w.name, w.labels, w.reached, w.cleared) for w in watches]
-        raise AssertionError(f"timed out {doing}: {late}; active: {prometheus(watches[0].bed, '/api/v1/alerts')}") from None
+        # a target Prometheus cannot scrape hides every alert on its series: say which and why
+        targets = prometheus(watches[0].bed, "/api/v1/targets")
+        down = [(t["labels"].get("job"), t["scrapeUrl"], t["lastError"]) for t in targets["activeTargets"] if t["health"] != "up"]
+        raise AssertionError(f"timed out {doing}: {late}; targets down: {down}; "
+                             f"active: {prometheus(watches[0].bed, '/api/v1/alerts')}") from None
 
 
 class Load:
