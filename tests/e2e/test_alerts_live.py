@@ -40,6 +40,7 @@ import pytest
 import requests
 
 from rigup.desired.entrance import ROUTER_PORT_BASE
+from rigup.rig.servingctl import PROBE_NAMES
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import Host, HostSpec
 from tests.e2e.helpers import entrance_url, fleet_ca_file, key_files
@@ -261,6 +262,15 @@ def test_gateway_down_hot_gpus_exporter_down_release_drift_and_a_full_disk_fire_
     (model_dir,) = {r["metric"]["path"] for r in query(bed, 'rigup_model_filesystem{host="rig-02"}')}
     # every pod's sentinel answers are right before the faults: a series per pod, none quarantined
     wait_for(lambda: len(query(bed, "rigup_sentinel_quarantined == 0")) == 2, 60, "both pods' sentinel rounds")
+    # what replica consensus (RigupPodOutvoted) compares, as the monitor has it: both pods, of one release
+    # identity, with the same answer hash to every probe (tests/rig/test_replica_consensus.py: three replicas)
+    answers = wait_for(lambda: (found := query(bed, "rigup_sentinel_answer_info")) and len(found) == 2 * len(PROBE_NAMES)
+                       and found, 60, "both pods' answers to every probe")
+    agreed: dict[str, set[tuple[str, str]]] = {}
+    for series in answers:
+        agreed.setdefault(series["metric"]["probe"], set()).add((series["metric"]["identity"], series["metric"]["answer"]))
+    assert {s["metric"]["host"] for s in answers} == {"rig-01", "rig-02"} and len(answers) == 2 * len(PROBE_NAMES), answers
+    assert sorted(agreed) == sorted(PROBE_NAMES) and all(len(held) == 1 for held in agreed.values()), agreed
     responder_faults(rig1, mode="ok", tokens_per_s=50)
     responder_faults(rig2, mode="garbage", tokens_per_s=50)  # club-3090 #922: "!" until max_tokens
     pod1, pod2 = (f"http://{rig.ip}:{port_of(VARIANT)}/v1/chat/completions" for rig in (rig1, rig2))
