@@ -76,6 +76,7 @@ from typing import Any
 
 from rigup import DEPLOY_ROOT
 from rigup.desired.catalog import load_catalog
+from rigup.desired.cluster_token import RAY_AUTH_MODE
 from rigup.desired.knobs import knob
 from rigup.desired.templating import render_template
 from rigup.parsers.iproute import PeerRoutes, interface_for_peers, route_to
@@ -419,7 +420,7 @@ class ClusterMember:
     def environment(self) -> dict[str, str]:
         """The container's environment for its role: the address and interface every library picks its
         socket by (vLLM's VLLM_HOST_IP, Ray's as vLLM's run_cluster.sh sets it, NCCL, Gloo, TP), no
-        InfiniBand on Ethernet, and what the member script reads."""
+        InfiniBand on Ethernet, Ray's token authentication on, and what the member script reads."""
         p = self.ports
         return {
             "VLLM_HOST_IP": self.net.address,
@@ -434,6 +435,9 @@ class ClusterMember:
             "RIGUP_CLUSTER_NODES": str(self.cluster.pipeline_parallel),
             "RIGUP_CLUSTER_GPUS": str(self.cluster.gpus_per_host),
             "RIGUP_RAY_PORTS": f"{p.gcs} {p.node_manager} {p.object_manager} {p.agent} {p.min_worker} {p.max_worker}",
+            # Ray's token authentication on every Ray process of the member (rigup.desired.cluster_token);
+            # the token itself comes from the 0600 .env as ${RAY_AUTH_TOKEN:-}
+            "RAY_AUTH_MODE": RAY_AUTH_MODE,
         }
 
 

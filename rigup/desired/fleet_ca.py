@@ -143,7 +143,8 @@ def ca_directory(host_data: Mapping[str, Any], base_dir: Path | None = None) -> 
     return path if path.is_absolute() else (base_dir if base_dir is not None else fleet_dir()) / path
 
 
-def _make_directory(directory: Path) -> None:
+def make_ca_directory(directory: Path) -> None:
+    """fleet_ca_dir made 0700 with a .gitignore of * (what rigup keeps there is private: keys, passwords, tokens)."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     if stat.S_IMODE(directory.stat().st_mode) != 0o700:
         os.chmod(directory, 0o700)
@@ -161,7 +162,7 @@ def ensure_ca(host_data: Mapping[str, Any], base_dir: Path | None = None) -> Fle
     if (own_cert is None) != (own_key is None):
         missing = "fleet_ca_key_file" if own_key is None else "fleet_ca_cert_file"
         raise FleetCAError(f"{missing}: not set; your own CA needs both fleet_ca_cert_file and fleet_ca_key_file (or neither: rigup's CA in fleet_ca_dir)")
-    _make_directory(directory)
+    make_ca_directory(directory)
     if own_cert is not None:
         cert, key = Path(str(own_cert)).expanduser(), Path(str(own_key)).expanduser()
         if not cert.is_file():

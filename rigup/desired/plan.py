@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rigup.desired.cluster_token import RAY_TOKEN_KEY, cluster_token
 from rigup.desired.interconnect import detect
 from rigup.desired.knobs import knob
 from rigup.desired.lock import LOCK_COMMAND, LockError, LockFile, deploy_lock
@@ -137,6 +138,8 @@ def host_plan(
     if read_secrets:
         hf_token, api_key = read_hf_token(knob(host_data, "hf_token_file")), load_api_key(host_data)
         secrets = {k: v for k, v in ((HF_TOKEN_KEY, hf_token), (API_KEY_KEY, api_key)) if v is not None}
+        if recipe.cluster is not None:  # made once on the control machine, 0600 beside the fleet CA
+            secrets[RAY_TOKEN_KEY] = cluster_token(host_data, recipe.cluster.cluster.name, base_dir)
         hf_present, api_present = HF_TOKEN_KEY in secrets, API_KEY_KEY in secrets
     else:
         hf_present, api_present = secrets_configured(host_data)

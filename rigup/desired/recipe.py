@@ -22,6 +22,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from rigup.desired.catalog import GPU_MEMORY_UTILIZATION_RANGE, CatalogError, closest_variants, load_catalog
 from rigup.desired.cluster import ClusterMember, ClusterNet, RayPorts, cluster_of, refusals
+from rigup.desired.cluster_token import RAY_TOKEN_KEY
 from rigup.desired.compose_doc import Change, ComposeEdit, ComposeError, UpstreamFile, dump
 from rigup.desired.image_mirror import pull_registry
 from rigup.desired.interconnect import Interconnect, effective, nccl_settings
@@ -1073,7 +1074,8 @@ def assemble_recipe(
         entrypoint=entrypoint,
         vllm_args=tuple(edit.command()),
         environment=tuple(EnvVar(k, val) for k, val in edit.env().items() if val is not None),
-        environment_refs=(EnvRef("HUGGING_FACE_HUB_TOKEN", HF_TOKEN_VAR), EnvRef("VLLM_API_KEY", API_KEY_VAR)),
+        environment_refs=(EnvRef("HUGGING_FACE_HUB_TOKEN", HF_TOKEN_VAR), EnvRef("VLLM_API_KEY", API_KEY_VAR))
+        + ((EnvRef(RAY_TOKEN_KEY, RAY_TOKEN_KEY),) if ctx.cluster is not None else ()),
         mounts=mounts,
         shm_size=str(edit.get("shm_size") or ""),
         ipc=str(edit.get("ipc") or ""),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from rigup.desired.cluster_token import RAY_TOKEN_KEY
 from rigup.desired.recipe import Recipe
 from rigup.desired.templating import render_template
 
@@ -48,9 +49,11 @@ def render_variant(recipe: Recipe, *, hf_token_present: bool, api_key_present: b
 
     + hf_token_present: an HF token is configured; the deploy appends HF_TOKEN to .env
     + api_key_present: an API key is configured; the deploy appends VLLM_API_KEY to .env
+    A cluster member's .env always carries its cluster's Ray token (RAY_AUTH_TOKEN: rigup.desired.cluster_token).
     """
     secrets = tuple(
-        key for key, present in ((HF_TOKEN_KEY, hf_token_present), (API_KEY_KEY, api_key_present)) if present
+        key for key, present in ((HF_TOKEN_KEY, hf_token_present), (API_KEY_KEY, api_key_present),
+                                 (RAY_TOKEN_KEY, recipe.cluster is not None)) if present
     )
     paths = recipe.paths
     return {

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from rigup.desired.cluster import ClusterMember
+from rigup.desired.cluster_token import RAY_TOKEN_KEY
 from rigup.desired.compose_doc import ComposeEdit, ComposeError, interpolate, walk_strings
 from rigup.desired.interconnect import NcclSettings
 
@@ -60,7 +61,7 @@ TRANSFORMS: dict[str, str] = {
 # compose mounts it elsewhere says so in the catalog (`model_root`).
 MODEL_ROOT = "/root/.cache/huggingface"
 CACHE_TARGETS = {"/root/.cache/vllm/torch_compile_cache": "torch_compile", "/root/.triton/cache": "triton"}
-SECRET_VARIABLES = frozenset({"HF_TOKEN", "VLLM_API_KEY"})
+SECRET_VARIABLES = frozenset({"HF_TOKEN", "VLLM_API_KEY", RAY_TOKEN_KEY})
 VLLM_DEFAULT_PORT = 8000  # what `vllm serve` listens on without --port
 MEMBER_SCRIPT_TARGET = "/etc/rigup/cluster-member"  # where a cluster member's container sees rigup's member script
 
@@ -498,6 +499,8 @@ def cluster(edit: ComposeEdit, ctx: Context, member: ClusterMember) -> None:
     edit.set_flag("--host", [ctx.bind_address], "cluster", f"serving_bind_address {ctx.bind_address}")
     for name, value in member.environment().items():
         edit.set_env(name, value, "cluster", f"{member.role} of cluster {c.name} on interface {member.net.ifname}")
+    edit.set_env(RAY_TOKEN_KEY, f"${{{RAY_TOKEN_KEY}:-}}", "cluster",
+                 f"cluster {c.name}'s Ray token (RAY_AUTH_MODE=token) from the 0600 .env, never the compose file")
     volumes = edit.volumes()
     volumes.append({"type": "bind", "source": member.script, "target": MEMBER_SCRIPT_TARGET, "read_only": True,
                     "create_host_path": False})

@@ -16,6 +16,7 @@ from rigup.desired.fleet import FleetError, load_fleet
 from rigup.desired.knobs import load_defaults
 from rigup.desired.plan import host_plans
 from rigup.desired.recipe import RecipeError, pods_of
+from rigup.desired.secrets import SecretError
 from rigup.desired.transforms import MEMBER_SCRIPT_TARGET
 
 VARIANT = "qwen-multi4-autoround-int4-mtp"  # TP 4, upstream's entrypoint script ends in `exec vllm serve`
@@ -174,3 +175,35 @@ def test_a_members_share_keeps_the_variants_measured_envelope(tmp_path: Path) ->
     recipe = _service(_member(tmp_path, "rig-b", NET))["plan"].recipe
     assert (recipe.tensor_parallel_size, recipe.pipeline_parallel_size, recipe.shards) == (2, 2, 4)
     assert recipe.envelope_is_documented
+
+
+def test_every_member_runs_ray_with_token_auth_and_the_token_comes_from_the_env_file(tmp_path: Path) -> None:
+    for name in ("rig-a", "rig-b"):
+        service = _service(_member(tmp_path, name, NET))
+        env = _env(service)
+        assert env["RAY_AUTH_MODE"] == "token"
+        assert env["RAY_AUTH_TOKEN"] == "${RAY_AUTH_TOKEN:-}"  # compose takes it from the 0600 .env
+        plan = service["plan"]
+        assert plan.env.mode == "0600" and "RAY_AUTH_TOKEN" in plan.env.secret_keys
+    alone = load_fleet(_fleet(tmp_path, "  - {name: big, variant: " + VARIANT + ", hosts: [rig-a, rig-b]}\n"))
+    (plan,) = host_plans(alone.resolved_data("rig-c"), require_lock=False, read_secrets=False)
+    assert "RAY_AUTH" not in plan.compose.content and "RAY_AUTH_TOKEN" not in plan.env.secret_keys
+
+
+def test_the_clusters_token_is_made_once_0600_beside_the_fleet_ca_and_every_member_gets_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    texts = {}
+    for name in ("rig-a", "rig-b", "rig-a"):
+        (plan,) = host_plans(_member(tmp_path, name, NET), require_lock=False, base_dir=tmp_path)
+        texts[name] = plan.env_text()
+    made = tmp_path / "fleet-ca" / "ray-big.token"
+    assert made.stat().st_mode & 0o777 == 0o600 and (tmp_path / "fleet-ca").stat().st_mode & 0o777 == 0o700
+    token = made.read_text().strip()
+    assert len(token) == 64 and int(token, 16) >= 0  # as Ray's own generator: secrets.token_hex(32)
+    for name, text in texts.items():
+        assert f"RAY_AUTH_TOKEN='{token}'" in text.splitlines(), name
+        assert token not in _service(_member(tmp_path, name, NET))["plan"].compose.content
+    made.chmod(0o644)
+    with pytest.raises(SecretError, match="readable by group or others"):
+        host_plans(_member(tmp_path, "rig-a", NET), require_lock=False, base_dir=tmp_path)

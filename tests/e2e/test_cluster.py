@@ -4,7 +4,8 @@ serve` joins the members' real Ray cluster and places a worker on each simulated
 
 One bed: rig-a (the head; group gateway, so it also runs the fleet gateway) and rig-b (the worker). In
 file order: bring-up, with each member's gate passing only once the whole cluster serves; the gateway
-routes to the head alone; the firewall admits the members alone to Ray's ports and the ephemeral range;
+routes to the head alone; the firewall admits the members alone to Ray's ports and the ephemeral range, and
+Ray asks every caller for the cluster's token;
 the second converge of the fresh cluster changes nothing and `rigup status` finds no drift; a wrong socket interface fails the gate with Gloo's error and rolls
 both members back together; a stopped worker takes the cluster down and the next converge heals it.
 """
@@ -140,6 +141,51 @@ def test_outside_the_cluster_no_ray_port_answers(bed: Bed) -> None:
     # off the fleet only the entrance answers (the boundary, issue 42): the head's pod is reached through it
     assert not _reaches(bed, None, "rig-a", PORT)
     assert _reaches(bed, None, "rig-a", GATEWAY_PORT)
+
+
+# A Ray client of the head's GCS, run in a member's container (its Ray, the real 2.58.0 wheel): it asks for the
+# internal KV's keys with Ray's own GcsClient, which presents the token its environment gives (or none) the way
+# every Ray process of the member does (rigup.desired.cluster_token).
+_RAY_CLIENT = """
+import sys
+from ray._raylet import GcsClient
+try:
+    GcsClient(address=sys.argv[1]).internal_kv_keys(b"", namespace=None, timeout=20)
+    print("ANSWERED")
+except Exception as exc:
+    print("REFUSED", type(exc).__name__, str(exc).splitlines()[0])
+"""
+
+
+def _ray_client(bed: Bed, member: str, env: str = "") -> str:
+    head = f"{bed.testbed.host('rig-a').ip}:6379"
+    command = f"docker exec -i {env} rigup-big python3.11 - {head} <<'EOF'\n{_RAY_CLIENT}\nEOF"
+    return sh(bed.testbed.host(member), command, check=False).splitlines()[-1]
+
+
+def test_ray_asks_every_caller_for_the_clusters_token(bed: Bed) -> None:
+    """Issue 42: RAY_AUTH_MODE=token on every member, the cluster's token made once 0600 beside the fleet CA and
+    handed to each member's Ray from its 0600 .env: a client the firewall admits (the worker) is refused by the
+    head's GCS without the token or with a wrong one, and answered with it."""
+    made = bed.fleet.parent / "fleet-ca" / "ray-big.token"
+    assert made.stat().st_mode & 0o777 == 0o600
+    token = made.read_text().strip()
+    assert len(token) == 64
+    for host in ("rig-a", "rig-b"):
+        rig = bed.testbed.host(host)
+        assert _env(bed, host)["RAY_AUTH_MODE"] == "token"
+        assert _env(bed, host)["RAY_AUTH_TOKEN"] == "${RAY_AUTH_TOKEN:-}"  # compose reads it from the .env
+        assert token not in sh(rig, "cat /opt/rigup/variants/big/compose.yaml")
+        assert sh(rig, "stat -c '%a %U' /opt/rigup/variants/big/.env") == "600 root"
+        assert f"RAY_AUTH_TOKEN='{token}'" in sh(rig, "cat /opt/rigup/variants/big/.env").splitlines()
+        assert token not in sh(rig, "ps -eo args"), host  # never on a command line
+        assert token not in sh(rig, "journalctl -q --no-pager -o cat"), host  # nor in a log
+    assert _ray_client(bed, "rig-b") == "ANSWERED"  # the member's own environment: the token
+    refused = _ray_client(bed, "rig-b", "-e RAY_AUTH_MODE=disabled -e RAY_AUTH_TOKEN=")
+    assert refused.startswith("REFUSED AuthenticationError") and "InvalidAuthToken" in refused, refused
+    wrong = _ray_client(bed, "rig-b", "-e RAY_AUTH_TOKEN=" + "0" * 64)
+    assert wrong.startswith("REFUSED AuthenticationError") and "InvalidAuthToken" in wrong, wrong
+    print(f"the head's GCS without the token: {refused}")
 
 
 def test_from_outside_only_ssh_and_the_entrance_answer_and_members_are_asked_who_they_are(bed: Bed) -> None:
