@@ -16,7 +16,9 @@ Phases, in order (each task file's docstring says what is true afterwards and wh
   metrics            node_exporter with rigup's facts, the GPU exporter container (metrics_exporters)
   gateway            on gateway_group hosts: the entrance (nginx front, a vllm-router per model) over what each rig serves now
   quarantine_routes  on gateway_group hosts: a pod its rig's sentinel quarantined leaves its model's router within a second
-  monitoring         on monitor_group hosts: Prometheus over every pod, GPU, node and gateway; alerts
+  prometheus         on monitor_group hosts: Prometheus over every pod, GPU, node and gateway; alert rules
+  alertmanager       on monitor_group hosts with alertmanager_webhook_url_file: every alert to that webhook
+  grafana            on monitor_group hosts with grafana: True: rigup's and vLLM's dashboards
 When the run ends, a table of what the converge did on each host.
 
 Run: .venv/bin/pyinfra inventory.py deploy.py [--limit GROUP] [--dry]
@@ -58,4 +60,6 @@ if runs_gateway_task(host):  # passed preflight and is in gateway_group
     local.include("tasks/gateway.py")
     local.include("tasks/quarantine_routes.py")
 if runs_monitor_task(host):  # passed preflight and is in monitor_group
-    local.include("tasks/monitoring.py")
+    local.include("tasks/prometheus.py")
+    local.include("tasks/alertmanager.py")
+    local.include("tasks/grafana.py")

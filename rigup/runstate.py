@@ -10,7 +10,8 @@ run (keyed weakly on pyinfra's State):
   runs_rig_tasks(host)           deploy.py: include the driver..serving tasks (passed, serves a variant)
   runs_image_mirror_task(host)   deploy.py: include tasks/image_mirror.py (passed, the mirror or a relay)
   runs_gateway_task(host)        deploy.py: include tasks/gateway.py (passed, in gateway_group)
-  runs_monitor_task(host)        deploy.py: include tasks/monitoring.py (passed, in monitor_group)
+  runs_monitor_task(host)        deploy.py: include tasks/prometheus.py, alertmanager.py, grafana.py
+                                 (passed, in monitor_group)
   record(host, HostDriverState)  tasks/nvidia_driver.py: the driver plan, the reboot policy and
                                  whether the driver operation changed the host (execute time)
   serving_blocked(host)          tasks/container_toolkit.py, tasks/serving.py: a driver that waits
@@ -141,7 +142,7 @@ def runs_gateway_task(host: Any) -> bool:
 
 
 def runs_monitor_task(host: Any) -> bool:
-    """deploy.py's gate for tasks/monitoring.py: the host passed preflight and is in monitor_group."""
+    """deploy.py's gate for tasks/prometheus.py, alertmanager.py and grafana.py: the host passed preflight and is in monitor_group."""
     return passed_preflight(host) and host_roles(host).monitor
 
 

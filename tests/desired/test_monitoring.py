@@ -120,7 +120,7 @@ def test_the_gateway_scrape_trusts_the_users_ca_or_speaks_plain_http_only_when_t
     own = {"gateway_tls_cert_file": "/c/tls.crt", "gateway_tls_key_file": "/c/tls.key"}
     job, gateway = gateway_job(**own, gateway_tls_ca_file="/c/our-ca.crt")
     assert job["scheme"] == "https" and job["tls_config"] == {"ca_file": "/etc/prometheus/rigup-web/gateway-gw-ca.crt"}
-    assert gateway.ca_source == "/c/our-ca.crt"  # written there by tasks/monitoring.py
+    assert gateway.ca_source == "/c/our-ca.crt"  # written there by tasks/prometheus.py
     job, gateway = gateway_job(**own)  # a publicly issued certificate: the monitor's system roots
     assert job["scheme"] == "https" and "tls_config" not in job and gateway.ca_source is None
     job, gateway = gateway_job(gateway_plain_http=True)

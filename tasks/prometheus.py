@@ -1,4 +1,4 @@
-"""Monitoring: on the hosts of monitor_group, Prometheus over every pod, GPU, node and gateway.
+"""Prometheus: on the hosts of monitor_group, Prometheus over every pod, GPU, node and gateway.
 
 True afterwards: prometheus (the OS package) runs on prometheus_listen_address, keeping
 prometheus_retention of samples (flags in /etc/default/prometheus), asking every caller for TLS with
@@ -14,69 +14,31 @@ CA's certificate (or its gateway_tls_ca_file, written beside it; plain HTTP only
 (rigup-targets/vllm.json, from each rig's provenance records, read after every rig's serving phase
 in this run: a variant switch moves its target at this converge; a rig that cannot be read keeps its
 targets). Labels: host, and pod, variant, model on pods. /etc/prometheus/rigup-alerts.yml holds
-rigup's alert rules (promtool-checked), thresholds from the alert_* knobs. With
-alertmanager_webhook_url_file set, prometheus-alertmanager (OS package) listens on 127.0.0.1:
-alertmanager_port, asking for the same TLS and login (its own web config; Prometheus sends it alerts
-with them), with no HA cluster listener, and sends every alert to that webhook (alertmanager.yml, which
-holds the URL, is 0600 for the prometheus user). With grafana: True, Grafana from grafana_apt_url (signed; suite stable, main)
-listens on grafana_port with a provisioned datasource (this Prometheus, with its login: the file is
-0600 grafana) and rigup's fleet overview
-dashboard (rigup.desired.dashboards) under /var/lib/grafana/dashboards/rigup, and vLLM's official
-dashboards at each vLLM version the fleet's pods run (the lock's git:vllm@<ref> commits of
-vllm_git_url, read on the control machine from vllm_dashboards_path) in a folder per version under
-/var/lib/grafana/dashboards/vllm, a version no pod serves any more removed (all re-read by Grafana on
-change).
+rigup's alert rules (promtool-checked), thresholds from the alert_* knobs. prometheus-alertmanager is
+installed here with Prometheus when alertmanager_webhook_url_file is set (tasks/alertmanager.py runs it).
 Reads: monitor_group, gateway_group, prometheus_listen_address, prometheus_retention,
 prometheus_scrape_interval_s, alert_ttft_p95_s, alert_gpu_temp_c, alert_disk_free_ratio,
-alertmanager_webhook_url_file, alertmanager_port, grafana, grafana_apt_url, grafana_apt_key_url,
-grafana_port, vllm_git_url, vllm_dashboards_path, and every host's serves_variant, metrics_exporters,
+alertmanager_webhook_url_file, alertmanager_port, and every host's serves_variant, metrics_exporters,
 node_exporter_port, gpu_exporter_port, install_root, ssh_hostname, gateway_port,
 gateway_bind_address, gateway_api_key_file, gateway_plain_http, gateway_tls_cert_file, gateway_tls_ca_file, and the fleet CA's and the metrics password's knobs
 (fleet_ca_dir, fleet_ca_cert_file, fleet_ca_key_file, fleet_ca_key_passphrase_file, metrics_password_file).
-Restarts: prometheus (and alertmanager, grafana) when its flags, config, rules, keys, the fleet CA's
-certificate, the exporters' password or its own certificate, key or web config changed after it started;
-target changes need none (file_sd is re-read on change).
+Restarts: prometheus when its flags, config, rules, keys, the fleet CA's certificate, the exporters' password
+or its own certificate, key or web config changed after it started; target changes need none (file_sd is
+re-read on change).
 Not idempotent: "Wait for Prometheus to answer" runs only after such a restart.
-Included by deploy.py on monitor_group hosts that passed preflight, after the gateway.
+Included by deploy.py on monitor_group hosts that passed preflight, after the gateway; then
+tasks/alertmanager.py and tasks/grafana.py.
 """
 
 from io import StringIO
 
-from pyinfra import host, logger, state
+from pyinfra import host, state
 from pyinfra.api.hiddenvalue import HiddenValue
-from pyinfra.facts.files import FindDirectories
-from pyinfra.operations import apt, files
+from pyinfra.operations import files
 
-from rigup.desired.dashboards import (
-    DASHBOARDS_DIR,
-    DASHBOARDS_PROVIDER_FILE,
-    DATASOURCE_FILE,
-    GRAFANA_PACKAGE,
-    GRAFANA_PORT_DROPIN,
-    GRAFANA_UNIT,
-    GRAFANA_USER,
-    OVERVIEW_FILE,
-    VLLM_DASHBOARDS_DIR,
-    dashboards_provider_text,
-    datasource_text,
-    overview_text,
-    port_dropin_text,
-    ref_label,
-    vllm_ref_dir,
-)
-from rigup.desired.knobs import KnobError, knob
-from rigup.desired.metrics_auth import (
-    ALERTMANAGER_SERVICE,
-    CA_FILE,
-    METRICS_USER,
-    PASSWORD_FILE,
-    PROMETHEUS_SERVICE,
-    WEB_DIR,
-)
+from rigup.desired.knobs import KnobError
+from rigup.desired.metrics_auth import CA_FILE, METRICS_USER, PASSWORD_FILE, PROMETHEUS_SERVICE, WEB_DIR
 from rigup.desired.monitoring import (
-    ALERTMANAGER_CONFIG_FILE,
-    ALERTMANAGER_DEFAULTS_FILE,
-    ALERTMANAGER_UNIT,
     JOB_PODS,
     KEYS_DIR,
     PROMETHEUS_CONFIG_FILE,
@@ -89,17 +51,16 @@ from rigup.desired.monitoring import (
     targets_file,
     targets_text,
 )
-from rigup.operations.apt import GRAFANA_KEYRING, GRAFANA_LIST, os_packages, signed_repository
+from rigup.operations.apt import os_packages
 from rigup.operations.fleet_certs import fleet_ca_of, service_web_files
 from rigup.operations.monitoring import answers_with_login, checked_file, pod_targets_file
-from rigup.operations.planning_errors import stop_the_run_on, vllm_dashboards_or_stop
+from rigup.operations.planning_errors import stop_the_run_on
 from rigup.operations.serving import secret_file
 from rigup.operations.units import unit_runs_current_files
 from rigup.runstate import fleet_plan
 
 with stop_the_run_on(host, MonitoringError, KnobError):
-    fleet = fleet_plan(state)
-    plan = fleet.host(host.name).monitor()  # targets: every rig, exporter and gateway of the fleet
+    plan = fleet_plan(state).host(host.name).monitor()  # targets: every rig, exporter and gateway of the fleet
 assert plan is not None  # deploy.py includes this file on monitor_group hosts only
 
 packages = ["prometheus"] + (["prometheus-alertmanager"] if plan.alertmanager_port is not None else [])
@@ -176,73 +137,3 @@ pod_targets_file(
     path=targets_file(JOB_PODS),
     rigs=list(plan.rigs),
 )
-
-if plan.alertmanager_port is not None:
-    alertmanager_web = service_web_files(host, fleet_ca, metrics_login, ALERTMANAGER_SERVICE, owner=PROMETHEUS_USER)
-    files.put(
-        name="Set Alertmanager's flags (loopback, its web config, no HA cluster)",
-        src=StringIO(plan.alertmanager_defaults_text()),
-        dest=ALERTMANAGER_DEFAULTS_FILE,
-        mode="644",
-    )
-    secret_file(
-        name="Write alertmanager.yml (0600, prometheus: it holds the webhook's URL)",
-        path=ALERTMANAGER_CONFIG_FILE,
-        content=HiddenValue(plan.alertmanager_config_text()),
-        owner=PROMETHEUS_USER,
-    )
-    unit_runs_current_files(
-        name="Run Alertmanager on its current flags and config",
-        unit=ALERTMANAGER_UNIT,
-        files=[ALERTMANAGER_DEFAULTS_FILE, ALERTMANAGER_CONFIG_FILE, *alertmanager_web],
-    )
-
-if plan.grafana_port is not None:
-    signed_repository(
-        name="Add Grafana's signed apt repository",
-        key_url=knob(host.data, "grafana_apt_key_url"),
-        keyring=GRAFANA_KEYRING,
-        source_list=GRAFANA_LIST,
-        uri=knob(host.data, "grafana_apt_url"),
-        suite="stable",
-        components="main",
-    )
-    apt.packages(name="Install Grafana", packages=[GRAFANA_PACKAGE], no_recommends=True)
-    port_dropin = files.put(
-        name="Set Grafana's port",
-        src=StringIO(port_dropin_text(plan.grafana_port)),
-        dest=GRAFANA_PORT_DROPIN,
-        mode="644",
-    )
-    secret_file(
-        name="Provision the Prometheus datasource (0600, grafana: it holds Prometheus' login)",
-        path=DATASOURCE_FILE,
-        content=HiddenValue(datasource_text(plan.local_url, metrics_login, fleet_ca.cert_pem)),
-        owner=GRAFANA_USER,
-    )
-    vllm_boards, vllm_notes = vllm_dashboards_or_stop(host, fleet.named_groups())
-    for note in vllm_notes:
-        logger.info(f"{host.print_prefix}{note}")
-    vllm_dirs = sorted({vllm_ref_dir(board.ref) for board in vllm_boards})
-    files.put(
-        name="Provision the dashboards folders (rigup's and one per vLLM version served)",
-        src=StringIO(dashboards_provider_text(board.ref for board in vllm_boards)),
-        dest=DASHBOARDS_PROVIDER_FILE,
-        mode="644",
-    )
-    files.directory(name="Create the dashboards directory", path=DASHBOARDS_DIR, mode="755")
-    files.put(name="Write rigup's fleet overview dashboard", src=StringIO(overview_text()), dest=OVERVIEW_FILE, mode="644")
-    for stale in sorted(set(host.get_fact(FindDirectories, path=VLLM_DASHBOARDS_DIR, maxdepth=1) or [])
-                        - {VLLM_DASHBOARDS_DIR, *vllm_dirs}):
-        files.directory(name=f"Remove the dashboards of a vLLM version no pod serves ({stale})", path=stale,
-                        present=False)
-    for path in vllm_dirs:
-        files.directory(name=f"Create {path}", path=path, mode="755")
-    for board in vllm_boards:
-        files.put(name=f"Write vLLM {ref_label(board.ref)}'s {board.file}", src=StringIO(board.text),
-                  dest=board.dest, mode="644")
-    unit_runs_current_files(
-        name="Run Grafana on its current port, datasource and dashboards provider",
-        unit=GRAFANA_UNIT,
-        files=[GRAFANA_PORT_DROPIN, DATASOURCE_FILE, DASHBOARDS_PROVIDER_FILE],
-    )
