@@ -118,15 +118,21 @@ def tracked() -> int | None:
         return None
 
 
+# Every probe starts at once (a few hundred connections, TLS handshakes among them, in one process): on a loaded
+# 2-core machine an answering service needs more than a few seconds to get through them all; a filtered port
+# costs its probe the whole wait, in parallel with the rest.
+PROBE_TIMEOUT_S = 20.0
+
+
 def main() -> None:
     request = json.load(sys.stdin)
     started = time.monotonic()
-    answer: dict = {"tracked_before": tracked(), "probes": asyncio.run(probe_all(request.get("probes", []), 3.0))}
+    answer: dict = {"tracked_before": tracked(), "probes": asyncio.run(probe_all(request.get("probes", []), PROBE_TIMEOUT_S))}
     answer["probe_seconds"] = round(time.monotonic() - started, 1)
     answer["scan"] = scan(request["addresses"], float(request.get("timeout_s", 1.0)), int(request.get("width", 8000)))
     answer["tracked_after"] = tracked()
     # after the scan: the probes again, so a scan that broke the network shows
-    answer["probes_after"] = asyncio.run(probe_all(request.get("probes", []), 3.0))
+    answer["probes_after"] = asyncio.run(probe_all(request.get("probes", []), PROBE_TIMEOUT_S))
     answer["seconds"] = round(time.monotonic() - started, 1)
     json.dump(answer, sys.stdout)
 
