@@ -15,8 +15,8 @@ from pyinfra.operations import files
 
 from rigup.desired.monitoring import ScrapedRig, pod_target_groups, pod_targets, pods_in_targets, targets_text
 from rigup.facts.units import TextFile
-from rigup.operations.live_output import streamed
 from rigup.operations.serving import served_now
+from rigup.operations.units import wait_until_answered
 from rigup.runstate import account
 
 
@@ -94,15 +94,5 @@ def answers_with_login(url: str, ca_file: str, user: str, password_file: str, ti
     if timeout_s < 1:
         raise OperationValueError("timeout_s must be at least 1")
     login = StringCommand("printf 'user = \"%s:%s\"\\n'", QuoteString(user), '"$(cat', QuoteString(password_file), ')"')
-    yield streamed(
-        StringCommand(
-            "deadline=$(( $(date +%s) +", str(timeout_s), ")); waited=0; until", login,
-            "| curl -fs -o /dev/null --max-time 5 -K - --cacert", QuoteString(ca_file), QuoteString(url),
-            "; do if [ $(date +%s) -ge $deadline ]; then echo", QuoteString(
-                f"rigup: {what} did not answer {url} within {timeout_s} s; journalctl -u {unit}:"),
-            "; journalctl -u", QuoteString(unit), "-n 30 --no-pager; exit 1; fi; sleep 1; waited=$((waited + 1));",
-            '[ $((waited % 10)) -eq 0 ] && echo', QuoteString(f"rigup: waiting for {what} to answer"), '"($waited s)"; done; echo',
-            QuoteString(f"rigup: {what} answers {url}"),
-        ),  # fmt: skip
-        lambda h, ok, output, s: account(h, f"{what} ready in {s:.0f} s" if ok else f"{what} did not come up"),
-    )
+    yield wait_until_answered([login, "| curl -fs -o /dev/null --max-time 5 -K - --cacert", QuoteString(ca_file),
+                               QuoteString(url)], url, timeout_s, unit, what)

@@ -71,10 +71,17 @@ def answers_http(url: str, timeout_s: int, unit: str, what: str, ca_file: str | 
     if timeout_s < 1:
         raise OperationValueError("timeout_s must be at least 1")
     tls = [*(["--cacert", QuoteString(ca_file)] if ca_file else []), *(["--connect-to", QuoteString(connect_to)] if connect_to else [])]
-    yield streamed(
+    yield wait_until_answered(["curl -fs -o /dev/null --max-time 5", *tls, QuoteString(url)], url, timeout_s, unit, what)
+
+
+def wait_until_answered(probe: list, url: str, timeout_s: int, unit: str, what: str):
+    """The readiness wait's command: `probe` (a shell command, its parts) run once a second until it succeeds or
+    ``timeout_s`` pass (then the last lines of ``unit``'s journal and exit 1), a line every 10 s meanwhile; the
+    host's account says how long it took."""
+    return streamed(
         StringCommand(
-            "deadline=$(( $(date +%s) +", str(timeout_s), ")); waited=0; until curl -fs -o /dev/null --max-time 5", *tls,
-            QuoteString(url), "; do if [ $(date +%s) -ge $deadline ]; then echo", QuoteString(
+            "deadline=$(( $(date +%s) +", str(timeout_s), ")); waited=0; until", *probe,
+            "; do if [ $(date +%s) -ge $deadline ]; then echo", QuoteString(
                 f"rigup: {what} did not answer {url} within {timeout_s} s; journalctl -u {unit}:"),
             "; journalctl -u", QuoteString(unit), "-n 30 --no-pager; exit 1; fi; sleep 1; waited=$((waited + 1));",
             '[ $((waited % 10)) -eq 0 ] && echo', QuoteString(f"rigup: waiting for {what} to answer"), '"($waited s)"; done; echo',
