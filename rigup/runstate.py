@@ -23,6 +23,10 @@ run (keyed weakly on pyinfra's State):
   pins_missing(host, phase, plan)  the same files: a phase without its pins warns (--dry) or fails the host
   cluster_gates(state)           rigup.operations.cluster_gate: per cluster, when each member gates
                                  (planned) and what its gate said (execute time)
+  record_decided_routes(host, routes, routers)  rigup.operations.gateway.entrance_routes: the routes and
+  decided_routes(host)           routers it decided from what the rigs serve when it ran (each pass: planned,
+                                 then executed); routers_run_current, entrance_last_good and
+                                 rigup.operations.quarantine_routes read them
   account(host, line)            operations, at execute time: what they did (driver loaded, GB fetched
                                  from the hub or a peer, image pulled, variant restarted, gate passed);
                                  print_summary_at_the_end(state) (deploy.py) prints every host's lines
@@ -38,7 +42,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from io import StringIO
 from typing import Any
@@ -50,7 +54,9 @@ from rich.console import Console
 from rich.table import Table
 
 from rigup.checks.driver_plan import DriverPlan
+from rigup.desired.entrance import ModelRouter
 from rigup.desired.fleet_plan import FleetEntry, FleetPlan, plan_fleet
+from rigup.desired.gateway import Route
 from rigup.desired.lock import phase_without_lock
 from rigup.desired.roles import HostRoles
 from rigup.pyinfra_patches.fact_batching import remote_commands
@@ -164,6 +170,28 @@ def cluster_gates(state: Any) -> ClusterGates:
     if held is None:
         held = _CLUSTER_GATES[state] = ClusterGates({}, {})
     return held
+
+
+@dataclass(frozen=True)
+class DecidedRoutes:
+    """What rigup.operations.gateway.entrance_routes decided on an entrance host: every rig's routes from what it
+    serves when the operation ran, and one router per served model."""
+
+    routes: tuple[Route, ...] = ()
+    routers: tuple[ModelRouter, ...] = ()
+
+
+_DECIDED_ROUTES: weakref.WeakKeyDictionary[Any, DecidedRoutes] = weakref.WeakKeyDictionary()
+
+
+def record_decided_routes(host: Any, routes: Sequence[Route], routers: Sequence[ModelRouter]) -> None:
+    """The routes and routers entrance_routes decided on `host` in this pass (the plan's, then the execution's)."""
+    _DECIDED_ROUTES[_real(host)] = DecidedRoutes(tuple(routes), tuple(routers))
+
+
+def decided_routes(host: Any) -> DecidedRoutes:
+    """What entrance_routes decided on `host` in this pass; none before it ran."""
+    return _DECIDED_ROUTES.get(_real(host), DecidedRoutes())
 
 
 def record(host: Any, state: HostDriverState) -> None:

@@ -483,12 +483,44 @@ def test_where_things_live_on_a_rig_is_spelled_in_rig_layout_alone() -> None:
     assert spelled == {}, f"ask rigup.layout.RigLayout for these paths: {spelled}"
 
 
+RUN_NAMES = ("state", "host")  # pyinfra's State and Host, however a module holds them
+
+
+def mentions_run(node: ast.AST) -> bool:
+    """Whether an expression reads pyinfra's state or a host: `host`, `host.name`, `state`, `self.state`, ..."""
+    return any((isinstance(n, ast.Name) and n.id in RUN_NAMES) or (isinstance(n, ast.Attribute) and n.attr in RUN_NAMES)
+               for n in ast.walk(node))
+
+
+def module_dicts(tree: ast.Module) -> set[str]:
+    """Names a module binds at its top level to an empty dictionary ({}, dict(), defaultdict(...))."""
+    names = set()
+    for top in tree.body:
+        value = top.value if isinstance(top, (ast.Assign, ast.AnnAssign)) else None
+        targets = top.targets if isinstance(top, ast.Assign) else [top.target] if isinstance(top, ast.AnnAssign) else []
+        empty = (isinstance(value, ast.Dict) and not value.keys) or (
+            isinstance(value, ast.Call) and ast.unparse(value.func).rsplit(".", 1)[-1] in ("dict", "defaultdict"))
+        if empty:
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
+
+
 def state_caches(source: str) -> list[int]:
     """Lines of a module that keep something per pyinfra run or host outside rigup.runstate: a weak-keyed
-    dictionary (what a cache keyed on a State or Host is), an id(state) or id(host) key, or a
-    functools.cache / lru_cache function that takes a state or host."""
+    dictionary (what a cache keyed on a State or Host is), an id(state) or id(host) key, a functools.cache /
+    lru_cache function that takes a state or host, or a module-level dictionary written under a key read from a
+    host or the state (`_ROUTERS[host.name] = ...`, `.setdefault(host.name, ...)`)."""
     lines = []
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    held = module_dicts(tree)
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store) and isinstance(node.value, ast.Name)
+                and node.value.id in held and mentions_run(node.slice)):
+            lines.append(node.lineno)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "setdefault"
+              and isinstance(node.func.value, ast.Name) and node.func.value.id in held and node.args
+              and mentions_run(node.args[0])):
+            lines.append(node.lineno)
         if isinstance(node, ast.Attribute) and node.attr in ("WeakKeyDictionary", "WeakValueDictionary"):
             lines.append(node.lineno)
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "id" and node.args
@@ -507,8 +539,16 @@ def test_the_state_cache_finder_finds_each_form() -> None:
         "_PLANS[id(state)] = 1\n"
         "@functools.cache\ndef plan(state, name): ...\n"
         "@functools.cache\ndef catalog(path): ...\n"
+        "_ROUTERS: dict[str, list] = {}\n"
+        "_SEEN = defaultdict(list)\n"
+        "def decide(routers):\n"
+        "    _ROUTERS[host.name] = routers\n"
+        "    _SEEN.setdefault(self.state, []).append(1)\n"
+        "    _ROUTERS[path] = routers\n"
+        "    mine = {}\n"
+        "    mine[host.name] = routers\n"
     )
-    assert state_caches(source) == [1, 2, 4]
+    assert state_caches(source) == [1, 2, 4, 10, 11]
 
 
 def test_per_run_state_is_kept_in_rigup_runstate_alone() -> None:

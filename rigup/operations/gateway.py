@@ -39,7 +39,7 @@ from rigup.facts.units import TextFile, UnitAgainstFiles
 from rigup.operations.live_output import streamed
 from rigup.operations.serving import served_now
 from rigup.operations.units import service_steps
-from rigup.runstate import account
+from rigup.runstate import account, decided_routes, record_decided_routes
 
 PIP_LOG = "pip-install.log"  # in the venv: pip's whole output of the build
 PIP_TAIL_LINES = 40  # of that log, shown when the install fails
@@ -131,17 +131,6 @@ def other_venvs_removed(root: str, keep: str):
     yield StringCommand("rm -rf", *[QuoteString(v) for v in others])
 
 
-# What entrance_routes decided for each host in this pass (prepare, then execution): routers_run_current reads it,
-# and rigup.operations.quarantine_routes the routes behind them.
-_ROUTERS: dict[str, list[ModelRouter]] = {}
-_ROUTES: dict[str, list[Route]] = {}
-
-
-def decided_routes(host_name: str) -> tuple[list[Route], list[ModelRouter]]:
-    """The routes and routers entrance_routes decided for `host_name` in this pass ([] before it ran)."""
-    return _ROUTES.get(host_name, []), _ROUTERS.get(host_name, [])
-
-
 def _routes_now(rigs: Sequence[RigEndpoint], install_roots: dict[str, str], carried: list[Route]) -> tuple[list[Route], list[str]]:
     """Every rig's routes from what it serves now (its provenance record and running units); a rig that cannot
     be read keeps the routes it had (`carried`)."""
@@ -185,8 +174,7 @@ def entrance_routes(paths: GatewayPaths, rigs: Sequence[RigEndpoint], install_ro
     current = host.get_fact(TextFile, path=paths.config_file)
     routes, notes = _routes_now(rigs, install_roots, routes_in_config(current))
     routers = model_routers(workers_by_model(routes))
-    _ROUTERS[host.name] = routers
-    _ROUTES[host.name] = routes
+    record_decided_routes(host, routes, routers)  # routers_run_current, entrance_last_good, quarantine routes read them
     wanted = {
         paths.config_file: routes_text(routes),
         paths.models_json: models_document(routers),
@@ -220,8 +208,7 @@ def routers_run_current(paths: GatewayPaths, timeout_s: int):
     + paths: the entrance's files on the host
     + timeout_s: how long a (re)started router has to answer
     """
-    routers = _ROUTERS.get(host.name, [])
-    wanted = {f"rigup-router@{r.slug}.service": r for r in routers}
+    wanted = {f"rigup-router@{r.slug}.service": r for r in decided_routes(host).routers}
     stale = [u for u in host.get_fact(RouterInstances) if u not in wanted]
     commands: list[StringCommand] = [StringCommand("systemctl disable --now", *[QuoteString(u) for u in stale])] if stale else []
     started: list[ModelRouter] = []
@@ -333,7 +320,7 @@ def entrance_last_good(paths: EntrancePaths, files: Sequence[str]):
     + paths: the entrance's files on the host
     + files: every file the entrance runs from (the routers' environment files are found in their directory)
     """
-    routers = [paths.router_env(r.slug) for r in _ROUTERS.get(host.name, [])]
+    routers = [paths.router_env(r.slug) for r in decided_routes(host).routers]
     wanted = [*files, *routers]
     recorded = host.get_fact(File, path=paths.last_good)
     present = {path: host.get_fact(File, path=path) for path in wanted}

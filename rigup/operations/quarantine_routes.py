@@ -1,5 +1,6 @@
 """Operations of quarantine routes on the entrance host (issue 43): the config rigup-quarantine-routes reads, from
-the routes and routers the entrance task decided in this pass (rigup.operations.gateway.entrance_routes)."""
+the routes and routers the entrance task decided in this pass (rigup.operations.gateway.entrance_routes, recorded in
+rigup.runstate)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pyinfra.operations import files
 
 from rigup.desired.quarantine_routes import config_path, config_text
 from rigup.facts.units import TextFile
-from rigup.operations.gateway import decided_routes
+from rigup.runstate import decided_routes
 
 
 @operation()
@@ -26,8 +27,8 @@ def quarantine_routes_config(root: str, sentinels: Mapping[str, str], removes_la
     + sentinels: rig name -> the URL of its node_exporter's textfile series (rigup.desired.quarantine_routes.sentinel_urls)
     + removes_last_route: whether a quarantine may take a model's last routes
     """
-    routes, routers = decided_routes(host.name)
-    text = config_text(routers, routes, sentinels, removes_last_route=removes_last_route, root=root)
+    decided = decided_routes(host)
+    text = config_text(decided.routers, decided.routes, sentinels, removes_last_route=removes_last_route, root=root)
     path = config_path(root)
     if host.get_fact(TextFile, path=path) == text:
         host.noop("quarantine routes' config unchanged")

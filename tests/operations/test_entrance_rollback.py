@@ -33,8 +33,8 @@ from rigup.desired.entrance import (
     pod_key_text,
 )
 from rigup.desired.gateway import GatewayPaths
-from rigup.operations import gateway as gateway_ops
 from rigup.operations.gateway import BACK_IN_SERVICE, NOT_BACK, front_runs_current, routers_run_current
+from rigup.runstate import record_decided_routes
 
 TEMP_PATHS = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
 KEY = "alice-key-0123456789abcdef"
@@ -52,14 +52,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def commands_of(op: Any, unit_state: list[str], changed: list[str], **kwargs: Any) -> list[str]:
-    """The shell commands `op` sends a @fake host (fact reads left out), unwrapped from pyinfra's sh -c."""
+def commands_of(op: Any, unit_state: list[str], changed: list[str], routers: tuple[ModelRouter, ...] = (),
+                **kwargs: Any) -> list[str]:
+    """The shell commands `op` sends a @fake host (fact reads left out), unwrapped from pyinfra's sh -c; `routers`:
+    what entrance_routes decided on that host in this pass (rigup.runstate)."""
     answer = [*unit_state, *(f"mtime 4999.0 {path}" for path in changed)]
     inventory = Inventory(([HOST], {"fake_delay": 0, "fake_delay_jitter": 0,
                                     "fake_responses": {"systemctl show -p ActiveState": answer}}))
     state = State(inventory=inventory, config=Config())
     connect_all(state)
     host = inventory.get_host(HOST)
+    record_decided_routes(host, [], routers)
     add_op(state, op, name="op under test", **kwargs)
     before = len(host.connector.executed_commands)
     run_ops(state)
@@ -131,7 +134,6 @@ def entrance(tmp_path: Path) -> Iterator[dict[str, Any]]:
     finally:
         proc.terminate()
         proc.wait(timeout=20)
-        gateway_ops._ROUTERS.pop(HOST, None)
 
 
 def dispatched(entrance: dict[str, Any]) -> set[str]:
@@ -204,8 +206,7 @@ def test_a_configuration_nginx_refuses_never_reaches_it_and_the_last_good_one_is
 def test_a_router_that_does_not_come_up_puts_the_last_good_configuration_back(entrance: dict[str, Any]) -> None:
     good = new_configuration(entrance, broken_dispatch=False)
     router = ModelRouter("new-model", "new-model", free_port(), free_port(), ("http://10.0.0.2:8000",))
-    gateway_ops._ROUTERS[HOST] = [router]  # what entrance_routes decided in this pass
-    commands = commands_of(routers_run_current, STOPPED, [], paths=entrance["paths"], timeout_s=1)
+    commands = commands_of(routers_run_current, STOPPED, [], routers=(router,), paths=entrance["paths"], timeout_s=1)
     results = run_all(entrance, commands)
     assert results[-1].returncode == 1, [r.stdout + r.stderr for r in results]
     said = [line for line in results[-1].stdout.splitlines() if line.startswith("rigup: ")]
