@@ -375,9 +375,15 @@ def test_function_level_imports_are_deliberate() -> None:
 ROLE_KNOBS = ("serves_variant", "gateway_group", "monitor_group", "image_mirror", "cluster")
 
 
+def host_data(node: ast.AST) -> bool:
+    """Whether an expression is a host's data by its name: `data`, `host.data`, `rig_data`, ..."""
+    return re.search(r"(^|[._])data$", ast.unparse(node)) is not None
+
+
 def role_knob_reads(source: str) -> list[str]:
-    """Role knobs a module reads through knob(data, "<name>") with the name spelled literally, outside a
-    DERIVED_DEFAULTS table."""
+    """Role knobs a module reads with the name spelled literally: through knob(data, "<name>") outside a
+    DERIVED_DEFAULTS table, or straight from a host's data (`host.data.get("<name>")`, `data["<name>"]`; what
+    the fleet file's loader writes there, `data["cluster"] = ...`, is not a read)."""
     tree = ast.parse(source)
     defaults = {id(node) for top in tree.body
                 if isinstance(top, (ast.Assign, ast.AnnAssign))
@@ -390,6 +396,13 @@ def role_knob_reads(source: str) -> list[str]:
                 and node.func.id == "knob" and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
                 and node.args[1].value in ROLE_KNOBS):
             found.append(node.args[1].value)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+              and host_data(node.func.value) and node.args and isinstance(node.args[0], ast.Constant)
+              and node.args[0].value in ROLE_KNOBS):
+            found.append(node.args[0].value)
+        elif (isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and host_data(node.value)
+              and isinstance(node.slice, ast.Constant) and node.slice.value in ROLE_KNOBS):
+            found.append(node.slice.value)
     return found
 
 
@@ -398,6 +411,9 @@ def test_the_role_knob_finder_finds_a_read() -> None:
     derived = 'DERIVED_DEFAULTS: dict = {"monitor_group": lambda data: knob(data, "gateway_group")}\n'
     assert role_knob_reads(derived) == []
     assert role_knob_reads(derived + 'g = knob(data, "gateway_group")') == ["gateway_group"]
+    raw = ('a = h.data.get("cluster")\nb = rig_data["image_mirror"]\nc = release.get("cluster")\n'
+           'data["cluster"] = member\nd = host.data.get("rollout_batch")\n')
+    assert role_knob_reads(raw) == ["cluster", "image_mirror"]
 
 
 def test_what_a_host_is_is_decided_in_rigup_desired_roles_alone() -> None:

@@ -47,6 +47,7 @@ from typing import Any
 
 from rigup import DEPLOY_ROOT, WORK_DIR
 from rigup.desired.fleet import fleet_path
+from rigup.desired.roles import cluster_membership, gateway_group, mirror_host
 
 GATE_MARKER = "RIGUP-GATE-RESULT:"  # rigup.rig.servingctl.RESULT_MARKER (kept literal: no import cycle)
 OUTPUT_TAIL = 12  # lines of a failing operation's output kept in the report
@@ -126,7 +127,7 @@ def fleet_settings(inventory: Any) -> Settings:
                                    "gateway_group": set()}
     for host in inventory:
         for key in values:
-            values[key].add(host.data.get(key))
+            values[key].add(gateway_group(host.data) if key == "gateway_group" else host.data.get(key))
     for key, seen in values.items():
         if len(seen) > 1:
             raise RolloutError(f"{key} differs between hosts ({sorted(map(str, seen))}); set it fleet-wide")
@@ -447,8 +448,8 @@ def run_rollout(args: argparse.Namespace, echo: Callable[[str], None]) -> Rollou
     groups = {name: [h.name for h in members] for name, members in inventory.groups.items()}
     if settings.canary_group is not None and settings.canary_group not in groups:
         echo(f"rollout: no group {settings.canary_group!r} in the inventory: no canary step")
-    clusters = {tuple(h.data.get("cluster")["hosts"]) for h in inventory if h.data.get("cluster")}
-    mirrors = sorted({h.data.get("image_mirror")["host"] for h in inventory if h.data.get("image_mirror")})
+    clusters = {tuple(member["hosts"]) for h in inventory if (member := cluster_membership(h.data))}
+    mirrors = sorted({mirror for h in inventory if (mirror := mirror_host(h.data)) is not None})
     steps = plan(hosts, groups, settings, sorted(clusters), mirrors)
     if args.plan:
         return RolloutResult(settings, steps, [HostResult(h, s.name, "skipped") for s in steps for h in s.hosts], None, None, {})
