@@ -33,8 +33,7 @@ from io import StringIO
 
 from pyinfra import host, state
 from pyinfra.api.hiddenvalue import HiddenValue
-from pyinfra.facts.deb import DebPackages
-from pyinfra.operations import apt, files
+from pyinfra.operations import files
 
 from rigup.desired.entrance import NGINX_PACKAGES, USAGE_UNIT, key_map_text, pod_key_text, usage_unit_text
 from rigup.desired.fleet_ca import FleetCAError, certificate_names
@@ -49,6 +48,7 @@ from rigup.desired.gateway import (
 )
 from rigup.desired.knobs import KnobError
 from rigup.desired.secrets import SecretError
+from rigup.operations.apt import os_packages
 from rigup.operations.fleet_certs import issued_certificate
 from rigup.operations.gateway import (
     entrance_last_good,
@@ -70,10 +70,8 @@ with stop_the_run_on(host, GatewayError, SecretError, KnobError):
 assert plan is not None  # deploy.py includes this file on gateway_group hosts only
 paths = plan.paths
 packages = [*NGINX_PACKAGES, "python3-venv", "curl"]
-if any(p not in (host.get_fact(DebPackages) or {}) for p in packages):  # only then are the lists refreshed
-    apt.update(name="Update apt before installing nginx")
-apt.packages(name="Install nginx (with njs), python3-venv and curl for the entrance", packages=packages,
-             no_recommends=True)
+os_packages(name="Install nginx (with njs), python3-venv and curl for the entrance", packages=packages,
+            no_recommends=True)  # apt's lists refreshed only when one is missing
 legacy_gateway_removed(name="Remove LiteLLM's gateway of an earlier rigup", root=paths.root)
 files.link(name="Remove the nginx package's default site", path="/etc/nginx/sites-enabled/default", present=False)
 files.directory(name="Create the entrance directory", path=paths.root, mode="755")
