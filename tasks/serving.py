@@ -32,7 +32,9 @@ A rig that changed under a pod: when the rig's fingerprint (GPU UUIDs, PCI bus i
 driver, NVIDIA module, kernel, BIOS) differs from the one the pod's last passed gate recorded, the pod is
 re-validated (one command): vLLM's P2P access cache removed, the pod restarted and gated with every probe
 of its release (no rollback: the release did not change), and the account says "fingerprint changed:
-<what> -> P2P cache removed (...), full probe set passed". Not for a cluster member yet.
+<what> -> P2P cache removed (...), full probe set passed". A cluster member whose rig changed has its cache
+removed and is restarted (one command, before its service), and its cluster's gate follows as after any
+restart: the head asks every probe, and a pass records the new fingerprint on every member that gated.
 Not idempotent: "Health-gate the (re)started variant" runs only after a (re)start, enable or
 driver change and then reports a change; when it fails it restores the pod's previous good
 generation, restarts it, gates it again, and fails the host saying it was rolled back. A cluster
@@ -64,6 +66,7 @@ from rigup.operations.serving import (
     health_gate,
     health_timeout_s,
     image_pulled,
+    member_revalidated,
     secret_file,
     serving_verified,
     sole_variant,
@@ -162,6 +165,13 @@ if blocked is None and not missing_pins:
     )
     for index, (plan, _, timeout_s) in host.loop(enumerate(pods)):
         pod, recipe = plan.pod_suffix, plan.recipe
+        revalidated = None if member is None else member_revalidated(
+            name=f"Re-validate the member if its rig changed: vLLM's P2P cache removed, restarted for the cluster's gate{pod}",
+            ctl=ctl,
+            release=release_path(recipe),
+            timeout_s=timeout_s,
+            keep=keep,
+        )
         service = variant_service(
             name=f"Run the variant on its current files (restart only if they changed since it started){pod}",
             ctl=ctl,
@@ -169,8 +179,9 @@ if blocked is None and not missing_pins:
             unit=recipe.paths.unit_name,
         )
 
-        def restarted(service=service) -> bool:  # execute time: gate after a (re)start or a driver change
-            return service.did_change() or driver_changed(host)
+        def restarted(service=service, revalidated=revalidated) -> bool:  # execute time: gate after a (re)start,
+            # a member's re-validation or a driver change
+            return service.did_change() or (revalidated is not None and revalidated.did_change()) or driver_changed(host)
 
         if member is None:
             health_gate(
@@ -210,5 +221,5 @@ if blocked is None and not missing_pins:
             release_text=pod_plans.text(index, "release"),
             timeout_s=timeout_s,
             keep=keep,
-            revalidate=member is None,  # a cluster's members are gated as one (not re-validated yet)
+            member=member is not None,  # a changed member's rig is member_revalidated's, above
         )

@@ -268,14 +268,59 @@ def account_revalidation(host: Any, ok: bool, output: Any, seconds: float) -> No
     account(host, said[-1] if said else f"re-validation FAILED after {seconds:.0f} s")
 
 
-def revalidate_command(ctl: str, release: str, timeout_s: int, keep: int) -> StringCommand:
+def revalidate_command(ctl: str, release: str, timeout_s: int, keep: int, member: bool = False) -> StringCommand:
     return streamed(StringCommand("python3", QuoteString(ctl), "revalidate", "--release", QuoteString(release),
-                                  "--timeout", str(int(timeout_s)), "--keep", str(int(keep))), account_revalidation)
+                                  "--timeout", str(int(timeout_s)), "--keep", str(int(keep)),
+                                  *(("--member",) if member else ())), account_revalidation)
+
+
+@operation()
+def member_revalidated(ctl: str, release: str, timeout_s: int, keep: int = 2):
+    """
+    A cluster member whose rig changed under it: vLLM's P2P access cache removed and the member restarted,
+    so that the cluster's gate, which runs after a member (re)started (rigup.operations.cluster_gate), asks
+    the full probe set through the head and records the new fingerprint when every member passed.
+
+    + ctl: path of rigup-servingctl on the rig
+    + release: the member's release.json on the rig
+    + timeout_s, keep: as the gate's (the command's arguments)
+
+    Runs ``rigup-servingctl revalidate --member`` when the member's last passed gate recorded a fingerprint
+    (GPU UUIDs, PCI bus ids and topology, VBIOS, driver, module, kernel, BIOS: the RigFingerprint fact) and the
+    rig's differs; otherwise nothing. The account says what changed. A member is never gated alone: its
+    cluster passes or rolls back as one, and a failed cluster gate keeps the old fingerprint, so the next
+    converge re-validates again. Put it after the member's files are written and before its service: when
+    this converge rolls out another release, the cache is removed first and the new release's restart and
+    gate follow.
+
+    **Example:**
+
+    .. code:: python
+
+        reval = member_revalidated(
+            name="Re-validate the member if its rig changed",
+            ctl="/opt/rigup/bin/rigup-servingctl",
+            release="/opt/rigup/variants/big/release.json",
+            timeout_s=900,
+        )
+    """
+    check_gate_args(timeout_s, keep)
+    status = host.get_fact(ServingStatus, ctl=ctl, release=release)
+    recorded = (status.get("provenance") or {})
+    fingerprint = recorded.get("fingerprint")
+    if recorded.get("gate_result") != "passed" or not isinstance(fingerprint, dict):
+        host.noop("no fingerprint recorded by a passed gate (the member's next passed gate records it)")
+        return
+    current = host.get_fact(RigFingerprint)
+    if not current or current == fingerprint:
+        host.noop("the rig's fingerprint is the one the last passed gate recorded")
+        return
+    yield revalidate_command(ctl, release, timeout_s, keep, member=True)
 
 
 @operation()
 def serving_verified(ctl: str, release: str, release_text: Callable[[], str], timeout_s: int, keep: int = 2,
-                     rollback: bool = True, revalidate: bool = True):
+                     rollback: bool = True, revalidate: bool = True, member: bool = False):
     """
     Make sure the variant serves the release it was last gated with; gate it when it does not.
 
@@ -286,8 +331,9 @@ def serving_verified(ctl: str, release: str, release_text: Callable[[], str], ti
     + timeout_s: seconds the gate waits for the served model
     + keep: generations to keep for rollback
     + rollback: roll back when the gate fails
-    + revalidate: compare the rig's fingerprint with the one the last passed gate recorded (False: a
-      cluster member, whose members pass or roll back as one)
+    + revalidate: compare the rig's fingerprint with the one the last passed gate recorded
+    + member: a cluster member, whose members pass or roll back as one: a changed fingerprint is
+      ``member_revalidated``'s (before the cluster's gate), here only a record without one gets today's
 
     Converged means: the unit is active, ``/v1/models`` lists the served model, provenance.json
     records this exact release as having passed the gate, and the rig's fingerprint (GPU UUIDs, PCI bus
@@ -325,8 +371,8 @@ def serving_verified(ctl: str, release: str, release_text: Callable[[], str], ti
         and recorded.get("release_sha256") == status.get("release_sha256")
     ):
         current = host.get_fact(RigFingerprint) if revalidate else None
-        if current and recorded.get("fingerprint") != current:
-            yield revalidate_command(ctl, release, timeout_s, keep)
+        if current and recorded.get("fingerprint") != current and (not member or recorded.get("fingerprint") is None):
+            yield revalidate_command(ctl, release, timeout_s, keep, member=member)
             return
         failed = recorded.get("failed_release_sha256")
         if failed and failed != hashlib.sha256(release_text().encode()).hexdigest() == status.get("release_sha256"):

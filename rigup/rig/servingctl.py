@@ -24,7 +24,9 @@ rig has nothing else we can count on. Commands:
   revalidate a converge found the rig's fingerprint (GPUs, PCI topology, driver, module, kernel, BIOS)
            differs from the one the pod's last passed gate recorded: remove vLLM's P2P access cache,
            restart the pod and gate it with every probe of its release (no rollback); a pod whose record
-           has none gets today's recorded.
+           has none gets today's recorded. With --member (a cluster member, whose cluster gates as one):
+           remove the cache and restart the member only; the cluster's gate that follows asks every probe
+           through the head and records the new fingerprint when every member passed.
   sentinel one round of the continuous sentinel (a timer runs it): every serving pod asked the probes
            directly; failed and passed rounds in a row counted in its sentinel.json, which quarantines
            and releases it; the results as a textfile for node_exporter (docs/sentinel.md).
@@ -1698,6 +1700,7 @@ def revalidate(
     sleep: Callable[[float], None] = time.sleep,
     poll_s: float = POLL_S,
     docker: Optional[Docker] = None,
+    member: bool = False,
 ) -> int:
     """The rig's fingerprint now against the one the pod's last passed gate recorded. Unchanged: nothing.
     None recorded (a gate before issue 43's re-validation): the fingerprint now is recorded, nothing restarts.
@@ -1705,10 +1708,15 @@ def revalidate(
     the restart's `compose down`), the pod restarted and gated with every probe its release names, without
     rollback (the release did not change: the rig did). A passed gate records the new fingerprint; a failed
     one keeps the old, so the next converge re-validates again. The last line says what was done
-    (REVALIDATED_MARKER). Exit codes as `gate`'s."""
+    (REVALIDATED_MARKER). Exit codes as `gate`'s.
+
+    `member`: a cluster member (revalidate_member)."""
     release = Release.load(release_path)
     record = read_json(release.provenance_path) or {}
     gate_record = record.get("gate") if isinstance(record.get("gate"), dict) else {}
+    if member:
+        current = fingerprint if fingerprint is not None else rig_fingerprint()
+        return revalidate_member(release, record, gate_record.get("result") == "passed", current, systemd, out)
     if record.get("release_sha256") != release.sha256 or gate_record.get("result") != "passed":
         out(f"rigup: {release.unit}: {release.path} is not the release whose gate passed; gate it first")
         out(f"{REVALIDATED_MARKER} not re-validated: the release did not pass its gate here")
@@ -1751,6 +1759,66 @@ def revalidate(
     return code
 
 
+def revalidate_member(
+    release: Release,
+    record: Dict[str, Any],
+    passed: bool,
+    current: Dict[str, Optional[str]],
+    systemd: Systemd,
+    out: Callable[[str], None],
+) -> int:
+    """`revalidate --member`: a cluster member's half of its re-validation. Its members pass or roll back as one
+    (rigup.operations.cluster_gate), so a member is never gated alone: when the rig's fingerprint differs from
+    the one its last passed gate recorded, vLLM's P2P access cache is removed (p2p_cache_files; the container's
+    goes with the restart's `compose down`) and the member restarted; the converge then runs the cluster's gate
+    (the head asks every probe of the release, for the whole cluster) and, when every member passed, the gate on
+    each member records its generation with the fingerprint now. A failed cluster gate records nothing: the old
+    fingerprint stays and the next converge re-validates again; with nothing older than the release that serves,
+    the cluster's rollback restores nothing. When the release on disk is not the one that passed (a converge
+    rolling out another), the cache is removed and the new release's restart and gate follow. A record without a
+    fingerprint gets today's, without a restart. The last line says what was done (REVALIDATED_MARKER)."""
+    recorded = record.get("fingerprint")
+    serves_recorded = passed and record.get("release_sha256") == release.sha256
+    if not isinstance(recorded, dict):
+        if serves_recorded:
+            record = dict(record)
+            record["fingerprint"] = current
+            record["written_at"] = now_iso()
+            atomic_write(release.provenance_path, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode(), 0o644)
+            out(f"{REVALIDATED_MARKER} fingerprint recorded (the last gate predates the record)")
+        else:
+            out(f"{REVALIDATED_MARKER} no fingerprint recorded: the cluster's next passed gate records it")
+        return EXIT_PASSED
+    changes = fingerprint_changes(recorded, current)
+    if not changes:
+        out(f"{REVALIDATED_MARKER} fingerprint unchanged")
+        return EXIT_PASSED
+    what = "; ".join(changes)
+    out(f"rigup: {release.unit}: fingerprint changed: {what}")
+    removed = []
+    for path in p2p_cache_files(release):
+        os.unlink(path)
+        removed.append(path)
+        out(f"rigup: removed vLLM's P2P access cache {path}")
+    where = (f"{len(removed)} file(s) on the host, and the container's with compose down" if removed
+             else "the container's, with compose down: none is kept on the host")
+    probes = f"{len(release.gate_probes)} probes: {', '.join(release.gate_probes)}"
+    if not serves_recorded:
+        out(f"{REVALIDATED_MARKER} fingerprint changed: {what} -> P2P cache removed ({where}); the new release's "
+            f"restart and the cluster's gate follow ({probes})")
+        return EXIT_PASSED
+    try:
+        systemd.restart(release.unit)  # ExecStop and ExecStartPre run `docker compose down`: a new container
+    except subprocess.CalledProcessError as exc:
+        detail = exc.stderr.strip() if exc.stderr else str(exc)
+        out(f"rigup: {release.unit} could not be restarted: {detail}")
+        out(f"{REVALIDATED_MARKER} fingerprint changed: {what} -> P2P cache removed ({where}), restart FAILED")
+        return EXIT_FAILED
+    out(f"{REVALIDATED_MARKER} fingerprint changed: {what} -> P2P cache removed ({where}), member restarted: the "
+        f"cluster's gate asks the full probe set ({probes})")
+    return EXIT_PASSED
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="rigup-servingctl", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -1772,6 +1840,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p_reval.add_argument("--release", required=True, help="the pod's release.json")
     p_reval.add_argument("--timeout", type=float, required=True, help="seconds to wait for the model")
     p_reval.add_argument("--keep", type=int, default=2, help="generations to keep")
+    p_reval.add_argument("--member", action="store_true",
+                         help="a cluster member: remove the cache and restart it; the cluster's gate follows")
     p_super = sub.add_parser("supersede", help="the fleet asks for the release that serves: a failed gate of another no longer stands")
     p_super.add_argument("--release", required=True, help="the pod's release.json (as the converge rendered it)")
     p_text = sub.add_parser("textfile", help="write rigup's facts for node_exporter's textfile collector")
@@ -1801,7 +1871,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.command == "supersede":
         return supersede(args.release, out=out)
     if args.command == "revalidate":
-        return revalidate(args.release, args.timeout, args.keep, systemd, out=out)
+        return revalidate(args.release, args.timeout, args.keep, systemd, out=out, member=args.member)
     if args.command == "rollback":
         return roll_back(args.release, args.reason, args.timeout, systemd, out=out)
     return gate(args.release, args.timeout, args.keep, not args.no_rollback, systemd, out=out, hold=args.hold)

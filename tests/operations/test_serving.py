@@ -426,11 +426,47 @@ def test_serving_verified_revalidates_a_pod_whose_rig_changed(recorded):
     assert meta.did_change()
 
 
-def test_a_cluster_member_is_not_revalidated():
+def test_serving_verified_leaves_a_changed_cluster_member_to_member_revalidated():
+    """A member is never gated alone (its cluster passes or rolls back as one): after the cluster's gate there
+    is nothing to re-validate here; only a record without a fingerprint gets today's."""
     executed, meta = run(serving_verified, {PROBE: recorded_with({**RIG, "driver": "580.82.09"}),
                                             FINGERPRINT: fingerprint_output(RIG)},
-                         ctl=CTL, release=RELEASE, release_text=rendered(GOOD), timeout_s=900, revalidate=False)
+                         ctl=CTL, release=RELEASE, release_text=rendered(GOOD), timeout_s=900, member=True)
     assert changes(executed, (PROBE, FINGERPRINT)) == []
+    executed, meta = run(serving_verified, {PROBE: recorded_with(None), FINGERPRINT: fingerprint_output(RIG)},
+                         ctl=CTL, release=RELEASE, release_text=rendered(GOOD), timeout_s=900, member=True)
+    assert changes(executed, (PROBE, FINGERPRINT)) == [f"{REVALIDATE} --member"]
+
+
+@pytest.mark.parametrize("recorded", [{**RIG, "driver": "580.82.09"}, {**RIG, "gpu0.uuid": "GPU-old"},
+                                      {**RIG, "p2p": "GPU0 X OK"}])
+def test_a_cluster_member_whose_rig_changed_loses_its_p2p_cache_and_restarts_for_its_clusters_gate(recorded):
+    from rigup.operations.serving import member_revalidated
+
+    executed, meta = run(member_revalidated, {PROBE: recorded_with(recorded), FINGERPRINT: fingerprint_output(RIG)},
+                         ctl=CTL, release=RELEASE, timeout_s=900)
+    assert changes(executed, (PROBE, FINGERPRINT)) == [f"{REVALIDATE} --member"]
+    assert meta.did_change()  # what makes the cluster's gate run (tasks/serving.py: restarted)
+
+
+@pytest.mark.parametrize("recorded", [RIG, None])
+def test_a_cluster_member_on_the_rig_it_passed_on_or_without_a_record_is_not_restarted(recorded):
+    from rigup.operations.serving import member_revalidated
+
+    executed, meta = run(member_revalidated, {PROBE: recorded_with(recorded), FINGERPRINT: fingerprint_output(RIG)},
+                         ctl=CTL, release=RELEASE, timeout_s=900)
+    assert changes(executed, (PROBE, FINGERPRINT)) == []
+    assert not meta.did_change()
+
+
+def test_a_cluster_member_whose_last_gate_did_not_pass_is_not_restarted():
+    from rigup.operations.serving import member_revalidated
+
+    failed = probe_output(provenance={"variant": "dual", "generation": 2, "release_sha256": "r1", "gate_result": "failed",
+                                      "fingerprint": {**RIG, "driver": "580.82.09"}})
+    executed, meta = run(member_revalidated, {PROBE: failed, FINGERPRINT: fingerprint_output(RIG)},
+                         ctl=CTL, release=RELEASE, timeout_s=900)
+    assert changes(executed, (PROBE, FINGERPRINT)) == [] and not meta.did_change()
 
 
 def test_the_account_says_what_revalidate_did():

@@ -183,3 +183,108 @@ def test_revalidate_refuses_a_release_that_did_not_pass_here(rig, systemd, serve
     release = rig.deploy("dual", MODEL)
     code, lines = revalidate(release, systemd, dict(FINGERPRINT))
     assert code == ctl.EXIT_FAILED and "gate it first" in lines[0]
+
+
+# --------------------------------------------------------------------------------------------
+# revalidate --member: a cluster member, whose cluster gates as one (rigup.operations.cluster_gate)
+
+
+def revalidate_member(release, systemd, fingerprint):  # noqa: F811
+    lines: list[str] = []
+    code = ctl.revalidate(str(release), 5.0, 2, systemd, out=lines.append, fingerprint=fingerprint, poll_s=0.01,
+                          docker=FakeDocker(), member=True)
+    return code, lines
+
+
+def with_host_p2p_cache(release, tmp_path):
+    """The pod's release names a host directory where vLLM keeps its P2P verdict; returns the verdict's file."""
+    cache = tmp_path / "opt/rigup/cache/big/vllm"
+    cache.mkdir(parents=True)
+    verdict = cache / "gpu_p2p_access_cache_for_0,1.json"
+    verdict.write_text('{"0->1": true, "1->0": true}')
+    data = json.loads(release.read_text())
+    data["p2p_cache_dirs"] = [str(cache)]
+    release.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    return verdict
+
+
+def test_a_changed_member_loses_its_p2p_cache_and_restarts_and_its_clusters_gate_records_the_new_fingerprint(
+        rig, systemd, server, tmp_path):  # noqa: F811
+    release = rig.deploy("dual", MODEL)
+    verdict = with_host_p2p_cache(release, tmp_path)
+    run_gate(release, systemd)
+    flashed = {**FINGERPRINT, "gpu0.uuid": "GPU-replaced"}
+    before = len(server.behaviour.completions)
+    code, lines = revalidate_member(release, systemd, flashed)
+    assert code == ctl.EXIT_PASSED, lines
+    assert lines[0].startswith("rigup: rigup-dual.service: fingerprint changed: GPU0 UUID ")
+    assert lines[1] == f"rigup: removed vLLM's P2P access cache {verdict}"
+    assert lines[-1].startswith(f"{ctl.REVALIDATED_MARKER} fingerprint changed: GPU0 UUID ")
+    assert lines[-1].endswith("-> P2P cache removed (1 file(s) on the host, and the container's with compose down), "
+                              "member restarted: the cluster's gate asks the full probe set (4 probes: arithmetic, "
+                              "recall, tool-call, json-shape)")
+    assert not verdict.exists() and ("restart", "rigup-dual.service") in systemd.calls
+    # gated by its cluster, not alone: nothing asked, nothing recorded yet
+    assert len(server.behaviour.completions) == before and rig.provenance["fingerprint"] == FINGERPRINT
+    # the cluster's gate: the held gate asks every probe and records nothing, then every member's gate records
+    held: list[str] = []
+    assert ctl.gate(str(release), 5.0, 2, True, systemd, out=held.append, poll_s=0.01, docker=FakeDocker(),
+                    hold=True, fingerprint=flashed) == ctl.EXIT_PASSED
+    asked = [c["messages"] for c in server.behaviour.completions[before + 1:]]
+    assert asked == [ctl.PROBES[name].messages for name in ctl.PROBE_NAMES]
+    assert rig.provenance["fingerprint"] == FINGERPRINT
+    assert ctl.gate(str(release), 5.0, 2, True, systemd, out=held.append, poll_s=0.01, docker=FakeDocker(),
+                    fingerprint=flashed) == ctl.EXIT_PASSED
+    assert rig.provenance["fingerprint"] == flashed and rig.provenance["generation"] == 1
+    assert revalidate_member(release, systemd, flashed)[1] == [f"{ctl.REVALIDATED_MARKER} fingerprint unchanged"]
+
+
+def test_a_member_whose_cluster_gate_fails_keeps_the_old_fingerprint_and_has_nothing_older_to_roll_back_to(
+        rig, systemd, server):  # noqa: F811
+    release = rig.deploy("dual", MODEL)
+    run_gate(release, systemd)
+    new_driver = {**FINGERPRINT, "driver": "580.105.08"}
+    assert revalidate_member(release, systemd, new_driver)[0] == ctl.EXIT_PASSED
+    server.behaviour.garbage = True
+    systemd.restart = lambda unit: systemd.calls.append(("restart", unit))  # the rig's fault outlives a restart
+    held: list[str] = []
+    assert ctl.gate(str(release), 5.0, 2, True, systemd, out=held.append, poll_s=0.01, docker=FakeDocker(),
+                    hold=True, fingerprint=new_driver) == ctl.EXIT_FAILED
+    assert any("probe arithmetic failed: lexical variety 0.00" in line for line in held), held
+    # the cluster rolls back as one: this member's release is its last good one, so nothing is restored
+    back: list[str] = []
+    assert ctl.roll_back(str(release), "cluster big rolls back as one: rig-01: probe arithmetic failed", 5.0, systemd,
+                         out=back.append, poll_s=0.01) == ctl.EXIT_FAILED
+    assert "rigup: not rolling back: the failing release is the last good one (generation 1): nothing older to restore" \
+        in back, back
+    assert rig.provenance["fingerprint"] == FINGERPRINT  # the next converge re-validates again
+    assert revalidate_member(release, systemd, new_driver)[1][-1].startswith(
+        f"{ctl.REVALIDATED_MARKER} fingerprint changed: driver 580.95.05 to 580.105.08")
+
+
+def test_a_member_rolling_out_another_release_loses_its_cache_and_leaves_the_restart_to_the_new_release(
+        rig, systemd, server, tmp_path):  # noqa: F811
+    release = rig.deploy("dual", MODEL)
+    verdict = with_host_p2p_cache(release, tmp_path)
+    run_gate(release, systemd)
+    data = json.loads(release.read_text())
+    data["description"] = "the next release, written by this converge"
+    release.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    code, lines = revalidate_member(release, systemd, {**FINGERPRINT, "kernel": "6.8.0-50-generic"})
+    assert code == ctl.EXIT_PASSED and not verdict.exists()
+    assert lines[-1].endswith("-> P2P cache removed (1 file(s) on the host, and the container's with compose down); "
+                              "the new release's restart and the cluster's gate follow (4 probes: arithmetic, recall, "
+                              "tool-call, json-shape)")
+    assert ("restart", "rigup-dual.service") not in systemd.calls
+
+
+def test_a_member_record_from_before_the_fingerprint_gets_todays_without_a_restart(rig, systemd, server):  # noqa: F811
+    release = rig.deploy("dual", MODEL)
+    run_gate(release, systemd)
+    path = rig.install_root / "state/provenance.json"
+    record = json.loads(path.read_text())
+    del record["fingerprint"]
+    path.write_text(json.dumps(record))
+    assert revalidate_member(release, systemd, dict(FINGERPRINT))[1] == [
+        f"{ctl.REVALIDATED_MARKER} fingerprint recorded (the last gate predates the record)"]
+    assert rig.provenance["fingerprint"] == FINGERPRINT and ("restart", "rigup-dual.service") not in systemd.calls
