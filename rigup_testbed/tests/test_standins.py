@@ -683,7 +683,15 @@ def test_the_engine_answers_the_gate_probes_and_922s_garbage_when_told(serving_r
     wait_for(lambda: http_status(f"{base}/health") == 200)
     assert failures() == dict.fromkeys(servingctl.PROBE_NAMES)
     root.write("etc/rigup-testbed/responder.json", json.dumps({"mode": "garbage"}))  # whatever the command line
+
+    def ended_at_their_limit() -> float:  # what RigupPodLengthFinishSurge counts: vLLM's own finish reasons
+        text = urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("vllm:request_success_total{") and 'finished_reason="length"' in line)
+
+    before = ended_at_their_limit()
     assert all(reason is not None for reason in failures().values())
+    assert ended_at_their_limit() - before == len(servingctl.PROBES)  # every garbage answer ended at its limit
     compose(root, project, "down", check=True)
 
 

@@ -134,6 +134,27 @@ CASES: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
               "a silent wrong-output sign (club-3090 #922): rigup status --limit rig-1 shows the sentinel's answers; "
               "check the peer path, the driver and a recent image or nightly bump", quiet_at="15m"),
     ),
+    "RigupPodLengthFinishSurge": (
+        # vLLM's vllm:request_success_total (vllm/v1/metrics/loggers.py, v0.27.1): rig-1's pod finishes 30 requests a
+        # minute, a tenth at their token limit, for 40 min; from 40 to 60 every one ends at it (#922's '!!!!' for
+        # 60 of 60 tokens), then it answers as before. rig-2's clients always ask for more than they allow: every
+        # request ends at its limit, which is its own history, so it never fires
+        [series("vllm:request_success_total", {**POD, "engine": "0", "model_name": "qwen", "finished_reason": "stop"},
+                "0+27x40 1080x19 1107+27x19"),
+         series("vllm:request_success_total", {**POD, "engine": "0", "model_name": "qwen", "finished_reason": "length"},
+                "0+3x40 150+30x19 723+3x19"),
+         series("vllm:request_success_total", {**POD, "engine": "0", "model_name": "qwen", "finished_reason": "repetition"},
+                "0x80"),
+         series("vllm:request_success_total", {**POD, "instance": "10.0.0.12:8000", "host": "rig-2", "engine": "0",
+                                               "model_name": "qwen", "finished_reason": "stop"}, "0x80"),
+         series("vllm:request_success_total", {**POD, "instance": "10.0.0.12:8000", "host": "rig-2", "engine": "0",
+                                               "model_name": "qwen", "finished_reason": "length"}, "0+30x80")],
+        alert("RigupPodLengthFinishSurge", "55m", "72m", {"host": "rig-1", "pod": "dual", "model": "qwen", "severity": "warning"},
+              "rig-1/dual (qwen): 100% of its requests end at their token limit, three times its share over the day before",
+              "answers that run to max_tokens can be garbage that still looks fast (club-3090 #922's '!!!!'): rigup "
+              "status --limit rig-1 shows the sentinel's answers; else a client asking for longer answers than it "
+              "allows", quiet_at="40m"),
+    ),
     "RigupUnitCrashLooping": (
         # rigup-dual crashes from minute 6, hits its start limit at 10 (failed) and a converge starts it at
         # 15: one alert while either cause holds (both at 10-14), none the minute the converge's start
