@@ -26,9 +26,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rigup.cli.runner import Target, add_target_arguments, api_targets, parallel, progress, service_log
+from rigup.cli.runner import add_target_arguments, parallel, progress, service_log
 from rigup.client.openai_client import ApiClient, StreamResult
 from rigup.client.ssh import LazySsh, RemoteError
+from rigup.client.targets import Target, api_targets
 
 SCHEMA = 1
 DEFAULT_RESULTS_DIR = Path("results") / "bench"

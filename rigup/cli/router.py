@@ -21,9 +21,10 @@ from typing import Any
 
 import yaml
 
-from rigup.cli.runner import Target, fleet_targets, parallel
+from rigup.cli.runner import parallel
 from rigup.client.openai_client import ApiClient
 from rigup.client.ssh import RemoteError
+from rigup.client.targets import Target, fleet_targets
 from rigup.desired.roles import serves_variant
 
 API_KEY_ENV = "RIGUP_API_KEY"

@@ -29,9 +29,10 @@ import requests
 from pyinfra.api.exceptions import FactProcessError
 
 from rigup.checks.preflight import check_capabilities
-from rigup.cli.runner import Target, add_target_arguments, fleet_targets, progress, run_fleet_command
+from rigup.cli.runner import add_target_arguments, progress, run_fleet_command
 from rigup.client.openai_client import ApiClient, tls_failure
 from rigup.client.ssh import LOCAL_HOST, LazySsh, RemoteError, Runner, gpu_memory
+from rigup.client.targets import Target, fleet_targets
 from rigup.desired.cluster import MemberNetwork, cluster_of, member_data, member_net
 from rigup.desired.fleet import load_fleet
 from rigup.desired.fleet_plan import fleet_entries, plan_fleet

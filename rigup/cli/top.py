@@ -32,36 +32,23 @@ import sys
 import termios
 import time
 import tty
-import urllib.parse
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rigup.cli.runner import Target, add_target_arguments, api_host, fleet_targets, limit_selection, progress
+from rigup.cli.runner import add_target_arguments, progress
 from rigup.client.fleet_metrics import (
     OUT_OF_ROTATION,
     QUARANTINED,
     UP,
-    DirectSource,
-    Endpoint,
-    FallbackSource,
     Frame,
     GpuRow,
-    Keep,
     PodRow,
-    PrometheusSource,
-    RouteNames,
     RouteRow,
-    SentinelMarks,
     Source,
-    fleet_monitor,
-    metrics_url,
 )
 from rigup.client.ssh import RemoteError
-from rigup.desired.fleet import Fleet, load_fleet
-from rigup.desired.knobs import knob
-from rigup.desired.metrics_auth import PrometheusLogin, prometheus_login
-from rigup.desired.roles import serves_variant
+from rigup.client.top_sources import fleet_source
 
 EXIT_UNANSWERED = 1  # --once: a target (or the Prometheus the frame came from) did not answer
 EXIT_BAD_FLEET = 2  # the fleet file or --limit could not be used
@@ -70,85 +57,6 @@ DEFAULT_INTERVAL_S = 2.0
 BATCH_WIDTH = 160  # columns of a frame written to a file or pipe
 WIDE_COLUMN = 40  # characters of a state, model, route or URL column (a longer one ends in ...)
 MAX_TIMEOUT_S = 5.0  # a scrape or query waits at most this long (and never longer than the interval)
-
-# --------------------------------------------------------------------------------------------------
-# what to read: the fleet file's targets, its Prometheus, --limit
-
-
-def direct_endpoints(targets: Sequence[Target], login: PrometheusLogin | str | None = None) -> list[Endpoint]:
-    """What to scrape for the fleet targets: each pod's /metrics, one GPU exporter per rig that runs
-    the exporters (over TLS with the metrics login it asks for: `login`, else the string says why there is
-    none), each gateway's /metrics/ (the entrance's routers' metrics, joined by its front)."""
-    out: list[Endpoint] = []
-    rigs_seen: set[str] = set()
-    for target in targets:
-        host = target.host or target.name
-        if serves_variant(target.data):
-            pod = target.pod.name if target.pod is not None else target.variant or host
-            if target.api_url is not None:
-                out.append(Endpoint("pod", host, metrics_url(target.api_url), pod, target.served_model))
-            else:
-                out.append(Endpoint("pod", host, None, pod, None, problem=target.error or "no API URL"))
-            if host not in rigs_seen and knob(target.data, "metrics_exporters") and target.ssh is not None:
-                rigs_seen.add(host)
-                address = "127.0.0.1" if target.ssh.local else api_host(target.ssh.hostname)
-                url = f"https://{address}:{knob(target.data, 'gpu_exporter_port')}/metrics"
-                if isinstance(login, PrometheusLogin):
-                    out.append(Endpoint("gpu", host, url, login=login))
-                else:
-                    out.append(Endpoint("gpu", host, url, problem=f"it asks who is calling: {login or 'no metrics login'}"))
-        if target.gateway_url is None and target.gateway_error is None:
-            continue  # runs no gateway (or another of its pods reports it)
-        url = f"{target.gateway_url}/metrics/" if target.gateway_url is not None else None
-        if url is None or target.gateway_key is None:
-            out.append(Endpoint("gateway", host, url, problem=target.gateway_error or "no gateway key"))
-        else:
-            out.append(Endpoint("gateway", host, url, key=target.gateway_key, ca_file=target.gateway_ca))
-    return out
-
-
-def metrics_login(fleet: Fleet) -> PrometheusLogin | str:
-    """The metrics login the fleet's exporters ask for, as the converge left it beside the fleet file (the fleet CA
-    is the fleet's: read with the first host's knobs), or why there is none."""
-    if not fleet.hosts:
-        return "no host in the fleet"
-    return prometheus_login(fleet.resolved_data(fleet.hosts[0].name), fleet.path.parent)
-
-
-def fleet_route_names(targets: Sequence[Target]) -> RouteNames:
-    """The name rigup gives each route (<host>/<unit>), found from its API base (the router's worker + /v1): the
-    pod listening on that port at that address (127.0.0.1 for a pod on the gateway's own host). The routers'
-    series name a route by its worker's URL only."""
-    pods: list[tuple[int, set[str], str, str]] = []  # (port, addresses, host, name)
-    for target in targets:
-        if target.recipe is None or target.api_url is None or target.host is None:
-            continue
-        url = urllib.parse.urlsplit(target.api_url)
-        if url.port is None:
-            continue
-        addresses = {target.host, url.hostname or ""}
-        if target.ssh is not None:
-            addresses.add(target.ssh.hostname)
-        pods.append((url.port, addresses, target.host, f"{target.host}/{target.recipe.paths.unit_name}"))
-
-    def name(gateway: str, api_base: str) -> str | None:
-        url = urllib.parse.urlsplit(api_base)
-        address = (url.hostname or "").strip("[]")
-        loopback = address in ("127.0.0.1", "::1", "localhost")
-        found = {n for port, addresses, host, n in pods
-                 if port == url.port and (address in addresses or (loopback and host == gateway))}
-        return found.pop() if len(found) == 1 else None
-
-    return name
-
-
-def selection_filter(fleet: Fleet, limit: Sequence[str] | None) -> Keep | None:
-    """--limit for rows read from Prometheus: the selected hosts, and of "<host>/<pod>" that pod."""
-    if not limit:
-        return None
-    selected = limit_selection(fleet, limit)
-    return lambda host, pod: host in selected and (pod is None or selected[host] is None or pod in selected[host])
-
 
 # --------------------------------------------------------------------------------------------------
 # drawing
@@ -372,38 +280,11 @@ def frame_document(frame: Frame) -> dict[str, Any]:
 # the command
 
 
-def choose_source(args: argparse.Namespace, timeout: float) -> Source:
-    """--prometheus URL; else the fleet's Prometheus (falling back to direct); else direct."""
-    if args.prometheus and not args.limit:
-        return SentinelMarks(PrometheusSource(args.prometheus, timeout), args.prometheus, timeout)
-    fleet = load_fleet(args.fleet)
-    names = fleet_route_names(fleet_targets(fleet=fleet))  # every rig: a gateway routes beyond --limit
-
-    def direct() -> DirectSource:
-        return DirectSource(direct_endpoints(fleet_targets(args.limit, fleet=fleet), metrics_login(fleet)), timeout, names)
-
-    if args.prometheus:
-        return SentinelMarks(PrometheusSource(args.prometheus, timeout, keep=selection_filter(fleet, args.limit),
-                                              route_names=names), args.prometheus, timeout)
-    monitor = None if args.direct else fleet_monitor(fleet)
-    if monitor is None:
-        return direct()
-    if monitor.url is None:
-        source = direct()
-        source.description += f" ({monitor.problem})"
-        return source
-    keep = selection_filter(fleet, args.limit)
-    primary = PrometheusSource(monitor.url, timeout, scrape_interval_s=monitor.scrape_interval_s, keep=keep,
-                               route_names=names, login=monitor.login)
-    # the targets resolved (and --limit checked) up front; quarantines marked while Prometheus answers
-    return SentinelMarks(FallbackSource(primary, direct()), monitor.url, timeout, monitor.login)
-
-
 def cmd_top(args: argparse.Namespace) -> int:
     interval = args.interval
     timeout = max(0.5, min(MAX_TIMEOUT_S, interval))
     try:
-        source = choose_source(args, timeout)
+        source = fleet_source(args.fleet, args.limit, direct=args.direct, prometheus=args.prometheus, timeout=timeout)
     except (RemoteError, ValueError) as exc:
         print(f"rigup top: {exc}", file=sys.stderr)
         return EXIT_BAD_FLEET

@@ -48,9 +48,10 @@ from rigup.checks.verify import (
     judge_tool_call,
     judge_tool_prefill,
 )
-from rigup.cli.runner import Target, add_target_arguments, api_targets, progress, run_fleet_command, service_log
+from rigup.cli.runner import add_target_arguments, progress, run_fleet_command, service_log
 from rigup.client.openai_client import ApiClient
 from rigup.client.ssh import LazySsh, RemoteError, ServiceLog, gpu_memory
+from rigup.client.targets import Target, api_targets
 
 MAX_EXIT = 125  # exit codes wrap at 256; 126+ mean "could not run" to shells
 

@@ -3,7 +3,7 @@ token, KV cache), per GPU (dcgm-exporter's fields) and per gateway route (its an
 from one of two sources. DirectSource scrapes the targets' own /metrics and takes rates and quantiles from
 the difference between two scrapes; PrometheusSource asks the fleet's Prometheus (prometheus_queries, over
 the jobs rigup.desired.monitoring writes); FallbackSource reads directly a frame Prometheus does not
-answer. rigup.cli.top chooses the source from the fleet file and draws the frames."""
+answer. rigup.client.top_sources chooses the source from the fleet file; rigup.cli.top draws the frames."""
 
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from rigup.cli import bench as B
-from rigup.cli.runner import Target
 from rigup.client.openai_client import ApiClient, StreamResult
+from rigup.client.targets import Target
 from tests.support.responder import MODEL, responder
 
 # Long enough that a few ms of scheduling jitter on a loaded 2-CPU machine stay within the tolerances,

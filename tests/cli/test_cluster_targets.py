@@ -7,8 +7,8 @@ from pathlib import Path
 
 from rigup.checks.verify import SKIP
 from rigup.cli.bench import BenchSettings, bench_target, render_table
-from rigup.cli.runner import fleet_targets
 from rigup.cli.verify import verify_target
+from rigup.client.targets import fleet_targets
 from rigup.desired.fleet import load_fleet
 
 VARIANT = "qwen-multi4-autoround-int4-mtp"

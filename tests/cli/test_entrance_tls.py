@@ -14,8 +14,9 @@ import pytest
 
 from rigup.cli import main
 from rigup.cli.bench import BenchSettings, bench_target
-from rigup.cli.runner import RemoteError, url_ca_file, url_target
 from rigup.client.openai_client import ApiClient
+from rigup.client.ssh import RemoteError
+from rigup.client.targets import url_ca_file, url_target
 from tests.support.json_http import JsonHandler
 from tests.support.tls import ServerCert, fleet_certificate, serve_tls
 

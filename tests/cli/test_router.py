@@ -88,7 +88,7 @@ def test_router_config_lists_only_healthy_rigs(fleet, tmp_path: Path, capsys: py
 
 
 def test_each_pod_of_a_host_is_a_deployment_and_limit_takes_one_pod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from rigup.cli.runner import fleet_targets
+    from rigup.client.targets import fleet_targets
 
     servers = [serve(MODEL), serve("qwen3.6-27b-autoround")]
     try:

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from rigup.cli import status as S
-from rigup.cli.runner import Target
 from rigup.client.ssh import CommandResult, RemoteError
+from rigup.client.targets import Target
 from rigup.desired.knobs import load_defaults
 from rigup.desired.recipe import resolve
 from rigup.desired.release import build_release, parse_provenance, release_sha256

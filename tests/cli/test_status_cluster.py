@@ -14,7 +14,7 @@ import pytest
 from pyinfra.context import ctx_host, ctx_state
 
 from rigup.cli import status as S
-from rigup.cli.runner import Target, fleet_targets
+from rigup.client.targets import Target, fleet_targets
 from rigup.desired.cluster import cluster_of, member_data, member_net
 from rigup.desired.fleet import Fleet, load_fleet
 from rigup.desired.fleet_plan import fleet_entries, plan_fleet

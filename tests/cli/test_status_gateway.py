@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rigup.cli.runner import api_targets, fleet_targets
 from rigup.cli.status import DRIFT, OK, UNHEALTHY, gateway_items
+from rigup.client.targets import api_targets, fleet_targets
 from rigup.desired.fleet import load_fleet
 from tests.support.json_http import JsonHandler
 from tests.support.tls import fleet_certificate, serve_tls

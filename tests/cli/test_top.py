@@ -33,17 +33,7 @@ import pytest
 import yaml
 
 from rigup.cli import main
-from rigup.cli.runner import fleet_targets
-from rigup.cli.top import (
-    POD_COLUMNS,
-    direct_endpoints,
-    fit_columns,
-    fleet_route_names,
-    metrics_login,
-    pod_cells,
-    selection_filter,
-    table_width,
-)
+from rigup.cli.top import POD_COLUMNS, fit_columns, pod_cells, table_width
 from rigup.client.fleet_metrics import (
     NO_ROUTES,
     SENTINEL_QUERIES,
@@ -65,6 +55,8 @@ from rigup.client.fleet_metrics import (
     route_state,
     scrape,
 )
+from rigup.client.targets import fleet_targets
+from rigup.client.top_sources import direct_endpoints, fleet_route_names, metrics_login, selection_filter
 from rigup.desired.fleet import load_fleet
 from rigup.parsers.prometheus import parse_exposition
 from tests.support.exporters import Gpu, MetricsServer, VllmPod, dcgm_text

@@ -312,7 +312,7 @@ def test_requests_carry_the_recipes_chat_request_fields(tmp_path: Path) -> None:
     import http.server
     import threading
 
-    from rigup.cli.runner import Target
+    from rigup.client.targets import Target
     from rigup.desired.knobs import load_defaults
     from rigup.desired.recipe import resolve
 

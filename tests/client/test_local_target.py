@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rigup.cli.runner import fleet_targets
 from rigup.client.ssh import LazySsh, LocalSession
+from rigup.client.targets import fleet_targets
 from rigup.desired.fleet import load_fleet
 from rigup.desired.knobs import load_defaults
 from rigup.desired.recipe import resolve

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from rigup.checks.verify import acceptance_length
-from rigup.cli.runner import fleet_targets
 from rigup.cli.verify import SPEC_LINE
 from rigup.client.ssh import JournalLog, LazySsh, RemoteError, SshSession, SshSettings
+from rigup.client.targets import fleet_targets
 from rigup.desired.fleet import load_fleet
 from rigup_testbed.fleet import Testbed
 
