@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import http.server
 import socket
-import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +16,7 @@ import pytest
 import requests
 
 from rigup.desired.entrance import Client, ModelRouter
-from tests.support.nginx_front import write_front
+from tests.support.nginx_front import FOREGROUND, serving, write_front
 
 CLIENT = Client("prometheus", "scrape-key-0123456789abcdef")
 WORKERS = 48  # pods behind one router: a large fleet's model
@@ -77,20 +75,10 @@ def front(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
         routers.append(ModelRouter(model, model.replace(".", "-"), free_port(), metrics_port, ("http://10.0.0.1:8000",)))
     port = free_port()
     nginx = write_front(tmp_path, routers, [CLIENT], port=port)
-    proc = subprocess.Popen([*nginx, "-g", "daemon off; user root;"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
-                time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}", expositions
+        with serving([*nginx, "-g", FOREGROUND], port):
+            yield f"http://127.0.0.1:{port}", expositions
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
         for server in servers:
             server.shutdown()
             server.server_close()

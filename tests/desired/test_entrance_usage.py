@@ -6,9 +6,7 @@ joined into the front's /metrics/."""
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -18,21 +16,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from rigup.desired.entrance import (
-    USAGE_LOG,
-    USAGE_PORT,
-    Client,
-    EntrancePaths,
-    ModelRouter,
-    dispatch_js,
-    key_map_text,
-    models_document,
-    nginx_site,
-    pod_key_text,
-)
+from rigup.desired.entrance import USAGE_LOG, Client, ModelRouter
 from rigup.rig.entrance_usage import Follower, Usage, follow, serve
+from tests.support.nginx_front import FOREGROUND, serving, write_front
 
-TEMP_PATHS = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
 ALICE, BOB = "alice-key-0123456789abcdef", "bob-key-0123456789abcdef"
 MODEL = "qwen3.6-27b"
 USAGE = {"prompt_tokens": 9, "total_tokens": 25, "completion_tokens": 16, "prompt_tokens_details": None}
@@ -106,55 +93,23 @@ class Router(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    from rigup_testbed.debarchive import DebianArchive
-
     tmp = tmp_path_factory.mktemp("front")
-    archive = DebianArchive()
-    nginx = archive.program("nginx")
-    (njs_deb,) = archive.debs(["libnginx-mod-http-js"])
-    subprocess.run(["dpkg-deb", "-x", str(njs_deb), str(tmp / "njs")], check=True)
-    module = tmp / "njs/usr/lib/nginx/modules/ngx_http_js_module.so"
     router = ThreadingHTTPServer(("127.0.0.1", 0), Router)
     threading.Thread(target=router.serve_forever, daemon=True).start()
     router_port = router.server_address[1]
     routers = [ModelRouter(MODEL, "qwen3-6-27b", router_port, router_port, ("http://10.0.0.1:8000",))]
-    paths = EntrancePaths(str(tmp))
-    Path(paths.key_map).write_text(key_map_text([Client("alice", ALICE), Client("bob", BOB)]))
-    Path(paths.pod_key).write_text(pod_key_text("pod-secret"))
-    Path(paths.dispatch_js).write_text(dispatch_js(routers))
-    Path(paths.models_json).write_text(models_document(routers))
     port, counter_port = free_port(), free_port()
-    site = nginx_site(routers, paths, bind_address="127.0.0.1", port=port, tls=None)
-    site = site.replace("/var/log/nginx", str(tmp)).replace(f"127.0.0.1:{USAGE_PORT}", f"127.0.0.1:{counter_port}")
-    (tmp / "site.conf").write_text(site)
-    user = "user root;\n" if os.geteuid() == 0 else ""  # the workers read the test's private directory
-    (tmp / "nginx.conf").write_text(
-        f"load_module {module};\n{user}pid {tmp}/nginx.pid;\ndaemon off;\nworker_processes 2;\nevents {{}}\n"
-        f"http {{\n" + "".join(f"    {kind}_temp_path {tmp}/{kind};\n" for kind in TEMP_PATHS)
-        + f"    include {tmp}/site.conf;\n}}\n")
+    nginx = write_front(tmp, routers, [Client("alice", ALICE), Client("bob", BOB)], port, usage_port=counter_port)
     log = tmp / Path(USAGE_LOG).name
     usage, stop = Usage(), threading.Event()
     follower = Follower(str(log))
     counter = serve(usage, "127.0.0.1", counter_port)
     threading.Thread(target=counter.serve_forever, daemon=True).start()
     threading.Thread(target=follow, args=(follower, usage, stop, 0.05), daemon=True).start()
-    proc = subprocess.Popen([str(nginx), "-p", str(tmp), "-e", str(tmp / "error.log"), "-c", str(tmp / "nginx.conf")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                requests.get(f"{url}/health", timeout=2)
-                break
-            except requests.ConnectionError:
-                assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-                assert time.monotonic() < deadline, "nginx did not answer"
-                time.sleep(0.1)
-        yield {"url": url, "log": log, "usage": usage, "tmp": tmp}
+        with serving([*nginx, "-g", f"{FOREGROUND} worker_processes 2;"], port):
+            yield {"url": f"http://127.0.0.1:{port}", "log": log, "usage": usage, "tmp": tmp}
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
         stop.set()
         counter.shutdown()
         router.shutdown()

@@ -10,7 +10,6 @@ import os
 import shlex
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,16 +26,13 @@ from rigup.desired.entrance import (
     EntrancePaths,
     ModelRouter,
     dispatch_js,
-    key_map_text,
     models_document,
-    nginx_site,
-    pod_key_text,
 )
 from rigup.desired.gateway import GatewayPaths
 from rigup.operations.gateway import BACK_IN_SERVICE, NOT_BACK, front_runs_current, routers_run_current
 from rigup.runstate import record_decided_routes
+from tests.support.nginx_front import FOREGROUND, serving, site_text, write_front
 
-TEMP_PATHS = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
 KEY = "alice-key-0123456789abcdef"
 HOST = "@fake/gw"
 # UnitAgainstFiles' answer for a unit whose files changed after it started (restart) or that is not running (start)
@@ -80,36 +76,19 @@ def commands_of(op: Any, unit_state: list[str], changed: list[str], routers: tup
 def entrance(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """A working entrance: its files, their last good record, nginx serving them; `nginx` and `systemctl` on PATH
     stand in for the host's (the real nginx on this configuration; a recorder)."""
-    from rigup_testbed.debarchive import DebianArchive
-
-    archive = DebianArchive()
-    nginx = archive.program("nginx")
-    (njs_deb,) = archive.debs(["libnginx-mod-http-js"])
-    subprocess.run(["dpkg-deb", "-x", str(njs_deb), str(tmp_path / "njs")], check=True)
-    module = tmp_path / "njs/usr/lib/nginx/modules/ngx_http_js_module.so"
-    paths = GatewayPaths(str(tmp_path / "gw"))
+    paths = GatewayPaths(str(tmp_path))
     Path(paths.routers_dir).mkdir(parents=True)
     port = free_port()
     old = [ModelRouter("old-model", "old-model", free_port(), free_port(), ("http://10.0.0.1:8000",))]
+    nginx = write_front(tmp_path, old, [Client("alice", KEY)], port, pod_key=None)
     site_file = tmp_path / "site.conf"
-    Path(paths.key_map).write_text(key_map_text([Client("alice", KEY)]))
-    Path(paths.pod_key).write_text(pod_key_text(None))
-    Path(paths.dispatch_js).write_text(dispatch_js(old))
-    Path(paths.models_json).write_text(models_document(old))
     Path(paths.router_env("old-model")).write_text("ROUTER_ARGS=--port 1\n")
-    site_file.write_text(nginx_site(old, paths, bind_address="127.0.0.1", port=port, tls=None)
-                         .replace("/var/log/nginx", str(tmp_path)))
-    user = "user root;\n" if os.geteuid() == 0 else ""
-    conf = tmp_path / "nginx.conf"
-    conf.write_text(f"load_module {module};\n{user}pid {tmp_path}/nginx.pid;\ndaemon off;\nevents {{}}\nhttp {{\n"
-                    + "".join(f"    {kind}_temp_path {tmp_path}/{kind};\n" for kind in TEMP_PATHS)
-                    + f"    include {site_file};\n}}\n")
     files = [str(site_file), paths.key_map, paths.pod_key, paths.dispatch_js, paths.models_json,
              paths.router_env("old-model")]
     subprocess.run(["tar", "-cPf", paths.last_good, *files], check=True)  # as entrance_last_good records it
     stubs = tmp_path / "bin"
     stubs.mkdir()
-    (stubs / "nginx").write_text(f'#!/bin/sh\nexec {nginx} -p {tmp_path} -e {tmp_path}/error.log -c {conf} "$@"\n')
+    (stubs / "nginx").write_text(f'#!/bin/sh\nexec {shlex.join(nginx)} -g {shlex.quote(FOREGROUND)} "$@"\n')
     (stubs / "systemctl").write_text(
         f'#!/bin/sh\necho "$*" >> {tmp_path}/systemctl.log\n'
         'case "$1" in list-units) echo "rigup-router@new-model.service loaded failed failed x";'
@@ -117,23 +96,9 @@ def entrance(tmp_path: Path) -> Iterator[dict[str, Any]]:
     (stubs / "journalctl").write_text("#!/bin/sh\necho '(the unit's journal)'\n")
     for stub in stubs.iterdir():
         stub.chmod(0o755)
-    proc = subprocess.Popen([str(stubs / "nginx")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            requests.get(f"{url}/health", timeout=2)
-            break
-        except requests.ConnectionError:
-            assert proc.poll() is None and time.monotonic() < deadline, "nginx did not start"
-            time.sleep(0.1)
-    try:
-        yield {"tmp": tmp_path, "paths": paths, "site": site_file, "files": files, "url": url, "port": port,
-               "env": {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}"}}
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+    with serving([str(stubs / "nginx")], port):
+        yield {"tmp": tmp_path, "paths": paths, "site": site_file, "files": files, "url": f"http://127.0.0.1:{port}",
+               "port": port, "env": {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}"}}
 
 
 def dispatched(entrance: dict[str, Any]) -> set[str]:
@@ -158,8 +123,7 @@ def new_configuration(entrance: dict[str, Any], broken_dispatch: bool) -> dict[s
     Path(paths.models_json).write_text(models_document(new))
     Path(paths.router_env("old-model")).unlink()
     Path(paths.router_env("new-model")).write_text("ROUTER_ARGS=--port 2\n")
-    entrance["site"].write_text(nginx_site(new, paths, bind_address="127.0.0.1", port=entrance["port"], tls=None)
-                                .replace("/var/log/nginx", str(entrance["tmp"])))
+    entrance["site"].write_text(site_text(entrance["tmp"], new, entrance["port"]))
     return good
 
 

@@ -3,17 +3,44 @@ loopback: for tests that check the front as nginx runs it (nginx -t, or real req
 
 from __future__ import annotations
 
+import socket
 import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
-from rigup.desired.entrance import Client, EntrancePaths, ModelRouter, dispatch_js, key_map_text, nginx_site, pod_key_text
+from rigup.desired.entrance import (
+    USAGE_PORT,
+    Client,
+    EntrancePaths,
+    ModelRouter,
+    dispatch_js,
+    key_map_text,
+    models_document,
+    nginx_site,
+    pod_key_text,
+)
 
 TEMP_PATHS = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")  # nginx's defaults are under /var/lib/nginx
+FOREGROUND = "daemon off; user root;"  # -g for a test's nginx: its own process, workers that read the test's files
 
 
-def write_front(tmp_path: Path, routers: list[ModelRouter], clients: list[Client], port: int) -> list[str]:
-    """The rendered front (site, dispatch, key includes) under tmp_path and an nginx.conf including it; the
-    nginx command line that runs it with that configuration (append -t to only check it)."""
+def site_text(tmp_path: Path, routers: Sequence[ModelRouter], port: int, usage_port: int | None = None) -> str:
+    """The front's site as the converge renders it for `routers` (EntrancePaths under tmp_path, plain HTTP on
+    127.0.0.1:port), its logs in tmp_path; `usage_port`: where its /metrics/ finds rigup-entrance-usage (default:
+    the entrance's own)."""
+    site = nginx_site(list(routers), EntrancePaths(str(tmp_path)), bind_address="127.0.0.1", port=port, tls=None)
+    if usage_port is not None:
+        site = site.replace(f"127.0.0.1:{USAGE_PORT}", f"127.0.0.1:{usage_port}")
+    return site.replace("/var/log/nginx", str(tmp_path))
+
+
+def write_front(tmp_path: Path, routers: list[ModelRouter], clients: list[Client], port: int,
+                pod_key: str | None = "pod-secret", usage_port: int | None = None) -> list[str]:
+    """The rendered front (site, dispatch, key includes, /v1/models' answer) under tmp_path and an nginx.conf
+    including it; the nginx command line that runs it with that configuration (append -t to only check it, or
+    -g FOREGROUND to serve). `pod_key`: the key the front sends the pods (None: none); `usage_port`: see site_text."""
     from rigup_testbed.debarchive import DebianArchive
 
     archive = DebianArchive()
@@ -23,12 +50,32 @@ def write_front(tmp_path: Path, routers: list[ModelRouter], clients: list[Client
     module = tmp_path / "njs/usr/lib/nginx/modules/ngx_http_js_module.so"
     paths = EntrancePaths(str(tmp_path))
     Path(paths.key_map).write_text(key_map_text(clients))
-    Path(paths.pod_key).write_text(pod_key_text("pod-secret"))
+    Path(paths.pod_key).write_text(pod_key_text(pod_key))
     Path(paths.dispatch_js).write_text(dispatch_js(routers))
-    site = nginx_site(routers, paths, bind_address="127.0.0.1", port=port, tls=None)
-    (tmp_path / "site.conf").write_text(site.replace("/var/log/nginx", str(tmp_path)))
+    Path(paths.models_json).write_text(models_document(routers))
+    (tmp_path / "site.conf").write_text(site_text(tmp_path, routers, port, usage_port))
     (tmp_path / "nginx.conf").write_text(
         f"load_module {module};\npid {tmp_path}/nginx.pid;\nevents {{}}\n"
         f"http {{\n" + "".join(f"    {kind}_temp_path {tmp_path}/{kind};\n" for kind in TEMP_PATHS)
         + f"    include {tmp_path}/site.conf;\n}}\n")
     return [str(nginx), "-p", str(tmp_path), "-e", str(tmp_path / "error.log"), "-c", str(tmp_path / "nginx.conf")]
+
+
+@contextmanager
+def serving(argv: Sequence[str], port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """nginx started as `argv` (in the foreground) until it listens on 127.0.0.1:port; stopped afterwards."""
+    proc = subprocess.Popen(list(argv), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "nginx ended"
+                assert time.monotonic() < deadline, "nginx did not listen within 20 s"
+                time.sleep(0.1)
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
