@@ -73,8 +73,9 @@ class Router(BaseHTTPRequestHandler):
             for event in events:
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
                 self.wfile.flush()
-            self.wfile.write(b"0\r\n\r\n")
+            # recorded before the terminating chunk: the client cannot finish reading the stream before then
             Router.streams.append(b"".join(events))
+            self.wfile.write(b"0\r\n\r\n")
         elif request.get("fail"):
             self.reply({"error": {"message": "boom"}}, status=500)
         else:
