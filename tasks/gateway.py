@@ -21,8 +21,9 @@ gateway_num_retries, gateway_ready_timeout_s, install_root, and every rig's serv
 and install_root.
 Restarts: a router when its venv, environment file or unit changed after it started; nginx when its site, keys,
 dispatch or certificate changed (judged on the host, so an interrupted run is finished by the next), once nginx -t
-accepts them; then removes the venvs of earlier pins. A router that does not come up healthy, or a configuration
-nginx -t refuses, puts the last good configuration back ({install_root}/gateway/last-good.tar, 0600, recorded once
+accepts them; then removes the venvs of earlier pins. A router that does not come up healthy, a configuration
+nginx -t refuses, or one nginx starts on but that does not answer its readiness wait, puts the last good
+configuration back ({install_root}/gateway/last-good.tar, 0600, recorded once
 the entrance serves) and fails the host with one line; nginx is not restarted onto a configuration it refuses.
 rigup-entrance-usage.service counts nginx's usage log per client (requests and tokens) for /metrics/.
 Not idempotent: "Wait for the entrance to answer" runs only after nginx (re)started.
@@ -53,6 +54,7 @@ from rigup.operations.fleet_certs import issued_certificate
 from rigup.operations.gateway import (
     entrance_last_good,
     entrance_routes,
+    front_answers,
     front_runs_current,
     gateway_venv,
     legacy_gateway_removed,
@@ -61,7 +63,7 @@ from rigup.operations.gateway import (
 )
 from rigup.operations.planning_errors import stop_the_run_on
 from rigup.operations.serving import secret_file
-from rigup.operations.units import answers_http, unit_runs_current_files
+from rigup.operations.units import unit_runs_current_files
 from rigup.rig import ENTRANCE_USAGE_SCRIPT
 from rigup.runstate import fleet_plan
 
@@ -152,12 +154,12 @@ front = front_runs_current(
     files=front_files,
     paths=paths,
 )
-answers_http(
+front_answers(
     name="Wait for the entrance to answer",
     url=ready_at,
     timeout_s=plan.ready_timeout_s,
     unit=FRONT_UNIT,
-    what="entrance",
+    paths=paths,
     ca_file=paths.tls_ca if ca_pem is not None else None,  # none: the host's trust store (a public CA's)
     connect_to=connect_to,
     _if=front.did_change,

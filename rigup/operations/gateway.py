@@ -38,7 +38,7 @@ from rigup.facts.gateway import GatewayVenvs, RouterEnvFiles, RouterInstances, V
 from rigup.facts.units import TextFile, UnitAgainstFiles
 from rigup.operations.live_output import streamed
 from rigup.operations.serving import served_now
-from rigup.operations.units import service_steps
+from rigup.operations.units import curl_probe, service_steps, wait_until_answered
 from rigup.runstate import account, decided_routes, record_decided_routes
 
 PIP_LOG = "pip-install.log"  # in the venv: pip's whole output of the build
@@ -308,6 +308,36 @@ def front_runs_current(unit: str, files: Sequence[str], paths: EntrancePaths):
         ), _account_failure)  # fmt: skip
     if "enable" in steps:
         yield StringCommand("systemctl enable", QuoteString(unit))
+
+
+@operation(is_idempotent=False, idempotent_notice="Run it only after nginx (re)started (_if).")
+def front_answers(url: str, timeout_s: int, unit: str, paths: EntrancePaths, ca_file: str | None = None,
+                  connect_to: str | None = None):
+    """
+    Wait until nginx, (re)started on the entrance's new files (front_runs_current), answers ``url`` as a client
+    would (its certificate verified), up to ``timeout_s``. A configuration nginx -t accepted and started on but that
+    does not answer (its certificate not for the names asked, a listen address it cannot serve, ...) is replaced
+    by the last good one (paths.last_good, routers included), nginx restarted on it, and the host fails with one
+    line saying so.
+
+    + url: the front's /health as the host's readiness wait asks it
+    + timeout_s: how long it has to answer
+    + unit: nginx's unit
+    + paths: the entrance's files on the host
+    + ca_file, connect_to: the readiness curl's --cacert (None: the host's trust store) and --connect-to
+
+    Not idempotent: run it only after nginx (re)started (``_if``).
+    """
+    if timeout_s < 1:
+        raise OperationValueError("timeout_s must be at least 1")
+    failed = f"rigup: the entrance did not answer {url} within {timeout_s} s on its new configuration"
+    yield wait_until_answered(
+        curl_probe(url, ca_file, connect_to), url, timeout_s, unit, "entrance",
+        timed_out=["journalctl -u", QuoteString(unit), "-n 30 --no-pager;", restore_last_good(paths), "&& systemctl restart",
+                   QuoteString(unit), "&& echo", QuoteString(f"{failed}; {BACK_IN_SERVICE}"), "|| echo",
+                   QuoteString(f"{failed}; {NOT_BACK}"), ";"],
+        on_done=lambda h, ok, output, s: account(h, f"entrance ready in {s:.0f} s") if ok else _account_failure(h, ok, output, s),
+    )  # fmt: skip
 
 
 @operation()

@@ -70,24 +70,35 @@ def answers_http(url: str, timeout_s: int, unit: str, what: str, ca_file: str | 
     """
     if timeout_s < 1:
         raise OperationValueError("timeout_s must be at least 1")
+    yield wait_until_answered(curl_probe(url, ca_file, connect_to), url, timeout_s, unit, what)
+
+
+def curl_probe(url: str, ca_file: str | None = None, connect_to: str | None = None) -> list[Any]:
+    """curl asking ``url`` once (5 s at most), an https one's certificate verified against ``ca_file`` (None: the
+    host's trust store), reached at ``connect_to`` (curl's ``--connect-to``) when given."""
     tls = [*(["--cacert", QuoteString(ca_file)] if ca_file else []), *(["--connect-to", QuoteString(connect_to)] if connect_to else [])]
-    yield wait_until_answered(["curl -fs -o /dev/null --max-time 5", *tls, QuoteString(url)], url, timeout_s, unit, what)
+    return ["curl -fs -o /dev/null --max-time 5", *tls, QuoteString(url)]
 
 
-def wait_until_answered(probe: list, url: str, timeout_s: int, unit: str, what: str):
+def wait_until_answered(probe: list, url: str, timeout_s: int, unit: str, what: str, timed_out: list | None = None,
+                        on_done: Any = None):
     """The readiness wait's command: `probe` (a shell command, its parts) run once a second until it succeeds or
     ``timeout_s`` pass (then the last lines of ``unit``'s journal and exit 1), a line every 10 s meanwhile; the
-    host's account says how long it took."""
+    host's account says how long it took.
+
+    + timed_out: shell run on the timeout before the exit 1, in place of the journal's lines (ending in ';')
+    + on_done: the account's callback (host, ok, output, seconds) in place of the ready/did-not-come-up line"""
+    if timed_out is None:
+        timed_out = ["echo", QuoteString(f"rigup: {what} did not answer {url} within {timeout_s} s; journalctl -u {unit}:"),
+                     "; journalctl -u", QuoteString(unit), "-n 30 --no-pager;"]
     return streamed(
         StringCommand(
             "deadline=$(( $(date +%s) +", str(timeout_s), ")); waited=0; until", *probe,
-            "; do if [ $(date +%s) -ge $deadline ]; then echo", QuoteString(
-                f"rigup: {what} did not answer {url} within {timeout_s} s; journalctl -u {unit}:"),
-            "; journalctl -u", QuoteString(unit), "-n 30 --no-pager; exit 1; fi; sleep 1; waited=$((waited + 1));",
+            "; do if [ $(date +%s) -ge $deadline ]; then", *timed_out, "exit 1; fi; sleep 1; waited=$((waited + 1));",
             '[ $((waited % 10)) -eq 0 ] && echo', QuoteString(f"rigup: waiting for {what} to answer"), '"($waited s)"; done; echo',
             QuoteString(f"rigup: {what} answers {url}"),
         ),  # fmt: skip
-        lambda h, ok, output, s: account(h, f"{what} ready in {s:.0f} s" if ok else f"{what} did not come up"),
+        on_done or (lambda h, ok, output, s: account(h, f"{what} ready in {s:.0f} s" if ok else f"{what} did not come up")),
     )
 
 

@@ -1,8 +1,9 @@
 """The entrance's gate and rollback (rigup/operations/gateway.py, issue 44): the commands front_runs_current and
 routers_run_current send, made by pyinfra on a @fake host, then run here by sh against Debian's own nginx (with
 njs) serving a working entrance, systemctl stood in by a recorder. A configuration nginx -t refuses never reaches
-nginx, which keeps serving the previous one; it and a router that does not come up put the last good files back;
-either way the host fails with one line saying so."""
+nginx, which keeps serving the previous one; it, a router that does not come up, and a configuration nginx starts on
+but that does not answer the readiness wait put the last good files back; either way the host fails with one line
+saying so."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from rigup.desired.entrance import (
     models_document,
 )
 from rigup.desired.gateway import GatewayPaths
-from rigup.operations.gateway import BACK_IN_SERVICE, NOT_BACK, front_runs_current, routers_run_current
+from rigup.operations.gateway import BACK_IN_SERVICE, NOT_BACK, front_answers, front_runs_current, routers_run_current
 from rigup.runstate import record_decided_routes
 from tests.support.nginx_front import FOREGROUND, serving, site_text, write_front
 
@@ -93,7 +94,7 @@ def entrance(tmp_path: Path) -> Iterator[dict[str, Any]]:
         f'#!/bin/sh\necho "$*" >> {tmp_path}/systemctl.log\n'
         'case "$1" in list-units) echo "rigup-router@new-model.service loaded failed failed x";'
         ' echo "rigup-router@old-model.service loaded active running x";; esac\n')
-    (stubs / "journalctl").write_text("#!/bin/sh\necho '(the unit's journal)'\n")
+    (stubs / "journalctl").write_text('#!/bin/sh\necho "(the unit\'s journal)"\n')
     for stub in stubs.iterdir():
         stub.chmod(0o755)
     with serving([str(stubs / "nginx")], port):
@@ -190,3 +191,32 @@ def test_without_a_recorded_configuration_it_says_so(entrance: dict[str, Any]) -
     said = [line for line in gate.stdout.splitlines() if line.startswith("rigup: ")]
     assert said[-1].endswith(NOT_BACK) and "its first converge" in said[0]
     assert dispatched(entrance) == {"old-model"}  # nginx itself was never touched
+
+def test_a_configuration_nginx_starts_on_but_that_does_not_answer_puts_the_last_good_one_back(
+        entrance: dict[str, Any]) -> None:
+    """nginx -t accepted it and nginx started on it, but the front does not answer its readiness wait (here: the
+    URL it is asked at has nothing listening, as a listen address it cannot serve would leave it): the last good
+    files come back, the routers and nginx run on them again, and the host fails with one line."""
+    good = new_configuration(entrance, broken_dispatch=False)
+    url = f"http://127.0.0.1:{free_port()}/health"
+    commands = commands_of(front_answers, RUNNING, [], url=url, timeout_s=1, unit="nginx.service", paths=entrance["paths"])
+    results = run_all(entrance, commands)
+    assert len(results) == 1 and results[0].returncode == 1, results[0].stdout + results[0].stderr
+    said = [line for line in results[0].stdout.splitlines() if line.startswith("rigup: ")]
+    assert said == [f"rigup: the entrance did not answer {url} within 1 s on its new configuration; {BACK_IN_SERVICE}"]
+    assert "(the unit's journal)" in results[0].stdout  # nginx's journal for the why
+    put_back(entrance, good)
+    log = (entrance["tmp"] / "systemctl.log").read_text().splitlines()
+    assert "restart rigup-router@old-model.service" in log and "disable --now --quiet rigup-router@new-model.service" in log
+    assert log[-1] == "restart nginx.service"  # onto the last good files, after they are back
+    assert run_sh(entrance, "nginx -t -q").returncode == 0
+
+
+def test_a_front_that_answers_is_left_as_it_is(entrance: dict[str, Any]) -> None:
+    new_configuration(entrance, broken_dispatch=False)
+    commands = commands_of(front_answers, RUNNING, [], url=entrance["url"] + "/health", timeout_s=5,
+                           unit="nginx.service", paths=entrance["paths"])
+    (result,) = run_all(entrance, commands)
+    assert result.returncode == 0 and result.stdout.splitlines()[-1] == f"rigup: entrance answers {entrance['url']}/health"
+    assert not (entrance["tmp"] / "systemctl.log").exists()  # nothing put back, nothing restarted
+    assert sorted(p.name for p in Path(entrance["paths"].routers_dir).iterdir()) == ["new-model.env"]
