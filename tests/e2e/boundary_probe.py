@@ -108,18 +108,29 @@ def outsider_requests(fleet: FleetPlan, keys: Mapping[tuple[str, int], str]) -> 
 def scan_from(netns: str, addresses: list[str], requests: list[tuple[str, Request]]) -> dict[str, Any]:
     """Run tests/e2e/portscan.py inside network namespace `netns`: (address, request) pairs to try."""
     body = {"addresses": addresses, "timeout_s": SCAN_TIMEOUT_S, "width": SCAN_WIDTH,
-            "probes": [[address, r.port, r.method, r.path, dict(r.headers)] for address, r in requests]}
+            "probes": [[address, r.port, r.method, r.path, dict(r.headers)] for address, r in requests],
+            "keyed": [index for index, (_, r) in enumerate(requests) if r.headers]}
     proc = subprocess.run(["ip", "netns", "exec", netns, sys.executable, str(SCANNER)], input=json.dumps(body),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
 
 
+# What an entrance host says about itself when its keyed request got no 200: nginx's own errors, what listens,
+# and the firewall as loaded (rigup's boundary table among the rest)
+EXPLAIN = ("tail -n 20 /var/log/nginx/error.log; echo '--- ss -ltn'; ss -ltn; echo '--- nft list ruleset'; "
+           "nft list ruleset")
+
+
 def check_from_outside(fleet: FleetPlan, ip: Callable[[str], str], netns: str,
-                       keys: Mapping[tuple[str, int], str]) -> dict[str, Any]:
+                       keys: Mapping[tuple[str, int], str],
+                       run_on: Callable[[str, str], str] | None = None) -> dict[str, Any]:
     """The outsider's scan and requests, asserted: on each host exactly the ports open to anyone answer (so the
     scan cannot pass by seeing nothing), no request without a key succeeds (2xx or 3xx, over TLS or plain
-    HTTP), and the entrance's first request with a valid key does. Returns the scanner's answer."""
+    HTTP), and the entrance's first request with a valid key does (once it answered it before the probes: the
+    scanner waits for that, bounded, and tries a keyed request that got no answer at all again). `run_on(host,
+    command)`: its output, for what an entrance host said when its keyed request failed. Returns the scanner's
+    answer."""
     hosts = [h.name for h in fleet.hosts]
     requests = outsider_requests(fleet, keys)
     answer = scan_from(netns, [ip(h) for h in hosts], [(ip(r.host), r) for r in requests])
@@ -134,9 +145,15 @@ def check_from_outside(fleet: FleetPlan, ip: Callable[[str], str], netns: str,
         assert not let_in, f"requests an outsider got through: {let_in}"
         keyed = [(r, codes) for r, codes in answered if r.headers]
         entrance = [f"{r}: {codes}" for r, codes in answered if r.port in {port for _, port in keys}]
-        assert len(keyed) == len(keys) and all(200 in codes for _, codes in keyed), (
-            f"{when}: the entrance with its key: {keyed}; all its answers: {entrance}; conntrack entries in the "
-            f"outsider's namespace {answer['tracked_before']} -> {answer['tracked_after']}")
+        if len(keyed) == len(keys) and all(200 in codes for _, codes in keyed):
+            continue
+        said = {host: run_on(host, EXPLAIN) for host in sorted({host for host, _ in keys})} if run_on else {}
+        raise AssertionError(
+            f"{when}: the entrance with its key: {keyed}; all its answers: {entrance}; keyed requests answered 200 "
+            f"before the probes after {answer['ready_seconds']} s (None: not within the bound); keyed retries "
+            f"{answer['retries']} before the scan, {answer['retries_after']} after; conntrack entries in the "
+            f"outsider's namespace {answer['tracked_before']} -> {answer['tracked_after']}; what the entrance hosts "
+            f"said: {said}")
     return answer
 
 

@@ -160,8 +160,10 @@ def test_from_outside_only_ssh_and_the_entrance_answer_and_members_are_asked_who
     the firewall admits, every service that asks who is calling refuses a caller without credentials."""
     fleet = plan_of(bed.fleet)
     answer = check_from_outside(fleet, lambda h: bed.host(h).ip, bed.testbed.network.hub_netns,
-                                {("gw-01", 4000): GATEWAY_KEY})
-    print(f"outsider's scan of {len(answer['scan'])} hosts and {len(answer['probes'])} requests: {answer['seconds']} s")
+                                {("gw-01", 4000): GATEWAY_KEY}, lambda h, command: sh(bed.host(h), command, check=False))
+    print(f"outsider's scan of {len(answer['scan'])} hosts and {len(answer['probes'])} requests: {answer['seconds']} s "
+          f"(keyed request ready after {answer['ready_seconds']} s; probes {answer['probe_seconds']} s and "
+          f"{answer['probe_seconds_after']} s, keyed retries {answer['retries']} and {answer['retries_after']})")
 
     def run_on(member: str | None, command: str) -> str:
         if member is None:  # the control machine
