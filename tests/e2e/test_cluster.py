@@ -7,7 +7,8 @@ file order: bring-up, with each member's gate passing only once the whole cluste
 routes to the head alone; the firewall admits the members alone to Ray's ports and the ephemeral range, and
 Ray asks every caller for the cluster's token;
 the second converge of the fresh cluster changes nothing and `rigup status` finds no drift; a wrong socket interface fails the gate with Gloo's error and rolls
-both members back together; a stopped worker takes the cluster down and the next converge heals it.
+both members back together; a stopped worker takes the cluster down and the next converge heals it, and
+re-validates the worker, whose GPU was flashed meanwhile (issue 43).
 """
 
 from __future__ import annotations
@@ -292,7 +293,26 @@ def test_a_stopped_worker_takes_the_cluster_down_and_the_next_converge_heals_it(
     detected = time.monotonic() - started
     assert detected < 120, "the head kept serving without its worker"
     print(f"the head noticed the stopped worker after {detected:.1f} s")
-    bed.deploy()
+    # meanwhile the worker's GPU 0 is flashed with another VBIOS (the bed's hardware fixture, which the stand-in
+    # nvidia-smi reports): the converge that heals the cluster also re-validates the worker (issue 43): its P2P
+    # cache removed with its container, restarted, the cluster's gate asks every probe through the head and
+    # records the worker's new fingerprint; the head's rig did not change
+    before = {host: record(bed, host) for host in ("rig-a", "rig-b")}
+    assert before["rig-b"]["fingerprint"]["gpu0.vbios"] == "94.02.42.00.A9", before["rig-b"]["fingerprint"]
+    sh(worker, """python3 -c 'import json; p = "/etc/rigup-testbed/hardware.json"; d = json.load(open(p)); """
+               """d["gpus"][0]["vbios_version"] = "94.02.42.00.B1"; json.dump(d, open(p, "w"), indent=2)'""")
+    proc = bed.deploy()
+    output = proc.stdout + proc.stderr
+    summary = output[output.index("--> What this converge did, per host:"):]
+    said = ("fingerprint changed: GPU0 VBIOS 94.02.42.00.A9 to 94.02.42.00.B1 -> P2P cache removed (the container's, "
+            "with compose down: none is kept on the host), member restarted: the cluster's gate asks the full probe set "
+            "(4 probes: arithmetic, recall, tool-call, json-shape)")
+    assert said in summary and summary.count("fingerprint changed") == 1, summary
     for host in ("rig-a", "rig-b"):
         assert unit_prop(bed.testbed.host(host), UNIT, "ActiveState") == "active"
     assert served_name(VARIANT) in served(bed, "rig-a")
+    after = {host: record(bed, host) for host in ("rig-a", "rig-b")}
+    assert after["rig-b"]["fingerprint"] == {**before["rig-b"]["fingerprint"], "gpu0.vbios": "94.02.42.00.B1"}
+    assert after["rig-b"]["gate"]["at"] > before["rig-b"]["gate"]["at"] and sorted(after["rig-b"]["gate"]["probes"]) == \
+        sorted(["arithmetic", "recall", "tool-call", "json-shape"])
+    assert after["rig-a"]["fingerprint"] == before["rig-a"]["fingerprint"]
