@@ -64,6 +64,7 @@ source_refs = {}  # catalog source name (see rigup/desired/catalog.yaml) -> bran
 hf_endpoint = "https://huggingface.co"  # Hugging Face endpoint or mirror (HF_ENDPOINT)
 hf_token_file = None  # control-machine path of a 0600 file holding HF_TOKEN; env HF_TOKEN wins
 lock_file = "rigs.lock.yaml"  # lock file on the control machine (relative to the inventory)
+ca_bundle = None  # control-machine path of a PEM bundle (relative: to the fleet file's directory) the control machine's HTTPS clients (rigup lock: git, the Hugging Face API, registries) check servers against: your mirror's or TLS-intercepting proxy's CA; None: the system's trust store. Rigs use their own system store (docs/security.md)
 model_reverify = False  # True: re-hash every model file instead of trusting verified stamps
 model_download_retries = 3  # attempts per file before the host fails on a hash mismatch
 model_fleet_source = "auto"  # auto: the rigs holding a model (or an image, with image_mirror_host) form a chain: one reads the hub (the mirror), each other forwards verified pieces to the next|off

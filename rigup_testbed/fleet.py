@@ -92,6 +92,13 @@ class Testbed:
         return dict(self.ledger.info.get("urls", {}))
 
     @property
+    def ca_cert(self) -> Path | None:
+        """The test-bed CA's certificate the hub's HTTPS is checked with (rigup_testbed/tls.py); None: the hub
+        speaks plain HTTP. The rigs trust it in their system store; the fleet file names it as ca_bundle."""
+        path = self.ledger.info.get("ca_cert")
+        return Path(path) if path else None
+
+    @property
     def network(self) -> Network:
         return Network(self.ledger.info["instance"], ipaddress.IPv4Network(self.ledger.info["subnet"]))
 
@@ -170,9 +177,10 @@ class Testbed:
             self._hub.start()
             urls = dict(self._hub.urls)
             host_files = self._hub.host_files()
-            layer = ensure_layer(img, self._hub.preinstall())
+            layer = ensure_layer(img, self._hub.preinstall(), self._hub.trusted_cas())
         timings["hub_s"] = time.monotonic() - t2
-        self.ledger.set_info(urls=urls)
+        ca_cert = self._hub.ca_cert if self._hub is not None else None
+        self.ledger.set_info(urls=urls, ca_cert=str(ca_cert) if ca_cert else None)
 
         t3 = time.monotonic()
         hosts = [
@@ -223,9 +231,11 @@ class Testbed:
         real_engine: bool = True,
         clusters: Sequence[Mapping[str, Any]] | None = None,
     ) -> dict[str, Any]:
-        """The fleet document (CONTRACT.md format) for this bed: every URL knob at the hub, Debian 12
-        allowed, the hub's plain-HTTP registry in docker_insecure_registries (as a LAN mirror user
-        sets it), each host with pinned SSH settings and its GPU count. `data` overrides any of it;
+        """The fleet document (CONTRACT.md format) for this bed: every URL knob at the hub (https, the hub's
+        certificate from the bed's CA, which the rigs trust in their system store and the control machine's
+        clients through ca_bundle, as a company's TLS-intercepting proxy's CA is configured; a hub on plain
+        HTTP: its registry in docker_insecure_registries, as a LAN mirror user sets it), Debian 12 allowed,
+        each host with pinned SSH settings and its GPU count. `data` overrides any of it;
         `clusters` is the fleet file's list of them, as given.
 
         With `real_engine` (the default), the rigs install Docker's real engine (the hub's engine repository)
@@ -238,6 +248,8 @@ class Testbed:
         if missing and require_all_urls:
             raise TestbedError(f"the hub serves nothing for {', '.join(missing)}; refusing to leave them on the internet")
         top: dict[str, Any] = {"preflight_os_allowed": ["debian 12"]}
+        if self.ca_cert is not None:
+            top["ca_bundle"] = str(self.ca_cert)
         top.update({k: urls[k] for k in knobs if k in urls})
         if "source_refs" in urls:  # stand-in commits for sources the catalog pins to upstream SHAs
             top["source_refs"] = dict(urls["source_refs"])
@@ -264,21 +276,23 @@ class Testbed:
 
     def engine_data(self, *, real_engine: bool) -> dict[str, Any]:
         """The knobs that choose a rig's container engine, as fleet(real_engine=...) sets them: Docker's apt
-        repository, the registry (plain HTTP, as a LAN mirror often is: Docker must be told) and the GPU
-        smoke image. As group data, they put a group on the other engine than the rest of the fleet."""
+        repository, the registry (HTTPS with the bed's CA; on a plain-HTTP hub, as a LAN mirror often is, Docker
+        must be told: docker_insecure_registries) and the GPU smoke image. As group data, they put a group on the
+        other engine than the rest of the fleet."""
         urls = self.urls
+        tls = self.ca_cert is not None
         if not real_engine:
             # the stand-in engine runs vLLM's images only: no GPU exporter container (node_exporter goes too)
             return {"docker_apt_url": urls["docker_apt_url"], "docker_apt_key_url": urls["docker_apt_key_url"],
                     "container_registry": urls["container_registry"],
-                    "docker_insecure_registries": [registry_host_port(urls["container_registry"])],
+                    "docker_insecure_registries": [] if tls else [registry_host_port(urls["container_registry"])],
                     "gpu_smoke_image": smoke_reference(), "metrics_exporters": False}
         if "engine_registry" not in urls:
             raise TestbedError("the hub serves no real registry (engine_registry): pass real_engine=False "
                                "for the stand-in engine")
         registry = urls["engine_registry"]
         return {"docker_apt_url": urls["engine_docker_apt_url"], "docker_apt_key_url": urls["engine_docker_apt_key_url"],
-                "container_registry": registry, "docker_insecure_registries": [registry],
+                "container_registry": registry, "docker_insecure_registries": [] if tls else [registry],
                 "gpu_smoke_image": f"{registry}/{smoke_reference()}",
                 # NVIDIA's registry is not Docker Hub: the knob names the whole reference, here the hub's copy
                 "gpu_exporter_image": f"{registry}/{DCGM_EXPORTER_REPOSITORY}:{DCGM_EXPORTER_TAG}"}

@@ -48,7 +48,7 @@ from rigup.desired.catalog import CATALOG_FILE, load_catalog_file
 from rigup.desired.knobs import load_defaults
 from rigup.desired.recipe import resolve
 from rigup_testbed.recipes import tree_files, working_trees
-from rigup_testbed.service import BackgroundServer, run_service
+from rigup_testbed.service import BackgroundServer, add_tls_arguments, run_service, tls_of
 
 # Existing repos are reused only if their stamp records the same content hash (of the fast-import stream).
 STAMP = "rigup-testbed-remote.json"
@@ -801,10 +801,12 @@ class _GitHttpHandler(http.server.BaseHTTPRequestHandler):
 
 class GitServer:
     """Git over HTTP, as GitHub serves it (https; GitHub turned the git:// protocol off in 2022):
-    start() -> 'http://host:port', stop(); also a context manager. smart=False serves dumb HTTP only."""
+    start() -> 'http://host:port' (https:// with `tls`, a (certificate, key) pair), stop(); also a context manager. smart=False serves dumb HTTP only."""
 
-    def __init__(self, root: Path | str, bind: str = "127.0.0.1", port: int = 0, smart: bool = True) -> None:
+    def __init__(self, root: Path | str, bind: str = "127.0.0.1", port: int = 0, smart: bool = True,
+                 tls: tuple[Path, Path] | None = None) -> None:
         self.root = Path(root).resolve()
+        self.tls = tls
         self.bind = bind
         self.port = port
         self.smart = smart
@@ -813,10 +815,10 @@ class GitServer:
 
     def start(self) -> str:
         handler = type("BoundGitHttpHandler", (_GitHttpHandler,), {"root": self.root, "smart": self.smart})
-        server = BackgroundServer(self.bind, self.port, handler, "githttp")
+        server = BackgroundServer(self.bind, self.port, handler, "githttp", tls=self.tls)
         self._server = server
         self.port = server.port
-        self.url = f"http://{_url_host(self.bind)}:{self.port}"
+        self.url = f"{server.scheme}://{_url_host(self.bind)}:{self.port}"
         server.start()
         return self.url
 
@@ -840,11 +842,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0, help="HTTP port; 0 = pick a free port")
     parser.add_argument("--dumb-http", action="store_true", help="serve static dumb HTTP instead of smart HTTP")
     parser.add_argument("--ready-file", help="JSON written once serving (default: ROOT/gitremotes.ready.json)")
+    add_tls_arguments(parser)
     args = parser.parse_args(argv)
 
     root = Path(args.root)
     remotes = make_remotes(root)
-    server = GitServer(root, args.bind, args.port, not args.dumb_http)
+    server = GitServer(root, args.bind, args.port, not args.dumb_http, tls=tls_of(args))
 
     def start() -> tuple[dict[str, Any], list[str]]:
         url = server.start()

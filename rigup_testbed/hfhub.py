@@ -48,6 +48,7 @@ import json
 import os
 import random
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -60,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from rigup.desired.catalog import load_catalog  # the product's catalog is what this sandbox serves
-from rigup_testbed.service import BackgroundServer, ThreadingServer, run_service
+from rigup_testbed.service import BackgroundServer, ThreadingServer, add_tls_arguments, run_service, tls_of
 
 # Bump when the byte generator changes: it keys the on-disk hash cache.
 GENERATOR_VERSION = 1
@@ -1443,8 +1444,10 @@ class HfHub:
         scale: float = 1.0,
         config: HubConfig | None = None,
         cdn_port: int = 0,
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
         self.root = Path(root)
+        self.tls = tls  # (certificate, key): both listeners serve HTTPS
         self.bind = bind
         self.port = port
         self.cdn_port = cdn_port
@@ -1463,16 +1466,16 @@ class HfHub:
         state = HubState(repos, self.config)
         handler = type("BoundHubHandler", (HubHandler,), {"state": state})
         cdn_handler = type("BoundHubCdnHandler", (HubHandler,), {"state": state, "cdn": True})
-        server = BackgroundServer(self.bind, self.port, handler, "hfhub", _Server)
+        server = BackgroundServer(self.bind, self.port, handler, "hfhub", _Server, tls=self.tls)
         try:
-            cdn = BackgroundServer(self.bind, self.cdn_port, cdn_handler, "hfhub-cdn", _Server)
+            cdn = BackgroundServer(self.bind, self.cdn_port, cdn_handler, "hfhub-cdn", _Server, tls=self.tls)
         except BaseException:
             server.server.server_close()
             raise
         self._server, self._cdn = server, cdn
         self.port, self.cdn_port = server.port, cdn.port
-        self.url = f"http://{_url_host(self.bind)}:{self.port}"
-        self.cdn_url = f"http://{_url_host(self.bind)}:{self.cdn_port}"
+        self.url = f"{server.scheme}://{_url_host(self.bind)}:{self.port}"
+        self.cdn_url = f"{cdn.scheme}://{_url_host(self.bind)}:{self.cdn_port}"
         state.base_url, state.cdn_url = self.url, self.cdn_url
         self.state = state
         server.start()
@@ -1492,25 +1495,27 @@ class HfHub:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def admin(self) -> HubAdmin:
+    def admin(self, ca_file: str | Path | None = None) -> HubAdmin:
         if self.url is None:
             raise RuntimeError("hub not started")
-        return HubAdmin(self.url)
+        return HubAdmin(self.url, ca_file=ca_file)
 
 
 class HubAdmin:
-    """Client for /_admin (works against an in-process or subprocess hub)."""
+    """Client for /_admin (works against an in-process or subprocess hub); an https hub's certificate is
+    checked against `ca_file` (the bed's CA: rigup_testbed/tls.py), else the system's store."""
 
-    def __init__(self, url: str, timeout: float = 10.0) -> None:
+    def __init__(self, url: str, timeout: float = 10.0, ca_file: str | Path | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self.context = ssl.create_default_context(cafile=str(ca_file) if ca_file else None) if url.startswith("https:") else None
 
     def _call(self, method: str, path: str, payload: Any = None) -> Any:
         data = None if payload is None else json.dumps(payload).encode()
         headers = {"Content-Type": "application/json"}
         req = urllib.request.Request(f"{self.url}{path}", data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with urllib.request.urlopen(req, timeout=self.timeout, context=self.context) as resp:
                 return json.loads(resp.read())
         except urllib.error.HTTPError as err:
             raise RuntimeError(f"{method} {path}: HTTP {err.code}: {err.read().decode(errors='replace')}") from None
@@ -1578,6 +1583,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cdn-port", type=int, default=0, help="the CDN listener's port (another origin); 0 = pick a free port")
     parser.add_argument("--cdn-url", help="base URL of the 302 target (default: the CDN listener)")
     parser.add_argument("--ready-file", help="JSON written once serving (default: ROOT/hfhub.ready.json)")
+    add_tls_arguments(parser)
     args = parser.parse_args(argv)
 
     root = Path(args.root)
@@ -1588,7 +1594,7 @@ def main(argv: list[str] | None = None) -> int:
         redirect_lfs=args.redirect_lfs,
         cdn_url=args.cdn_url,
     )
-    hub = HfHub(root, args.bind, args.port, spec=spec, config=config, cdn_port=args.cdn_port)
+    hub = HfHub(root, args.bind, args.port, spec=spec, config=config, cdn_port=args.cdn_port, tls=tls_of(args))
 
     def start() -> tuple[dict[str, Any], list[str]]:
         url = hub.start()

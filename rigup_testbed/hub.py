@@ -8,9 +8,13 @@
     hub.stop()
 
 Services (fixed ports: the hub namespace is ours alone), each a process started detached inside the hub
-namespace and the hub's cgroup, recorded in the ledger, and up once it wrote its ready file:
+namespace and the hub's cgroup, recorded in the ledger, and up once it wrote its ready file. Every one
+speaks HTTPS, as the internet they stand in for does: a server certificate for the hub's address, issued
+at start by the machine's test-bed CA (rigup_testbed/tls.py), which the rigs trust as an Ubuntu box trusts
+a CA (Testbed installs it in their image's store: image.ensure_layer); `ca_cert` is that CA's certificate,
+what the control machine's clients check the hub with (the fleet file's ca_bundle). `tls=False`: plain HTTP.
 
-    apt       :8080  static HTTP over the signed stand-in repos (rigup_testbed/aptrepo.py, built once
+    apt       :8080  static HTTPS over the signed stand-in repos (rigup_testbed/aptrepo.py, built once
                      per content hash under the cache): docker_apt_url, nvidia_ctk_apt_url,
                      nvidia_cuda_repo_url and their key URLs, plus the stand-in Ubuntu archive;
                      engine_docker_apt_url/_key_url: Docker CE's packages holding the real engine
@@ -22,10 +26,10 @@ namespace and the hub's cgroup, recorded in the ledger, and up once it wrote its
                      engine_registry_log (its log: the bytes it served, served_blob_bytes)
     hf        :8082  Hugging Face endpoint (rigup_testbed/hfhub.py): hf_endpoint. Like the real Hub it
                      answers an LFS file's /resolve/ with a 302 to its CDN, another origin (:8084)
-    git       :8081  smart HTTP (git http-backend; GitHub serves https and turned git:// off in 2022) with
+    git       :8081  smart HTTPS (git http-backend; GitHub serves https and turned git:// off in 2022) with
                      the fork, Genesis and club-3090 remotes (rigup_testbed/gitremotes.py): every
                      *_git_url knob, same <owner>/<name>.git path, and source_refs (the stand-ins' SHAs)
-    pypi      :8083  static HTTP over a PEP 503 simple index of the wheels files/router/requirements.txt
+    pypi      :8083  static HTTPS over a PEP 503 simple index of the wheels files/router/requirements.txt
                      pins for the hosts' CPython 3.11 (rigup_testbed/pypi.py, built once per content hash
                      under the cache): gateway_pip_index_url (<base>/simple)
 
@@ -54,6 +58,7 @@ from rigup_testbed.image import REPO_ROOT, cache_dir
 from rigup_testbed.pypi import build_index
 from rigup_testbed.registry import ray_wheels
 from rigup_testbed.state import Ledger, TestbedError, is_same_process, spawn, stop_process
+from rigup_testbed.tls import BedCA, ServerCert, ensure_bed_ca, issue_server_cert
 
 # Fixed ports: the hub namespace is ours alone, so nothing else can hold them and URLs stay readable.
 PORTS = {"apt": 8080, "git": 8081, "hf": 8082, "hf_cdn": 8084, "pypi": 8083, "registry": 5000, "engine_registry": 5001}
@@ -142,8 +147,12 @@ class Hub:
         ledger: Ledger | None = None,
         cgroup_rel: str | None = None,
         python_root: Path | None = None,
+        tls: bool = True,
     ) -> None:
         self.workdir = workdir
+        self.tls = tls
+        self.ca: BedCA | None = None  # the test-bed CA that issued the services' certificate (tls)
+        self.server_cert: ServerCert | None = None
         self.python_root = python_root  # the rigs' root file system: the engine registry's images take Python from it
         self.ip = ip
         self.netns = netns
@@ -156,15 +165,28 @@ class Hub:
 
     # --- the services ----------------------------------------------------------------------------
 
+    def _tls_args(self, *, with_ca: bool = False) -> list[str]:
+        """The services' --tls-cert/--tls-key (and the CA, for a service that checks itself); none without tls."""
+        if self.server_cert is None:
+            return []
+        ca = ["--tls-ca", str(self.ca.cert)] if with_ca and self.ca is not None else []
+        return ["--tls-cert", str(self.server_cert.cert), "--tls-key", str(self.server_cert.key), *ca]
+
+    @property
+    def ca_cert(self) -> Path | None:
+        """The CA certificate the hub's services are checked with (None: plain HTTP)."""
+        return self.ca.cert if self.ca is not None else None
+
     def _plan(self) -> list[Service]:
         w, ip = self.workdir, self.ip
         info = self.repo_info
+        tls = self._tls_args()
         return [
             Service(
                 name="apt",
                 module="rigup_testbed.hubserve",
                 args=["static", "--root", str(info.root), "--bind", ip, "--port", str(PORTS["apt"]),
-                      "--ready-file", str(w / "apt/ready.json")],
+                      "--ready-file", str(w / "apt/ready.json"), *tls],
                 ready_file=w / "apt/ready.json",
                 # engine_*: Docker's repository with the real engine inside (Testbed.fleet points the fleet's
                 # docker_apt_url there unless real_engine=False)
@@ -175,7 +197,7 @@ class Hub:
                 name="registry",
                 module="rigup_testbed.hubserve",
                 args=["registry", "--config", str(self.registry_config), "--images", str(self.registry_images),
-                      "--bind", ip, "--port", str(PORTS["registry"]), "--ready-file", str(w / "registry/ready.json")],
+                      "--bind", ip, "--port", str(PORTS["registry"]), "--ready-file", str(w / "registry/ready.json"), *tls],
                 ready_file=w / "registry/ready.json",
                 knobs=lambda r: {"container_registry": r["url"]},
             ),
@@ -184,7 +206,8 @@ class Hub:
                 module="rigup_testbed.registry",
                 args=["--root", str(w / "engine-registry"), "--bind", ip, "--port", str(PORTS["engine_registry"]),
                       "--ready-file", str(w / "engine-registry/ready.json"),
-                      *(["--python-root", str(self.python_root)] if self.python_root else [])],
+                      *(["--python-root", str(self.python_root)] if self.python_root else []),
+                      *self._tls_args(with_ca=True)],
                 ready_file=w / "engine-registry/ready.json",
                 knobs=lambda r: {"engine_registry": r["url"], "engine_registry_images": r["images"],
                                  "engine_registry_log": r["log"]},
@@ -193,7 +216,7 @@ class Hub:
                 name="hf",
                 module="rigup_testbed.hfhub",
                 args=["--root", str(w / "hf"), "--bind", ip, "--port", str(PORTS["hf"]),
-                      "--redirect-lfs", "--cdn-port", str(PORTS["hf_cdn"]), "--ready-file", str(w / "hf/ready.json")],
+                      "--redirect-lfs", "--cdn-port", str(PORTS["hf_cdn"]), "--ready-file", str(w / "hf/ready.json"), *tls],
                 ready_file=w / "hf/ready.json",
                 knobs=lambda r: {"hf_endpoint": r["url"]},
             ),
@@ -201,7 +224,7 @@ class Hub:
                 name="git",
                 module="rigup_testbed.gitremotes",
                 args=["--root", str(w / "git"), "--bind", ip, "--port", str(PORTS["git"]),
-                      "--ready-file", str(w / "git/ready.json")],
+                      "--ready-file", str(w / "git/ready.json"), *tls],
                 ready_file=w / "git/ready.json",
                 knobs=lambda r: {**_git_knobs(r["url"], w / "git"), "source_refs": _source_refs(r["remotes"]),
                                  **unserved_vllm_repository(r["url"])},
@@ -210,7 +233,7 @@ class Hub:
                 name="pypi",
                 module="rigup_testbed.hubserve",
                 args=["static", "--root", str(self.pypi_root), "--bind", ip, "--port", str(PORTS["pypi"]),
-                      "--ready-file", str(w / "pypi/ready.json")],
+                      "--ready-file", str(w / "pypi/ready.json"), *tls],
                 ready_file=w / "pypi/ready.json",
                 knobs=lambda r: {"gateway_pip_index_url": f"{r['url']}/simple"},
             ),
@@ -234,6 +257,9 @@ class Hub:
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.tls:  # the machine's CA (made once), a certificate for this hub's address (each start)
+            self.ca = ensure_bed_ca()
+            self.server_cert = issue_server_cert(self.ca, self.workdir / "tls", [self.ip])
         # Built once per content hash into the shared cache; served read-only.
         self.repo_info = build_repos(cache_dir() / "aptrepo")
         # The first build downloads the entrance router's wheels (from the control machine's pip index).
@@ -297,6 +323,10 @@ class Hub:
             urls.update(svc.knobs(svc.ready))
         return urls
 
+    def trusted_cas(self) -> list[bytes]:
+        """The CA certificates every host trusts before its first boot (image.ensure_layer): the bed's, with tls."""
+        return [self.ca.pem] if self.ca is not None else []
+
     def host_files(self) -> dict[str, str | bytes]:
         """Files to write into every host's root (path -> content)."""
         return dict(self._host_files)
@@ -321,7 +351,7 @@ class Hub:
         archive (driver packages, mokutil, pciutils) as its one apt source, signed like the real one."""
         info = self.repo_info
         keyring = "/usr/share/keyrings/ubuntu-archive-keyring.gpg"
-        base = f"http://{self.ip}:{PORTS['apt']}/{info.ubuntu_archive_url}"
+        base = f"{'https' if self.tls else 'http'}://{self.ip}:{PORTS['apt']}/{info.ubuntu_archive_url}"
         return {
             keyring: (info.root / "ubuntu-archive/ubuntu-archive-keyring.gpg").read_bytes(),
             "/etc/apt/sources.list.d/ubuntu.sources": (

@@ -20,7 +20,9 @@ content, so no digest of a real image could be the hash of anything it serves. I
 repositories a manifest by digest answers whatever digest is asked (a test pins any digest it likes).
 
 Each server writes its ready file ({"url": ..., "pid": ...}) once it serves and stops on SIGTERM
-(rigup_testbed/service.py). Standard library only.
+(rigup_testbed/service.py); with --tls-cert/--tls-key it serves HTTPS (the static server's URL is then
+https://; the registry's value stays host:port, which a client reaches over HTTPS unless told it is
+insecure, as Docker does). Standard library only.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from rigup_testbed.service import BackgroundServer, run_service
+from rigup_testbed.service import BackgroundServer, add_tls_arguments, run_service, tls_of
 from rigup_testbed.standin_modules import load_standin
 
 STANDINS = Path(__file__).resolve().parent / "standins"
@@ -133,13 +135,15 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--bind", default="127.0.0.1")
         p.add_argument("--port", type=int, default=0)
         p.add_argument("--ready-file", required=True, type=Path)
+        add_tls_arguments(p)
     args = parser.parse_args(argv)
+    tls = tls_of(args)
     if args.what == "static":
-        server = BackgroundServer(args.bind, args.port, partial(StaticHandler, directory=str(args.root)), "static")
-        return serve(server, args.ready_file, f"http://{args.bind}:{server.port}")
+        server = BackgroundServer(args.bind, args.port, partial(StaticHandler, directory=str(args.root)), "static", tls=tls)
+        return serve(server, args.ready_file, f"{server.scheme}://{args.bind}:{server.port}")
     handler = type("Handler", (RegistryHandler,), {"config_file": args.config, "images_file": args.images,
                                                   "dockerclient": load_standin("dockerclient")})
-    server = BackgroundServer(args.bind, args.port, handler, "registry")
+    server = BackgroundServer(args.bind, args.port, handler, "registry", tls=tls)
     handler.host_port = f"{args.bind}:{server.port}"
     return serve(server, args.ready_file, handler.host_port)
 

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,6 +71,8 @@ PREPARE_VERSION = 3
 # Machine-wide, so a fresh clone (CI's) starts warm: every entry is named by a hash of what shaped it
 # (image spec, package set, requirements, layer digest) and built under a lock, so checkouts share it.
 MACHINE_CACHE = Path("/var/tmp/rigup-testbed/cache")
+CA_STORE = "/usr/local/share/ca-certificates"  # where an Ubuntu/Debian admin puts a CA for update-ca-certificates
+CA_FILE_NAME = "rigup-testbed-ca.crt"
 
 
 def cache_dir() -> Path:
@@ -238,15 +241,19 @@ def ensure_image(spec: ImageSpec | None = None, cache: Path | None = None) -> Im
     return Image(spec=spec, tarball=tarball, root=root, timings=timings)
 
 
-def ensure_layer(image: Image, debs: list[Path]) -> Path | None:
+def ensure_layer(image: Image, debs: list[Path], trusted_cas: Sequence[bytes] = ()) -> Path | None:
     """A cached overlay layer over `image` with `debs` installed by dpkg (what every host has before its
-    first boot), or None when there is nothing to install. Hosts stack it between the image and their
-    own upper layer, so installing costs once per package set instead of once per host."""
-    if not debs:
+    first boot) and `trusted_cas` (PEM certificates) in its trust store as an Ubuntu box trusts a CA
+    (/usr/local/share/ca-certificates/rigup-testbed-ca[-N].crt, then update-ca-certificates), or None when
+    there is nothing to add. Hosts stack it between the image and their own upper layer, so installing
+    costs once per package set and CA instead of once per host."""
+    if not debs and not trusted_cas:
         return None
     digest = hashlib.sha256()
     for deb in sorted(debs, key=lambda d: d.name):
         digest.update(deb.name.encode() + b"\0" + hashlib.sha256(deb.read_bytes()).digest())
+    for pem in trusted_cas:
+        digest.update(b"ca\0" + hashlib.sha256(pem).digest())
     layer = image.root.parent / "layers" / digest.hexdigest()[:16]
     with open(image.root.parent.parent / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -264,20 +271,29 @@ def ensure_layer(image: Image, debs: list[Path]) -> Path | None:
              f"lowerdir={image.root},upperdir={build / 'upper'},workdir={build / 'work'}", str(merged)],
             check=True,
         )  # fmt: skip
+        chroot_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "DEBIAN_FRONTEND": "noninteractive"}
         try:
-            staging = merged / "var/cache/rigup-testbed-debs"
-            staging.mkdir(parents=True)
-            for deb in debs:
-                shutil.copyfile(deb, staging / deb.name)
-            proc = subprocess.run(
-                ["chroot", str(merged), "dpkg", "--install", *[f"/var/cache/rigup-testbed-debs/{d.name}" for d in debs]],
-                text=True,
-                capture_output=True,
-                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "DEBIAN_FRONTEND": "noninteractive"},
-            )
-            shutil.rmtree(staging)
-            if proc.returncode != 0:
-                raise RuntimeError(f"dpkg --install of {[d.name for d in debs]} failed: {proc.stdout[-1500:]}{proc.stderr[-1500:]}")
+            if debs:
+                staging = merged / "var/cache/rigup-testbed-debs"
+                staging.mkdir(parents=True)
+                for deb in debs:
+                    shutil.copyfile(deb, staging / deb.name)
+                proc = subprocess.run(
+                    ["chroot", str(merged), "dpkg", "--install", *[f"/var/cache/rigup-testbed-debs/{d.name}" for d in debs]],
+                    text=True, capture_output=True, env=chroot_env,
+                )  # fmt: skip
+                shutil.rmtree(staging)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"dpkg --install of {[d.name for d in debs]} failed: {proc.stdout[-1500:]}{proc.stderr[-1500:]}")
+            if trusted_cas:
+                store = merged / CA_STORE.lstrip("/")
+                store.mkdir(parents=True, exist_ok=True)
+                for i, pem in enumerate(trusted_cas):
+                    (store / (CA_FILE_NAME if i == 0 else CA_FILE_NAME.replace(".crt", f"-{i}.crt"))).write_bytes(pem)
+                proc = subprocess.run(["chroot", str(merged), "update-ca-certificates"], text=True, capture_output=True,
+                                      env=chroot_env)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"update-ca-certificates failed: {proc.stdout[-1500:]}{proc.stderr[-1500:]}")
         finally:
             subprocess.run(["umount", str(merged)], check=True)
         (build / "upper").rename(layer)

@@ -5,7 +5,8 @@ holding images the test bed builds itself.
 
 starts `docker-registry serve` with its storage under DIR, waits until `/v2/` answers, pushes the test
 bed's images through the Registry HTTP API v2 (the same calls `docker push` makes: a blob upload per
-layer and config, then the manifest), writes the ready file
+layer and config, then the manifest; over HTTPS with --tls-cert/--tls-key/--tls-ca, distribution's own
+TLS with the bed's certificate: rigup_testbed/tls.py), writes the ready file
 ({"url": "IP:N", "images": {"repo:tag": "sha256:..."}}) and stops the registry on SIGTERM.
 
 The images are real: gzip'd tar layers, an image config and a schema-2 manifest, so the digests are the
@@ -51,6 +52,7 @@ import json
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import tarfile
@@ -63,7 +65,7 @@ from pathlib import Path
 from rigup.desired.catalog import load_catalog
 from rigup.desired.knobs import load_defaults
 from rigup_testbed.image import cache_dir
-from rigup_testbed.service import run_service
+from rigup_testbed.service import add_tls_arguments, run_service, tls_of
 from rigup_testbed.standin_modules import load_standin
 
 BINARY = "/usr/bin/docker-registry"
@@ -535,9 +537,11 @@ def test_bed_images(python_root: Path | None = None) -> list[Image]:
 
 
 def _request(address: str, method: str, path: str, body: bytes = b"",
-             headers: dict[str, str] | None = None) -> http.client.HTTPResponse:
+             headers: dict[str, str] | None = None, context: ssl.SSLContext | None = None) -> http.client.HTTPResponse:
+    """One request to the registry at host:port: over HTTPS checked with `context` when given, else plain HTTP."""
     host, port = address.rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn: http.client.HTTPConnection = (http.client.HTTPSConnection(host, int(port), timeout=30, context=context)
+                                        if context is not None else http.client.HTTPConnection(host, int(port), timeout=30))
     conn.request(method, path, body=body, headers={"Content-Length": str(len(body)), **(headers or {})})
     response = conn.getresponse()
     response.read()
@@ -545,35 +549,36 @@ def _request(address: str, method: str, path: str, body: bytes = b"",
     return response
 
 
-def push_blob(address: str, repository: str, blob: bytes) -> None:
+def push_blob(address: str, repository: str, blob: bytes, context: ssl.SSLContext | None = None) -> None:
     digest = _digest(blob)
-    if _request(address, "HEAD", f"/v2/{repository}/blobs/{digest}").status == 200:
+    if _request(address, "HEAD", f"/v2/{repository}/blobs/{digest}", context=context).status == 200:
         return
-    started = _request(address, "POST", f"/v2/{repository}/blobs/uploads/")
+    started = _request(address, "POST", f"/v2/{repository}/blobs/uploads/", context=context)
     if started.status != 202:
         raise RuntimeError(f"registry {address}: starting an upload to {repository} answered {started.status}")
     location = urllib.parse.urlsplit(started.headers["Location"])
     query = f"{location.query}&" if location.query else ""
     done = _request(address, "PUT", f"{location.path}?{query}digest={digest}", blob,
-                    {"Content-Type": "application/octet-stream"})
+                    {"Content-Type": "application/octet-stream"}, context)
     if done.status != 201:
         raise RuntimeError(f"registry {address}: uploading {digest} to {repository} answered {done.status}")
 
 
-def push_manifest(address: str, repository: str, tag: str, manifest: bytes) -> str:
+def push_manifest(address: str, repository: str, tag: str, manifest: bytes, context: ssl.SSLContext | None = None) -> str:
     """PUT a schema-2 manifest under `tag`; returns the digest the registry answers."""
-    put = _request(address, "PUT", f"/v2/{repository}/manifests/{tag}", manifest, {"Content-Type": MANIFEST_TYPE})
+    put = _request(address, "PUT", f"/v2/{repository}/manifests/{tag}", manifest, {"Content-Type": MANIFEST_TYPE}, context)
     if put.status != 201:
         raise RuntimeError(f"registry {address}: manifest {repository}:{tag} answered {put.status}")
     return put.headers.get("Docker-Content-Digest", "")
 
 
-def push(address: str, image: Image) -> str:
-    """Push `image` to the registry at host:port; returns the digest the registry answers for its tag."""
+def push(address: str, image: Image, context: ssl.SSLContext | None = None) -> str:
+    """Push `image` to the registry at host:port (over HTTPS checked with `context` when given); returns the
+    digest the registry answers for its tag."""
     for layer in image.layers:
-        push_blob(address, image.repository, layer)
-    push_blob(address, image.repository, image.config)
-    digest = push_manifest(address, image.repository, image.tag, image.manifest)
+        push_blob(address, image.repository, layer, context)
+    push_blob(address, image.repository, image.config, context)
+    digest = push_manifest(address, image.repository, image.tag, image.manifest, context)
     if digest != image.digest:
         raise RuntimeError(f"registry {address}: {image.repository}:{image.tag} stored as {digest}, built as {image.digest}")
     return digest
@@ -597,13 +602,15 @@ def served_blob_bytes(log: Path, repository: str | None = None) -> int:
     return total
 
 
-def config_text(storage: Path, bind: str, port: int) -> str:
-    # info: the registry's "response completed" line per request, with the bytes it wrote (served_blob_bytes)
+def config_text(storage: Path, bind: str, port: int, tls: tuple[Path, Path] | None = None) -> str:
+    # info: the registry's "response completed" line per request, with the bytes it wrote (served_blob_bytes);
+    # tls: distribution's http.tls (certificate, key), so it serves HTTPS as Docker Hub does
+    tls_text = f"  tls:\n    certificate: {tls[0]}\n    key: {tls[1]}\n" if tls else ""
     return (
         "version: 0.1\n"
         "log:\n  level: info\n  accesslog:\n    disabled: true\n"
         f"storage:\n  filesystem:\n    rootdirectory: {storage}\n  delete:\n    enabled: true\n"
-        f"http:\n  addr: {bind}:{port}\n"
+        f"http:\n  addr: {bind}:{port}\n{tls_text}"
     )
 
 
@@ -614,12 +621,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--ready-file", required=True, type=Path)
     parser.add_argument("--python-root", type=Path, help="the rigs' root file system: images with a Python runtime")
+    add_tls_arguments(parser)
+    parser.add_argument("--tls-ca", type=Path, help="the CA that issued --tls-cert: the pushes check the registry with it")
     args = parser.parse_args(argv)
+    tls = tls_of(args)
+    context = None
+    if tls is not None:
+        if args.tls_ca is None:
+            raise SystemExit("--tls-cert needs --tls-ca (the pushes check the registry's certificate)")
+        context = ssl.create_default_context(cafile=str(args.tls_ca))
     if shutil.which(BINARY) is None:
         raise SystemExit(f"{BINARY} is missing: install Debian's docker-registry (scripts/setup does)")
     args.root.mkdir(parents=True, exist_ok=True)
     config = args.root / "config.yml"
-    config.write_text(config_text(args.root / "data", args.bind, args.port))
+    config.write_text(config_text(args.root / "data", args.bind, args.port, tls))
     address = f"{args.bind}:{args.port}"
     log = open(args.root / "registry.log", "ab")
     child = subprocess.Popen([BINARY, "serve", str(config)], stdout=log, stderr=log, stdin=subprocess.DEVNULL)
@@ -630,13 +645,13 @@ def main(argv: list[str] | None = None) -> int:
             if child.poll() is not None:
                 raise SystemExit(f"docker-registry exited with {child.returncode}; see {args.root / 'registry.log'}")
             try:
-                if _request(address, "GET", "/v2/").status == 200:
+                if _request(address, "GET", "/v2/", context=context).status == 200:
                     break
             except OSError:
                 if time.monotonic() > deadline:
                     raise
             time.sleep(0.1)
-        images = {f"{image.repository}:{image.tag}": push(address, image) for image in test_bed_images(args.python_root)}
+        images = {f"{image.repository}:{image.tag}": push(address, image, context) for image in test_bed_images(args.python_root)}
         return {"url": address, "images": images, "log": str(args.root / "registry.log"), "pid": os.getpid()}, [address]
 
     def stop() -> None:

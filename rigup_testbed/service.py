@@ -1,5 +1,6 @@
 """Plumbing shared by the hub's HTTP services (hubserve, hfhub, gitremotes): an HTTP server on a
-background thread, and subprocess mode (ready file, SIGTERM/SIGINT, clean stop).
+background thread, over TLS when given a certificate and key (--tls-cert/--tls-key: the hub serves HTTPS
+with the bed's CA, rigup_testbed/tls.py), and subprocess mode (ready file, SIGTERM/SIGINT, clean stop).
 
 A service run as `python -m rigup_testbed.<module> ... --ready-file F` writes F (JSON with at least
 "pid") once it serves, and removes it when it stops; rigup_testbed/hub.py waits for that file.
@@ -8,11 +9,13 @@ Standard library only.
 
 from __future__ import annotations
 
+import argparse
 import http.server
 import json
 import os
 import signal
 import socket
+import ssl
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +26,28 @@ from typing import Any
 class ThreadingServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that refuses the certificate (the failure tests make) or drops the connection mid-way
+        is one line in the log, not a traceback."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ssl.SSLError, ConnectionError, TimeoutError)):
+            sys.stderr.write(f"{client_address[0]} connection ended: {type(exc).__name__}: {exc}\n")
+            return
+        super().handle_error(request, client_address)
+
+
+def add_tls_arguments(parser: argparse.ArgumentParser) -> None:
+    """--tls-cert and --tls-key (paths; the key file is 0600): serve HTTPS with them."""
+    parser.add_argument("--tls-cert", type=Path, help="serve HTTPS with this certificate (PEM)")
+    parser.add_argument("--tls-key", type=Path, help="the certificate's key (PEM, a 0600 file)")
+
+
+def tls_of(args: argparse.Namespace) -> tuple[Path, Path] | None:
+    """(certificate, key) from --tls-cert/--tls-key, None for plain HTTP; one without the other is an error."""
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise SystemExit("--tls-cert and --tls-key go together")
+    return None if args.tls_cert is None else (args.tls_cert, args.tls_key)
 
 
 class BackgroundServer:
@@ -36,10 +61,19 @@ class BackgroundServer:
         handler: Callable[..., http.server.BaseHTTPRequestHandler],
         name: str,
         server_cls: type[ThreadingServer] = ThreadingServer,
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
         family = socket.AF_INET6 if ":" in bind else socket.AF_INET
         bound_cls = type(name, (server_cls,), {"address_family": family})
         self.server = bound_cls((bind, port), handler)
+        if tls is not None:
+            from rigup_testbed.tls import server_context  # here: plain-HTTP users need no openssl wrapper
+
+            # the handshake runs in the request's thread, on its first read: a client that never finishes
+            # one holds that thread only, never the accept loop
+            self.server.socket = server_context(*tls).wrap_socket(
+                self.server.socket, server_side=True, do_handshake_on_connect=False)
+        self.scheme = "https" if tls is not None else "http"
         self.port = int(self.server.server_address[1])
         self.name = name
         self._thread: threading.Thread | None = None

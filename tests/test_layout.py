@@ -322,6 +322,7 @@ DEFERRED_IMPORTS: dict[tuple[str, str], str] = {
         "GitPython: about 40 ms to import, for `rigup lock` only; every rigup command imports rigup.desired.pins "
         "(through rigup.cli.lock) to build its parser",
     ("rigup.desired.pins", "huggingface_hub"): "about 145 ms to import, for `rigup lock` only (as git)",
+    ("rigup.desired.pins", "httpx2"): "huggingface_hub's HTTP client, for `rigup lock` with a CA bundle only (as huggingface_hub)",
 }
 
 

@@ -31,7 +31,9 @@ from rigup.desired.lock import LOCK_COMMAND
 from rigup.desired.plan import host_plan
 from rigup.desired.pods import pod_data, ports_used_twice
 from rigup.desired.recipe import pods_of
+from rigup.desired.trust import TRUST_FIX, https_urls, untrusted_line
 from rigup.facts.driver import PrebuiltModules
+from rigup.parsers.curl import TlsProbe
 from rigup.parsers.docker import DockerInfo
 from rigup.parsers.dpkg import DebPackage
 from rigup.parsers.gpu_models import known_gpu
@@ -92,6 +94,9 @@ class HostFacts:
     driver_cuda: str | None = None
     topology: Topology | None = None
     gpu_subset: tuple[int, ...] | None = None  # one pod's view (pod_facts): only these GPU indices
+    # rigup.facts.network.HttpsTrust: curl's handshake with each https origin the host will reach (None:
+    # no curl, or nothing asked)
+    tls: Mapping[str, TlsProbe] | None = None
 
     @property
     def gpus(self) -> tuple[Gpu, ...]:
@@ -565,6 +570,20 @@ def check_container_network(recipe: Any | None, host_data: Mapping[str, Any]) ->
                  f"installs nothing at start ({command()} render --list)", "container_network_at_start")
 
 
+def check_https_trust(tls: Mapping[str, TlsProbe] | None, host_data: Mapping[str, Any], gateway: bool = False) -> Check | None:
+    """The host trusts the certificate of every https server the fleet file names for it (rigup.desired.trust):
+    one failed check naming the first URL it does not trust, its knob, how many more, and curl's reason, before
+    apt, git, pip or Docker meet it half-way through the converge. None where curl could not check (no curl)."""
+    if tls is None:
+        return None
+    urls = https_urls(host_data, gateway=gateway)
+    found = untrusted_line(urls, tls)
+    if found is not None:
+        name, line = found
+        return _fail("https-trust", line, TRUST_FIX, name)
+    return _ok("https-trust", f"{len(tls)} HTTPS server{'s' if len(tls) != 1 else ''} checked: every certificate trusted")
+
+
 def check_boundary(host_data: Mapping[str, Any]) -> Check | None:
     """With `firewall: false` the host has no default deny (rigup.desired.boundary): every service it runs
     answers whoever reaches it, most of them without asking who is calling (docs/security.md)."""
@@ -680,6 +699,7 @@ def run_checks(
         check_pending_reboot(facts, plan),
         check_container_network(recipe, host_data),
         check_boundary(host_data),
+        check_https_trust(facts.tls, host_data),
     ):
         if extra is not None:
             checks.append(extra)
@@ -747,17 +767,19 @@ GATEWAY_VENV_GB = 1.0
 
 
 def gateway_host_checks(
-    caps: Capabilities | None, os_info: Any, disk: Mapping[str, Any], host_data: Mapping[str, Any]
+    caps: Capabilities | None, os_info: Any, disk: Mapping[str, Any], host_data: Mapping[str, Any],
+    tls: Mapping[str, TlsProbe] | None = None,
 ) -> list[Check]:
     """Preflight of a gateway-only host (serves_variant: false): it needs root, systemd, apt, an allowed
-    OS and room for the gateway's venv; no GPU, driver or Docker."""
+    OS, room for the gateway's venv and to trust its pip index's certificate (`tls`: HttpsTrust); no GPU,
+    driver or Docker."""
     checks = [c for c in check_capabilities(caps, host_data) if c.name != "docker"]
     if privileges_missing(checks):
         return checks
     checks.append(check_os_release(os_info, host_data))
-    boundary = check_boundary(host_data)
-    if boundary is not None:
-        checks.append(boundary)
+    for extra in (check_boundary(host_data), check_https_trust(tls, host_data, gateway=True)):
+        if extra is not None:
+            checks.append(extra)
     root = str(knob(host_data, "install_root"))
     free = disk.get(root)
     need = GATEWAY_VENV_GB + float(knob(host_data, "preflight_disk_margin_gb"))

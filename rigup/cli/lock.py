@@ -18,6 +18,7 @@ from rigup.desired.pins import Resolver, fleet_lock_file, update_lock
 from rigup.desired.recipe import RecipeError, pods_of, resolve
 from rigup.desired.roles import serves_variant
 from rigup.desired.secrets import SecretError, read_hf_token
+from rigup.desired.trust import fleet_bundle, system_ca_bundle
 
 
 def run_lock(args: argparse.Namespace, out: Any = None) -> int:
@@ -55,7 +56,9 @@ def run_lock(args: argparse.Namespace, out: Any = None) -> int:
             say(f"{path}: covers all {len(needs)} pins the fleet needs")
             return 0
         token = read_hf_token(_fleet_token_file(fleet))
-        resolver = Resolver(hf_token=token, image_digests=args.image_digests, log=(say if args.verbose else None))
+        # HTTPS checked against the fleet's ca_bundle (load_fleet read it), else the system's store, never certifi's
+        resolver = Resolver(hf_token=token, image_digests=args.image_digests, log=(say if args.verbose else None),
+                            ca_bundle=fleet_bundle() or system_ca_bundle())
         upgrade = None if args.upgrade is None else list(args.upgrade)
         new, changes = update_lock(old, needs, resolver, upgrade, prune=args.prune)
         # A moved recipe repository can mount from other sources: pin what the new commits need too.

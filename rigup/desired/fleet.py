@@ -31,6 +31,7 @@ from rigup.desired.knobs import KnobError, check_knob, load_defaults, type_ok
 from rigup.desired.pods import PodError, host_pods
 from rigup.desired.recipe import RecipeError, check_overrides
 from rigup.desired.roles import LOCAL_HOST
+from rigup.desired.trust import TrustError, fleet_ca_bundle, use_fleet_bundle
 
 # Connection settings pyinfra's SSH connector reads from host data. Passwords are not accepted:
 # they would sit in a plain file (use keys and passwordless sudo).
@@ -173,6 +174,11 @@ def load_fleet(path: Path | str | None = None, data: Mapping[str, Any] | None = 
         resolve_mirrors(path, {host.name: host.data for members in groups.values() for host in members})
     except MirrorError as exc:
         raise FleetError(str(exc)) from None
+    try:  # the control machine's HTTPS clients (rigup lock, the upstream git cache) check against it from now on
+        use_fleet_bundle(fleet_ca_bundle((host.data.get("ca_bundle") for members in groups.values() for host in members),
+                                         path.parent, system=False))
+    except TrustError as exc:
+        raise FleetError(f"{path}: {exc}") from None
     return Fleet(path=path, groups=groups, clusters=clusters)
 
 

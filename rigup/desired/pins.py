@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import ssl
 import tempfile
 import urllib.parse
 from collections.abc import Iterable, Mapping
@@ -34,31 +35,59 @@ from rigup.desired.lock import (
     is_safe_relpath,
     need_problem,
 )
+from rigup.desired.trust import certificate_problem, client_environment, untrusted_message
 
 # GitPython and huggingface_hub are imported in the methods that use them, not at the top: every rigup
 # command imports this module (rigup.cli.lock, to build its parser), and they take about 40 ms and 145 ms
 # to import, a third of the CLI's start-up, which only `rigup lock` needs.
 
 
-def _git_env() -> dict[str, str]:
-    # Never hang on a credential prompt; a private remote must fail with a message instead.
-    return {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "/bin/true"}
+def _git_env(ca_bundle: str | None = None) -> dict[str, str]:
+    # Never hang on a credential prompt; a private remote must fail with a message instead. HTTPS checked
+    # against the control machine's bundle (rigup.desired.trust: ca_bundle, else the system's store).
+    return {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "/bin/true", **client_environment(ca_bundle)}
+
+
+def _hf_client_factory(ca_bundle: str) -> Any:
+    """huggingface_hub's client (its default factory's settings) checking HTTPS against `ca_bundle`, not
+    certifi's bundle, which holds no private CA."""
+    import httpx2  # huggingface_hub's HTTP client; here for the same reason as huggingface_hub
+    from huggingface_hub.utils import _http
+
+    def factory() -> Any:
+        return httpx2.Client(event_hooks={"request": [_http.hf_request_event_hook]}, follow_redirects=True, timeout=None,
+                             verify=ssl.create_default_context(cafile=ca_bundle))
+
+    return factory
 
 
 class Resolver:
-    """Turns needs into pins. Network access happens only here."""
+    """Turns needs into pins. Network access happens only here, over HTTPS checked against `ca_bundle` (a PEM
+    file: rigup.desired.trust.control_ca_bundle; None: each client's own default)."""
 
-    def __init__(self, hf_token: str | None = None, image_digests: bool = False, log: Any = None) -> None:
+    def __init__(self, hf_token: str | None = None, image_digests: bool = False, log: Any = None,
+                 ca_bundle: str | None = None) -> None:
         self.hf_token = hf_token
         self.image_digests = image_digests
         self.log = log or (lambda message: None)
+        self.ca_bundle = ca_bundle
+        self._hf_factory_set = False
+
+    @property
+    def verify(self) -> str | bool:
+        """requests' verify=: the bundle, else requests' default."""
+        return self.ca_bundle or True
+
+    def _untrusted(self, url: str, exc: BaseException) -> LockError | None:
+        problem = certificate_problem(exc)
+        return None if problem is None else LockError(untrusted_message(url, problem, self.ca_bundle))
 
     # -- git -----------------------------------------------------------------------------------
     def git(self, need: GitNeed) -> GitPin:
         import git as gitpython  # here, not at the top: see the note below the imports
 
         runner = gitpython.cmd.Git()
-        env = _git_env()
+        env = _git_env(self.ca_bundle)
         if SHA40.match(need.ref):
             self._git_verify_commit(need, need.ref)
             return GitPin(need.name, need.url, need.ref, need.ref)
@@ -66,7 +95,8 @@ class Resolver:
             with runner.custom_environment(**env):
                 output = runner.ls_remote(need.url, need.ref, f"refs/tags/{need.ref}^{{}}")
         except gitpython.GitCommandError as exc:
-            raise LockError(f"{need.name}: git ls-remote {need.url} failed: {_git_stderr(exc)}") from None
+            untrusted = self._untrusted(need.url, exc)
+            raise (untrusted or LockError(f"{need.name}: git ls-remote {need.url} failed: {_git_stderr(exc)}")) from None
         refs: dict[str, str] = {}
         for line in output.splitlines():
             sha, _, ref = line.partition("\t")
@@ -88,7 +118,7 @@ class Resolver:
         import git as gitpython  # here, not at the top: see the note below the imports
 
         repo = gitpython.Repo.init(workdir, bare=True)
-        with repo.git.custom_environment(**_git_env()):
+        with repo.git.custom_environment(**_git_env(self.ca_bundle)):
             repo.git.fetch("--quiet", "--filter=blob:none", need.url, "+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*")
         return repo
 
@@ -98,17 +128,19 @@ class Resolver:
         with tempfile.TemporaryDirectory(prefix="rigup-lock-") as workdir:
             repo = gitpython.Repo.init(workdir, bare=True)
             try:
-                with repo.git.custom_environment(**_git_env()):
+                with repo.git.custom_environment(**_git_env(self.ca_bundle)):
                     # Most servers (GitHub, git daemon with protocol v2) hand out a reachable commit by sha.
                     repo.git.fetch("--quiet", "--depth=1", need.url, commit)
                 return
-            except gitpython.GitCommandError:
-                pass
+            except gitpython.GitCommandError as exc:
+                untrusted = self._untrusted(need.url, exc)
+                if untrusted is not None:
+                    raise untrusted from None
             try:
                 repo = self._git_fetch_all(need, workdir)
                 repo.git.cat_file("-e", f"{commit}^{{commit}}")
             except gitpython.GitCommandError as exc:
-                raise LockError(
+                raise self._untrusted(need.url, exc) or LockError(
                     f"{need.name}: commit {commit} is not reachable from any branch or tag of {need.url} "
                     f"(force-pushed or deleted?): {_git_stderr(exc)}"
                 ) from None
@@ -132,10 +164,20 @@ class Resolver:
         from huggingface_hub import HfApi
         from huggingface_hub.errors import HfHubHTTPError
 
+        if self.ca_bundle and not self._hf_factory_set:
+            from huggingface_hub import set_client_factory
+
+            set_client_factory(_hf_client_factory(self.ca_bundle))
+            self._hf_factory_set = True
         api = HfApi(endpoint=need.endpoint, token=self.hf_token or False)
         try:
             info = api.model_info(need.repo_id, revision=need.revision, files_metadata=True)
-        except HfHubHTTPError as exc:
+        except Exception as exc:
+            if not isinstance(exc, HfHubHTTPError):
+                untrusted = self._untrusted(need.endpoint, exc)
+                if untrusted is None:
+                    raise
+                raise untrusted from None
             status = getattr(getattr(exc, "response", None), "status_code", None)
             hint = ""
             if status in (401, 403) or (need.gated and status == 404):
@@ -183,9 +225,9 @@ class Resolver:
         url = f"{need.endpoint}/{need.repo_id}/resolve/{commit}/{urllib.parse.quote(path)}"
         headers = build_hf_headers(token=self.hf_token or False)
         try:
-            response = requests.get(url, headers=headers, timeout=60)
+            response = requests.get(url, headers=headers, timeout=60, verify=self.verify)
         except requests.RequestException as exc:
-            raise LockError(f"{need.name}: cannot download {path}: {exc}") from None
+            raise self._untrusted(url, exc) or LockError(f"{need.name}: cannot download {path}: {exc}") from None
         if response.status_code in (401, 403):
             raise LockError(
                 f"{need.name}: {url} answered HTTP {response.status_code} (gated or private: set HF_TOKEN "
@@ -204,13 +246,13 @@ class Resolver:
         pinned = catalog_image_digest(need.repository, need.tag)
         if pinned is not None:
             if self.image_digests:
-                registry_has_digest(need.registry, need.repository, pinned, need.plain_http)
+                registry_has_digest(need.registry, need.repository, pinned, need.plain_http, self.ca_bundle)
                 self.log(f"{need.name}: {pinned} (the catalog's pin; {need.registry} has it)")
             return ImagePin(need.name, need.repository, need.tag, pinned)
         if not self.image_digests:
             digest = previous.digest if previous is not None else None
             return ImagePin(need.name, need.repository, need.tag, digest)
-        digest = registry_digest(need.registry, need.repository, need.tag, need.plain_http)
+        digest = registry_digest(need.registry, need.repository, need.tag, need.plain_http, self.ca_bundle)
         self.log(f"{need.name}: {digest}")
         return ImagePin(need.name, need.repository, need.tag, digest)
 
@@ -243,9 +285,11 @@ MANIFEST_TYPES = ", ".join(
 )
 
 
-def _manifest_head(registry: str, repository: str, reference: str, plain_http: bool = False) -> tuple[str, Any]:
+def _manifest_head(registry: str, repository: str, reference: str, plain_http: bool = False,
+                   ca_bundle: str | None = None) -> tuple[str, Any]:
     """(registry host, response) of HEAD /v2/<repository>/manifests/<tag or digest> (anonymous token).
-    Over plain HTTP for loopback and for a registry the fleet lists as insecure, as Docker pulls from it."""
+    Over plain HTTP for loopback and for a registry the fleet lists as insecure, as Docker pulls from it;
+    else HTTPS checked against `ca_bundle` (None: requests' default)."""
     host = "registry-1.docker.io" if registry in ("docker.io", "index.docker.io") else registry
     if registry in ("docker.io", "index.docker.io") and "/" not in repository:
         repository = f"library/{repository}"
@@ -253,21 +297,25 @@ def _manifest_head(registry: str, repository: str, reference: str, plain_http: b
     url = f"{'http' if local or plain_http else 'https'}://{host}/v2/{repository}/manifests/{reference}"
     headers = {"Accept": MANIFEST_TYPES}
     what = f"{repository}@{reference}" if reference.startswith("sha256:") else f"{repository}:{reference}"
+    verify = ca_bundle or True
     try:
-        response = requests.head(url, headers=headers, timeout=30)
+        response = requests.head(url, headers=headers, timeout=30, verify=verify)
         if response.status_code == 401:
-            token = _registry_token(response.headers.get("WWW-Authenticate", ""))
+            token = _registry_token(response.headers.get("WWW-Authenticate", ""), verify)
             if token:
                 headers["Authorization"] = f"Bearer {token}"
-                response = requests.head(url, headers=headers, timeout=30)
+                response = requests.head(url, headers=headers, timeout=30, verify=verify)
     except requests.RequestException as exc:
+        problem = certificate_problem(exc)
+        if problem is not None:
+            raise LockError(f"image {what}: {untrusted_message(url.split('/v2/')[0], problem, ca_bundle)}") from None
         raise LockError(f"image {what}: cannot reach {host}: {exc}") from None
     return host, response
 
 
-def registry_digest(registry: str, repository: str, tag: str, plain_http: bool = False) -> str:
+def registry_digest(registry: str, repository: str, tag: str, plain_http: bool = False, ca_bundle: str | None = None) -> str:
     """The digest a registry serves for repository:tag (Registry HTTP API v2, anonymous token)."""
-    host, response = _manifest_head(registry, repository, tag, plain_http)
+    host, response = _manifest_head(registry, repository, tag, plain_http, ca_bundle)
     if response.status_code == 404:
         raise LockError(f"image {repository}:{tag}: not found on {host} (tag purged or renamed?)")
     if response.status_code != 200:
@@ -278,9 +326,10 @@ def registry_digest(registry: str, repository: str, tag: str, plain_http: bool =
     return digest
 
 
-def registry_has_digest(registry: str, repository: str, digest: str, plain_http: bool = False) -> None:
+def registry_has_digest(registry: str, repository: str, digest: str, plain_http: bool = False,
+                        ca_bundle: str | None = None) -> None:
     """Raise LockError unless the registry serves repository@digest (a manifest by its digest)."""
-    host, response = _manifest_head(registry, repository, digest, plain_http)
+    host, response = _manifest_head(registry, repository, digest, plain_http, ca_bundle)
     if response.status_code == 404:
         raise LockError(f"image {repository}@{digest}: {host} does not have this digest (the catalog pins the "
                         f"image by it: was it deleted upstream, or does this registry mirror another image?)")
@@ -291,14 +340,14 @@ def registry_has_digest(registry: str, repository: str, digest: str, plain_http:
         raise LockError(f"image {repository}@{digest}: {host} answered with another manifest ({served})")
 
 
-def _registry_token(challenge: str) -> str | None:
+def _registry_token(challenge: str, verify: str | bool = True) -> str | None:
     if not challenge.lower().startswith("bearer "):
         return None
     params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
     realm = params.pop("realm", None)
     if realm is None:
         return None
-    response = requests.get(realm, params=params, timeout=30)
+    response = requests.get(realm, params=params, timeout=30, verify=verify)
     if response.status_code != 200:
         return None
     body = response.json()

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Protocol
 
 from rigup import WORK_DIR
+from rigup.desired.trust import client_environment, fleet_bundle
 
 
 class UpstreamError(ValueError):
@@ -51,8 +52,9 @@ class UpstreamReader(Protocol):
 
 
 def _git_env() -> dict[str, str]:
+    # HTTPS checked against the fleet file's ca_bundle when it names one (rigup.desired.trust), else git's own
     env = dict(os.environ)
-    env.update({"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "/bin/true", "LC_ALL": "C"})
+    env.update({"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "/bin/true", "LC_ALL": "C", **client_environment(fleet_bundle())})
     return env
 
 

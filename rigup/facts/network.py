@@ -1,4 +1,5 @@
-"""Facts about the host's network: how it reaches the other members of its cluster."""
+"""Facts about the host's network: how it reaches the other members of its cluster, and whether it trusts the
+HTTPS servers it will reach."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ import time
 from pyinfra.api import FactBase
 
 from rigup.facts.util import parse_fact_output
+from rigup.parsers.curl import NO_CURL, TlsProbe, parse_tls_probes
 from rigup.parsers.iproute import PeerRoutes, parse_peer_routes
+
+PROBE_CONNECT_S = 3  # HttpsTrust: a handshake per origin, all at once: an unreachable one costs this much, once
+PROBE_MAX_S = 8
 
 
 class ClusterPeerRoutes(FactBase[PeerRoutes]):
@@ -43,3 +48,31 @@ class ClusterPeerRoutes(FactBase[PeerRoutes]):
     def process(self, output: list[str]) -> PeerRoutes:
         received_at = time.time()
         return parse_fact_output(output, lambda lines: parse_peer_routes(lines, received_at))
+
+
+class HttpsTrust(FactBase):
+    """
+    Whether this host trusts the certificate of each https origin it will reach (rigup.desired.trust.https_urls:
+    the apt repositories, the Hugging Face endpoint, the git remotes, the registry): one TLS handshake per
+    origin with curl and the system's trust store, as apt, git and Docker's engine check it, all at once
+    (an unreachable origin costs PROBE_CONNECT_S, and is not judged here). None where curl is not installed.
+
+    + origins: ["https://host[:port]", ...]
+
+    .. code:: python
+
+        {"https://10.213.0.1:8080": TlsProbe(origin=..., status=60, message="curl: (60) SSL certificate problem: ...")}
+    """
+
+    def command(self, origins: list[str]) -> str:
+        if not origins:
+            return "true"
+        probes = " ".join(
+            f"( e=$(curl -sS -o /dev/null --head --connect-timeout {PROBE_CONNECT_S} --max-time {PROBE_MAX_S} "
+            f"{shlex.quote(o + '/')} 2>&1); s=$?; printf '==> %s %s %s\\n' {shlex.quote(o)} \"$s\" \"$(printf '%s\\n' \"$e\" | head -n 1)\" ) &"
+            for o in origins
+        )
+        return f"if ! command -v curl >/dev/null 2>&1; then echo '{NO_CURL}'; else {probes} wait; fi"
+
+    def process(self, output: list[str]) -> dict[str, TlsProbe] | None:
+        return parse_fact_output(output, parse_tls_probes)

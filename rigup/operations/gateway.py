@@ -34,6 +34,7 @@ from rigup.desired.gateway import (
     routes_text,
     workers_by_model,
 )
+from rigup.desired.trust import RIG_CA_BUNDLE
 from rigup.facts.gateway import GatewayVenvs, RouterEnvFiles, RouterInstances, VenvComplete
 from rigup.facts.units import TextFile, UnitAgainstFiles
 from rigup.operations.live_output import streamed
@@ -56,7 +57,8 @@ def gateway_venv(venv: str, requirements: str, requirements_sha256: str, index_u
     + index_url: PEP 503 index pip installs from; None: no ``--index-url``, pip's own config on the host
       (pip.conf, PIP_INDEX_URL) decides, else PyPI
 
-    pip runs with ``--require-hashes --no-deps``: nothing outside the pin installs. It is built in
+    pip runs with ``--require-hashes --no-deps``: nothing outside the pin installs; ``--cert`` the system's
+    trust store (rigup.desired.trust.RIG_CA_BUNDLE). It is built in
     place (a venv's scripts name their interpreter by path, so it cannot be moved); the marker is
     written last, so an interrupted build is wiped and redone, never used half-done.
     """
@@ -72,8 +74,10 @@ def gateway_venv(venv: str, requirements: str, requirements_sha256: str, index_u
         index = ["--index-url", QuoteString(index_url)]
         if url.scheme == "http" and url.hostname:
             index += ["--trusted-host", QuoteString(url.hostname)]
+    # HTTPS checked against the system's trust store, as apt and git on the host check it (a pip carrying
+    # certifi's bundle would trust the public CAs only, never a mirror's or a TLS-intercepting proxy's own CA)
     pip = [QuoteString(f"{venv}/bin/pip"), "install --disable-pip-version-check --no-input --progress-bar off",
-           "--require-hashes --no-deps", *index, "-r", QuoteString(requirements)]
+           "--require-hashes --no-deps", "--cert", QuoteString(RIG_CA_BUNDLE), *index, "-r", QuoteString(requirements)]
     if host.state.print_noop_info:  # pyinfra -v: every line of pip's as it comes
         install = pip
     else:

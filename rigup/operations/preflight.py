@@ -24,7 +24,9 @@ from rigup.checks.preflight import (
 )
 from rigup.desired.knobs import knob
 from rigup.desired.roles import serves_variant
+from rigup.desired.trust import https_urls, origins
 from rigup.facts.gpu import GpuTopology
+from rigup.facts.network import HttpsTrust
 from rigup.facts.system import FreeDisk, HostCapabilities, OsReleaseInfo
 from rigup.operations.cluster import cluster_host_data, member_network, peer_addresses
 from rigup.operations.preflight_facts import gather
@@ -54,7 +56,9 @@ def host_preflight(target: Any, base_dir: Path | None = None) -> tuple[list[Chec
         if privileges_missing(check_capabilities(caps, data)):
             return gateway_host_checks(caps, None, {}, data), None
         root = str(knob(data, "install_root"))
-        return gateway_host_checks(caps, target.get_fact(OsReleaseInfo), target.get_fact(FreeDisk, paths=[root]), data), None
+        origins_ = origins(https_urls(data, gateway=True))
+        tls = target.get_fact(HttpsTrust, origins=origins_) if origins_ else None
+        return gateway_host_checks(caps, target.get_fact(OsReleaseInfo), target.get_fact(FreeDisk, paths=[root]), data, tls), None
     first = check_capabilities(target.get_fact(HostCapabilities, _sudo=False), data)
     if privileges_missing(first):
         return first, None

@@ -10,9 +10,11 @@ from rigup.checks.driver_plan import DriverWant
 from rigup.checks.preflight import HostFacts, disk_paths, recipe_list
 from rigup.desired.catalog import rigup_container_names
 from rigup.desired.knobs import knob
+from rigup.desired.trust import https_urls, origins
 from rigup.facts.docker import DockerEngineInfo, DockerImage, DockerSnap
 from rigup.facts.driver import NvidiaKernelModule, NvidiaPackages, PrebuiltNvidiaModules
 from rigup.facts.gpu import DriverCudaVersion, GpuMemoryUse, GpuTopology, NvidiaGpus, PciGpus
+from rigup.facts.network import HttpsTrust
 from rigup.facts.serving import RigupVariantUnits
 from rigup.facts.system import FreeDisk, OsReleaseInfo, PathSizes, RebootPending, SecureBoot
 from rigup.parsers.topology import Topology
@@ -46,6 +48,7 @@ def gather(
     # variant units it no longer runs (a pod renamed or dropped: rigup-<unit's name>).
     installed = get_fact(RigupVariantUnits, install_root=str(knob(host_data, "install_root"))) if recipes else {}
     leftover = tuple(unit[: -len(".service")] for unit in sorted(installed or {}))
+    tls_origins = origins(https_urls(host_data))
     own = tuple(dict.fromkeys((*rigup_container_names(), *(r.container_name for r in recipes), *leftover)))
     return HostFacts(
         os=get_fact(OsReleaseInfo),
@@ -67,4 +70,5 @@ def gather(
         gpu_memory=get_fact(GpuMemoryUse, container_names=own) if recipes else None,
         driver_cuda=get_fact(DriverCudaVersion),
         topology=get_fact(GpuTopology) if topology is _UNREAD else topology,
+        tls=get_fact(HttpsTrust, origins=tls_origins) if tls_origins else None,
     )

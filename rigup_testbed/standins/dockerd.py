@@ -269,18 +269,20 @@ class Engine:
     def registry_digest(self, p: dict[str, str], image: str) -> str:
         """Ask a private registry (Registry API v2 manifests) what a reference resolves to, like a real pull.
 
-        Plain HTTP is only allowed for insecure registries (daemon.json "insecure-registries", or loopback),
-        as with the real engine. docker.io is simulated locally (hosts have no internet)."""
+        HTTPS checked against the system's trust store (/etc/ssl/certs, as the real engine on Linux), plain
+        HTTP only for insecure registries (daemon.json "insecure-registries", or loopback), as with the real
+        engine. docker.io is simulated locally (hosts have no internet)."""
+        import ssl
         import urllib.error
         import urllib.request
 
         host = p["domain"]
         hostname = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
         insecure = set(self.config.get("insecure-registries", []))
-        if host not in insecure and hostname not in insecure and not (hostname == "localhost" or hostname.startswith("127.")):
-            raise ref.DaemonError(f'Get "https://{host}/v2/": http: server gave HTTP response to HTTPS client', 500)
+        plain = host in insecure or hostname in insecure or hostname == "localhost" or hostname.startswith("127.")
+        scheme = "http" if plain else "https"
         ref_part = p["digest"] or p["tag"]
-        url = f"http://{host}/v2/{p['path']}/manifests/{ref_part}"
+        url = f"{scheme}://{host}/v2/{p['path']}/manifests/{ref_part}"
         req = urllib.request.Request(url, method="HEAD", headers={
             "Accept": "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.index.v1+json"})
         try:
@@ -293,7 +295,12 @@ class Engine:
             raise ref.DaemonError(f"received unexpected HTTP status: {exc.code} {exc.reason}", 500) from None
         except OSError as exc:
             reason = getattr(exc, "reason", exc)
-            raise ref.DaemonError(f'Get "http://{host}/v2/": dial tcp {host}: connect: {reason}', 500) from None
+            if isinstance(reason, ssl.SSLCertVerificationError):  # the engine's words (Go's crypto/x509)
+                raise ref.DaemonError(f'Get "https://{host}/v2/": tls: failed to verify certificate: x509: '
+                                      "certificate signed by unknown authority", 500) from None
+            if isinstance(reason, ssl.SSLError):
+                raise ref.DaemonError(f'Get "https://{host}/v2/": http: server gave HTTP response to HTTPS client', 500) from None
+            raise ref.DaemonError(f'Get "{scheme}://{host}/v2/": dial tcp {host}: connect: {reason}', 500) from None
 
     def pull(self, image: str) -> dict[str, Any]:
         registry = common.read_json(common.path(common.REGISTRY_FILE), {}) or {}

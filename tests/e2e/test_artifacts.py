@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import ssl
 import subprocess
 import sys
 import threading
@@ -70,7 +71,7 @@ def lock(fleet: Path) -> LockFile:
 
 @pytest.fixture(scope="module")
 def hub(bed: Testbed) -> HubAdmin:
-    return HubAdmin(bed.urls["hf_endpoint"])
+    return HubAdmin(bed.urls["hf_endpoint"], ca_file=bed.ca_cert)
 
 
 def _converge(pyinfra_run: RUN, fleet: Path, *opts: str) -> subprocess.CompletedProcess[str]:
@@ -279,10 +280,11 @@ def test_a_peer_killed_mid_transfer_fails_alone_and_the_next_converge_heals_it(
 # images: the mirror on rig-01, a relay on rig-02 and rig-03, the blobs moved along the chain
 
 
-def _registry_image_bytes(registry: str, repository: str, digest: str) -> int:
-    request = urllib.request.Request(f"http://{registry}/v2/{repository}/manifests/{digest}",
+def _registry_image_bytes(registry: str, repository: str, digest: str, ca_file: Path | None) -> int:
+    request = urllib.request.Request(f"{'https' if ca_file else 'http'}://{registry}/v2/{repository}/manifests/{digest}",
                                      headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
-    manifest = json.loads(urllib.request.urlopen(request, timeout=30).read())
+    context = ssl.create_default_context(cafile=str(ca_file)) if ca_file else None  # the bed's CA: the hub is https
+    manifest = json.loads(urllib.request.urlopen(request, timeout=30, context=context).read())
     return int(manifest["config"]["size"]) + sum(int(layer["size"]) for layer in manifest["layers"])
 
 
@@ -318,7 +320,7 @@ def test_an_image_reaches_every_relay_along_the_chain_and_upstream_serves_it_onc
     (pin,) = keep["keep"]  # the bed's lock pins the tag
     repository, tag = pin.rsplit(":", 1)
     digest = bed.urls["engine_registry_images"][pin]
-    size = _registry_image_bytes(registry, repository, digest)
+    size = _registry_image_bytes(registry, repository, digest, bed.ca_cert)
     assert served_blob_bytes(log, repository) - served_before == size  # the hub sent one copy, to rig-01
     assert _image_report(one)["bytes_from_hub"] == size
     for relay in (two, three):

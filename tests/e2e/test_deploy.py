@@ -21,7 +21,9 @@ import pytest
 
 from rigup.desired.knobs import load_defaults
 from rigup.desired.recipe import resolve
+from rigup.layout import RigLayout
 from rigup_testbed.fleet import Testbed
+from rigup_testbed.image import CA_FILE_NAME, CA_STORE
 from tests.e2e.helpers import PYINFRA, run, run_json
 
 pytestmark = pytest.mark.e2e
@@ -125,3 +127,33 @@ def test_long_work_shows_progress_and_each_converge_ends_with_an_account(bed: Te
         # round trips: those the first did not ask (checksums of files it had just uploaded) singly
         result, commands, *what = row.split()[1:]
         assert (result, what) == ("ok", ["no", "change"]) and int(commands) <= 15, row
+
+
+def test_a_rig_that_does_not_trust_the_hubs_certificate_fails_in_preflight_in_one_line(bed: Testbed, fleet: Path,
+                                                                                       converges: Any) -> None:
+    """The bed speaks TLS as the world does. rig-02 loses the bed's CA from its trust store (a box behind a
+    TLS-intercepting proxy whose CA nobody installed): the converge fails that host in preflight with one line
+    naming it, a URL it would reach and that the certificate is not trusted, without a traceback, and changes
+    nothing there (a drifted file the converge would put back stays drifted)."""
+    host = bed.hosts[1]
+    ctl = RigLayout(str(load_defaults()["install_root"])).servingctl
+    host.ssh(f"sudo rm {CA_STORE}/{CA_FILE_NAME} && sudo update-ca-certificates --fresh >/dev/null")
+    try:
+        host.ssh(f"echo '# drifted' | sudo tee -a {ctl} >/dev/null")
+        before = host.ssh(f"sudo sha256sum {ctl}").stdout
+        started = time.monotonic()
+        code, results, log = run_json([PYINFRA, "-y", "--json", "--limit", host.name, "inventory.py", "deploy.py"], fleet, 600)
+        print(f"converge refused by preflight: {time.monotonic() - started:.1f} s")
+        assert code != 0, log[-4000:]
+        said = [line for line in log.splitlines() if "not trusted" in line]
+        assert len(said) == 1, said
+        print(said[0])
+        hub = f"https://{bed.ledger.info['hub_ip']}:"
+        assert host.name in said[0] and hub in said[0] and "https-trust" in said[0], said[0]
+        assert "Traceback" not in log, log[-4000:]
+        assert [op["name"] for op in results["results"]["operations"] if op["success"]] == []
+        assert host.ssh(f"sudo sha256sum {ctl}").stdout == before
+    finally:
+        subprocess.run([*host.ssh_argv(), f"sudo tee {CA_STORE}/{CA_FILE_NAME} >/dev/null && sudo update-ca-certificates >/dev/null"],
+                       input=bed.ca_cert.read_text() if bed.ca_cert else "", text=True, check=True, timeout=60,
+                       capture_output=True)

@@ -86,8 +86,14 @@ def prepared(bed: Testbed) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def fleet(bed: Testbed, prepared: dict[str, str]) -> Path:
-    # (the fleet tells Docker that the hub's registry speaks plain HTTP, as a LAN mirror often does)
-    return bed.write_fleet(bed.workdir / "hostlayer-rigs.yaml")
+    # (the hub's registry speaks HTTPS with the bed's CA, which the rigs trust; the fleet also tells Docker of
+    # a plain-HTTP LAN mirror, as users often do, so rigup's merge into daemon.json has something to merge)
+    return bed.write_fleet(bed.workdir / "hostlayer-rigs.yaml", data={"docker_insecure_registries": [lan_mirror(bed)]})
+
+
+def lan_mirror(bed: Testbed) -> str:
+    """A plain-HTTP registry on the bed's network that no image is pulled from (host:port)."""
+    return f"{bed.ledger.info['hub_ip']}:5999"
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +182,7 @@ def test_conflicting_docker_source_is_replaced_and_user_daemon_keys_kept(bed: Te
     daemon = json.loads(sh(host, "sudo cat /etc/docker/daemon.json"))
     assert daemon["log-driver"] == "json-file" and daemon["log-opts"] == USER_DAEMON_JSON["log-opts"]
     assert "nvidia" in daemon["runtimes"]  # nvidia-ctk's merge
-    assert daemon["insecure-registries"] == [bed.urls["engine_registry"]]  # rigup's merge
+    assert daemon["insecure-registries"] == [lan_mirror(bed)]  # rigup's merge
     assert "nvidia" in sh(host, "sudo docker info --format '{{json .Runtimes}}'")
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -139,11 +140,13 @@ def _recipe(variant: str) -> Any:
     return resolve({**load_defaults(), "variant": variant})  # from the fixture trees the remotes commit
 
 
-def registry_image_bytes(registry: str, repository: str, digest: str) -> int:
-    """The bytes of an image's config and layers, from its manifest in `registry` (host:port)."""
-    request = urllib.request.Request(f"http://{registry}/v2/{repository}/manifests/{digest}",
+def registry_image_bytes(registry: str, repository: str, digest: str, ca_file: Path | None = None) -> int:
+    """The bytes of an image's config and layers, from its manifest in `registry` (host:port), over HTTPS
+    checked against `ca_file` (the bed's CA), or plain HTTP without one."""
+    request = urllib.request.Request(f"{'https' if ca_file else 'http'}://{registry}/v2/{repository}/manifests/{digest}",
                                      headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
-    manifest = json.loads(urllib.request.urlopen(request, timeout=30).read())
+    context = ssl.create_default_context(cafile=str(ca_file)) if ca_file else None
+    manifest = json.loads(urllib.request.urlopen(request, timeout=30, context=context).read())
     return int(manifest["config"]["size"]) + sum(int(layer["size"]) for layer in manifest["layers"])
 
 
@@ -449,7 +452,7 @@ def test_rollout_with_a_canary_and_a_host_down(testbed_factory: Callable[..., Te
         assert unit_prop(b.host(name), "docker-registry.service", "ActiveState") == "active"
     relay = json.loads(sh(b.host("rig-02"), "cat /etc/rigup/image-mirror-keep.json"))
     assert relay["upstream"] == f"http://{b.host('rig-01').ip}:5000", relay
-    image_bytes = registry_image_bytes(testbed.urls["engine_registry"], image.repository, digest)
+    image_bytes = registry_image_bytes(testbed.urls["engine_registry"], image.repository, digest, testbed.ca_cert)
     assert served_blob_bytes(hub_log, image.repository) - hub_before == image_bytes
     # A converged mirror host changes nothing on a re-run: cache, bound, registry and daemon.json all hold.
     again = b.deploy_json("--limit", "rig-01")

@@ -6,19 +6,24 @@ from __future__ import annotations
 import json
 import os
 import re
+import ssl
 import subprocess
 import sys
 import textwrap
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import certifi
 import pytest
 
+from rigup.desired.trust import origin_of
 from rigup_testbed import hardware as hw
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import Host
-from rigup_testbed.image import REPO_ROOT
+from rigup_testbed.image import CA_FILE_NAME, CA_STORE, REPO_ROOT
 from rigup_testbed.state import CGROUP_TOP, TestbedError, cgroup_roots, is_same_process
 from tests.e2e.conftest import PYINFRA, lock_instance, runs_dir
 
@@ -224,7 +229,7 @@ def test_hosts_reach_the_hub_services_and_nothing_else(testbed: Testbed) -> None
         "apt": "sudo apt-get update -o APT::Update::Error-Mode=any >/dev/null && apt-cache policy pciutils | grep -q Installed:",
         "git": f"git ls-remote {urls['vllm_fork_git_url']} refs/heads/main | grep -q refs/heads/main",
         "hf": f"curl -sf {urls['hf_endpoint']}/api/models/{next(iter(_hf_repos(testbed)))} >/dev/null",
-        "registry": f"curl -sfI http://{urls['container_registry']}/v2/vllm/vllm-openai/manifests/latest | grep -qi '^docker-content-digest: sha256:'",
+        "registry": f"curl -sfI https://{urls['container_registry']}/v2/vllm/vllm-openai/manifests/latest | grep -qi '^docker-content-digest: sha256:'",
         "docker_key": f"curl -sf {urls['docker_apt_key_url']} | grep -q 'BEGIN PGP PUBLIC KEY BLOCK'",
     }
     for name, command in checks.items():
@@ -234,6 +239,33 @@ def test_hosts_reach_the_hub_services_and_nothing_else(testbed: Testbed) -> None
     assert host.ssh("curl -s -m 3 http://1.1.1.1/ >/dev/null", check=False).returncode != 0
     assert host.ssh("getent hosts deb.debian.org", check=False).returncode != 0
     assert host.ssh("ip route show default").stdout.split()[2] == testbed.ledger.info["hub_ip"]
+
+
+def test_the_hub_speaks_https_with_the_beds_ca_which_the_rigs_trust_as_ubuntu_does(testbed: Testbed) -> None:
+    """Every hub service is HTTPS (the world's URLs are), with a certificate from the bed's CA: the rigs trust
+    it through their system store (/usr/local/share/ca-certificates + update-ca-certificates, what apt, git,
+    curl and Docker read), the fleet file names it as ca_bundle for the control machine, and a client that
+    does not hold it is refused."""
+    urls = testbed.urls
+    assert testbed.ca_cert is not None and testbed.ca_cert.is_file()
+    knobs = {k: v for k, v in urls.items() if isinstance(v, str) and "://" in v}
+    assert knobs and all(v.startswith("https://") for v in knobs.values()), knobs
+    assert testbed.fleet(require_all_urls=False)["data"]["ca_bundle"] == str(testbed.ca_cert)
+    assert testbed.fleet(require_all_urls=False)["data"]["docker_insecure_registries"] == []
+    host = testbed.hosts[0]
+    pem = testbed.ca_cert.read_text().strip()
+    assert host.ssh(f"cat {CA_STORE}/{CA_FILE_NAME}").stdout.strip() == pem
+    assert pem.splitlines()[1] in host.ssh("cat /etc/ssl/certs/ca-certificates.crt").stdout  # update-ca-certificates ran
+    for origin in dict.fromkeys(origin_of(v) for v in knobs.values()):
+        # the rig's python3 with its default context: the system store (what rigfetch and the image mirror use)
+        probe = f"python3 -c 'import urllib.request,sys; urllib.request.urlopen(sys.argv[1], timeout=10)' {origin}/ 2>&1 || true"
+        assert "CERTIFICATE_VERIFY_FAILED" not in host.ssh(probe).stdout, origin
+        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):  # certifi's bundle: refused
+            urllib.request.urlopen(f"{origin}/", timeout=10, context=ssl.create_default_context(cafile=certifi.where()))
+        try:
+            urllib.request.urlopen(f"{origin}/", timeout=10, context=ssl.create_default_context(cafile=str(testbed.ca_cert)))
+        except urllib.error.HTTPError:
+            pass  # the handshake passed; "/" itself may be 404
 
 
 def _hf_repos(testbed: Testbed) -> dict[str, object]:

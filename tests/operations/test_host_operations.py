@@ -21,6 +21,7 @@ from rigup.facts.apt import AptPolicies, AptSourceEntries
 from rigup.facts.docker import DockerDaemonJson, DockerEngineInfo, DockerImage, DockerSnap
 from rigup.facts.driver import NvidiaDevChar, NvidiaKernelModule, NvidiaPackages, PrebuiltNvidiaModules
 from rigup.facts.gpu import DriverCudaVersion, GpuMemoryUse, GpuTopology, NvidiaGpus, PciGpus
+from rigup.facts.network import HttpsTrust
 from rigup.facts.serving import RigupVariantUnits
 from rigup.facts.system import FreeDisk, HostCapabilities, OsReleaseInfo, PathSizes, RebootPending, SecureBoot
 from rigup.operations.apt import apt_source_exclusive, conflicting_entries
@@ -30,6 +31,7 @@ from rigup.operations.gpu import gpu_power_state, gpu_smoke_test, nvidia_dev_cha
 from rigup.operations.preflight import fleet_value, preflight_after_driver, preflight_checks, preflight_report
 from rigup.parsers.apt import AptPolicy, parse_apt_source_files
 from rigup.parsers.common import ParseError
+from rigup.parsers.curl import TlsProbe
 from rigup.parsers.docker import parse_daemon_json, parse_docker_info
 from rigup.parsers.dpkg import DebPackage, parse_dpkg_query
 from rigup.parsers.lspci import parse_lspci
@@ -447,6 +449,7 @@ def preflight_host(facts, lock_dir: Path | None = None, **data) -> ScriptedHost:
         DriverCudaVersion: facts.driver_cuda,
         GpuTopology: facts.topology,
         RigupVariantUnits: lambda install_root: {},
+        HttpsTrust: lambda origins: {o: TlsProbe(o, 0) for o in origins},  # every server trusted
     }
     return ScriptedHost(scripted, values, name="rig-07")
 
@@ -456,7 +459,7 @@ def test_preflight_passes_quietly(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     judged = judge_preflight(host, monkeypatch)
     assert judged.passed and judged.failed_now == [] and host.logs == []
     assert run_op(preflight_checks, host, **judged.reported) == []
-    assert host.noops == ["preflight: 18 of 18 checks passed, 0 warned, none failed"]
+    assert host.noops == ["preflight: 19 of 19 checks passed, 0 warned, none failed"]  # https-trust among them
     # memory of every rigup variant's container is free: the deploy replaces or stops them
     (names,) = [kw["container_names"] for fact, kw in host.fact_calls if fact == "GpuMemoryUse"]
     assert set(names) == set(rigup_container_names())
@@ -468,7 +471,7 @@ def test_preflight_without_a_lock_warns_and_checks_the_catalog_refs(monkeypatch:
     judged = judge_preflight(host, monkeypatch)
     assert judged.passed
     assert run_op(preflight_checks, host, **judged.reported) == []
-    assert host.noops == ["preflight: 18 of 19 checks passed, 1 warned, none failed"]
+    assert host.noops == ["preflight: 19 of 20 checks passed, 1 warned, none failed"]
     assert host.logs[0].startswith("preflight warning: rig-07: lock: checked against the catalog's refs: /nonexistent")
 
 
@@ -537,7 +540,7 @@ def test_preflight_after_driver_rechecks_with_the_loaded_driver(tmp_path: Path, 
     host = preflight_host(converged_2x3090(), tmp_path)
     (cmd,) = raw_commands(preflight_after_driver, host)
     assert call_function(cmd, host) is True
-    assert host.logs[-1] == "preflight with the driver loaded: 18 checks passed"
+    assert host.logs[-1] == "preflight with the driver loaded: 19 checks passed"
 
 
 def test_preflight_reads_disk_where_docker_keeps_images(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
