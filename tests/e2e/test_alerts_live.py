@@ -3,8 +3,9 @@ and the alert clears after the heal without waiting out a window. Debian's real 
 the rules as rendered (prometheus_scrape_interval_s 5, which is also the evaluation interval), over the
 real node_exporter, the DCGM exporter stand-in in its container, the vLLM stand-in and the real LiteLLM.
 
-One bed (gw-01: gateway and Prometheus; rig-01 and rig-02 serve the same model, so the gateway has two
-routes for it). Faults run side by side to keep the module short:
+One bed (gw-01: gateway and Prometheus; rig-01 (4 GPUs) serves the model as two pods of one release identity,
+`dual` and `twin`, and rig-02 as one, so the gateway has three routes for it and replica consensus has three
+replicas to compare). Faults run side by side to keep the module short:
   1. the gateway stopped (RigupGatewayDown); rig-01's GPUs under load with poor airflow (RigupGpuHot,
      RigupGpuThrottled; the GPU stand-in follows the load), its node_exporter stopped (RigupExporterDown);
      rig-02's GPUs under load at their power limit (RigupGpuAtPowerCap), its release file edited
@@ -19,6 +20,9 @@ routes for it). Faults run side by side to keep the module short:
   3. rig-02's pod answering '!!!!' under load leaves its model's router on gw-01 within seconds of its quarantine
      (rigup-quarantine-routes) and gets no request until it is healed; then every pod answers '!!!!', and the
      entrance keeps them (gateway_quarantine_removes_last_route false), which RigupPodQuarantined says.
+  4. rig-02's pod gives plausible answers that differ from its two replicas' (right by every probe's judge):
+     RigupPodOutvoted flags it alone, on each probe whose text drifted, it is not quarantined, and the alert
+     clears once it answers as they do.
 Every alert is checked firing (one per cause) and then gone after the heal; those whose `for:` is 5 or
 15 min are held HELD_S here (HELD_SHORTER says why). Every time is printed (-s) as docs/monitoring.md's
 alert table has it: seconds from the fault to firing, and from the heal to gone.
@@ -57,9 +61,25 @@ pytestmark = pytest.mark.e2e
 HELD_SHORTER = ("RigupGpuHot", "RigupGpuThrottled", "RigupGpuAtPowerCap", "RigupExporterDown", "RigupModelDiskFull",
                 "RigupReleaseDrift")
 HELD_S = 60
+# RigupPodOutvoted's `for:` here: two sentinel rounds (sentinel_interval_s is the scrape's 5 s), as its default
+# 60 s is two rounds at the default sentinel_interval_s 30 s (rigup/desired/alert_for.py)
+OUTVOTED_FOR_S = 2 * SCRAPE_S
 UNIT = f"rigup-{VARIANT}.service"
 RESTART_DROPIN = f"/etc/systemd/system/{UNIT}.d"
 TABLE: list[tuple[str, str, float | None, float | None]] = []  # alert, state reached, s to it, s to clear
+# rig-01's two pods: the first is named after the variant, so its unit, directory and port are those of the
+# variant form (rigup-dual.service, variants/dual/, port_of(VARIANT)) that the scenarios use; `twin` is its
+# replica on the rig's other two GPUs (docs/pods.md), on a port of its own
+TWIN = "twin"
+
+
+def twin_port() -> int:
+    return port_of(VARIANT) + 1
+
+
+def rig1_pods() -> list[dict[str, Any]]:
+    return [{"name": VARIANT, "variant": VARIANT, "gpus": [0, 1]},
+            {"name": TWIN, "variant": VARIANT, "gpus": [2, 3], "port": twin_port()}]
 
 
 def alerts(bed: Bed, alert: str, **labels: str) -> list[dict[str, Any]]:
@@ -234,18 +254,20 @@ def responder_faults(rig: Host, **faults: object) -> None:
 @pytest.fixture(scope="module")
 def bed(testbed_factory: Callable[..., Testbed], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
     specs = [HostSpec("gw-01", hardware="none", group="gateway", data={"serves_variant": False}),
-             HostSpec("rig-01", group="rigs"), HostSpec("rig-02", group="lab")]
+             HostSpec("rig-01", hardware="4x3090", group="rigs", data={"pods": rig1_pods()}),
+             HostSpec("rig-02", group="lab")]
     testbed = testbed_factory(specs, "alerts")
     b = Bed(testbed, testbed.workdir)
     keys = key_files(tmp_path_factory.mktemp("keys"), rig=API_KEY, gateway=GATEWAY_KEY)
     b.data = {**b.data, "serving_api_key_file": str(keys["rig"]), "prometheus_scrape_interval_s": SCRAPE_S,
-              "gateway_health_check_interval_s": 5, "alert_for_s": {alert: HELD_S for alert in HELD_SHORTER},
+              "gateway_health_check_interval_s": 5,
+              "alert_for_s": {**{alert: HELD_S for alert in HELD_SHORTER}, "RigupPodOutvoted": OUTVOTED_FOR_S},
               # the sentinel's round as often as the scrape: a garbage pod is quarantined, and released, in seconds
               "sentinel_interval_s": SCRAPE_S, "sentinel_pass_after": 2}
     b.group_data = {"gateway": {"gateway_api_key_file": str(keys["gateway"])}}
     b.write()
     b.deploy()
-    wait_for(lambda: len(targets(b)) == 8 and all(t["health"] == "up" for t in targets(b)), 90, "every target up")
+    wait_for(lambda: len(targets(b)) == 9 and all(t["health"] == "up" for t in targets(b)), 90, "every target up")
     yield b
     if TABLE:
         print("\n| alert | state checked | time to it | time to clear after the heal |")
@@ -261,15 +283,16 @@ def test_gateway_down_hot_gpus_exporter_down_release_drift_and_a_full_disk_fire_
     root(rig2, f"cp -p {release_file} /root/release.json.good")
     (model_dir,) = {r["metric"]["path"] for r in query(bed, 'rigup_model_filesystem{host="rig-02"}')}
     # every pod's sentinel answers are right before the faults: a series per pod, none quarantined
-    wait_for(lambda: len(query(bed, "rigup_sentinel_quarantined == 0")) == 2, 60, "both pods' sentinel rounds")
-    # what replica consensus (RigupPodOutvoted) compares, as the monitor has it: both pods, of one release
-    # identity, with the same answer hash to every probe (tests/rig/test_replica_consensus.py: three replicas)
-    answers = wait_for(lambda: (found := query(bed, "rigup_sentinel_answer_info")) and len(found) == 2 * len(PROBE_NAMES)
-                       and found, 60, "both pods' answers to every probe")
+    wait_for(lambda: len(query(bed, "rigup_sentinel_quarantined == 0")) == 3, 60, "the three pods' sentinel rounds")
+    # what replica consensus (RigupPodOutvoted) compares, as the monitor has it: the three pods, of one release
+    # identity, with the same answer hash to every probe (the fourth scenario makes one of them differ)
+    answers = wait_for(lambda: (found := query(bed, "rigup_sentinel_answer_info")) and len(found) == 3 * len(PROBE_NAMES)
+                       and found, 60, "the three pods' answers to every probe")
     agreed: dict[str, set[tuple[str, str]]] = {}
     for series in answers:
         agreed.setdefault(series["metric"]["probe"], set()).add((series["metric"]["identity"], series["metric"]["answer"]))
-    assert {s["metric"]["host"] for s in answers} == {"rig-01", "rig-02"} and len(answers) == 2 * len(PROBE_NAMES), answers
+    assert {(s["metric"]["host"], s["metric"]["pod"]) for s in answers} == {("rig-01", VARIANT), ("rig-01", TWIN),
+                                                                          ("rig-02", VARIANT)}, answers
     assert sorted(agreed) == sorted(PROBE_NAMES) and all(len(held) == 1 for held in agreed.values()), agreed
     responder_faults(rig1, mode="ok", tokens_per_s=50)
     responder_faults(rig2, mode="garbage", tokens_per_s=50)  # club-3090 #922: "!" until max_tokens
@@ -296,7 +319,9 @@ def test_gateway_down_hot_gpus_exporter_down_release_drift_and_a_full_disk_fire_
         evidence = json.loads(root(rig2, "cat /opt/rigup/state/sentinel.json"))["quarantined"]
         assert evidence["answer"].startswith("'!!!!") and evidence["expected"].startswith("lexical variety 0.00"), evidence
         temps = {r["metric"]["gpu"]: float(r["value"][1]) for r in query(bed, 'DCGM_FI_DEV_GPU_TEMP{host="rig-01"}')}
-        assert temps == {"0": 83.0, "1": 83.0}, temps  # held at the target temperature
+        # the loaded pod's GPUs held at the target temperature; the twin's (GPUs 2 and 3, idle but for the
+        # sentinel's probes) are not hot
+        assert (temps["0"], temps["1"]) == (83.0, 83.0) and max(temps["2"], temps["3"]) < 83.0, temps
         root(gw, "systemctl start nginx.service")
         down.heal()
         set_gpu_state(rig1, thermal_c_per_w=None)  # airflow back, the load goes on
@@ -425,10 +450,10 @@ def test_a_quarantined_pod_leaves_the_entrance_in_seconds_gets_no_request_and_co
     gw-01 (what the front forwards to), so the scenario does not depend on the front's scheme."""
     gw, rig1, rig2 = bed.host("gw-01"), bed.host("rig-01"), bed.host("rig-02")
     port = port_of(VARIANT)
-    pod1, pod2 = f"http://{rig1.ip}:{port}", f"http://{rig2.ip}:{port}"
+    pod1, pod2, twin = f"http://{rig1.ip}:{port}", f"http://{rig2.ip}:{port}", f"http://{rig1.ip}:{twin_port()}"
     for rig in (rig1, rig2):
         responder_faults(rig, mode="ok")
-    wait_for(lambda: routed(bed) == sorted([pod1, pod2]) and quarantined_since(rig2) is None, 60, "both pods routed")
+    wait_for(lambda: routed(bed) == sorted([pod1, pod2, twin]) and quarantined_since(rig2) is None, 60, "every pod routed")
     body = json.dumps({"model": served_name(VARIANT), "max_tokens": LOAD_MAX_TOKENS,
                        "messages": [{"role": "user", "content": "What is the capital of France?"}]})
     loop = (f"i=0; while [ ! -e /tmp/rigup-load.stop ]; do i=$((i+1)); curl -s -o /dev/null -w '%{{http_code}}\\n' "
@@ -456,8 +481,8 @@ def test_a_quarantined_pod_leaves_the_entrance_in_seconds_gets_no_request_and_co
         assert out_s <= 5, out_s
         wait_all([garbage], Watch.check, 60, "RigupPodQuarantined")
         assert "KEEPS ROUTING" not in alerts(bed, "RigupPodQuarantined", host="rig-02")[0]["annotations"]["summary"]
-        time.sleep(2 * SCRAPE_S)  # traffic goes on: every request to rig-01
-        assert routed(bed) == [pod1]
+        time.sleep(2 * SCRAPE_S)  # traffic goes on: every request to rig-01's two pods
+        assert routed(bed) == sorted([pod1, twin])
         after, sent = load_requests(rig2) - served_at_removal, router_sent(bed, pod2) - sent_at_removal
         print(f"the load's requests that reached rig-02's pod after it left the router: {after} ({served_at_removal} "
               f"before; the router's own count of requests sent to it: {sent} after, {sent_at_removal} before)")
@@ -465,7 +490,7 @@ def test_a_quarantined_pod_leaves_the_entrance_in_seconds_gets_no_request_and_co
         healed = time.time()
         responder_faults(rig2, mode="ok")
         garbage.heal()
-        wait_for(lambda: routed(bed) == sorted([pod1, pod2]), 60, "rig-02 routed again")
+        wait_for(lambda: routed(bed) == sorted([pod1, pod2, twin]), 60, "rig-02 routed again")
         back_s = time.time() - healed
         wait_all([garbage], Watch.gone, 60, "RigupPodQuarantined to clear")
         print(f"rig-02 back in the router {back_s:.1f} s after the heal (sentinel_pass_after 2); "
@@ -474,21 +499,22 @@ def test_a_quarantined_pod_leaves_the_entrance_in_seconds_gets_no_request_and_co
         # every pod of the model answers garbage: the last routes are kept, and the alert says so
         for rig in (rig1, rig2):
             responder_faults(rig, mode="garbage")
-        both = [Watch(bed, "RigupPodQuarantined", "firing", host=h, pod=VARIANT) for h in ("rig-01", "rig-02")]
-        wait_all(both, Watch.check, 60, "both pods quarantined")
+        both = [Watch(bed, "RigupPodQuarantined", "firing", host=h, pod=p)
+                for h, p in (("rig-01", VARIANT), ("rig-01", TWIN), ("rig-02", VARIANT))]
+        wait_all(both, Watch.check, 60, "every pod quarantined")
 
         def kept() -> bool:
             summaries = [a["annotations"]["summary"] for a in alerts(bed, "RigupPodQuarantined")]
-            return len(summaries) == 2 and all("KEEPS ROUTING" in s for s in summaries)
+            return len(summaries) == 3 and all("KEEPS ROUTING" in s for s in summaries)
 
         wait_for(kept, 3 * SCRAPE_S + 10, "the alert saying the entrance keeps the last routes")
-        assert routed(bed) == sorted([pod1, pod2])
+        assert routed(bed) == sorted([pod1, pod2, twin])
         for rig in (rig1, rig2):
             responder_faults(rig, mode="ok")
         for watch in both:
             watch.heal()
-        wait_all(both, Watch.gone, 60, "both quarantines to clear")
-        assert routed(bed) == sorted([pod1, pod2])
+        wait_all(both, Watch.gone, 60, "the quarantines to clear")
+        assert routed(bed) == sorted([pod1, pod2, twin])
     finally:
         sh(gw, "touch /tmp/rigup-load.stop")
         for rig in (rig1, rig2):
@@ -496,3 +522,37 @@ def test_a_quarantined_pod_leaves_the_entrance_in_seconds_gets_no_request_and_co
     codes = sh(gw, "sleep 2; sort /tmp/rigup-load.codes | uniq -c")
     print(f"the load's answers (count, status): {codes}")
     garbage.record()
+
+
+def test_a_replica_whose_plausible_answers_differ_from_its_two_replicas_is_outvoted_alone(bed: Bed) -> None:
+    """Issue 43's done-when: a diverging replica among 3 is flagged by consensus, on the bed. rig-02's pod drifts
+    (the stand-in's diverge_after_requests: every text answer gains a closing word, right by every probe's judge, so
+    the sentinel never quarantines it); Debian's Prometheus evaluates RigupPodOutvoted over the three pods' answer
+    series and flags rig-02's pod alone, on the three probes with text (a tool call's has none), never rig-01's two;
+    once it answers as they do the alert clears."""
+    rig1, rig2 = bed.host("rig-01"), bed.host("rig-02")
+    for rig in (rig1, rig2):
+        responder_faults(rig, mode="ok")
+    wait_for(lambda: not alerts(bed, "RigupPodOutvoted") and len(query(bed, "rigup_sentinel_quarantined == 0")) == 3,
+             60, "no pod outvoted or quarantined")
+    responder_faults(rig2, mode="ok", diverge_after_requests=0)  # from its next request on
+    drifted = ("arithmetic", "recall", "json-shape")
+    outvoted = Watch(bed, "RigupPodOutvoted", "firing", count=len(drifted), host="rig-02", pod=VARIANT)
+    wait_all([outvoted], Watch.check, 4 * SCRAPE_S + OUTVOTED_FOR_S + 30, "RigupPodOutvoted for rig-02's pod")
+    assert sorted(a["labels"]["probe"] for a in alerts(bed, "RigupPodOutvoted")) == sorted(drifted), \
+        alerts(bed, "RigupPodOutvoted")  # rig-02's alone: rig-01's two pods hold the majority's answers
+    # what the rule saw: on each drifted probe rig-01's pods share one answer and rig-02's is another, of one identity
+    for probe in drifted:
+        held = {(s["metric"]["host"], s["metric"]["pod"]): (s["metric"]["identity"], s["metric"]["answer"])
+                for s in query(bed, f'rigup_sentinel_answer_info{{probe="{probe}"}}')}
+        assert len({identity for identity, _ in held.values()}) == 1, held
+        assert held[("rig-01", VARIANT)] == held[("rig-01", TWIN)] != held[("rig-02", VARIANT)], held
+    # plausible: every judge passes, so it is flagged by consensus only, never quarantined
+    passed = query(bed, 'rigup_sentinel_probe_passed{host="rig-02"}')
+    assert len(passed) == len(PROBE_NAMES) and all(s["value"][1] == "1" for s in passed), passed
+    assert query(bed, 'rigup_sentinel_quarantined{host="rig-02"} == 0'), "rig-02's pod quarantined for a right answer"
+    responder_faults(rig2, mode="ok")  # it answers as its replicas do again
+    outvoted.heal()
+    wait_all([outvoted], Watch.gone, 4 * SCRAPE_S + 30, "RigupPodOutvoted to clear")
+    assert not alerts(bed, "RigupPodOutvoted")
+    outvoted.record()
