@@ -74,7 +74,7 @@ model_fleet_address = None  # str or None: address peers use to reach this rig's
 # --- Serving -------------------------------------------------------------------------------
 serving_bind_address = "0.0.0.0"  # host address the API port is published on
 container_network_at_start = True  # the serving container may reach PyPI at start (some recipes pip-install)
-serving_api_key_file = None  # control-machine path of a 0600 file holding the API key; None: open
+serving_api_key_file = None  # control-machine path of a 0600 file holding your API key for every pod of the host; None: each pod its own key, made on the control machine (fleet_ca_dir/pod-keys)
 serving_health_timeout_s = None  # seconds for the health gate; None scales with model size
 serving_keep_generations = 2  # rendered generations kept for rollback (current + previous)
 

@@ -6,7 +6,9 @@ gateway_tls_cert_file/_key_file's ({install_root}/gateway/tls.crt, tls.key 0600,
 plain HTTP only with gateway_plain_http); /etc/nginx/conf.d/rigup-entrance.conf allows only the OpenAI paths
 (rigup.desired.entrance.ALLOWED_PATHS) and refuses the rest with 404, a request without a client's key with 401;
 {install_root}/gateway/clients.map (0600, root) holds the clients' keys (gateway_clients, and gateway_api_key_file's
-as client "default"), pod-key.conf (0600) the pods' key, which the front sends in place of the client's;
+as client "default"), pod-key.conf (0600) each routed pod's key by its host:port (its own, made on the control
+machine, or its rig's serving_api_key_file key); the front sends the routers no key, and each router reaches its pods
+through nginx's hop on 127.0.0.1:30400 (its HTTP_PROXY), which sends each pod its key;
 {install_root}/gateway/venv-<hash>/ holds vllm-router from the hash-pinned files/router/requirements.txt
 (pip --require-hashes, from gateway_pip_index_url); one rigup-router@<model>.service per served model routes to
 the rigs serving it (consistent hash on the session header, health checks, retries), its arguments in
@@ -17,14 +19,14 @@ Reads: gateway_group, gateway_bind_address, gateway_port, gateway_api_key_file, 
 gateway_tls_cert_file, gateway_tls_key_file, gateway_tls_ca_file, gateway_plain_http, the fleet CA's knobs
 (fleet_ca_dir, fleet_ca_cert_file, fleet_ca_key_file, fleet_ca_key_passphrase_file, fleet_cert_days,
 fleet_cert_renew_days), gateway_pip_index_url, gateway_health_check_interval_s,
-gateway_num_retries, gateway_ready_timeout_s, install_root, and every rig's serving_api_key_file, ssh_hostname
-and install_root.
-Restarts: a router when its venv, environment file or unit changed after it started; nginx when its site, keys,
-dispatch or certificate changed (judged on the host, so an interrupted run is finished by the next), once nginx -t
-accepts them; then removes the venvs of earlier pins. A router that does not come up healthy, a configuration
-nginx -t refuses, or one nginx starts on but that does not answer its readiness wait, puts the last good
-configuration back ({install_root}/gateway/last-good.tar, 0600, recorded once
-the entrance serves) and fails the host with one line; nginx is not restarted onto a configuration it refuses.
+gateway_num_retries, gateway_ready_timeout_s, install_root, and every rig's serving_api_key_file, fleet_ca_dir,
+ssh_hostname and install_root.
+Restarts: nginx when its site, keys, dispatch or certificate changed (judged on the host, so an interrupted run is
+finished by the next), once nginx -t accepts them; then a router when its venv, environment file or unit changed
+after it started (after nginx: a router reaches its pods through nginx's hop); then removes the venvs of earlier
+pins. A router that does not come up healthy, a configuration nginx -t refuses, or one nginx starts on but that
+does not answer its readiness wait, puts the last good configuration back ({install_root}/gateway/last-good.tar,
+0600, recorded once the entrance serves) and fails the host with one line; nginx is not restarted onto a configuration it refuses.
 rigup-entrance-usage.service counts nginx's usage log per client (requests and tokens) for /metrics/.
 Not idempotent: "Wait for the entrance to answer" runs only after nginx (re)started.
 Included by deploy.py on gateway_group hosts that passed preflight only.
@@ -65,7 +67,7 @@ from rigup.operations.planning_errors import stop_the_run_on
 from rigup.operations.serving import secret_file
 from rigup.operations.units import unit_runs_current_files
 from rigup.rig import ENTRANCE_USAGE_SCRIPT
-from rigup.runstate import fleet_plan
+from rigup.runstate import decided_routes, fleet_plan
 
 with stop_the_run_on(host, GatewayError, SecretError, KnobError):
     plan = fleet_plan(state).host(host.name).gateway()  # routes to every rig of the fleet
@@ -94,11 +96,6 @@ secret_file(
     name="Write the entrance's client keys (0600 nginx map)",
     path=paths.key_map,
     content=HiddenValue(key_map_text(plan.clients)),
-)
-secret_file(
-    name="Write the pods' key the entrance sends (0600 nginx include)",
-    path=paths.pod_key,
-    content=HiddenValue(pod_key_text(plan.pod_key)),
 )
 front_files = [paths.site_file, paths.key_map, paths.pod_key, paths.dispatch_js]
 ready_at, connect_to, ca_pem = plan.readiness_url, None, None
@@ -137,10 +134,11 @@ entrance_routes(
     port=plan.port,
     tls=plan.tls,
 )
-routers_run_current(
-    name="Run one router per served model on its current venv, routes and unit (restart only on a change)",
-    paths=paths,
-    timeout_s=plan.ready_timeout_s,
+secret_file(
+    name="Write each pod's key the entrance's hop sends it (0600 nginx map)",
+    path=paths.pod_key,
+    # when it runs: the routes entrance_routes decided just before, from what the rigs serve
+    content=lambda: pod_key_text(plan.pod_keys(decided_routes(host).routes)),
 )
 files.put(name="Upload rigup-entrance-usage (requests and tokens per client)", src=str(ENTRANCE_USAGE_SCRIPT),
           dest=paths.usage_counter, mode="755")
@@ -163,6 +161,12 @@ front_answers(
     ca_file=paths.tls_ca if ca_pem is not None else None,  # none: the host's trust store (a public CA's)
     connect_to=connect_to,
     _if=front.did_change,
+)
+# after nginx: a router starting waits for its pods through nginx's hop (its HTTP_PROXY), which must serve by then
+routers_run_current(
+    name="Run one router per served model on its current venv, routes and unit (restart only on a change)",
+    paths=paths,
+    timeout_s=plan.ready_timeout_s,
 )
 entrance_last_good(name="Record the entrance's configuration as the last good one", paths=paths,
                    files=[*front_files, paths.models_json, paths.config_file, UNIT_FILE])

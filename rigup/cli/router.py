@@ -5,14 +5,17 @@
 
 Each rig of the fleet whose /v1/models lists its variant's served model becomes one deployment of
 that model name; rigs serving the same name share it, and LiteLLM's router spreads requests over them
-and retries another rig when one fails. Rigs with an API key get `api_key: os.environ/<VAR>` (the key
-itself is never written: export it where the proxy runs); open rigs get vLLM's conventional "EMPTY".
+and retries another rig when one fails. Every pod is keyed (rigup.desired.pod_keys), and the key itself is never
+written: a rig with serving_api_key_file gets `api_key: os.environ/<VAR>` (its key, exported where the proxy runs),
+a pod with its own key `os.environ/<VAR>_<POD>` (<POD> its target name in capitals, e.g. RIGUP_API_KEY_RIG_01 or
+RIGUP_API_KEY_QUAD_LEFT: export each pod's fleet-ca/pod-keys/<host>/<pod>.key there).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +28,7 @@ from rigup.cli.runner import parallel
 from rigup.client.openai_client import ApiClient
 from rigup.client.ssh import RemoteError
 from rigup.client.targets import Target, fleet_targets
+from rigup.desired.knobs import knob
 from rigup.desired.roles import serves_variant
 
 API_KEY_ENV = "RIGUP_API_KEY"
@@ -52,6 +56,14 @@ def check(target: Target, timeout: float = 5.0) -> RigHealth:
     return RigHealth(target, True, f"serves {target.served_model}")
 
 
+def key_env(target: Target, api_key_env: str = API_KEY_ENV) -> str:
+    """The variable the proxy reads a deployment's key from: `api_key_env` for a rig's serving_api_key_file key
+    (one for all such rigs), `<api_key_env>_<TARGET>` for a pod's own key."""
+    if knob(target.data, "serving_api_key_file") is not None:
+        return api_key_env
+    return f"{api_key_env}_{re.sub(r'[^A-Za-z0-9]+', '_', target.name).upper()}"
+
+
 def build_config(rigs: Sequence[RigHealth], include_unhealthy: bool = False, api_key_env: str = API_KEY_ENV) -> dict[str, Any]:
     """The LiteLLM config document (model_list + router_settings)."""
     model_list: list[dict[str, Any]] = []
@@ -66,7 +78,7 @@ def build_config(rigs: Sequence[RigHealth], include_unhealthy: bool = False, api
                 "litellm_params": {
                     "model": f"openai/{target.served_model}",
                     "api_base": f"{target.api_url}/v1",
-                    "api_key": f"os.environ/{api_key_env}" if target.api_key else "EMPTY",
+                    "api_key": f"os.environ/{key_env(target, api_key_env)}",
                 },
                 "model_info": {"id": target.name, "rigup_variant": target.variant},
             }
@@ -89,6 +101,7 @@ def _cmd_router(args: argparse.Namespace) -> int:
         mark = "ok  " if rig.healthy else "SKIP" if not args.include_unhealthy else "bad "
         print(f"{mark} {rig.target.name}: {rig.reason}", file=sys.stderr)
     config = build_config(rigs, args.include_unhealthy, args.api_key_env)
+    deployed = [r.target for r in rigs if r.healthy or args.include_unhealthy]
     if not config["model_list"]:
         print("rigup router: no healthy rig; nothing to route to", file=sys.stderr)
         return 1
@@ -96,7 +109,7 @@ def _cmd_router(args: argparse.Namespace) -> int:
     text = (
         f"# LiteLLM proxy config written by `rigup router` at {stamp}.\n"
         f"# Run: litellm --config {args.out or 'litellm.yaml'}"
-        + (f"  (with {args.api_key_env} exported: the rigs need an API key)" if any(r.target.api_key for r in rigs) else "")
+        + f"  (with {', '.join(sorted({key_env(d, args.api_key_env) for d in deployed}))} exported: each pod's API key)"
         + "\n"
         + yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
     )

@@ -17,10 +17,11 @@ from rigup.desired.fleet_ca import ca_cert_path
 from rigup.desired.fleet_plan import fleet_entries, plan_fleet
 from rigup.desired.gateway import GatewayError, front_trust, gateway_plan
 from rigup.desired.knobs import knob, url_host
+from rigup.desired.pod_keys import key_owner, pod_api_key
 from rigup.desired.pods import Pod
 from rigup.desired.recipe import Recipe, RecipeError, pods_of
 from rigup.desired.roles import serves_variant
-from rigup.desired.secrets import SecretError, load_api_key, read_secret_file
+from rigup.desired.secrets import SecretError, read_secret_file
 
 
 @dataclass(frozen=True)
@@ -105,11 +106,6 @@ def fleet_targets(limit: Sequence[str] | None = None, fleet: Fleet | None = None
         except RecipeError as exc:
             targets.append(Target(name, None, data=data, error=f"recipe: {exc}", ssh=ssh, host=name))
             continue
-        api_key, key_error = None, None
-        try:
-            api_key = load_api_key(data)
-        except SecretError as exc:
-            key_error = str(exc)
         units = tuple(pod.unit for pod in pods)
         if only is not None:
             unknown = sorted(only - {pod.name for pod in pods if pod.listed})
@@ -129,6 +125,12 @@ def fleet_targets(limit: Sequence[str] | None = None, fleet: Fleet | None = None
                                       host_units=units))
                 continue
             url = f"http://{api_host(ssh.hostname)}:{recipe.host_port}"
+            api_key, key_error = None, None
+            cluster_head = recipe.cluster.cluster.head if recipe.cluster is not None else None
+            try:  # serving_api_key_file's, else the pod's own (a cluster's: its head's) the converge made
+                api_key = pod_api_key(data, *key_owner(name, pod.name, cluster_head), fleet.path.parent, make=False)
+            except SecretError as exc:
+                key_error = str(exc)
             head = None
             if recipe.cluster is not None and recipe.cluster.role == "worker":
                 # a worker answers nothing itself: the cluster's endpoint is its head's

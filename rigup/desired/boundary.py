@@ -176,8 +176,9 @@ SERVICES: tuple[Service, ...] = (
             # every vLLM path but /health, the front's own liveness answer ({"status":"ok"}) to anyone
             tuple(probe for probe in VLLM_PROBES if probe != "/health"), asks=("/v1/models", "/metrics/")),
     Service("each pod's vLLM API", "each pod's port (8000+)", "every rig", "the entrance, the monitor, the control "
-            "machine, the host itself", "serving_api_key_file's key on /v1 only (vLLM leaves /invocations, /tokenize, "
-            "/pause and more unguarded): the firewall", _pod_ports, _pod_callers, VLLM_PROBES, asks=("/v1/models",)),
+            "machine, the host itself", "the pod's API key on /v1 only (its own, made on the control machine, or "
+            "serving_api_key_file's); /metrics, /health, /invocations, /tokenize, /pause and more are unguarded by "
+            "vLLM: the firewall", _pod_ports, _pod_callers, VLLM_PROBES, asks=("/v1/models",)),
     Service("node_exporter", "node_exporter_port (9100)", "every rig (metrics_exporters)", "the monitor, the entrance, the control "
             "machine", "TLS from the fleet CA and basic auth (the metrics password's bcrypt hash)",
             _exporter_port("node_exporter_port"), _exporter_readers, ("/metrics",), asks=("/metrics",)),

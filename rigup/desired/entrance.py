@@ -12,8 +12,9 @@ paced at a real rig's rate, LiteLLM 0.29x):
   proxies to that model's router. `/v1/models` is the list of routed models, rendered here at converge.
 - The front checks the client's bearer key against a map in a 0600 include (keys never in nginx.conf, on a
   command line or in a log), allows only ALLOWED_PATHS (vLLM's unguarded `/invocations`, `/tokenize`,
-  `/pause`, ... answer 404), drops the client's key and sends the pods' key instead (the router forwards the
-  Authorization header to the worker it picks: checked against the pinned wheel), and streams unbuffered.
+  `/pause`, ... answer 404), drops the client's key, and streams unbuffered. The routers reach the pods through
+  nginx's loopback hop (their HTTP_PROXY), which sends each pod its own key (vllm-router holds no key per worker
+  and forwards the request's one header: rigup.desired.pod_keys).
 - Routing: `consistent_hash` keyed by the session header (the wheel's README: "Routes same session/user to
   same worker", with `X-Session-ID`), so the turns of one conversation land on the pod that holds their
   prefix; a pod that fails its health checks (`--health-check-interval-secs`, `--health-failure-threshold`)
@@ -31,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from rigup.desired.secrets import SecretError, read_secret_file
 from rigup.desired.templating import render_template
@@ -52,6 +54,9 @@ ROUTER_PORT_BASE = 30100  # router i listens on 127.0.0.1:(base + i), its metric
 # counts that log and serves the counters on 127.0.0.1:USAGE_PORT, which /metrics/ joins.
 USAGE_LOG = "/var/log/nginx/rigup-entrance-usage.log"  # the package's logrotate rotates /var/log/nginx/*.log
 USAGE_PORT = 30300
+# The routers reach their pods through nginx on 127.0.0.1:POD_HOP_PORT (their HTTP proxy), which sends each pod its
+# own key (rigup.desired.pod_keys: vllm-router holds no key per worker)
+POD_HOP_PORT = 30400
 USAGE_UNIT = "rigup-entrance-usage.service"
 
 
@@ -143,7 +148,7 @@ def model_routers(workers_by_model: Mapping[str, Sequence[str]]) -> list[ModelRo
 
 def router_args(router: ModelRouter, *, health_check_interval_s: int, num_retries: int) -> str:
     """vllm-router's arguments for one model (flags as vllm_router/router_args.py of the pinned wheel defines
-    them); no secret: the pods' key comes in each request's Authorization header, set by the front."""
+    them); no secret: each pod's key is added on the way by the entrance's hop (router_proxy_environment)."""
     args = [
         "--host", "127.0.0.1", "--port", str(router.port),
         "--worker-urls", *router.workers,
@@ -173,11 +178,34 @@ def key_map_text(clients: Sequence[Client]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def pod_key_text(pod_key: str | None) -> str:
-    """The Authorization header the front sends to the routers (which forward it to the pod): the pods' key,
-    in a 0600 include; "" when the pods run open (no serving_api_key_file)."""
-    value = f"Bearer {pod_key}" if pod_key else ""
-    return f'# Rendered by rigup: the pods\' key (0600). Do not edit.\nproxy_set_header Authorization "{value}";\n'
+def pod_address(worker_url: str) -> str:
+    """A pod as the entrance's hop sees it: the host:port of its worker URL (the Host a router's request carries)."""
+    return urlsplit(worker_url).netloc
+
+
+def pod_upstreams(routers: Sequence[ModelRouter]) -> list[tuple[str, str]]:
+    """(nginx upstream name, host:port) of every pod the routers route to, each once, in order."""
+    addresses = sorted({pod_address(url) for router in routers for url in router.workers})
+    return [(f"rigup_pod_{i}", address) for i, address in enumerate(addresses)]
+
+
+def pod_key_text(pod_keys: Mapping[str, str] | None) -> str:
+    """The pods' keys the entrance's loopback hop sends, as an nginx map from the pod's host:port (the Host of a
+    router's request through it) to its Authorization header: each pod its own key (rigup.desired.pod_keys), none
+    for any other (the pod refuses). It holds the keys: written 0600 and included, never in nginx.conf."""
+    lines = ["# Rendered by rigup: each pod's key, by its host:port (0600). Do not edit.",
+             "map $http_host $entrance_pod_authorization {", '    default "";']
+    for address, key in sorted((pod_keys or {}).items()):
+        lines.append(f'    "{address}" "Bearer {key}";')
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def router_proxy_environment() -> str:
+    """The environment lines that send a router's requests to its pods through the hop (HTTP_PROXY, which the
+    wheel's HTTP client takes: rigup.desired.pod_keys); NO_PROXY empty, so loopback pods go through it too."""
+    proxy = f"http://127.0.0.1:{POD_HOP_PORT}"
+    return f"HTTP_PROXY={proxy}\nhttp_proxy={proxy}\nNO_PROXY=\nno_proxy=\n"
 
 
 def models_document(routers: Sequence[ModelRouter]) -> str:
@@ -230,7 +258,8 @@ def nginx_site(routers: Sequence[ModelRouter], paths: EntrancePaths, *, bind_add
     """The front's server: TLS when a certificate and key are named, keys, allowlist, model dispatch."""
     return render_template("rigup-entrance.nginx.conf.j2", routers=routers, paths=paths,
                            listen=f"[{bind_address}]:{port}" if ":" in bind_address else f"{bind_address}:{port}",
-                           tls=tls, model_paths=MODEL_PATHS, usage_log=USAGE_LOG, usage_port=USAGE_PORT)
+                           tls=tls, model_paths=MODEL_PATHS, usage_log=USAGE_LOG, usage_port=USAGE_PORT,
+                           pods=pod_upstreams(routers), hop_port=POD_HOP_PORT)
 
 
 def dispatch_js(routers: Sequence[ModelRouter]) -> str:
@@ -240,7 +269,9 @@ def dispatch_js(routers: Sequence[ModelRouter]) -> str:
 
 def router_env_text(router: ModelRouter, *, health_check_interval_s: int, num_retries: int) -> str:
     return (f"# Rendered by rigup: vllm-router for {router.model}. Do not edit.\n"
-            f"ROUTER_ARGS={router_args(router, health_check_interval_s=health_check_interval_s, num_retries=num_retries)}\n")
+            f"ROUTER_ARGS={router_args(router, health_check_interval_s=health_check_interval_s, num_retries=num_retries)}\n"
+            "# to its pods through the entrance's hop, which sends each pod its own key\n"
+            + router_proxy_environment())
 
 
 def usage_unit_text(paths: EntrancePaths) -> str:

@@ -2,7 +2,8 @@
 served model behind it (rigup.desired.entrance renders them), routing to what the rigs actually serve.
 
 What the control machine decides for an entrance host: where its files live, which pinned venv the routers run
-from (files/router/requirements.txt, vllm-router hash-pinned), the clients and their keys, the pods' key, TLS.
+from (files/router/requirements.txt, vllm-router hash-pinned), the clients and their keys, each pod's key (its own,
+or its rig's serving_api_key_file key), TLS.
 
 Routes come from each rig's provenance record (the release that last passed rigup's health gate) and
 whether that release's unit runs now, read on the rig at the end of the converge, never from the
@@ -26,9 +27,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from rigup import DEPLOY_ROOT
-from rigup.desired.entrance import Client, EntranceError, EntrancePaths, client_entries, client_key
+from rigup.desired.entrance import Client, EntranceError, EntrancePaths, client_entries, client_key, pod_address
 from rigup.desired.fleet_ca import FleetCAError, ca_cert_path, host_sans, sans_of
 from rigup.desired.knobs import knob, knob_int
+from rigup.desired.pod_keys import pod_api_key
 from rigup.desired.roles import gateway_group, is_gateway, serves_variant
 from rigup.desired.secrets import SecretError, load_api_key, read_secret_file
 from rigup.desired.templating import render_template
@@ -128,6 +130,11 @@ class GatewayPaths(EntrancePaths):
 
 def gateway_paths(install_root: str) -> GatewayPaths:
     return GatewayPaths(RigLayout(install_root).gateway_dir)
+
+
+def pod_of_unit(unit: str) -> str:
+    """The pod a route's unit runs (rigup-<pod>.service)."""
+    return unit.removeprefix("rigup-").removesuffix(".service")
 
 
 def key_env(host_name: str) -> str:
@@ -244,7 +251,7 @@ def router_unit_text(paths: GatewayPaths) -> str:
 
 @dataclass(frozen=True)
 class GatewayPlan:
-    """What an entrance host gets: paths, listen address, clients, the pods' key, TLS, and the rigs it routes to."""
+    """What an entrance host gets: paths, listen address, clients, the pods' keys, TLS, and the rigs it routes to."""
 
     host: str
     paths: GatewayPaths
@@ -257,11 +264,23 @@ class GatewayPlan:
     rigs: tuple[RigEndpoint, ...]
     install_roots: dict[str, str]  # rig -> its install_root (its provenance record lives there)
     clients: tuple[Client, ...] = field(repr=False)
-    pod_key: str | None = field(repr=False)  # what the front sends the pods (through the routers); None: open
+    rig_data: Mapping[str, Mapping[str, Any]] = field(repr=False)  # each rig's data: whose key its pods carry
     tls_files: tuple[str, str] | None = None  # the user's (certificate, key) on the control machine; None: see plain_http
     plain_http: bool = False  # gateway_plain_http: no TLS at all; False without tls_files: the fleet CA issues one
     client_ca: str | None = None  # control-machine CA certificate its clients trust for it; None: the system's store
     cert_sans: tuple[str, ...] = ()  # the names of the fleet CA's certificate for it (when fleet_ca_issues)
+
+    def pod_keys(self, routes: Sequence[Route]) -> dict[str, str]:
+        """Each routed pod's host:port -> its key, which the entrance's hop sends it (rigup.desired.pod_keys): its
+        rig's serving_api_key_file key, else the pod's own from the control machine, made there when it is not yet
+        (a pod that served before this run has its file already). A route whose rig is no longer in the fleet
+        file gets none (its pod refuses)."""
+        keys = {}
+        for route in routes:
+            data = self.rig_data.get(route.host)
+            if data is not None:
+                keys[pod_address(route.api_base)] = pod_api_key(data, route.host, pod_of_unit(route.unit))
+        return keys
 
     @property
     def fleet_ca_issues(self) -> bool:
@@ -353,27 +372,22 @@ def gateway_plan(
         clients = _clients(data, read_secrets)
     except (EntranceError, SecretError) as exc:
         raise GatewayError(str(exc)) from None
-    rigs, roots, pod_keys = [], {}, {}
-    for name, rig_data in fleet:
-        if not serves_variant(rig_data):
+    rigs, roots, rig_data = [], {}, {}
+    for name, data_of_rig in fleet:
+        if not serves_variant(data_of_rig):
             continue
-        try:
-            key = load_api_key(rig_data) if read_secrets else None
-        except SecretError as exc:
-            raise GatewayError(f"the key of rig {name!r}, which the gateway routes to: {exc}") from None
-        has_key = knob(rig_data, "serving_api_key_file") is not None
-        if key is not None:
-            pod_keys[name] = key
-        address = reach_address(name, rig_data, host_name)
-        rigs.append(RigEndpoint(name, address, key_env(name) if has_key else None, name == host_name))
-        roots[name] = knob(rig_data, "install_root")
-    if len(set(pod_keys.values())) > 1:
-        # vllm-router forwards the request's one Authorization header to whichever pod it picks
-        raise GatewayError(f"rigs {', '.join(sorted(pod_keys))} have different serving_api_key_file keys: the entrance "
-                           "sends one key to every pod; give them one key file")
-    pod_key = next(iter(pod_keys.values()), None)
-    if pod_key is not None and any(c in pod_key for c in '"\\\n\r;$'):
-        raise GatewayError("serving_api_key_file: the key holds a quote, backslash, ';' or '$' (nginx would parse it)")
+        if read_secrets:
+            try:
+                own = load_api_key(data_of_rig)  # serving_api_key_file's; None: each pod's own (pod_keys)
+            except SecretError as exc:
+                raise GatewayError(f"the key of rig {name!r}, which the gateway routes to: {exc}") from None
+            if own is not None and any(c in own for c in '"\\\n\r;$'):
+                raise GatewayError(f"serving_api_key_file of rig {name!r}: the key holds a quote, backslash, ';' or '$' "
+                                   "(nginx would parse it)")
+        address = reach_address(name, data_of_rig, host_name)
+        rigs.append(RigEndpoint(name, address, key_env(name), name == host_name))
+        roots[name] = knob(data_of_rig, "install_root")
+        rig_data[name] = data_of_rig
     cert, tls_key = knob(data, "gateway_tls_cert_file"), knob(data, "gateway_tls_key_file")
     if (cert is None) != (tls_key is None):
         raise GatewayError("gateway_tls_cert_file and gateway_tls_key_file are set together (a certificate and its key)")
@@ -411,7 +425,7 @@ def gateway_plan(
         rigs=tuple(rigs),
         install_roots=roots,
         clients=clients,
-        pod_key=pod_key,
+        rig_data=rig_data,
         tls_files=(str(cert), str(tls_key)) if cert is not None else None,
         plain_http=plain_http,
         client_ca=client_ca,

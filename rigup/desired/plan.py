@@ -20,11 +20,12 @@ from rigup.desired.interconnect import detect
 from rigup.desired.knobs import knob
 from rigup.desired.lock import LOCK_COMMAND, LockError, LockFile, deploy_lock
 from rigup.desired.needs import lock_problems
+from rigup.desired.pod_keys import key_owner, pod_api_key
 from rigup.desired.pods import Pod
 from rigup.desired.recipe import Recipe, pods_of, resolve
 from rigup.desired.release import build_release, release_json, release_sha256
 from rigup.desired.render import API_KEY_KEY, HF_TOKEN_KEY, RenderedFile, render_variant
-from rigup.desired.secrets import load_api_key, read_hf_token, secrets_configured
+from rigup.desired.secrets import read_hf_token, secrets_configured
 from rigup.parsers.topology import Topology
 
 
@@ -109,7 +110,8 @@ def host_plan(
     + require_lock: raise LockError when the lock is missing or lacks an entry the variant needs;
       False: a preview (preflight, doctor, render, fleet targets): the pins the lock has are used, the
       catalog's refs stand in for the rest, lock_problem says why, and there is no release
-    + read_secrets: read the API key and HF token files (the deploy and status); False: judge from
+    + read_secrets: read the API key and HF token files (the deploy and status), making the pod's own key
+      when serving_api_key_file is not set and it is not there yet (rigup.desired.pod_keys); False: judge from
       the knobs whether they are configured, without reading them (previews, fleet targets)
     + pod: one of pods_of(host_data); None: the host's only pod (a RecipeError when it lists pods)
 
@@ -136,7 +138,11 @@ def host_plan(
 
     secrets: dict[str, str] = {}
     if read_secrets:
-        hf_token, api_key = read_hf_token(knob(host_data, "hf_token_file")), load_api_key(host_data)
+        # the pod's API key: serving_api_key_file's, else its own (a cluster member its head's), made once on the
+        # control machine (rigup.desired.pod_keys)
+        head = recipe.cluster.cluster.head if recipe.cluster is not None else None
+        hf_token = read_hf_token(knob(host_data, "hf_token_file"))
+        api_key = pod_api_key(host_data, *key_owner(host_name, recipe.pod, head), base_dir)
         secrets = {k: v for k, v in ((HF_TOKEN_KEY, hf_token), (API_KEY_KEY, api_key)) if v is not None}
         if recipe.cluster is not None:  # made once on the control machine, 0600 beside the fleet CA
             secrets[RAY_TOKEN_KEY] = cluster_token(host_data, recipe.cluster.cluster.name, base_dir)

@@ -1,4 +1,4 @@
-"""Secrets on the control machine: the API key and the HF token, read only from 0600 files or the environment."""
+"""Secrets on the control machine: the user's API key and the HF token, read only from 0600 files or the environment."""
 
 from __future__ import annotations
 
@@ -40,7 +40,8 @@ def read_secret_file(path: str | os.PathLike[str], knob: str) -> str:
 
 
 def load_api_key(host_data: Mapping[str, Any]) -> str | None:
-    """The API key from `serving_api_key_file` on the control machine; None: the API is open."""
+    """The user's API key from `serving_api_key_file` on the control machine; None: not set, the pods carry their
+    model's key made on the control machine instead (rigup.desired.pod_keys)."""
     path = knob(host_data, "serving_api_key_file")
     return None if path is None else read_secret_file(path, "serving_api_key_file")
 
@@ -55,6 +56,7 @@ def read_hf_token(token_file: str | None) -> str | None:
 
 
 def secrets_configured(host_data: Mapping[str, Any]) -> tuple[bool, bool]:
-    """(HF token, API key) configured for this host, judged without reading the files (previews)."""
+    """(HF token, API key) configured for this host, judged without reading the files (previews). Every pod has
+    an API key: the user's (serving_api_key_file) or its model's (rigup.desired.pod_keys)."""
     hf = bool(os.environ.get("HF_TOKEN", "").strip()) or knob(host_data, "hf_token_file") is not None
-    return hf, knob(host_data, "serving_api_key_file") is not None
+    return hf, True

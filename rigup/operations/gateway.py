@@ -24,6 +24,7 @@ from rigup.desired.entrance import (
     router_env_text,
 )
 from rigup.desired.gateway import (
+    FRONT_UNIT,
     UNIT_FILE,
     GatewayPaths,
     RigEndpoint,
@@ -207,7 +208,9 @@ def routers_run_current(paths: GatewayPaths, timeout_s: int):
     """
     Run one vllm-router per served model (rigup-router@<slug>.service) on its current venv, environment
     file and unit, restarted only when one of them changed after it started, then wait for each (re)started
-    one's /health; stop and disable the instances of models no longer served.
+    one's /health; stop and disable the instances of models no longer served. Run after nginx: a starting router
+    waits for its pods through nginx's hop. One that does not answer puts the last good files back, runs the
+    routers and nginx (when it runs) on them, and fails the host with one line.
 
     + paths: the entrance's files on the host
     + timeout_s: how long a (re)started router has to answer
@@ -242,8 +245,10 @@ def routers_run_current(paths: GatewayPaths, timeout_s: int):
         yield streamed(StringCommand(
             "deadline=$(( $(date +%s) +", str(timeout_s), ")); until curl -fs -o /dev/null --max-time 5", QuoteString(url),
             "; do if [ $(date +%s) -ge $deadline ]; then journalctl -u", QuoteString(unit), "-n 30 --no-pager;",
-            restore_last_good(paths), "&& echo", QuoteString(f"{failed}; {BACK_IN_SERVICE}"), "|| echo",
-            QuoteString(f"{failed}; {NOT_BACK}"), "; exit 1; fi; sleep 0.5; done",
+            # nginx (re)started on the new files before the routers (their hop to the pods): onto the last good ones
+            restore_last_good(paths), "&& systemctl try-restart", QuoteString(FRONT_UNIT), "&& echo",
+            QuoteString(f"{failed}; {BACK_IN_SERVICE}"), "|| echo", QuoteString(f"{failed}; {NOT_BACK}"),
+            "; exit 1; fi; sleep 0.5; done",
         ), _account_failure)  # fmt: skip
 
 

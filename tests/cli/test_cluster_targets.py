@@ -10,6 +10,7 @@ from rigup.cli.bench import BenchSettings, bench_target, render_table
 from rigup.cli.verify import verify_target
 from rigup.client.targets import fleet_targets
 from rigup.desired.fleet import load_fleet
+from rigup.desired.pod_keys import pod_key
 
 VARIANT = "qwen-multi4-autoround-int4-mtp"
 
@@ -22,6 +23,7 @@ def _targets(tmp_path: Path) -> dict:
         "      rig-b: {ssh_hostname: 10.0.0.12}\n"
         f"clusters:\n  - {{name: big, variant: {VARIANT}, hosts: [rig-a, rig-b], port: 8040}}\n"
     )
+    pod_key({}, "rig-a", "big", tmp_path)  # the head's pod's key, as the converge made it beside the fleet file
     return {t.name: t for t in fleet_targets(fleet=load_fleet(path))}
 
 
@@ -31,6 +33,7 @@ def test_the_cluster_is_one_endpoint_its_heads(tmp_path: Path) -> None:
     assert head.api_url == worker.api_url == "http://10.0.0.11:8040"
     assert (head.cluster_head, worker.cluster_head) == (None, "rig-a/big")
     assert (worker.host, worker.ssh.hostname) == ("rig-b", "10.0.0.12")  # its own state is read on itself
+    assert head.api_key == worker.api_key == pod_key({}, "rig-a", "big", tmp_path)  # the head's pod's key
 
 
 def test_verify_and_bench_take_the_cluster_once_through_its_head(tmp_path: Path) -> None:

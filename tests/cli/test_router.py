@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from rigup.cli import router
+from rigup.desired.pod_keys import pod_key
 
 MODEL = "qwen3.6-27b-autoround"  # dual's --served-model-name upstream
 KEY = "sk-router-test-000111"
@@ -42,7 +43,10 @@ def serve(model: str, key: str | None = None) -> http.server.ThreadingHTTPServer
 
 @pytest.fixture
 def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    servers = [serve(MODEL), serve(MODEL, KEY), serve("something-else")]
+    own = pod_key({}, "rig-01", "dual", tmp_path)  # rig-01's pod's own key, as its converge made it
+    for rig in ("rig-03", "rig-04"):
+        pod_key({}, rig, "dual", tmp_path)
+    servers = [serve(MODEL, own), serve(MODEL, KEY), serve("something-else")]
     key_file = tmp_path / "api.key"
     key_file.write_text(KEY + "\n")
     key_file.chmod(0o600)
@@ -67,12 +71,13 @@ def test_router_config_lists_only_healthy_rigs(fleet, tmp_path: Path, capsys: py
     args = argparse.Namespace(limit=[], out=str(out), include_unhealthy=False, api_key_env="RIGUP_API_KEY")
     assert router._cmd_router(args) == 1  # written, but not every rig is healthy
     text = out.read_text()
-    assert KEY not in text
+    assert KEY not in text and "with RIGUP_API_KEY, RIGUP_API_KEY_RIG_01 exported" in text
     config = yaml.safe_load(text)
     assert config["model_list"] == [
         {
             "model_name": MODEL,
-            "litellm_params": {"model": f"openai/{MODEL}", "api_base": f"http://127.0.0.1:{fleet[0]}/v1", "api_key": "EMPTY"},
+            "litellm_params": {"model": f"openai/{MODEL}", "api_base": f"http://127.0.0.1:{fleet[0]}/v1",
+                               "api_key": "os.environ/RIGUP_API_KEY_RIG_01"},
             "model_info": {"id": "rig-01", "rigup_variant": "dual"},
         },
         {
@@ -90,7 +95,7 @@ def test_router_config_lists_only_healthy_rigs(fleet, tmp_path: Path, capsys: py
 def test_each_pod_of_a_host_is_a_deployment_and_limit_takes_one_pod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from rigup.client.targets import fleet_targets
 
-    servers = [serve(MODEL), serve("qwen3.6-27b-autoround")]
+    servers = [serve(MODEL, pod_key({}, "quad", "left", tmp_path)), serve(MODEL, pod_key({}, "quad", "right", tmp_path))]
     try:
         ports = [s.server_address[1] for s in servers]
         pods = [{"name": "left", "variant": "dual", "gpus": [0, 1], "port": ports[0]},

@@ -13,6 +13,7 @@ from rigup.client.ssh import LazySsh, LocalSession
 from rigup.client.targets import fleet_targets
 from rigup.desired.fleet import load_fleet
 from rigup.desired.knobs import load_defaults
+from rigup.desired.pod_keys import pod_key
 from rigup.desired.recipe import resolve
 from tests.support.responder import responder
 
@@ -75,6 +76,7 @@ def test_verify_checks_the_local_api(tmp_path: Path, capsys: pytest.CaptureFixtu
     with responder(tmp_path, "--max-model-len", "48000", model=served) as server:
         port = int(server.url.rsplit(":", 1)[1])
         monkeypatch.setenv("RIGUP_RIGS", str(local_fleet(tmp_path, f", variant_overrides: {{port: {port}}}")))
+        pod_key({}, "@local", "single", tmp_path)  # the pod's own key, as its converge made it beside the fleet file
         code = main(["verify", "--json", "--log-file", str(server.log_file)])
     report = json.loads(capsys.readouterr().out)
     (host,) = report["hosts"]

@@ -3,12 +3,17 @@ model, and the site, dispatch and key includes checked by Debian's own nginx wit
 
 from __future__ import annotations
 
+import http.server
 import json
 import re
+import socket
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
+import requests
 
 from rigup.desired.entrance import (
     ALLOWED_PATHS,
@@ -25,6 +30,13 @@ from rigup.desired.entrance import (
     router_env_text,
 )
 from tests.support.nginx_front import write_front
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
 
 CLIENTS = [Client("bob", "bob-key-0123456789abcdef"), Client("alice", "alice-key-0123456789abcdef")]
 
@@ -61,8 +73,18 @@ def test_the_key_map_holds_every_client_by_name_and_nothing_else_does() -> None:
     for client in CLIENTS:
         assert client.key not in site and client.key not in repr(client)
     assert "include /opt/rigup/gateway/clients.map;" in site and "include /opt/rigup/gateway/pod-key.conf;" in site
-    assert pod_key_text("pod-secret") .endswith('proxy_set_header Authorization "Bearer pod-secret";\n')
-    assert pod_key_text(None).endswith('proxy_set_header Authorization "";\n')  # open pods: the client's key never passes
+    assert 'proxy_set_header Authorization "";' in site  # the client's key never passes to a router
+    # the hop sends each pod its own key, by its host:port; any other gets none (the pod refuses)
+    assert pod_key_text({"10.0.0.2:8000": "b" * 64, "10.0.0.1:8000": "a" * 64}).splitlines()[1:] == [
+        "map $http_host $entrance_pod_authorization {", '    default "";',
+        f'    "10.0.0.1:8000" "Bearer {"a" * 64}";', f'    "10.0.0.2:8000" "Bearer {"b" * 64}";', "}"]
+    assert pod_key_text(None).splitlines()[2:] == ['    default "";', "}"]
+    # each router reaches its pods through the hop: its HTTP proxy, for loopback pods too
+    env = router_env_text(routers()[1], health_check_interval_s=3, num_retries=2)
+    assert "HTTP_PROXY=http://127.0.0.1:30400" in env.splitlines() and "NO_PROXY=" in env.splitlines()
+    hop = site[site.index("listen 127.0.0.1:30400;"):]
+    assert "proxy_set_header Authorization $entrance_pod_authorization;" in hop and "proxy_pass http://$entrance_pod_upstream;" in hop
+    assert '"10.0.0.1:8000" rigup_pod_0;' in site and "upstream rigup_pod_2 {\n    server 10.0.0.3:8010;" in site
 
 
 def test_the_site_allows_the_openai_paths_only_and_streams_unbuffered() -> None:
@@ -100,3 +122,72 @@ def test_debians_nginx_with_njs_accepts_the_rendered_front(tmp_path: Path) -> No
 @pytest.mark.parametrize("name", ["alice", "ci-agent-2"])
 def test_client_names_are_what_nginx_logs_as_is(name: str) -> None:
     assert f" {name};" in key_map_text([Client(name, "k" * 20)])
+
+
+class KeyRecorder(http.server.BaseHTTPRequestHandler):
+    """A stand-in pod or router: answers every request and records the Authorization header it came with."""
+
+    seen: list[str | None]
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.seen.append(self.headers.get("Authorization"))
+        body = json.dumps({"choices": [{"message": {"content": "ok"}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def recorder() -> tuple[http.server.ThreadingHTTPServer, list[str | None]]:
+    seen: list[str | None] = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("Recorder", (KeyRecorder,), {"seen": seen}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, seen
+
+
+def test_debians_nginx_sends_the_routers_no_key_and_each_pod_its_own_through_the_hop(tmp_path: Path) -> None:
+    """The front drops the client's key before the router; the hop (the routers' HTTP proxy: vllm-router's client
+    sends `POST http://<pod>/...` with the pod's host:port as Host, as the pinned wheel did) sends each pod its own
+    key, so pod A's key is never sent to pod B, and a host:port the entrance does not route to gets none."""
+    (router, at_router), (pod_a, at_a), (pod_b, at_b) = recorder(), recorder(), recorder()
+    a, b = (f"127.0.0.1:{server.server_address[1]}" for server in (pod_a, pod_b))
+    model = "qwen3.6-27b"
+    routers_ = [ModelRouter(model, "qwen3-6-27b", router.server_address[1], router.server_address[1],
+                            (f"http://{a}", f"http://{b}"))]
+    port, hop = free_port(), free_port()
+    nginx = write_front(tmp_path, routers_, CLIENTS, port=port, pod_keys={a: "a" * 64, b: "b" * 64}, hop_port=hop)
+    proc = subprocess.Popen([*nginx, "-g", "daemon off; user root;"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    client = {"Authorization": f"Bearer {CLIENTS[1].key}"}
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", hop), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
+                time.sleep(0.1)
+        reply = requests.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, headers=client, timeout=30)
+        assert reply.status_code == 200, reply.text
+        via_hop = {"http": f"http://127.0.0.1:{hop}"}
+        for pod in (a, b, a):
+            reply = requests.post(f"http://{pod}/v1/chat/completions", json=body, headers=client, proxies=via_hop,
+                                  timeout=30)
+            assert reply.status_code == 200, reply.text
+        stranger = requests.post(f"http://127.0.0.1:{free_port()}/v1/chat/completions", json=body, proxies=via_hop,
+                                 timeout=30)
+        assert stranger.status_code == 502
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        for server in (router, pod_a, pod_b):
+            server.shutdown()
+            server.server_close()
+    assert at_router == [None]  # no key at all to the router: the client's stopped at the front
+    assert at_a == [f"Bearer {'a' * 64}"] * 2 and at_b == [f"Bearer {'b' * 64}"]

@@ -100,7 +100,8 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     router_port = router.server_address[1]
     routers = [ModelRouter(MODEL, "qwen3-6-27b", router_port, router_port, ("http://10.0.0.1:8000",))]
     port, counter_port = free_port(), free_port()
-    nginx = write_front(tmp, routers, [Client("alice", ALICE), Client("bob", BOB)], port, usage_port=counter_port)
+    nginx = write_front(tmp, routers, [Client("alice", ALICE), Client("bob", BOB)], port,
+                        pod_keys={"10.0.0.1:8000": "pod-secret"}, usage_port=counter_port)
     log = tmp / Path(USAGE_LOG).name
     usage, stop = Usage(), threading.Event()
     follower = Follower(str(log))

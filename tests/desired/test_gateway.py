@@ -28,6 +28,7 @@ from rigup.desired.gateway import (
     workers_by_model,
 )
 from rigup.desired.knobs import KnobError, check_knob
+from rigup.desired.pod_keys import pod_key
 
 REMOTE = RigEndpoint("rig-2", "10.0.0.12", "RIGUP_RIG_KEY_RIG_2", local=False)
 
@@ -107,19 +108,25 @@ def test_gateway_plan_routes_to_every_rig_with_its_key(tmp_path: Path) -> None:
     gw_key = secret(tmp_path, "gw", "sk-gateway-0123456789")
     rig_key = secret(tmp_path, "rig", "rig-secret")
     fleet = [
-        ("rig-1", {"gateway_api_key_file": gw_key}),
+        ("rig-1", {"gateway_api_key_file": gw_key, "fleet_ca_dir": str(tmp_path / "fleet-ca")}),
         ("rig-2", {"ssh_hostname": "10.0.0.2", "serving_api_key_file": rig_key, "install_root": "/srv/rigup"}),
         ("box", {"serves_variant": False}),
     ]
     plan = gateway_plan("rig-1", fleet[0][1], ["gateway"], fleet)
     assert plan is not None
     assert plan.rigs == (
-        RigEndpoint("rig-1", "127.0.0.1", None, local=True),
+        RigEndpoint("rig-1", "127.0.0.1", key_env("rig-1"), local=True),
         RigEndpoint("rig-2", "10.0.0.2", key_env("rig-2"), local=False),
     )
     assert plan.install_roots == {"rig-1": "/opt/rigup", "rig-2": "/srv/rigup"}
     assert plan.clients == (Client("default", "sk-gateway-0123456789"),)
-    assert plan.pod_key == "rig-secret"
+    # each routed pod's key, by its host:port: the rig's serving_api_key_file key, else the pod's own
+    routes = [Route("rig-2", "rigup-dual.service", "dual", "m", "http://10.0.0.2:8000/v1", None),
+              Route("rig-1", "rigup-left.service", "dual", "m", "http://127.0.0.1:8030/v1", None),
+              Route("gone", "rigup-dual.service", "dual", "m", "http://10.0.0.9:8000/v1", None)]
+    keys = plan.pod_keys(routes)
+    assert keys["10.0.0.2:8000"] == "rig-secret" and "10.0.0.9:8000" not in keys  # a rig no longer in the fleet
+    assert keys["127.0.0.1:8030"] == pod_key(fleet[0][1], "rig-1", "left") and len(keys["127.0.0.1:8030"]) == 64
     # TLS by default: a certificate the fleet CA issues at converge for the host's names (fleet_ca_issues)
     assert plan.readiness_url == "https://127.0.0.1:4000/health" and plan.fleet_ca_issues
     assert plan.tls == ("/opt/rigup/gateway/tls.crt", "/opt/rigup/gateway/tls.key")
@@ -156,7 +163,7 @@ def test_bad_clients_are_refused_naming_the_knob(clients: Any, message: str) -> 
         gateway_plan("gw", {"gateway_clients": clients}, ["gateway"], [])
 
 
-def test_gateway_plan_refuses_no_client_a_readable_key_or_two_pod_keys(tmp_path: Path) -> None:
+def test_gateway_plan_refuses_no_client_a_readable_key_or_one_nginx_would_parse(tmp_path: Path) -> None:
     with pytest.raises(GatewayError, match="gateway_api_key_file is not set and gateway_clients is empty"):
         gateway_plan("gw", {}, ["gateway"], [])
     gw_key = secret(tmp_path, "gw", "sk-gateway-0123456789")
@@ -166,10 +173,9 @@ def test_gateway_plan_refuses_no_client_a_readable_key_or_two_pod_keys(tmp_path:
     loose_client = secret(tmp_path, "c", "client-key-0123456789", mode=0o640)
     with pytest.raises(GatewayError, match="readable by group or others"):
         gateway_plan("gw", {"gateway_clients": [{"name": "c", "key_file": loose_client}]}, ["gateway"], [])
-    one, two = secret(tmp_path, "k1", "key-one"), secret(tmp_path, "k2", "key-two")
-    fleet = [("r1", {"serving_api_key_file": one}), ("r2", {"serving_api_key_file": two})]
-    with pytest.raises(GatewayError, match="rigs r1, r2 have different serving_api_key_file keys"):
-        gateway_plan("gw", {"gateway_api_key_file": gw_key}, ["gateway"], fleet)
+    quoted = secret(tmp_path, "q", 'key"one')
+    with pytest.raises(GatewayError, match="serving_api_key_file of rig 'r1': the key holds a quote"):
+        gateway_plan("gw", {"gateway_api_key_file": gw_key}, ["gateway"], [("r1", {"serving_api_key_file": quoted})])
 
 
 def test_the_front_speaks_tls_with_a_named_certificate_and_a_0600_key(tmp_path: Path) -> None:

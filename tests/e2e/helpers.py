@@ -140,3 +140,35 @@ def fleet_ca_file(fleet: Path) -> str:
     """The fleet CA's certificate beside a bed's fleet file (fleet_ca_dir's default): what a client of the
     entrance trusts (requests' verify=, curl's --cacert)."""
     return str(fleet.parent / "fleet-ca" / "ca.crt")
+
+
+def pod_key_of(fleet: Path, host: str, pod: str) -> str:
+    """A pod's own API key as the converge made it beside a bed's fleet file (fleet_ca_dir's default; the simple
+    form's pod is named after its variant): what every caller of the pod presents (rigup.desired.pod_keys)."""
+    return (fleet.parent / "fleet-ca" / "pod-keys" / host / f"{pod}.key").read_text().strip()
+
+
+def secret_holders(host: Host, secret: str, where: str) -> dict[str, Any]:
+    """Where `secret` shows on `host`: in a process's argv, in the journal, and the files under `where` holding it
+    (each as 'mode owner path'). The secret never goes on a command line here either: it is joined from two halves
+    by printf into a pipe and grep reads it as a pattern file (sudo logs the command lines it runs)."""
+    half = len(secret) // 2
+    joined = f"printf '%s%s\\n' {secret[:half]} {secret[half:]} |"
+    pattern = joined + " { exec 3<&0; "  # grep's pattern file on fd 3, its input the command's output
+    argv = host.ssh(pattern + "ps -eo args | grep -cF -f /dev/fd/3; }", check=False).stdout.strip()
+    journal = host.ssh(pattern + "sudo journalctl --no-pager -o cat | grep -cF -f /dev/fd/3; }", check=False).stdout.strip()
+    # sudo closes descriptors past 2: the pattern on stdin there. containerd's own state is left out: it keeps every
+    # container's environment (a pod's .env secrets among it) in its runtime bundle's config.json and its meta.db,
+    # 0644 under root's 0711 directories (docs/security.md says so); Docker's own record of it is 0600
+    files = host.ssh(joined + f" sudo grep -rlF --exclude-dir=containerd -f - {where} 2>/dev/null"
+                     " | xargs -r sudo stat -c '%a %U %n'", check=False).stdout.splitlines()
+    return {"argv": int(argv or 0), "journal": int(journal or 0), "files": files}
+
+
+def assert_secret_private(host: Host, secret: str, where: str = "/etc /opt/rigup /var/log /run /tmp /var/lib") -> list[str]:
+    """`secret` on no process's argv, in no journal line, and in no file under `where` that group or others can read;
+    the files that hold it (their owner's alone)."""
+    found = secret_holders(host, secret, where)
+    assert found["argv"] == 0 and found["journal"] == 0, (host.name, found)
+    assert [line for line in found["files"] if line.split()[0][1:] != "00"] == [], (host.name, found["files"])
+    return found["files"]

@@ -5,8 +5,8 @@ to the sandbox rigs' servers.
 One 3-host bed, two entrances: gw-01 (no GPU, serves_variant: false) and rig-01 (it serves a variant
 too) in group gateway, rig-02 in group rigs. The scenarios run in file order on it: an entrance without
 a client is refused before any change; bring-up routes to both rigs from both entrances and answers, refuses a
-missing or wrong key and every path off the allowlist, and no key shows in an argv, a journal or a world-readable
-file; a converged re-run changes nothing; a rig stopped mid-traffic costs no failed request; a variant switch moves
+missing or wrong key and every path off the allowlist, and no key (a client's, or a pod's own, which the
+entrance's hop sends it) shows in an argv, a journal or a world-readable file, and one pod's key does not open another; a converged re-run changes nothing; a rig stopped mid-traffic costs no failed request; a variant switch moves
 the routes at that converge, and a client removed from the fleet file is refused after it; a run limited to an
 entrance reads the rigs outside it; status shows the routes. Two clients' requests and tokens are counted apart on
 the entrance's /metrics/.
@@ -33,8 +33,8 @@ from rigup.desired.gateway import REQUIREMENTS_FILE
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import HostSpec
 from rigup_testbed.image import REPO_ROOT
-from tests.e2e.helpers import entrance_url, fleet_ca_file, key_files, remote_commands
-from tests.e2e.test_serving import API_KEY, OTHER_VARIANT, VARIANT, Bed, _tail, served_name, sh, unit_prop
+from tests.e2e.helpers import assert_secret_private, entrance_url, fleet_ca_file, key_files, pod_key_of, remote_commands
+from tests.e2e.test_serving import OTHER_VARIANT, VARIANT, Bed, _tail, models, served_name, sh, unit_prop
 from tests.support.tls import fleet_certificate
 
 pytestmark = pytest.mark.e2e
@@ -91,10 +91,11 @@ def bed(testbed_factory: Callable[..., Testbed], tmp_path_factory: pytest.TempPa
              HostSpec("rig-02", group="rigs")]
     testbed = testbed_factory(specs, "rigsgw")
     b = Bed(testbed, testbed.workdir)
-    keys = key_files(tmp_path_factory.mktemp("keys"), rig=API_KEY, gateway=GATEWAY_KEY, teammate=TEAMMATE_KEY)
-    rig_key, gateway_key = keys["rig"], keys["gateway"]
+    keys = key_files(tmp_path_factory.mktemp("keys"), gateway=GATEWAY_KEY, teammate=TEAMMATE_KEY)
+    gateway_key = keys["gateway"]
     b.teammate_key = str(keys["teammate"])  # type: ignore[attr-defined]
-    b.data = {**b.data, "serving_api_key_file": str(rig_key), "gateway_health_check_interval_s": INTERVAL_S}
+    # no serving_api_key_file: every pod carries its own key, made on the control machine (rigup.desired.pod_keys)
+    b.data = {**b.data, "gateway_health_check_interval_s": INTERVAL_S}
     b.gateway_key = str(gateway_key)  # type: ignore[attr-defined]
     b.write()
     yield b
@@ -159,20 +160,23 @@ def test_bring_up_routes_to_every_rig_and_answers(bed: Bed) -> None:
         # the keys: in the 0600 includes only; none in an argv, a journal, nginx's own files or a file others read
         assert sh(gw, "stat -c '%a %U' /opt/rigup/gateway/clients.map /opt/rigup/gateway/pod-key.conf") == "600 root\n600 root"
         assert sh(gw, "ls /etc/systemd/system/rigup-gateway.service 2>/dev/null || echo none") == "none"  # no LiteLLM
-        for secret in (GATEWAY_KEY, TEAMMATE_KEY, API_KEY):
+        # each pod's own key, made on the control machine: the entrance's hop holds them (pod-key.conf)
+        pod_keys = [pod_key_of(bed.fleet, rig, VARIANT) for rig in ("rig-01", "rig-02")]
+        for secret in (GATEWAY_KEY, TEAMMATE_KEY, *pod_keys):
             assert secret not in output
-            assert secret not in sh(gw, "ps -eo args")
-            assert secret not in sh(gw, "journalctl --no-pager -o cat -u nginx.service -u 'rigup-router@*'", check=False)
-            # the key is joined on the host from two halves: sudo logs this command line to the journal
-            half = len(secret) // 2
-            # the clients' keys anywhere on the host; the pods' key where the entrance keeps its files (the rig's
-            # own serving files hold it too: the serving task's, not the entrance's)
-            where = ("/etc /opt/rigup /var/log /run /tmp /var/lib" if secret != API_KEY else
-                     "/etc/nginx /etc/systemd /opt/rigup/gateway /var/log/nginx /var/log/journal")
-            holders = sh(gw, f"k=$(printf %s {secret[:half]} {secret[half:]}); grep -rlF -e \"$k\" {where} "
-                             "2>/dev/null | xargs -r stat -c '%a %U %n'", check=False).splitlines()
-            # only their owner reads them: root's (nginx's includes), or prometheus' (the monitor's scrape key)
-            assert holders and [line for line in holders if line.split()[0][1:] != "00"] == [], (gateway, holders)
+            # on no argv, in no journal line, and only in files their owner alone reads: root's (nginx's includes,
+            # the last good record; a serving rig's 0600 .env and Docker's container record), or prometheus' (the
+            # monitor's scrape key)
+            assert assert_secret_private(gw, secret), (gateway, secret[:4])
+        assert sh(gw, "sudo grep -c Bearer /opt/rigup/gateway/pod-key.conf") == "2"  # the hop's map: a key per pod
+    # pod A's key does not open pod B: each pod takes its own key alone, on its rig and nowhere else readable
+    port = _port()
+    for rig, other in (("rig-01", "rig-02"), ("rig-02", "rig-01")):
+        host = bed.host(rig)
+        assert models(host, port)[0] == 401 and models(host, port, pod_key_of(bed.fleet, other, VARIANT))[0] == 401
+        assert models(host, port, pod_key_of(bed.fleet, rig, VARIANT))[0] == 200
+        holders = assert_secret_private(host, pod_key_of(bed.fleet, rig, VARIANT))
+        assert f"600 root /opt/rigup/variants/{VARIANT}/.env" in holders, holders
         version = sh(gw, "/opt/rigup/gateway/venv-*/bin/pip show vllm-router | sed -n 's/^Version: //p'")
         assert version and f"vllm-router=={version} " in REQUIREMENTS_FILE.read_text()
     # rigup verify's checks (models, completion, tool call) pass through the entrance as on a rig, its certificate

@@ -5,7 +5,8 @@ on GPUs 0-1 and 2-3; tri (3x RTX 3090) serves a `dual` pod and a `single` pod, s
 cannot split 3 ways. The stand-in engine holds its GPU memory budget on the GPUs its container was
 given and dies when they lack the room, as vLLM does: two pods on one GPU would fail their gates. The
 scenarios run in file order: a port used twice is refused before any change; bring-up; a converged
-re-run changes nothing; one pod's override restarts that pod alone; the gateway routes to every pod;
+re-run changes nothing (each pod keyed with its own key, which its neighbour's does not open); one pod's override
+restarts that pod alone; the gateway routes to every pod (its hop sending each pod its key);
 status reports each pod; dropping a pod stops its unit.
 """
 
@@ -25,8 +26,8 @@ import requests
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import HostSpec
 from rigup_testbed.image import REPO_ROOT
-from tests.e2e.helpers import entrance_url, fleet_ca_file, key_files, remote_commands
-from tests.e2e.test_serving import API_KEY, Bed, _tail, port_of, served_name, serving_ops, sh, unit_prop
+from tests.e2e.helpers import entrance_url, fleet_ca_file, key_files, pod_key_of, remote_commands
+from tests.e2e.test_serving import Bed, _tail, port_of, served_name, serving_ops, sh, unit_prop
 
 pytestmark = pytest.mark.e2e
 
@@ -65,11 +66,17 @@ def memory_used(bed: Bed, host: str) -> list[int]:
     return [int(line.split(",")[1]) for line in out.splitlines()]
 
 
-def models_at(bed: Bed, host: str, port: int) -> list[str]:
+def models_at(bed: Bed, host: str, port: int, pod: str) -> list[str]:
+    """The pod's /v1/models, asked with its own key (made on the control machine: rigup.desired.pod_keys)."""
     reply = requests.get(f"http://{bed.host(host).ip}:{port}/v1/models",
-                         headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)
+                         headers={"Authorization": f"Bearer {pod_key_of(bed.fleet, host, pod)}"}, timeout=30)
     assert reply.status_code == 200, reply.text
     return [m["id"] for m in reply.json()["data"]]
+
+
+def status_with_key(bed: Bed, host: str, port: int, key: str | None) -> int:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return requests.get(f"http://{bed.host(host).ip}:{port}/v1/models", headers=headers, timeout=30).status_code
 
 
 @pytest.fixture(scope="module")
@@ -77,10 +84,9 @@ def bed(testbed_factory: Callable[..., Testbed], tmp_path_factory: pytest.TempPa
     specs = [HostSpec("quad", hardware="4x3090", group="gateway"), HostSpec("tri", hardware="3x3090", group="rigs")]
     testbed = testbed_factory(specs, "rigpods")
     b = Bed(testbed, testbed.workdir)
-    keys = key_files(tmp_path_factory.mktemp("keys"), rig=API_KEY, gateway=GATEWAY_KEY)
-    rig_key, gateway_key = keys["rig"], keys["gateway"]
-    b.data = {"serving_api_key_file": str(rig_key), "serving_health_timeout_s": b.data["serving_health_timeout_s"],
-              "gateway_health_check_interval_s": 3}
+    gateway_key = key_files(tmp_path_factory.mktemp("keys"), gateway=GATEWAY_KEY)["gateway"]
+    # no serving_api_key_file: every pod carries its own key (rigup.desired.pod_keys)
+    b.data = {"serving_health_timeout_s": b.data["serving_health_timeout_s"], "gateway_health_check_interval_s": 3}
     b.gateway_key = str(gateway_key)  # type: ignore[attr-defined]
     write(b, QUAD_PODS, TRI_PODS, relock=True)
     yield b
@@ -114,10 +120,15 @@ def test_bring_up_serves_every_pod_on_its_own_gpus(bed: Bed) -> None:
             assert unit_prop(rig, unit, "ActiveState") == "active"
             assert unit_prop(rig, unit, "UnitFileState") == "enabled"
             assert gpu_requests(bed, host, pod) == gpus
-            assert models_at(bed, host, port) == [served_name(DUAL if pod != "solo" else SINGLE)]
+            assert models_at(bed, host, port, pod) == [served_name(DUAL if pod != "solo" else SINGLE)]
             record = json.loads(sh(rig, f"cat /opt/rigup/state/pods/{pod}/provenance.json"))
             assert record["pod"] == pod and record["gate"]["result"] == "passed"
             assert record["release"]["gpu_ids"] == [int(g) for g in gpus]
+        # each pod takes its own key alone: none, or its neighbour's on the same rig, is refused
+        (first, first_port, _), (second, second_port, _) = pods
+        assert status_with_key(bed, host, first_port, None) == 401
+        assert status_with_key(bed, host, first_port, pod_key_of(bed.fleet, host, second)) == 401
+        assert status_with_key(bed, host, second_port, pod_key_of(bed.fleet, host, first)) == 401
         # every card holds a pod's engine (a pod on another's GPUs would have died for lack of memory)
         assert all(used > 20000 for used in memory_used(bed, host)), memory_used(bed, host)
         assert sh(rig, "test -e /opt/rigup/state/provenance.json && echo yes || echo no") == "no"
@@ -243,4 +254,4 @@ def test_a_driver_change_stops_every_pod_first_and_brings_them_back(bed: Bed) ->
     for unit in UNITS["quad"]:
         assert unit_prop(quad, unit, "ActiveState") == "active", unit
     for pod in QUAD_PODS:
-        assert models_at(bed, "quad", pod["port"]) == [served_name(DUAL)]
+        assert models_at(bed, "quad", pod["port"], pod["name"]) == [served_name(DUAL)]

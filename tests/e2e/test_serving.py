@@ -29,7 +29,7 @@ from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import Host, HostSpec
 from rigup_testbed.image import REPO_ROOT
 from rigup_testbed.registry import REBUILT_TAG, served_blob_bytes
-from tests.e2e.helpers import remote_commands
+from tests.e2e.helpers import assert_secret_private, pod_key_of, remote_commands
 
 pytestmark = pytest.mark.e2e
 
@@ -110,8 +110,15 @@ def unit_prop(host: Host, unit: str, prop: str) -> str:
 
 
 def models(host: Host, port: int, key: str | None = None) -> tuple[int, Any]:
-    auth = f"-H 'Authorization: Bearer {key}'" if key else ""
-    out = sh(host, f"curl -s -o /tmp/models.json -w '%{{http_code}}' {auth} http://127.0.0.1:{port}/v1/models; echo; cat /tmp/models.json", check=False)
+    """The pod's /v1/models asked on its rig, with `key` as the bearer key: curl reads its header from stdin, the key
+    joined there from two halves, so it is on no command line (sudo logs them) and the secret checks see none."""
+    if key:
+        half = len(key) // 2
+        ask = f"printf 'header = \"Authorization: Bearer %s%s\"\\n' {key[:half]} {key[half:]} | curl -s -K -"
+    else:
+        ask = "curl -s"
+    out = sh(host, f"{ask} -o /tmp/models.json -w '%{{http_code}}' http://127.0.0.1:{port}/v1/models; echo; "
+                   "cat /tmp/models.json", check=False)
     code, _, body = out.partition("\n")
     try:
         return int(code or 0), json.loads(body) if body.strip() else None
@@ -177,8 +184,16 @@ def test_fresh_bring_up(bed: Bed) -> None:
         host = bed.host(h)
         assert unit_prop(host, f"rigup-{VARIANT}.service", "ActiveState") == "active"
         assert unit_prop(host, f"rigup-{VARIANT}.service", "UnitFileState") == "enabled"
-        code, body = models(host, port)
+        # keyed by default: the pod's own key, made on the control machine (rigup.desired.pod_keys); none, or the
+        # other rig's pod's, is refused; the key only in files root alone reads, on no argv and in no journal
+        key = pod_key_of(bed.fleet, h, VARIANT)
+        code, body = models(host, port, key)
         assert code == 200 and [m["id"] for m in body["data"]] == [name]
+        other = pod_key_of(bed.fleet, "rig-02" if h == "rig-01" else "rig-01", VARIANT)
+        assert models(host, port)[0] == 401 and models(host, port, other)[0] == 401 and other != key
+        holders = assert_secret_private(host, key)
+        assert f"600 root /opt/rigup/variants/{VARIANT}/.env" in holders, holders
+        assert key not in proc.stdout + proc.stderr
         prov = provenance(host)
         assert prov["variant"] == VARIANT and prov["generation"] == 1 and prov["gate"]["result"] == "passed"
         assert prov["gate"]["completion"]["completion_tokens"] >= 1
@@ -253,7 +268,7 @@ def test_variant_switch_stops_the_old_one(bed: Bed) -> None:
     assert unit_prop(host, old, "UnitFileState") == "disabled"
     assert unit_prop(host, new, "ActiveState") == "active"
     assert models(host, port_of(VARIANT))[0] == 0  # nothing listens on the old port
-    code, body = models(host, port_of(OTHER_VARIANT))
+    code, body = models(host, port_of(OTHER_VARIANT), pod_key_of(bed.fleet, "rig-02", OTHER_VARIANT))
     assert code == 200 and [m["id"] for m in body["data"]] == [served_name(OTHER_VARIANT)]
     assert provenance(host)["variant"] == OTHER_VARIANT
     # the engine keeps nothing of the old variant: one container, one network, both the new one's (beside
@@ -282,7 +297,7 @@ def test_failed_gate_rolls_back_and_the_old_generation_serves(bed: Bed) -> None:
     assert f"journalctl -u {unit}" in output
     assert sh(host, f"cat /opt/rigup/variants/{VARIANT}/compose.yaml") == good_compose
     assert unit_prop(host, unit, "ActiveState") == "active"
-    code, body = models(host, port_of(VARIANT))
+    code, body = models(host, port_of(VARIANT), pod_key_of(bed.fleet, "rig-01", VARIANT))
     assert code == 200 and [m["id"] for m in body["data"]] == [served_name(VARIANT)]
     prov = provenance(host)
     assert prov["generation"] == good["generation"] and prov["release_sha256"] == good["release_sha256"]
@@ -292,7 +307,7 @@ def test_failed_gate_rolls_back_and_the_old_generation_serves(bed: Bed) -> None:
     again = bed.deploy("--limit", "rig-01", expect_ok=False)
     assert "FAILED and ROLLED BACK" in again.stdout + again.stderr, _tail(again)
     assert unit_prop(host, unit, "ActiveState") == "active"
-    assert models(host, port_of(VARIANT))[0] == 200
+    assert models(host, port_of(VARIANT), pod_key_of(bed.fleet, "rig-01", VARIANT))[0] == 200
     # Back to the good settings: converges without a restart of what already serves it.
     bed.group_data = {k: v for k, v in bed.group_data.items() if k != "canary"}
     bed.write(relock=False)

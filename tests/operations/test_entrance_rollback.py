@@ -81,7 +81,7 @@ def entrance(tmp_path: Path) -> Iterator[dict[str, Any]]:
     Path(paths.routers_dir).mkdir(parents=True)
     port = free_port()
     old = [ModelRouter("old-model", "old-model", free_port(), free_port(), ("http://10.0.0.1:8000",))]
-    nginx = write_front(tmp_path, old, [Client("alice", KEY)], port, pod_key=None)
+    nginx = write_front(tmp_path, old, [Client("alice", KEY)], port)
     site_file = tmp_path / "site.conf"
     Path(paths.router_env("old-model")).write_text("ROUTER_ARGS=--port 1\n")
     files = [str(site_file), paths.key_map, paths.pod_key, paths.dispatch_js, paths.models_json,
@@ -178,6 +178,8 @@ def test_a_router_that_does_not_come_up_puts_the_last_good_configuration_back(en
     assert said == [f"rigup: the router of new-model did not answer http://127.0.0.1:{router.port}/health within 1 s; "
                     f"{BACK_IN_SERVICE}"]
     put_back(entrance, good)
+    # nginx, restarted on the new files before the routers (their hop to the pods), runs on the last good ones again
+    assert (entrance["tmp"] / "systemctl.log").read_text().splitlines()[-1] == "try-restart nginx.service"
     assert dispatched(entrance) == {"old-model"}
 
 
@@ -191,6 +193,7 @@ def test_without_a_recorded_configuration_it_says_so(entrance: dict[str, Any]) -
     said = [line for line in gate.stdout.splitlines() if line.startswith("rigup: ")]
     assert said[-1].endswith(NOT_BACK) and "its first converge" in said[0]
     assert dispatched(entrance) == {"old-model"}  # nginx itself was never touched
+
 
 def test_a_configuration_nginx_starts_on_but_that_does_not_answer_puts_the_last_good_one_back(
         entrance: dict[str, Any]) -> None:

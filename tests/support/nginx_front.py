@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rigup.desired.entrance import (
+    POD_HOP_PORT,
     USAGE_PORT,
     Client,
     EntrancePaths,
@@ -26,21 +27,26 @@ TEMP_PATHS = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")  # nginx's def
 FOREGROUND = "daemon off; user root;"  # -g for a test's nginx: its own process, workers that read the test's files
 
 
-def site_text(tmp_path: Path, routers: Sequence[ModelRouter], port: int, usage_port: int | None = None) -> str:
+def site_text(tmp_path: Path, routers: Sequence[ModelRouter], port: int, usage_port: int | None = None,
+              hop_port: int | None = None) -> str:
     """The front's site as the converge renders it for `routers` (EntrancePaths under tmp_path, plain HTTP on
-    127.0.0.1:port), its logs in tmp_path; `usage_port`: where its /metrics/ finds rigup-entrance-usage (default:
-    the entrance's own)."""
+    127.0.0.1:port), its logs in tmp_path; `usage_port`: where its /metrics/ finds rigup-entrance-usage, `hop_port`:
+    where the routers' hop listens (default: the entrance's own)."""
     site = nginx_site(list(routers), EntrancePaths(str(tmp_path)), bind_address="127.0.0.1", port=port, tls=None)
     if usage_port is not None:
         site = site.replace(f"127.0.0.1:{USAGE_PORT}", f"127.0.0.1:{usage_port}")
+    if hop_port is not None:
+        site = site.replace(f"127.0.0.1:{POD_HOP_PORT};", f"127.0.0.1:{hop_port};")
     return site.replace("/var/log/nginx", str(tmp_path))
 
 
 def write_front(tmp_path: Path, routers: list[ModelRouter], clients: list[Client], port: int,
-                pod_key: str | None = "pod-secret", usage_port: int | None = None) -> list[str]:
+                pod_keys: dict[str, str] | None = None, hop_port: int | None = None,
+                usage_port: int | None = None) -> list[str]:
     """The rendered front (site, dispatch, key includes, /v1/models' answer) under tmp_path and an nginx.conf
     including it; the nginx command line that runs it with that configuration (append -t to only check it, or
-    -g FOREGROUND to serve). `pod_key`: the key the front sends the pods (None: none); `usage_port`: see site_text."""
+    -g FOREGROUND to serve). `pod_keys`: each pod's host:port -> its key (pod_key_text); `hop_port`, `usage_port`:
+    see site_text."""
     from rigup_testbed.debarchive import DebianArchive
 
     archive = DebianArchive()
@@ -50,10 +56,10 @@ def write_front(tmp_path: Path, routers: list[ModelRouter], clients: list[Client
     module = tmp_path / "njs/usr/lib/nginx/modules/ngx_http_js_module.so"
     paths = EntrancePaths(str(tmp_path))
     Path(paths.key_map).write_text(key_map_text(clients))
-    Path(paths.pod_key).write_text(pod_key_text(pod_key))
+    Path(paths.pod_key).write_text(pod_key_text(pod_keys))
     Path(paths.dispatch_js).write_text(dispatch_js(routers))
     Path(paths.models_json).write_text(models_document(routers))
-    (tmp_path / "site.conf").write_text(site_text(tmp_path, routers, port, usage_port))
+    (tmp_path / "site.conf").write_text(site_text(tmp_path, routers, port, usage_port, hop_port))
     (tmp_path / "nginx.conf").write_text(
         f"load_module {module};\npid {tmp_path}/nginx.pid;\nevents {{}}\n"
         f"http {{\n" + "".join(f"    {kind}_temp_path {tmp_path}/{kind};\n" for kind in TEMP_PATHS)
