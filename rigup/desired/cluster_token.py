@@ -34,14 +34,12 @@ the same one; a new token (the file removed) changes every member's .env, which 
 
 from __future__ import annotations
 
-import os
-import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from rigup.desired.fleet_ca import ca_directory, make_ca_directory
-from rigup.desired.secrets import read_secret_file
+from rigup.desired.secrets import make_secret_file, read_secret_file
 
 RAY_AUTH_MODE = "token"  # RAY_AUTH_MODE's value that turns token authentication on
 RAY_TOKEN_KEY = "RAY_AUTH_TOKEN"  # the .env key and the container's variable (Ray's first token source)
@@ -60,17 +58,7 @@ def cluster_token(host_data: Mapping[str, Any], cluster: str, base_dir: Path | N
     path = token_file(host_data, cluster, base_dir)
     if not path.exists():
         make_ca_directory(path.parent)  # 0700, with the .gitignore of * the CA's directory has
-        part = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            with os.fdopen(fd, "w") as out:
-                out.write(secrets.token_hex(32) + "\n")
-            try:
-                os.link(part, path)
-            except FileExistsError:
-                pass  # another plan made it first: that one is the cluster's
-        finally:
-            part.unlink()
+        make_secret_file(path)
     return read_secret_file(path, f"cluster {cluster}'s Ray token ({path})")
 
 

@@ -35,15 +35,13 @@ loopback hop as its proxy, and that hop sends each pod its own key by the pod's 
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from rigup.desired.fleet_ca import ca_directory, make_ca_directory
-from rigup.desired.secrets import SecretError, load_api_key, read_secret_file
+from rigup.desired.secrets import SecretError, load_api_key, make_secret_file, read_secret_file
 
 KEYS_DIR = "pod-keys"  # under fleet_ca_dir
 
@@ -72,17 +70,7 @@ def pod_key(host_data: Mapping[str, Any], host: str, pod: str, base_dir: Path | 
         make_ca_directory(path.parent.parent.parent)  # 0700, with the .gitignore of * the CA's directory has
         for directory in (path.parent.parent, path.parent):
             directory.mkdir(mode=0o700, exist_ok=True)
-        part = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            with os.fdopen(fd, "w") as out:
-                out.write(secrets.token_hex(32) + "\n")
-            try:
-                os.link(part, path)
-            except FileExistsError:
-                pass  # another plan made it first: that one is the pod's
-        finally:
-            part.unlink()
+        make_secret_file(path)
     return read_secret_file(path, what)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,6 +38,25 @@ def read_secret_file(path: str | os.PathLike[str], knob: str) -> str:
     if not value or "\n" in value:
         raise SecretError(f"{knob}: {file} must hold exactly one non-empty line")
     return value
+
+
+def make_secret_file(path: Path) -> None:
+    """A new random secret (secrets.token_hex(32)) in `path`, 0600, unless one is there. The file appears whole or not
+    at all (written under another name, then linked), so two plans made at once read the same secret. The caller
+    makes the directory (0700)."""
+    if path.exists():
+        return
+    part = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_hex(32) + "\n")
+        try:
+            os.link(part, path)
+        except FileExistsError:
+            pass  # another plan made it first: that one is the secret
+    finally:
+        part.unlink()
 
 
 def load_api_key(host_data: Mapping[str, Any]) -> str | None:

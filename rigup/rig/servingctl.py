@@ -1724,11 +1724,7 @@ def revalidate(
     current = fingerprint if fingerprint is not None else rig_fingerprint()
     recorded = record.get("fingerprint")
     if not isinstance(recorded, dict):
-        record = dict(record)
-        record["fingerprint"] = current
-        record["written_at"] = now_iso()
-        atomic_write(release.provenance_path, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode(), 0o644)
-        out(f"{REVALIDATED_MARKER} fingerprint recorded (the last gate predates the record)")
+        _record_fingerprint(release, record, current, out)
         return EXIT_PASSED
     changes = fingerprint_changes(recorded, current)
     if not changes:
@@ -1736,19 +1732,8 @@ def revalidate(
         return EXIT_PASSED
     what = "; ".join(changes)
     out(f"rigup: {release.unit}: fingerprint changed: {what}")
-    removed = []
-    for path in p2p_cache_files(release):
-        os.unlink(path)
-        removed.append(path)
-        out(f"rigup: removed vLLM's P2P access cache {path}")
-    where = (f"{len(removed)} file(s) on the host, and the container's with compose down" if removed
-             else "the container's, with compose down: none is kept on the host")
-    try:
-        systemd.restart(release.unit)  # ExecStop and ExecStartPre run `docker compose down`: a new container
-    except subprocess.CalledProcessError as exc:
-        detail = exc.stderr.strip() if exc.stderr else str(exc)
-        out(f"rigup: {release.unit} could not be restarted: {detail}")
-        out(f"{REVALIDATED_MARKER} fingerprint changed: {what} -> P2P cache removed ({where}), restart FAILED")
+    where = _remove_p2p_caches(release, out)
+    if not _restarted(release, systemd, out, f"fingerprint changed: {what} -> P2P cache removed ({where})"):
         return EXIT_FAILED
     code = gate(release_path, timeout_s, keep, False, systemd, out=out, clock=clock, sleep=sleep, poll_s=poll_s,
                 docker=docker, fingerprint=current)
@@ -1757,6 +1742,40 @@ def revalidate(
     out(f"{REVALIDATED_MARKER} fingerprint changed: {what} -> P2P cache removed ({where}), full probe set {verdict} "
         f"({probes})")
     return code
+
+
+def _record_fingerprint(release: Release, record: Dict[str, Any], current: Dict[str, Optional[str]],
+                        out: Callable[[str], None]) -> None:
+    """The provenance record of a gate that predates fingerprints gets the rig's fingerprint now."""
+    record = dict(record)
+    record["fingerprint"] = current
+    record["written_at"] = now_iso()
+    atomic_write(release.provenance_path, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode(), 0o644)
+    out(f"{REVALIDATED_MARKER} fingerprint recorded (the last gate predates the record)")
+
+
+def _remove_p2p_caches(release: Release, out: Callable[[str], None]) -> str:
+    """vLLM's P2P access cache files on the host removed (p2p_cache_files); says where the cache went."""
+    removed = []
+    for path in p2p_cache_files(release):
+        os.unlink(path)
+        removed.append(path)
+        out(f"rigup: removed vLLM's P2P access cache {path}")
+    return (f"{len(removed)} file(s) on the host, and the container's with compose down" if removed
+            else "the container's, with compose down: none is kept on the host")
+
+
+def _restarted(release: Release, systemd: Systemd, out: Callable[[str], None], done: str) -> bool:
+    """The pod restarted (ExecStop and ExecStartPre run `docker compose down`: a new container); False, with the
+    reason and the marker line saying `done` and the failed restart, when systemd refused."""
+    try:
+        systemd.restart(release.unit)
+    except subprocess.CalledProcessError as exc:
+        detail = exc.stderr.strip() if exc.stderr else str(exc)
+        out(f"rigup: {release.unit} could not be restarted: {detail}")
+        out(f"{REVALIDATED_MARKER} {done}, restart FAILED")
+        return False
+    return True
 
 
 def revalidate_member(
@@ -1781,11 +1800,7 @@ def revalidate_member(
     serves_recorded = passed and record.get("release_sha256") == release.sha256
     if not isinstance(recorded, dict):
         if serves_recorded:
-            record = dict(record)
-            record["fingerprint"] = current
-            record["written_at"] = now_iso()
-            atomic_write(release.provenance_path, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode(), 0o644)
-            out(f"{REVALIDATED_MARKER} fingerprint recorded (the last gate predates the record)")
+            _record_fingerprint(release, record, current, out)
         else:
             out(f"{REVALIDATED_MARKER} no fingerprint recorded: the cluster's next passed gate records it")
         return EXIT_PASSED
@@ -1795,24 +1810,13 @@ def revalidate_member(
         return EXIT_PASSED
     what = "; ".join(changes)
     out(f"rigup: {release.unit}: fingerprint changed: {what}")
-    removed = []
-    for path in p2p_cache_files(release):
-        os.unlink(path)
-        removed.append(path)
-        out(f"rigup: removed vLLM's P2P access cache {path}")
-    where = (f"{len(removed)} file(s) on the host, and the container's with compose down" if removed
-             else "the container's, with compose down: none is kept on the host")
+    where = _remove_p2p_caches(release, out)
     probes = f"{len(release.gate_probes)} probes: {', '.join(release.gate_probes)}"
     if not serves_recorded:
         out(f"{REVALIDATED_MARKER} fingerprint changed: {what} -> P2P cache removed ({where}); the new release's "
             f"restart and the cluster's gate follow ({probes})")
         return EXIT_PASSED
-    try:
-        systemd.restart(release.unit)  # ExecStop and ExecStartPre run `docker compose down`: a new container
-    except subprocess.CalledProcessError as exc:
-        detail = exc.stderr.strip() if exc.stderr else str(exc)
-        out(f"rigup: {release.unit} could not be restarted: {detail}")
-        out(f"{REVALIDATED_MARKER} fingerprint changed: {what} -> P2P cache removed ({where}), restart FAILED")
+    if not _restarted(release, systemd, out, f"fingerprint changed: {what} -> P2P cache removed ({where})"):
         return EXIT_FAILED
     out(f"{REVALIDATED_MARKER} fingerprint changed: {what} -> P2P cache removed ({where}), member restarted: the "
         f"cluster's gate asks the full probe set ({probes})")
