@@ -148,6 +148,14 @@ def pod_key_of(fleet: Path, host: str, pod: str) -> str:
     return (fleet.parent / "fleet-ca" / "pod-keys" / host / f"{pod}.key").read_text().strip()
 
 
+def keyed_curl(env_file: str) -> str:
+    """The start of a curl command run as root on a rig that presents the pod's own key, read from its 0600 .env
+    (VLLM_API_KEY='...', rigup.desired.render), without putting it on any command line: the shell reads it and
+    hands it to curl as a config file on stdin (`curl -K -`). Append curl's own arguments."""
+    return (f"sed -n 's/^VLLM_API_KEY=//p' {env_file} | tr -d \"'\" | {{ read -r key; "
+            "printf 'header = \"Authorization: Bearer %s\"\\n' \"$key\"; } | curl -K -")
+
+
 def secret_holders(host: Host, secret: str, where: str) -> dict[str, Any]:
     """Where `secret` shows on `host`: in a process's argv, in the journal, and the files under `where` holding it
     (each as 'mode owner path'). The secret never goes on a command line here either: it is joined from two halves

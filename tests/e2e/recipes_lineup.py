@@ -26,6 +26,7 @@ from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import HostSpec
 from rigup_testbed.image import REPO_ROOT, cache_dir
 from rigup_testbed.recipes import working_trees
+from tests.e2e.helpers import keyed_curl
 from tests.e2e.test_serving import GATE_TIMEOUT_S, Bed, sh
 from tests.e2e.test_serving import _recipe as recipe_of
 
@@ -192,7 +193,8 @@ def check_serving(bed: Bed, rig: str, variant: str, previous: str | None = None)
     old = f"rigup-{previous}.service" if previous else "rigup-e2e-none.service"
     script = f"; echo {SEPARATOR}; ".join([
         f"systemctl show -p ActiveState --value {unit} {old}",
-        f"curl -s -o /tmp/models.json -w '%{{http_code}}\\n' http://127.0.0.1:{recipe.host_port}/v1/models; cat /tmp/models.json",
+        f"{keyed_curl(recipe.paths.env_file)} -s -o /tmp/models.json -w '%{{http_code}}\\n' "
+        f"http://127.0.0.1:{recipe.host_port}/v1/models; cat /tmp/models.json",
         "cat /opt/rigup/state/provenance.json",
         f"cat /opt/rigup/variants/{variant}/compose.yaml",
     ])

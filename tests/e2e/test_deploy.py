@@ -24,7 +24,7 @@ from rigup.desired.recipe import resolve
 from rigup.layout import RigLayout
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.image import CA_FILE_NAME, CA_STORE
-from tests.e2e.helpers import PYINFRA, run, run_json
+from tests.e2e.helpers import PYINFRA, pod_key_of, run, run_json
 
 pytestmark = pytest.mark.e2e
 
@@ -64,7 +64,7 @@ def converges(fleet: Path) -> list[tuple[dict[str, Any], str, float]]:
     return [first, second]
 
 
-def test_first_converge_brings_every_host_up_without_errors(bed: Testbed, converges: Any) -> None:
+def test_first_converge_brings_every_host_up_without_errors(bed: Testbed, fleet: Path, converges: Any) -> None:
     results, _, _ = converges[0]
     operations = results["results"]["operations"]
     assert [op["name"] for op in operations if op["error"]] == []
@@ -73,7 +73,10 @@ def test_first_converge_brings_every_host_up_without_errors(bed: Testbed, conver
     assert changed == names
     recipe = resolve({**load_defaults(), "variant": "dual"})
     for host in bed.hosts:
-        with urllib.request.urlopen(f"http://{host.ip}:{recipe.host_port}/v1/models", timeout=10) as reply:
+        # keyed by default: the pod's own key, made on the control machine (rigup.desired.pod_keys)
+        ask = urllib.request.Request(f"http://{host.ip}:{recipe.host_port}/v1/models",
+                                     headers={"Authorization": f"Bearer {pod_key_of(fleet, host.name, 'dual')}"})
+        with urllib.request.urlopen(ask, timeout=10) as reply:
             served = [m["id"] for m in json.load(reply)["data"]]
         assert recipe.served_model_name in served, host.name
         active = host.ssh(f"systemctl is-active {recipe.paths.unit_name}", check=False).stdout.strip()
