@@ -249,12 +249,18 @@ def test_the_vllm_pods_metrics_count_a_chat_it_served(engine: dict[str, object],
     def total(fams: dict[str, object], family: str) -> float:
         return sum(s.value for s in fams[family].samples if s.name == f"{family}_total")  # type: ignore[attr-defined]
 
-    before = scrape()
-    body = json.dumps({"model": "qwen3.6-27b-autoround", "max_tokens": 24,
-                       "messages": [{"role": "user", "content": "What is the capital of France?"}]})
-    answer = json.loads(root(rig, f"{keyed_curl(ENV_FILE)} -sf http://127.0.0.1:{PORT}/v1/chat/completions "
-                                  f"-H 'Content-Type: application/json' -d {shlex.quote(body)}"))
-    after = scrape()
+    # The sentinel asks the pod its probes every sentinel_interval_s: held off for the window, so the
+    # counters move by this one chat only (a probe inside it once made prompt_tokens move by 153, not 12).
+    root(rig, "systemctl stop rigup-sentinel.timer rigup-sentinel.service")
+    try:
+        before = scrape()
+        body = json.dumps({"model": "qwen3.6-27b-autoround", "max_tokens": 24,
+                           "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+        answer = json.loads(root(rig, f"{keyed_curl(ENV_FILE)} -sf http://127.0.0.1:{PORT}/v1/chat/completions "
+                                      f"-H 'Content-Type: application/json' -d {shlex.quote(body)}"))
+        after = scrape()
+    finally:
+        root(rig, "systemctl start rigup-sentinel.timer")
     usage = answer["usage"]
     assert total(after, "vllm:prompt_tokens") - total(before, "vllm:prompt_tokens") == usage["prompt_tokens"]
     assert total(after, "vllm:generation_tokens") - total(before, "vllm:generation_tokens") == usage["completion_tokens"]
