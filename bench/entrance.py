@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/entrance.py [--pods 4] [--concurrency 1,8,64] [--seconds 8] [--sessions 32 --turns 10]
                                        [--litellm] [--parts abc] [--results bench/results.md]
+                                       [--wheels DIR --machine NAME --commit SHA]  (a machine with no network)
 
 Loopback only; about 6 minutes on the 2-core control VM. Stand-in vLLM pods (rigup_testbed/openai_responder.py:
 SSE one token per chunk with vLLM's `stream_options.include_usage` final chunk, vLLM's `/metrics`) behind:
@@ -19,6 +20,12 @@ SSE one token per chunk with vLLM's `stream_options.include_usage` final chunk, 
   client checked through a `map` in a 0600 include file (no key on a command line or in nginx.conf), a path
   allowlist (/v1/chat/completions, /v1/completions, /v1/models; else 404, a missing or wrong key 401, both
   checked before timing), `proxy_buffering off`;
+- nginx+vllm-router via pod-key hop: the entrance as it is deployed since 9fd785a: another router and front
+  like the row above, the router's HTTP_PROXY (rigup.desired.entrance.router_proxy_environment) naming a loopback
+  server of the same nginx that sends each pod its own key (rigup.desired.entrance.pod_key_text, the site
+  template's hop server) over the same pods; checked before timing: a router through the hop reaches a keyed
+  stand-in it holds no key for, the keyed pod refuses a request without its key, and the hop answers 502 for a
+  host:port it does not route to. The timed pods themselves check no key (every row uses the same pods);
 - with --litellm also LiteLLM's proxy as rigup's old gateway configures it (rigup.desired.litellm_config), from the
   pinned files/gateway/requirements.txt through the test bed's wheel index.
 
@@ -289,8 +296,42 @@ def key_map_text(clients: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def nginx_conf(*, prefix: Path, listen_port: int, upstream_port: int, cert: Path, key: Path, key_map: Path) -> str:
-    """The TLS front: keys checked through the map, the allowlist, streaming unbuffered to the router."""
+def hop_text(hop_port: int, pod_key: Path, pod_ports: Sequence[int]) -> str:
+    """The entrance's pod-key hop as templates/rigup-entrance.nginx.conf.j2 renders it (since 9fd785a): a loopback
+    server the routers reach their pods through (their HTTP_PROXY), which passes a request on to the pod its Host
+    names with that pod's key from the 0600 map; 502 for a host:port it does not route to."""
+    names = [(f"rigup_pod_{i}", f"127.0.0.1:{port}") for i, port in enumerate(pod_ports)]
+    routes = "".join(f'        "{address}" {name};\n' for name, address in names)
+    upstreams = "".join(f"    upstream {name} {{\n        server {address};\n        keepalive 16;\n    }}\n"
+                        for name, address in names)
+    return f"""    include {pod_key};
+    map $http_host $entrance_pod_upstream {{
+        default rigup_pod_none;
+{routes}    }}
+{upstreams}    upstream rigup_pod_none {{
+        server 127.0.0.1:1;
+    }}
+    server {{
+        listen 127.0.0.1:{hop_port};
+        client_max_body_size 64m;
+        location / {{
+            proxy_pass http://$entrance_pod_upstream;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $http_host;
+            proxy_set_header Authorization $entrance_pod_authorization;
+            proxy_buffering off;
+            proxy_request_buffering off;
+            proxy_read_timeout 1800s;
+        }}
+    }}
+"""
+
+
+def nginx_conf(*, prefix: Path, listen_port: int, upstream_port: int, cert: Path, key: Path, key_map: Path,
+               hop: str = "") -> str:
+    """The TLS front: keys checked through the map, the allowlist, streaming unbuffered to the router; `hop`
+    (hop_text) adds the pod-key hop to the same nginx, as the entrance runs it."""
     allow = "|".join(re.escape(p[len("/v1/"):]) for p in ALLOWED_PATHS)
     return f"""# Rendered by bench/entrance.py (issue 44): a TLS front for vllm-router.
 worker_processes auto;
@@ -339,7 +380,7 @@ http {{
             return 404;
         }}
     }}
-}}
+{hop}}}
 """
 
 
@@ -366,6 +407,18 @@ class Processes:
                                        start_new_session=True, env=dict(env) if env is not None else None)
         self.started.append(process)
         return process
+
+    def stop(self, process: subprocess.Popen[bytes]) -> None:
+        """Stop one process group now (SIGTERM, then SIGKILL after the grace)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=self.grace_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        self.started.remove(process)
 
     def stop_all(self) -> None:
         for process in reversed(self.started):
@@ -465,8 +518,14 @@ def litellm_venv() -> Path:
                 ["--no-deps", "--no-index", "--find-links", str(served / "packages"), "-r", str(served / "requirements.txt")])
 
 
+WHEELS: Path | None = None  # --wheels: the router's pinned wheels in a folder (a machine with no network)
+
+
 def router_venv() -> Path:
-    return venv("router", ROUTER_REQUIREMENTS, ["-r", str(ROUTER_REQUIREMENTS)])
+    """vllm-router's venv from the hash-pinned requirements: from the index pip's config names, or with --wheels
+    from that folder alone (the hashes are checked either way)."""
+    local = ["--no-index", "--find-links", str(WHEELS)] if WHEELS is not None else []
+    return venv("router", ROUTER_REQUIREMENTS, [*local, "-r", str(ROUTER_REQUIREMENTS)])
 
 
 def nginx_binary() -> tuple[Path, str]:
@@ -706,6 +765,7 @@ def run_trace(target: Target, pod_ports: Sequence[int], shape: TraceShape, sessi
 
 def start_pods(procs: Processes, count: int, logs: Path, tokens_per_s: float, extra: Sequence[str] = (),
                name: str = "pod") -> list[int]:
+    """`count` stand-in pods on free loopback ports, each answering /health before this returns."""
     ports = [free_port() for _ in range(count)]
     for i, port in enumerate(ports):
         log = logs / f"{name}-{i}.log"
@@ -742,19 +802,24 @@ def start_litellm(procs: Processes, pod_ports: Sequence[int], work: Path) -> Tar
 
 
 def start_router(procs: Processes, pod_ports: Sequence[int], work: Path, policy: str,
-                 session_ids: bool = False) -> Target:
+                 session_ids: bool = False, proxy: Mapping[str, str] | None = None, wait: bool = True) -> Target:
+    """vllm-router over the pods; `proxy`: environment variables sending its requests to the pods through the
+    pod-key hop (then nginx starts first, as on the entrance, and `wait` False leaves the readiness wait to it)."""
     port, prometheus = free_port(), free_port()
     python = router_venv() / "bin" / "python"
-    log = work / f"router-{policy}.log"
+    log = work / f"router-{policy}{'-hop' if proxy else ''}.log"
     process = procs.start([str(python), "-m", "vllm_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
                            "--worker-urls", *[f"http://127.0.0.1:{p}" for p in pod_ports], "--policy", policy,
-                           "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prometheus)], log=log)
-    wait_http(f"http://127.0.0.1:{port}/v1/models", 120, process=process, log=log)
+                           "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prometheus)], log=log,
+                          env={**os.environ, **proxy} if proxy else None)
+    if wait:
+        wait_http(f"http://127.0.0.1:{port}/v1/models", 120, process=process, log=log)
     return Target(f"vllm-router {policy}", [port], metrics=(f"http://127.0.0.1:{prometheus}/metrics", {}),
                   pgids=[process.pid], session_ids=session_ids)
 
 
-def start_front(procs: Processes, router: Target, work: Path) -> tuple[Target, str]:
+def start_front(procs: Processes, router: Target, work: Path, hop: str = "") -> tuple[Target, str]:
+    """nginx as the TLS front of `router` (with `hop`, hop_text, the pod-key hop too), its boundary checked."""
     binary, version = nginx_binary()
     prefix = work / "nginx"
     (prefix / "tmp").mkdir(parents=True)
@@ -766,7 +831,7 @@ def start_front(procs: Processes, router: Target, work: Path) -> tuple[Target, s
     port = free_port()
     conf = prefix / "nginx.conf"
     conf.write_text(nginx_conf(prefix=prefix, listen_port=port, upstream_port=router.ports[0], cert=cert, key=key,
-                               key_map=key_map))
+                               key_map=key_map, hop=hop))
     log = work / "nginx.log"
     check = subprocess.run([str(binary), "-t", "-p", str(prefix), "-e", str(prefix / "error.log"), "-c", str(conf)],
                            capture_output=True, text=True)
@@ -776,11 +841,66 @@ def start_front(procs: Processes, router: Target, work: Path) -> tuple[Target, s
                            "-g", "daemon off;"], log=log)
     context = ssl.create_default_context(cafile=str(ca))
     auth = {"Authorization": f"Bearer {clients['bench']}"}
+    if hop:  # the router started after nginx, as on the entrance: it reaches its pods through the hop
+        wait_http(f"http://127.0.0.1:{router.ports[0]}/v1/models", 120, process=process, log=log)
     wait_http(f"https://127.0.0.1:{port}/v1/models", 30, headers=auth, context=context, process=process, log=log)
     boundary_check(port, context, clients["bench"])
     front = Target("nginx+vllm-router", [port], key=clients["bench"], tls=context, metrics=router.metrics,
                    pgids=[process.pid, *router.pgids])
     return front, version
+
+
+HOP = "nginx+vllm-router via pod-key hop"
+
+
+def start_hop_entrance(procs: Processes, pod_ports: Sequence[int], work: Path) -> Target:
+    """The entrance as deployed: the front and the pod-key hop in one nginx, a consistent_hash router whose
+    HTTP_PROXY is the hop (rigup.desired.entrance's own environment lines and key map), over `pod_ports`.
+    Checked before timing with a keyed stand-in pod outside the timed ones (hop_check)."""
+    from rigup.desired.entrance import POD_HOP_PORT, pod_key_text, router_proxy_environment
+
+    work.mkdir()
+    keyed_key = secrets.token_hex(32)  # what rigup.desired.pod_keys makes
+    key_file = work / "keyed-pod.key"
+    write_private(key_file, keyed_key + "\n")
+    keyed_port = start_pods(procs, 1, work, 0, extra=["--api-key-file", str(key_file)], name="keyed")[0]
+    keys = {f"127.0.0.1:{port}": secrets.token_hex(32) for port in pod_ports} | {f"127.0.0.1:{keyed_port}": keyed_key}
+    pod_key = work / "pod-key.conf"
+    write_private(pod_key, pod_key_text(keys))
+    hop_port = free_port()
+    proxy = dict(line.split("=", 1) for line in router_proxy_environment().splitlines())
+    proxy = {name: value.replace(f":{POD_HOP_PORT}", f":{hop_port}") for name, value in proxy.items()}
+    probe = start_router(procs, [keyed_port], work, "consistent_hash", proxy=proxy, wait=False)
+    router = start_router(procs, pod_ports, work, "consistent_hash", session_ids=True, proxy=proxy, wait=False)
+    front, _ = start_front(procs, router, work, hop=hop_text(hop_port, pod_key, [*pod_ports, keyed_port]))
+    hop_check(probe, keyed_port, hop_port)
+    procs.stop(next(p for p in procs.started if p.pid == probe.pgids[0]))
+    front.name = HOP
+    return front
+
+
+def hop_check(probe: Target, keyed_port: int, hop_port: int) -> None:
+    """The hop does what the entrance's does, before anything is timed: a router that holds no key reaches the
+    keyed pod through it, the pod refuses a request without its key, the hop refuses a host:port it does not
+    route to (502)."""
+    body = chat_body([{"role": "user", "content": "ping"}], 4, stream=False)
+    wait_http(f"http://127.0.0.1:{probe.ports[0]}/v1/models", 120)
+
+    def status(port: int, path: str, host: str | None = None, payload: bytes | None = None) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        headers = {"Content-Type": "application/json"} | ({"Host": host} if host else {})
+        conn.request("POST" if payload else "GET", path, body=payload, headers=headers)
+        code = conn.getresponse().status
+        conn.close()
+        return code
+
+    stranger = f"127.0.0.1:{free_port()}"  # as a router asks its proxy: the absolute URL, the pod's host:port as Host
+    got = {"the router through the hop": status(probe.ports[0], "/v1/chat/completions", payload=body),
+           "the keyed pod without its key": status(keyed_port, "/v1/chat/completions", payload=body),
+           "the hop for a pod it does not route to": status(hop_port, f"http://{stranger}/v1/models", host=stranger)}
+    wanted = dict(zip(got, (200, 401, 502)))
+    if got != wanted:
+        raise RuntimeError(f"the pod-key hop: got {got}, expected {wanted}")
 
 
 def boundary_check(port: int, context: ssl.SSLContext, key: str) -> None:
@@ -869,14 +989,7 @@ def measured(paced: dict[str, dict[int, dict[str, object]]], ceiling: dict[str, 
     lines += ["Vs this: the lower of random's and round_robin's mean TTFT over this policy's.", "",
               "Issue 44's targets, from the figures above:", ""]
     front = "nginx+vllm-router"
-    for streams in sorted(paced["direct"]):
-        row, direct = paced[front][streams]["window"], paced["direct"][streams]["window"]
-        assert isinstance(row, Window) and isinstance(direct, Window)
-        ratio = row.tokens_per_s / direct.tokens_per_s
-        add = added(row, direct)[0] * 1000
-        lines.append(f"- paced, {streams} streams: {ratio:.3f}x direct (>= {TARGETS['paced_ratio']}: "
-                     f"{verdict(ratio >= TARGETS['paced_ratio'])}); median first token {add:+.1f} ms "
-                     f"(<= {TARGETS['added_ttft_ms']:g} ms: {verdict(add <= TARGETS['added_ttft_ms'])})")
+    lines += paced_verdicts(paced)
     for streams, by in sorted(ceiling[front].items()):
         window, scrape = by["window"], by.get("scrape")
         assert isinstance(window, Window)
@@ -926,8 +1039,38 @@ def table_rows(results: dict[str, dict[int, dict[str, object]]]) -> list[str]:
     return lines
 
 
+MACHINE: str | None = None  # --machine: the name the results block gives this machine (default: its host name)
+
+
 def label() -> str:
-    return f"{platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, issue 44's done-when"
+    return f"{MACHINE or platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, issue 44's done-when"
+
+
+def paced_verdicts(paced: dict[str, dict[int, dict[str, object]]]) -> list[str]:
+    """Issue 44's paced targets for the front and for the entrance as deployed (the pod-key hop), and what the
+    hop adds to the same front and router without it, in the same run."""
+    lines = []
+    for streams in sorted(paced.get("direct", {})):
+        direct = paced["direct"][streams]["window"]
+        assert isinstance(direct, Window)
+        for front in ("nginx+vllm-router", HOP):
+            if front not in paced:
+                continue
+            row = paced[front][streams]["window"]
+            assert isinstance(row, Window)
+            ratio = row.tokens_per_s / direct.tokens_per_s
+            add = added(row, direct)[0] * 1000
+            lines.append(f"- paced, {streams} streams, {front}: {ratio:.3f}x direct (>= {TARGETS['paced_ratio']}: "
+                         f"{verdict(ratio >= TARGETS['paced_ratio'])}); median first token {add:+.1f} ms "
+                         f"(<= {TARGETS['added_ttft_ms']:g} ms: {verdict(add <= TARGETS['added_ttft_ms'])})")
+        if HOP in paced and "nginx+vllm-router" in paced:
+            hop, plain = paced[HOP][streams]["window"], paced["nginx+vllm-router"][streams]["window"]
+            assert isinstance(hop, Window) and isinstance(plain, Window)
+            median, p95 = added(hop, plain)
+            lines.append(f"- paced, {streams} streams, the hop alone ({HOP} minus nginx+vllm-router): median first "
+                         f"token {median * 1000:+.1f} ms, p95 {p95 * 1000:+.1f} ms, tokens/s "
+                         f"{hop.tokens_per_s / plain.tokens_per_s:.3f}x")
+    return lines
 
 
 def measure(targets: Sequence[Target], concurrency: Sequence[int], seconds: float, max_tokens: int,
@@ -948,7 +1091,8 @@ def measure(targets: Sequence[Target], concurrency: Sequence[int], seconds: floa
 def entrance(procs: Processes, pod_ports: Sequence[int], work: Path, with_litellm: bool) -> tuple[list[Target], str]:
     """direct, (LiteLLM,) nginx in front of vllm-router cache_aware (what this bench measured before issue 44's
     first-token probe), vllm-router alone and nginx in front of it with the entrance's policy, consistent_hash
-    (rigup.desired.entrance.router_args), over the same pods."""
+    (rigup.desired.entrance.router_args), and the entrance as deployed (that front and router with the pod-key
+    hop between the router and its pods), over the same pods."""
     work.mkdir()
     (work / "cache_aware").mkdir()
     cache_aware, _ = start_front(procs, start_router(procs, pod_ports, work / "cache_aware", "cache_aware"),
@@ -956,8 +1100,9 @@ def entrance(procs: Processes, pod_ports: Sequence[int], work: Path, with_litell
     cache_aware.name = "nginx+vllm-router cache_aware"
     router = start_router(procs, pod_ports, work, "consistent_hash", session_ids=True)
     front, nginx = start_front(procs, router, work)
+    hop = start_hop_entrance(procs, pod_ports, work / "hop")
     litellm = [start_litellm(procs, pod_ports, work)] if with_litellm else []
-    return [Target("direct", list(pod_ports)), *litellm, cache_aware, router, front], nginx
+    return [Target("direct", list(pod_ports)), *litellm, cache_aware, router, front, hop], nginx
 
 
 TRACE_POLICIES = ("consistent_hash", "cache_aware", "random", "round_robin")
@@ -978,7 +1123,14 @@ def main() -> int:
                         "fewer than all three write their own block, leaving the done-when block as it is")
     parser.add_argument("--litellm", action="store_true", help="LiteLLM as rigup's old gateway too (slow to build)")
     parser.add_argument("--results", default=str(REPO_ROOT / "bench" / "results.md"), help="markdown file to update")
+    parser.add_argument("--wheels", help="a folder holding files/router/requirements.txt's wheels: the router's venv "
+                        "is built from it alone, hashes checked (a machine with no network)")
+    parser.add_argument("--machine", help="the machine's name in the results block (default: its host name)")
+    parser.add_argument("--commit", help="the commit measured (default: git rev-parse; for a copy without .git)")
     args = parser.parse_args()
+    global WHEELS, MACHINE
+    WHEELS = Path(args.wheels).resolve() if args.wheels else None
+    MACHINE = args.machine
     if args.parts != "abc" and not (args.parts and set(args.parts) <= {"a", "b"}):
         parser.error("--parts: abc (all, the done-when block), or a and/or b alone (their own block)")
     started = time.perf_counter()
@@ -989,8 +1141,8 @@ def main() -> int:
     CACHE.mkdir(parents=True, exist_ok=True)
     router_path = router_venv()
     info = versions(litellm_venv() if args.litellm else None, router_path)
-    info["commit"] = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                    text=True).stdout.strip()
+    info["commit"] = args.commit or subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"],
+                                                   capture_output=True, text=True).stdout.strip()
     paced: dict[str, dict[int, dict[str, object]]] = {}
     ceiling: dict[str, dict[int, dict[str, object]]] = {}
     by_variant: dict[str, dict[str, TraceResult]] = {}
@@ -1026,7 +1178,8 @@ def main() -> int:
     command = (f"python bench/entrance.py --pods {args.pods} --concurrency {args.concurrency} --ceiling-streams "
                f"{args.ceiling_streams} --seconds {args.seconds:g} --max-tokens {args.max_tokens} --sessions "
                f"{args.sessions} --turns {args.turns} --tool-seconds {args.tool_seconds:g} --stagger-seconds "
-               f"{args.stagger_seconds:g}" + (" --litellm" if args.litellm else ""))
+               f"{args.stagger_seconds:g}" + (" --litellm" if args.litellm else "")
+               + (f" --wheels {args.wheels}" if args.wheels else ""))
     if args.parts != "abc":
         command += f" --parts {args.parts}"
         now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -1038,6 +1191,8 @@ def main() -> int:
         for title, results in (("(a) paced", paced), ("(b) ceiling", ceiling)):
             if results:
                 lines += [f"**{title}**:", "", *table_rows(results), ""]
+        if paced:
+            lines += ["Issue 44's paced targets, from the figures above:", "", *paced_verdicts(paced), ""]
         text = "\n".join(lines)
         print(text)
         write_results(Path(args.results), f"{label()}, parts {args.parts}", text, section=SECTION)

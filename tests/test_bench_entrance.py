@@ -198,3 +198,90 @@ def test_processes_stops_every_group_it_started_when_the_run_fails(tmp_path: Pat
             child = int(pids_file.read_text())
             raise RuntimeError("the run failed")
     assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
+
+
+def _directives(block: str) -> list[str]:
+    return [line.split("#")[0].strip() for line in block.splitlines() if line.split("#")[0].strip()]
+
+
+def test_the_bench_hop_is_the_entrances_pod_key_hop(tmp_path: Path):
+    # the timed hop proxies as the site template's hop does (its plain location, directive for directive), routes
+    # each pod by its host:port, takes each pod's key from the 0600 include only, and refuses any other host:port
+    hop = E.hop_text(30401, tmp_path / "pod-key.conf", [9001, 9002])
+    template = (REPO / "templates" / "rigup-entrance.nginx.conf.j2").read_text()
+    start = template.index("proxy_pass http://$entrance_pod_upstream;")
+    end = template.index("proxy_read_timeout 1800s;", start) + len("proxy_read_timeout 1800s;")
+    wanted = _directives(template[start:end])
+    got = _directives(hop)
+    at = got.index(wanted[0])
+    assert got[at:at + len(wanted)] == wanted
+    assert f"include {tmp_path / 'pod-key.conf'};" in hop and "Bearer" not in hop
+    assert re.search(r'"127\.0\.0\.1:9001" rigup_pod_0;\s*"127\.0\.0\.1:9002" rigup_pod_1;', hop)
+    assert "default rigup_pod_none;" in hop and "server 127.0.0.1:1;" in hop and "listen 127.0.0.1:30401;" in hop
+    conf = E.nginx_conf(prefix=tmp_path, listen_port=8443, upstream_port=9000, cert=tmp_path / "c.crt",
+                        key=tmp_path / "c.key", key_map=tmp_path / "clients.map", hop=hop)
+    assert hop in conf and conf.rstrip().endswith("}")
+    assert "listen 127.0.0.1:30401" not in E.nginx_conf(
+        prefix=tmp_path, listen_port=8443, upstream_port=9000, cert=tmp_path / "c.crt", key=tmp_path / "c.key",
+        key_map=tmp_path / "clients.map")
+
+
+def test_the_paced_verdicts_judge_the_front_and_the_hop_and_what_the_hop_adds():
+    def row(tps: float, ttft_ms: float) -> dict[str, object]:
+        return {"window": E.Window(seconds=1.0, tokens=int(tps), ttfts=[ttft_ms / 1000] * 3)}
+
+    paced = {"direct": {8: row(1000, 1.0)}, "nginx+vllm-router": {8: row(990, 2.5)}, E.HOP: {8: row(960, 4.0)}}
+    lines = E.paced_verdicts(paced)
+    assert lines[0] == ("- paced, 8 streams, nginx+vllm-router: 0.990x direct (>= 0.97: met); median first token "
+                        "+1.5 ms (<= 2 ms: met)")
+    assert lines[1] == (f"- paced, 8 streams, {E.HOP}: 0.960x direct (>= 0.97: **not met**); median first token "
+                        "+3.0 ms (<= 2 ms: **not met**)")
+    assert lines[2] == (f"- paced, 8 streams, the hop alone ({E.HOP} minus nginx+vllm-router): median first token "
+                        "+1.5 ms, p95 +1.5 ms, tokens/s 0.970x")
+    assert len(lines) == 3
+    del paced[E.HOP]
+    assert len(E.paced_verdicts(paced)) == 1
+
+
+def test_nginx_runs_the_hop_which_sends_each_pod_its_own_key(tmp_path: Path):
+    """Debian's nginx with the bench's front and hop: a request through the hop, as a router sends it to its HTTP
+    proxy (the absolute URL, the pod's host:port as Host), reaches a keyed stand-in that refuses it without its key;
+    a host:port the hop does not route to gets 502."""
+    from rigup.desired.entrance import pod_key_text
+
+    binary, _ = E.nginx_binary()
+    (tmp_path / "tmp").mkdir()
+    _ca, cert, key = E.make_tls(tmp_path)
+    key_map, pod_key = tmp_path / "clients.map", tmp_path / "pod-key.conf"
+    E.write_private(key_map, E.key_map_text({"bench": KEY_A}))
+    pod_secret = "f" * 64
+    (tmp_path / "pod.key").write_text(pod_secret + "\n")
+    with responder(tmp_path, "--api-key-file", str(tmp_path / "pod.key")) as pod:
+        port = int(pod.url.rsplit(":", 1)[1])
+        E.write_private(pod_key, pod_key_text({f"127.0.0.1:{port}": pod_secret}))
+        hop_port = E.free_port()
+        conf = tmp_path / "nginx.conf"
+        conf.write_text(E.nginx_conf(prefix=tmp_path, listen_port=E.free_port(), upstream_port=9, cert=cert, key=key,
+                                     key_map=key_map, hop=E.hop_text(hop_port, pod_key, [port])))
+        with E.Processes(grace_s=5) as procs:
+            procs.start([str(binary), "-p", str(tmp_path), "-e", str(tmp_path / "error.log"), "-c", str(conf),
+                         "-g", "daemon off;"], log=tmp_path / "nginx.log")
+
+            def status(target_port: int, address: str | None) -> int:
+                conn = E.http.client.HTTPConnection("127.0.0.1", target_port, timeout=10)
+                path = f"http://{address}/v1/models" if address else "/v1/models"
+                conn.request("GET", path, headers={"Host": address} if address else {})
+                code = conn.getresponse().status
+                conn.close()
+                return code
+
+            deadline, first = time.monotonic() + 20, 0
+            while time.monotonic() < deadline:
+                try:
+                    first = status(hop_port, f"127.0.0.1:{port}")
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            assert first == 200
+            assert status(port, None) == 401  # the pod itself wants its key
+            assert status(hop_port, f"127.0.0.1:{E.free_port()}") == 502
