@@ -3,7 +3,7 @@
 The overview's panels are PromQL over what the fleet's Prometheus scrapes (rigup.desired.monitoring's
 jobs and labels): per pod throughput, latency, queue and KV cache; per GPU utilisation, memory,
 temperature and power; the nodes' model disks; the gateway's routes; rollouts (releases, gates,
-rollbacks). Every query is run against the test bed's real Prometheus by tests/e2e/test_monitoring.py,
+rollbacks); each entrance client's requests and tokens in and out. Every query is run against the test bed's real Prometheus by tests/e2e/test_monitoring.py,
 and each must return data there.
 """
 
@@ -96,6 +96,16 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         Panel("Last gate passed", "rigup_gate_last_passed", POD),
         Panel("Asked for a release that failed its gate (RigupGateFailed)", "rigup_release_failed_gate", POD),
         Panel("Rollbacks", "rigup_rollbacks_total", POD),
+    )),
+    # each client's use of the entrance, as rigup-entrance-usage counts it from nginx's usage log (its name, never
+    # its key; tokens from the responses' usage) and the entrance's /metrics/ serves it (docs/gateway.md)
+    ("Entrance clients", (
+        Panel("Requests/s per client", "sum by (client, code) (rate(rigup_gateway_client_requests_total[5m]))",
+              "{{client}} {{code}}", "reqps"),
+        Panel("Prompt tokens/s per client (in)",
+              "sum by (client) (rate(rigup_gateway_client_prompt_tokens_total[5m]))", "{{client}}"),
+        Panel("Completion tokens/s per client (out)",
+              "sum by (client) (rate(rigup_gateway_client_completion_tokens_total[5m]))", "{{client}}"),
     )),
 )
 

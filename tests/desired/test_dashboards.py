@@ -14,6 +14,7 @@ import yaml
 from rigup.desired.dashboards import (
     DASHBOARDS_DIR,
     DATASOURCE_UID,
+    ROWS,
     DashboardError,
     dashboards_provider_text,
     datasource_text,
@@ -235,3 +236,47 @@ def test_the_route_panel_follows_each_routes_health_in_its_router(tmp_path: Path
     result = subprocess.run([str(debarchive.promtool()), "test", "rules", spec.name], cwd=tmp_path, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_entrance_client_panels_show_each_clients_requests_and_tokens(tmp_path: Path) -> None:
+    """The "Entrance clients" row over what rigup-entrance-usage serves: promtool evaluates each panel's query on
+    ten minutes of the exporter's own exposition (rigup.rig.entrance_usage.Usage fed nginx's usage log lines), two
+    clients, alice on two models and rate-limited now and then, bob on one."""
+    from rigup.rig.entrance_usage import Usage
+
+    minute = Usage()  # one minute's lines; the series grow by this much each minute
+    for model in ("qwen-a", "qwen-b"):
+        for _ in range(60):
+            minute.count(json.dumps({"client": "alice", "model": model, "status": "200",
+                                     "prompt_tokens": "50", "completion_tokens": "10"}))
+    for _ in range(60):
+        minute.count(json.dumps({"client": "alice", "model": "qwen-a", "status": "429",
+                                 "prompt_tokens": "", "completion_tokens": ""}))
+        minute.count(json.dumps({"client": "bob", "model": "qwen-a", "status": "200",
+                                 "prompt_tokens": "60", "completion_tokens": "90"}))
+    inputs = [{"series": series, "values": f"0+{value}x10"}
+              for series, value in (line.rsplit(" ", 1) for line in minute.exposition().splitlines()
+                                    if not line.startswith("#"))]
+    by_title = {p.title: p for p in panels()}
+    row = dict(ROWS)["Entrance clients"]
+    assert [p.title for p in row] == ["Requests/s per client", "Prompt tokens/s per client (in)",
+                                      "Completion tokens/s per client (out)"]
+    expected = {  # per second: the minute's counts over 60 s
+        "Requests/s per client": [('{client="alice", code="200"}', 2), ('{client="alice", code="429"}', 1),
+                                  ('{client="bob", code="200"}', 1)],
+        "Prompt tokens/s per client (in)": [('{client="alice"}', 100), ('{client="bob"}', 60)],
+        "Completion tokens/s per client (out)": [('{client="alice"}', 20), ('{client="bob"}', 90)],
+    }
+    # rounded to whole numbers: rate()'s extrapolation leaves float noise (60.000000000000014) promtool compares exactly
+    checks = [{"expr": f"round({by_title[title].expr})", "eval_time": "10m",
+               "exp_samples": [{"labels": labels, "value": value} for labels, value in samples]}
+              for title, samples in expected.items()]
+    spec = tmp_path / "panels.test.yml"
+    spec.write_text(yaml.safe_dump({"evaluation_interval": "1m", "tests": [
+        {"name": "entrance clients", "interval": "1m", "input_series": inputs, "promql_expr_test": checks}]},
+        sort_keys=False))
+    result = subprocess.run([str(debarchive.promtool()), "test", "rules", spec.name], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert all(by_title[t].legend.startswith("{{client}}") for t in expected)
+    assert "{{client}} {{code}}" == by_title["Requests/s per client"].legend
