@@ -53,6 +53,9 @@ class Service:
     probes: tuple[str, ...] = ()
     probe_ports: tuple[str, ...] = ()
     asks: tuple[str, ...] = ()
+    # the writes ("METHOD /path") a member the firewall admits is refused with 405: the service takes none over its
+    # API from anyone (the image registries' read-only mode)
+    read_only: tuple[str, ...] = ()
 
 
 def _roles(fleet: Any, name: str) -> HostRoles:
@@ -162,8 +165,11 @@ VLLM_PROBES = ("/v1/models", "POST /v1/chat/completions", "POST /v1/completions"
 PROMETHEUS_PROBES = ("/api/v1/query?query=up", "/api/v1/targets", "/api/v1/status/config",
                      "POST /api/v1/admin/tsdb/snapshot", "POST /api/v1/admin/tsdb/delete_series?match[]=up",
                      "POST /-/reload", "/metrics")
-# the Distribution registry's API: pull (catalog, a manifest) and push (start a blob upload)
-REGISTRY_PROBES = ("/v2/", "/v2/_catalog", "/v2/library/debian/manifests/latest", "POST /v2/rigup-probe/blobs/uploads/")
+# the Distribution registry's API: pull (catalog, a manifest) and push (start a blob upload, put a manifest) and
+# delete (a manifest by digest)
+REGISTRY_WRITES = ("POST /v2/rigup-probe/blobs/uploads/", "PUT /v2/rigup-probe/manifests/latest",
+                   f"DELETE /v2/rigup-probe/manifests/sha256:{'0' * 64}")
+REGISTRY_PROBES = ("/v2/", "/v2/_catalog", "/v2/library/debian/manifests/latest", *REGISTRY_WRITES)
 # Ray's dashboard: its job submission API (the way ShadowRay ran code) and its state API; rigup starts the head
 # with --include-dashboard=false, and the probe tries Ray's default dashboard port (8265) all the same
 RAY_PROBES = ("/api/version", "/api/jobs/", "POST /api/jobs/", "/api/v0/nodes", "/nodes?view=summary")
@@ -192,12 +198,14 @@ SERVICES: tuple[Service, ...] = (
             "Grafana's login", _grafana_port, _control, ("/api/health", "/api/datasources", "/api/search"),
             asks=("/api/datasources",)),
     Service("the image mirror (registry)", "image_mirror_port (5000)", "image_mirror_host", "the hosts pulling "
-            "through it (their relays)", "none: the firewall", _mirror_port, _mirror_clients, REGISTRY_PROBES),
+            "through it (their relays)", "pulls: none, the firewall; read-only over its API (storage.maintenance."
+            "readonly): no push or delete from anyone, rigup fills its storage itself", _mirror_port, _mirror_clients,
+            REGISTRY_PROBES, read_only=REGISTRY_WRITES),
     Service("the chain server (models and images rig to rig)", "model_fleet_port (8765)", "every rig and image "
             "registry in the fleet's chains (model_fleet_source auto)", "the other hosts of the chains", "a per-run token, only while "
             "a peer needs files", _chain_port, _chain_peers, ("/", "/_rigfetch/ping", "/_rigfetch/pieces/")),
     Service("Ray, NCCL, Gloo (a cluster)", "every port, Ray's pinned (cluster_ray_*) and the ephemeral range",
-            "every cluster member", "the cluster's other members", "Ray: the cluster's token (RAY_AUTH_MODE=token, from each member's 0600 .env); NCCL, Gloo: none, the firewall",
+            "every cluster member", "the cluster's other members", "Ray: the cluster's token (RAY_AUTH_MODE=token, from each member's 0600 secret file); NCCL, Gloo: none, the firewall",
             _cluster_ports, _cluster_peers, RAY_PROBES, probe_ports=("8265",)),
 )
 

@@ -20,7 +20,8 @@ image reaches N rigs in about the time it reaches one, and each rig's pull is a 
 
 The registry is the OS package (`docker-registry`: Debian's and Ubuntu's build of distribution 2.8),
 run by its own unit with rigup's config (a drop-in names it; the package's conffile is left alone).
-Its proxy mode is read-only (pushes are refused) and anonymous towards the upstream.
+It is read-only over its API (READ_ONLY: no push or delete from anyone; rigup fills its storage itself) and
+anonymous towards the upstream; pulls are anonymous too, and the boundary admits only its clients.
 """
 
 from __future__ import annotations
@@ -57,6 +58,19 @@ MIRRORED_BY_DOCKER = frozenset({"docker.io", "index.docker.io"})
 DOCKER_HUB_API = "https://registry-1.docker.io"
 
 
+# Every registry of the fleet (the mirror, each relay) takes no write over its API from anyone: distribution's
+# read-only mode registers no write route at all (registry/handlers/blobupload.go, manifests.go and blob.go at
+# v2.8.2, 7c354a4: POST/PATCH/PUT of an upload, PUT and DELETE of a manifest, DELETE of a blob exist only `if
+# !ctx.readOnly`; app.go reads storage.maintenance.readonly.enabled), so a push or delete is answered 405
+# before any storage code. Proxy mode alone refused them one layer deeper (registry/proxy's Create, Put and
+# Delete return ErrUnsupported, also 405) but kept the routes. rigup's own fill path is not the API: the
+# helper (rigup.rig.imagemirror warm/prune) writes the storage directory, and `docker-registry garbage-collect`
+# opens the storage itself (registry/root.go GCCmd), neither of which the mode touches; the proxy's own
+# caching of a pull (proxyblobstore's storeLocal) writes through the storage too. No `delete` setting either:
+# it only enables the API's DELETE routes, which this mode removes.
+READ_ONLY = {"readonly": {"enabled": True}}
+
+
 class MirrorError(ValueError):
     """A mirror setting rigup cannot use; the message names the host and the knob."""
 
@@ -82,16 +96,15 @@ class MirrorRole:
         return self.pins_only
 
     def config_text(self) -> str:
-        """The registry's config: filesystem storage in the package's directory, proxy mode, and the
-        health check its unit's readiness is judged by. JSON is YAML, and needs no YAML writer."""
+        """The registry's config: filesystem storage in the package's directory, proxy mode, read-only (see
+        READ_ONLY), and the health check its unit's readiness is judged by. JSON is YAML, and needs no YAML writer."""
         config = {
             "version": 0.1,
             "log": {"fields": {"service": "rigup-image-mirror"}},
             "storage": {
                 "filesystem": {"rootdirectory": self.storage},
                 "cache": {"blobdescriptor": "inmemory"},
-                # the prune script deletes manifests no client pins; garbage-collect then frees their blobs
-                "delete": {"enabled": True},
+                "maintenance": READ_ONLY,
             },
             "http": {"addr": f"{self.address}:{self.port}", "headers": {"X-Content-Type-Options": ["nosniff"]}},
             "proxy": {"remoteurl": self.upstream},

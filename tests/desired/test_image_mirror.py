@@ -80,6 +80,8 @@ def test_the_mirror_role_proxies_the_clients_registry_and_keeps_their_pins(tmp_p
     assert config["proxy"] == {"remoteurl": "https://registry-1.docker.io"}
     assert config["http"]["addr"] == ":5055"
     assert config["storage"]["filesystem"]["rootdirectory"] == "/var/lib/docker-registry"
+    # read-only over the API, the relays too: no push or delete from anyone (rigup fills the storage itself)
+    assert config["storage"]["maintenance"] == {"readonly": {"enabled": True}} and "delete" not in config["storage"]
     keep = json.loads(role.keep_text())
     assert keep["max_bytes"] == role.max_bytes and keep["keep"] == list(role.keep) and keep["port"] == 5055
     assert mirror_role("rig-02", fleet.resolved_data("rig-02"), hosts, pins) is None
@@ -95,6 +97,7 @@ def test_a_client_runs_a_relay_of_the_mirror_on_loopback_keeping_its_own_pins(tm
     config = yaml.safe_load(relay.config_text())
     assert config["proxy"] == {"remoteurl": "http://10.0.0.1:5055"}  # the mirror, as its clients reach it
     assert config["http"]["addr"] == "127.0.0.1:5000"  # its own rig only
+    assert config["storage"]["maintenance"] == {"readonly": {"enabled": True}}
     keep = json.loads(relay.keep_text())
     assert keep["pins_only"] is True and keep["max_bytes"] == 0
     assert keep["staging"] == "/var/lib/docker-registry/rigup-staging"  # the storage's file system: links, not copies

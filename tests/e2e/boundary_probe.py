@@ -5,7 +5,9 @@ From outside (the bed's hub namespace: on the fleet's network, no member, not th
 port of every fleet host is scanned and each service's requests tried (tests/e2e/portscan.py): only the ports
 the table opens to anyone (SSH, the entrance) may answer, and no request without credentials may succeed;
 the entrance with a valid key does. From a member the firewall admits, each service that asks who is
-calling (a row's `asks`) refuses a caller without credentials (401 or 403).
+calling (a row's `asks`) refuses a caller without credentials (401 or 403), and each that takes no writes (a
+row's `read_only`: the image registries) refuses them (405). A bed whose firewall is not under test as a whole
+asks some rows alone (check_services_from_outside: no port scan).
 """
 
 from __future__ import annotations
@@ -105,9 +107,10 @@ def outsider_requests(fleet: FleetPlan, keys: Mapping[tuple[str, int], str]) -> 
     return out
 
 
-def scan_from(netns: str, addresses: list[str], requests: list[tuple[str, Request]]) -> dict[str, Any]:
-    """Run tests/e2e/portscan.py inside network namespace `netns`: (address, request) pairs to try."""
-    body = {"addresses": addresses, "timeout_s": SCAN_TIMEOUT_S, "width": SCAN_WIDTH,
+def scan_from(netns: str, addresses: list[str], requests: list[tuple[str, Request]], again: bool = True) -> dict[str, Any]:
+    """Run tests/e2e/portscan.py inside network namespace `netns`: (address, request) pairs to try (`again`: with no
+    address to scan, a second time)."""
+    body = {"addresses": addresses, "timeout_s": SCAN_TIMEOUT_S, "width": SCAN_WIDTH, "again": again,
             "probes": [[address, r.port, r.method, r.path, dict(r.headers)] for address, r in requests],
             "keyed": [index for index, (_, r) in enumerate(requests) if r.headers]}
     proc = subprocess.run(["ip", "netns", "exec", netns, sys.executable, str(SCANNER)], input=json.dumps(body),
@@ -182,3 +185,45 @@ def refused_from_members(fleet: FleetPlan, ip: Callable[[str], str],
     let_in = {what: codes for what, codes in answers.items() if any(codes) and not {401, 403} & set(codes)}
     assert answers and not let_in, f"services that did not ask who is calling: {let_in}"
     return answers, silent
+
+
+def _let_in(requests: list[Request], answers: list[list[int | None]]) -> list[str]:
+    """The unkeyed requests that got a 2xx or 3xx answer, over TLS or in plain HTTP."""
+    return [f"{r}: {codes}" for r, codes in zip(requests, answers)
+            if not r.headers and any(code is not None and code < 400 for code in codes)]
+
+
+def check_services_from_outside(fleet: FleetPlan, ip: Callable[[str], str], netns: str, services: set[str],
+                                again: bool = False) -> tuple[list[Request], dict[str, Any]]:
+    """The outsider's requests to the rows named (`services`: Service.name) alone, without the port scan (a few
+    seconds: a dropped connection costs the scanner's CONNECT_TIMEOUT_S, in parallel), asserted: none succeeds.
+    Returns the requests and the scanner's answer."""
+    requests = [r for r in outsider_requests(fleet, {}) if r.service in services]
+    assert {r.service for r in requests} == services, (services, requests)
+    answer = scan_from(netns, [], [(ip(r.host), r) for r in requests], again)
+    for when in ("probes", "probes_after"):
+        let_in = _let_in(requests, answer[when])
+        assert not let_in, f"{when}: requests an outsider got through: {let_in}"
+    return requests, answer
+
+
+def writes_refused_from_members(fleet: FleetPlan, ip: Callable[[str], str],
+                                run_on: Callable[[str | None, str], str]) -> dict[str, list[int]]:
+    """From a member the firewall admits (as refused_from_members picks it), each service that takes no writes (a
+    row's `read_only`) answers each of them 405, over TLS or in plain HTTP, and lets none through. Returns what
+    each answered, by request."""
+    answers: dict[str, list[int]] = {}
+    for host in (h.name for h in fleet.hosts):
+        for service in (s for s in SERVICES if s.read_only):
+            ports = _numbers(service.ports(fleet, host))
+            member = next((s for s in service.sources(fleet, host) or () if s not in (CONTROL, host)), None)
+            for port in ports:
+                for write in service.read_only:
+                    method, path = _split(write)
+                    ask = " ".join(f"curl -sk -o /dev/null -w '%{{http_code}}\\n' -m 5 -X {method} "
+                                   f"{scheme}://{ip(host)}:{port}{path};" for scheme in ("https", "http"))
+                    codes = [int(code) for code in run_on(member, ask).split()]
+                    answers[f"{write} on {host}:{port} [{service.name}] from {member or 'the control machine'}"] = codes
+    wrong = {what: codes for what, codes in answers.items() if 405 not in codes or any(0 < c < 400 for c in codes)}
+    assert answers and not wrong, f"writes not refused with 405: {wrong}"
+    return answers

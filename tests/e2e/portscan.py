@@ -3,7 +3,8 @@ the fleet's network that is no member. Standard library only: `ip netns exec <hu
 a JSON request on stdin and a JSON answer on stdout.
 
 Request: {"addresses": [...], "timeout_s": 1.0, "width": 8000, "probes": [[address, port, method, path,
-{header: value}], ...], "keyed": [indices of the probes that carry a valid key and must answer]}. Answer:
+{header: value}], ...], "keyed": [indices of the probes that carry a valid key and must answer], "again": whether, with no address to
+scan, the probes are tried a second time (default true)}. Answer:
 {"scan": {address: {"open": [ports], "reset": n, "silent": n, "errors": {errno name: n}}}, "ready_seconds"
 (how long the keyed probes took to answer 200 before the probes began; null: not within READY_DEADLINE_S),
 "probes": [[https status or null, http status or null], ...] (before the scan), "probes_after" (the same, after
@@ -182,9 +183,10 @@ def main() -> None:
     answer["probe_seconds"] = round(time.monotonic() - probing, 1)
     answer["scan"] = scan(request["addresses"], float(request.get("timeout_s", 1.0)), int(request.get("width", 8000)))
     answer["tracked_after"] = tracked()
-    # after the scan: the probes again, so a scan that broke the network shows
+    # after the scan: the probes again, so a scan that broke the network shows (without a scan: not asked again)
     probing = time.monotonic()
-    answer["probes_after"], answer["retries_after"] = asyncio.run(probe_all(probes, keyed))
+    again = request["addresses"] or request.get("again", True)
+    answer["probes_after"], answer["retries_after"] = asyncio.run(probe_all(probes, keyed)) if again else ([], 0)
     answer["probe_seconds_after"] = round(time.monotonic() - probing, 1)
     answer["seconds"] = round(time.monotonic() - started, 1)
     json.dump(answer, sys.stdout)

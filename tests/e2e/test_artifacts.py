@@ -29,6 +29,7 @@ from rigup_testbed.hfhub import HubAdmin
 from rigup_testbed.hosts import HostSpec
 from rigup_testbed.net import shape_port, unshape_port
 from rigup_testbed.registry import served_blob_bytes
+from tests.e2e.boundary_probe import check_services_from_outside, plan_of, writes_refused_from_members
 from tests.e2e.helpers import run
 
 pytestmark = pytest.mark.e2e
@@ -288,6 +289,15 @@ def _registry_image_bytes(registry: str, repository: str, digest: str, ca_file: 
     return int(manifest["config"]["size"]) + sum(int(layer["size"]) for layer in manifest["layers"])
 
 
+# deploy.py's order: the boundary before anything listens
+IMAGE_TASKS = ("tasks/boundary.py", "tasks/image_mirror.py")
+OUTSIDER_ROWS = {"the image mirror (registry)", "the chain server (models and images rig to rig)"}
+
+
+def _ip(bed: Testbed) -> Callable[[str], str]:
+    return lambda name: bed.host(name).ip
+
+
 def _image_report(host: Any) -> dict[str, Any]:
     return json.loads(host.ssh("sudo cat /opt/rigup/state/images/fetch-report.json").stdout)
 
@@ -298,7 +308,11 @@ def test_an_image_reaches_every_relay_along_the_chain_and_upstream_serves_it_onc
     """One converge of the three rigs: rig-01 runs the mirror and heads the chain (reads the hub's registry,
     as it would Docker Hub), rig-02 and rig-03 run relays and get every blob forwarded, verified, from the
     rig before them. Each relay then serves the image on 127.0.0.1 from its own disk, and a re-run changes
-    nothing."""
+    nothing. The boundary is on (tasks/boundary.py first, as deploy.py runs it): all along the converge and
+    after it, the outsider's registry pulls, pushes and deletes at the mirror and its requests to every rig's
+    chain server get nothing through (tests/e2e/boundary_probe.py, those rows of the port table alone, no
+    port scan), while the chain still moves every blob rig to rig, a client of the mirror pulls the image from
+    it, and neither the mirror nor a relay takes a push or a delete from a member (read-only: 405)."""
     directory = fleet.parent / "images"
     directory.mkdir(exist_ok=True)
     images = bed.write_fleet(
@@ -312,7 +326,31 @@ def test_an_image_reaches_every_relay_along_the_chain_and_upstream_serves_it_onc
     registry, log = bed.urls["engine_registry"], Path(bed.urls["engine_registry_log"])
     served_before = served_blob_bytes(log, "vllm/vllm-openai")
 
-    proc = pyinfra_run(images, "tasks/image_mirror.py", opts=["-v"], timeout=900)
+    plan, netns = plan_of(images), bed.network.hub_netns
+    rounds: list[float] = []
+    failures: list[BaseException] = []
+    converged = threading.Event()
+
+    def outsider() -> None:
+        """The outsider asks again and again while the chain servers serve the blobs, and once more after the
+        converge (that round beside the members' checks below)."""
+        while True:
+            after, started = converged.is_set(), time.monotonic()
+            try:
+                check_services_from_outside(plan, _ip(bed), netns, OUTSIDER_ROWS)
+            except BaseException as exc:  # noqa: BLE001 - raised in the test's thread below
+                failures.append(exc)
+                return
+            rounds.append(time.monotonic() - started)
+            if after:
+                return
+
+    asking = threading.Thread(target=outsider, daemon=True)
+    asking.start()
+    try:
+        proc = pyinfra_run(images, *IMAGE_TASKS, opts=["-v"], timeout=900)
+    finally:
+        converged.set()
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
 
     one, two, three = bed.hosts
@@ -336,9 +374,26 @@ def test_an_image_reaches_every_relay_along_the_chain_and_upstream_serves_it_onc
                         f"http://127.0.0.1:5000/v2/{repository}/manifests/{digest} | sha256sum").stdout.split()[0]
         assert "sha256:" + got == digest
         assert relay.ssh(f"curl -fsS -m 5 http://{relay.ip}:5000/v2/", check=False).returncode != 0
+        # read-only: the relay takes no push or delete on loopback either
+        writes = relay.ssh("for w in 'POST /v2/rigup-probe/blobs/uploads/' 'PUT /v2/rigup-probe/manifests/latest' "
+                           f"'DELETE /v2/{repository}/manifests/{digest}'; do set -- $w; curl -s -o /dev/null "
+                           "-w '%{http_code} ' -m 5 -X $1 http://127.0.0.1:5000$2; done").stdout.split()
+        assert writes == ["405", "405", "405"], (relay.name, writes)
     served = served_blob_bytes(log, repository)
 
-    again = pyinfra_run(images, "tasks/image_mirror.py", opts=["-v"], timeout=900)
+    # a client of the mirror pulls through it (what its relay does on a miss); the boundary lets the member in
+    pulled = two.ssh(f"curl -fsS -m 10 -H 'Accept: application/vnd.docker.distribution.manifest.v2+json' "
+                     f"http://{one.ip}:5000/v2/{repository}/manifests/{digest} | sha256sum").stdout.split()[0]
+    assert "sha256:" + pulled == digest
+    refused = writes_refused_from_members(plan, _ip(bed), lambda member, command: bed.host(member).ssh(
+        command, check=False).stdout)
+    asking.join(120)
+    assert not asking.is_alive() and not failures, failures[:1]
+    print(f"the outsider's requests to the mirror and the chain servers, none through: {len(rounds) - 1} rounds during "
+          f"the converge and one after it ({max(rounds):.1f} s at most); a member's writes: {refused}")
+    assert len(rounds) >= 2 and served_blob_bytes(log, repository) == served
+
+    again = pyinfra_run(images, *IMAGE_TASKS, opts=["-v"], timeout=900)
     assert again.returncode == 0, again.stdout[-6000:] + again.stderr[-6000:]
     changed = {op: counts for op, counts in _results(again.stdout + again.stderr).items() if counts[0] or counts[1]}
     assert changed == {}

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -209,6 +210,42 @@ def test_a_relays_prune_keeps_only_its_pins_without_a_bound(fleet: dict) -> None
     assert "warning" not in pruned.stderr + again.stderr and "holds only what its rig pins" in again.stdout
     check = json.loads(helper("check", str(relay)).stdout)
     assert check["missing"] == [] and check["unpinned"] == 0 and check["pins_only"] is True
+
+
+def write_answer(port: int, method: str, path: str, body: bytes = b"") -> tuple[int, str | None, bytes]:
+    """(status, Allow header, body) of one write request to the registry on `port`."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body or None, method=method,
+                                     headers={"Content-Type": "application/vnd.docker.distribution.manifest.v2+json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status, reply.headers.get("Allow"), reply.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("Allow"), exc.read()
+
+
+def test_the_mirror_takes_no_push_or_delete_and_still_serves_pulls_and_rigups_fill(fleet: dict) -> None:
+    """Read-only (rigup.desired.image_mirror.READ_ONLY): the real registry has no write route at all: a push's
+    upload, a manifest's PUT, a manifest's or a blob's DELETE are answered 405 by the router, which lists only GET
+    and HEAD (Allow), not by proxy mode's deeper refusal (a JSON UNSUPPORTED error, no Allow). rigup's fill
+    (warm, through the storage) and a rig's pull still work, and nothing a write tried is in the storage."""
+    pinned, port = fleet["pinned"], fleet["mirror"].port
+    warmed = helper("warm", str(fleet["keep"]))
+    assert warmed.returncode == 0, warmed.stderr
+    layer = "sha256:" + hashlib.sha256(pinned.layers[0]).hexdigest()
+    writes = [("POST", "/v2/vllm/vllm-openai/blobs/uploads/", b""),
+              ("POST", "/v2/rigup-probe/blobs/uploads/", b""),
+              ("PUT", "/v2/vllm/vllm-openai/manifests/v2", pinned.manifest),
+              ("DELETE", f"/v2/vllm/vllm-openai/manifests/{pinned.digest}", b""),
+              ("DELETE", f"/v2/vllm/vllm-openai/blobs/{layer}", b"")]
+    for method, path, body in writes:
+        status, allow, text = write_answer(port, method, path, body)
+        assert status == 405 and b"UNSUPPORTED" not in text, (method, path, status, text)
+        assert allow is not None and set(allow.replace(" ", "").split(",")) <= {"GET", "HEAD"}, (method, path, allow)
+    pull(port, pinned)
+    assert json.loads(helper("check", str(fleet["keep"])).stdout)["missing"] == []
+    storage = Path(json.loads(fleet["keep"].read_text())["storage"])
+    assert not (storage / "docker/registry/v2/repositories/rigup-probe").exists()
+    assert not list(storage.glob("docker/registry/v2/repositories/*/_uploads/*"))
 
 
 def test_a_tag_pin_is_cached_with_its_tag_and_pulled_by_it_from_the_mirror(fleet: dict) -> None:
