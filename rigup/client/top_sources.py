@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import urllib.parse
 from collections.abc import Sequence
+from pathlib import Path
 
 from rigup.client.fleet_metrics import (
     DirectSource,
@@ -22,6 +23,7 @@ from rigup.client.fleet_metrics import (
 )
 from rigup.client.targets import Target, api_host, fleet_targets, limit_selection
 from rigup.desired.fleet import Fleet, load_fleet
+from rigup.desired.fleet_file import fleet_path
 from rigup.desired.knobs import knob
 from rigup.desired.metrics_auth import PrometheusLogin, prometheus_login
 from rigup.desired.roles import serves_variant
@@ -67,6 +69,21 @@ def metrics_login(fleet: Fleet) -> PrometheusLogin | str:
     return prometheus_login(fleet.resolved_data(fleet.hosts[0].name), fleet.path.parent)
 
 
+def named_prometheus_login(url: str, fleet: Fleet) -> PrometheusLogin | None:
+    """The login rigup top presents to the Prometheus --prometheus names: the fleet's, as `rigup status` and top's
+    own reading of the fleet's Prometheus present it (the metrics user, the password the converge left on this
+    machine, the fleet CA's certificate checked: rigup.client.fleet_metrics.fleet_monitor), over https only, so the
+    password never goes out in clear; None: an http URL, or no login on this machine (then a Prometheus that asks
+    answers 401, which the frame's notes show)."""
+    if urllib.parse.urlsplit(url).scheme.lower() != "https":
+        return None
+    monitor = fleet_monitor(fleet)
+    if monitor is not None and monitor.login is not None:
+        return monitor.login
+    login = metrics_login(fleet)
+    return login if isinstance(login, PrometheusLogin) else None
+
+
 def fleet_route_names(targets: Sequence[Target]) -> RouteNames:
     """The name rigup gives each route (<host>/<unit>), found from its API base (the router's worker + /v1): the
     pod listening on that port at that address (127.0.0.1 for a pod on the gateway's own host). The routers'
@@ -109,7 +126,8 @@ def fleet_source(fleet_file: str | None, limit: Sequence[str] | None, *, direct:
     it does not answer; else, with `direct` or when the fleet has none, the targets directly. Quarantines are marked
     on the rows while a Prometheus answers (SentinelMarks). A fleet file or `limit` that cannot be used raises
     RemoteError or ValueError, before any frame."""
-    if prometheus and not limit:
+    fleet_file_here = Path(fleet_file) if fleet_file is not None else fleet_path()
+    if prometheus and not limit and not fleet_file_here.is_file():  # no fleet here: nothing to log in with
         return SentinelMarks(PrometheusSource(prometheus, timeout), prometheus, timeout)
     fleet = load_fleet(fleet_file)
     names = fleet_route_names(fleet_targets(fleet=fleet))  # every rig: a gateway routes beyond --limit
@@ -118,8 +136,9 @@ def fleet_source(fleet_file: str | None, limit: Sequence[str] | None, *, direct:
         return DirectSource(direct_endpoints(fleet_targets(limit, fleet=fleet), metrics_login(fleet)), timeout, names)
 
     if prometheus:
+        login = named_prometheus_login(prometheus, fleet)
         return SentinelMarks(PrometheusSource(prometheus, timeout, keep=selection_filter(fleet, limit),
-                                              route_names=names), prometheus, timeout)
+                                              route_names=names, login=login), prometheus, timeout, login)
     monitor = None if direct else fleet_monitor(fleet)
     if monitor is None:
         return read_directly()

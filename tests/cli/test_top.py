@@ -10,6 +10,7 @@ and hand-made ones), where the fleet's Prometheus is, and the exit codes."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.server
 import json
@@ -42,6 +43,7 @@ from rigup.client.fleet_metrics import (
     Endpoint,
     FallbackSource,
     PodRow,
+    PrometheusError,
     PrometheusSource,
     PrometheusUnreachable,
     Scrape,
@@ -56,13 +58,20 @@ from rigup.client.fleet_metrics import (
     scrape,
 )
 from rigup.client.targets import fleet_targets
-from rigup.client.top_sources import direct_endpoints, fleet_route_names, metrics_login, selection_filter
+from rigup.client.top_sources import (
+    direct_endpoints,
+    fleet_route_names,
+    fleet_source,
+    metrics_login,
+    named_prometheus_login,
+    selection_filter,
+)
 from rigup.desired.fleet import load_fleet
 from rigup.parsers.prometheus import parse_exposition
 from tests.support.exporters import Gpu, MetricsServer, VllmPod, dcgm_text
 from tests.support.json_http import JsonHandler
 from tests.support.router_routes import RouterRoute, entrance_text
-from tests.support.tls import ServerCert, fleet_certificate
+from tests.support.tls import ServerCert, fleet_certificate, serve_tls
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "prometheus"
@@ -530,13 +539,26 @@ class FakePrometheus:
     """/api/v1/query answered from `answers` (query -> (HTTP status, JSON body)); any other query is
     answered as Prometheus answers a query it cannot parse."""
 
-    def __init__(self, answers: dict[str, tuple[int, Any]]) -> None:
+    def __init__(self, answers: dict[str, tuple[int, Any]], tls: ServerCert | None = None,
+                 login: tuple[str, str] | None = None) -> None:
+        """With `tls` and `login`: as the monitor's web config asks (rigup.desired.metrics_auth), over TLS with the
+        fleet CA's certificate, 401 to a request without the login's basic auth."""
         self.answers = answers
         self.asked: list[dict[str, list[str]]] = []
+        self.refused = 0
         outer = self
+        basic = "Basic " + base64.b64encode(f"{login[0]}:{login[1]}".encode()).decode() if login else None
 
         class Handler(JsonHandler):
             def do_GET(self) -> None:  # noqa: N802
+                if basic is not None and self.headers.get("Authorization") != basic:
+                    outer.refused += 1
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", "Basic")
+                    self.send_header("Content-Length", "13")
+                    self.end_headers()
+                    self.wfile.write(b"Unauthorized\n")
+                    return
                 url = urllib.parse.urlsplit(self.path)
                 params = urllib.parse.parse_qs(url.query)
                 outer.asked.append(params)
@@ -550,8 +572,10 @@ class FakePrometheus:
                 self.reply(status, body)
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if tls is not None:
+            serve_tls(self.server, tls)
         threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.server.server_address[1]}"
 
     def close(self) -> None:
         self.server.shutdown()
@@ -562,8 +586,9 @@ class FakePrometheus:
 def prometheus() -> Iterator[Callable[[dict[str, tuple[int, Any]]], FakePrometheus]]:
     started: list[FakePrometheus] = []
 
-    def start(answers: dict[str, tuple[int, Any]]) -> FakePrometheus:
-        started.append(FakePrometheus(answers))
+    def start(answers: dict[str, tuple[int, Any]], tls: ServerCert | None = None,
+              login: tuple[str, str] | None = None) -> FakePrometheus:
+        started.append(FakePrometheus(answers, tls, login))
         return started[-1]
 
     yield start
@@ -637,6 +662,35 @@ def test_prometheus_errors_nan_and_the_selection(prometheus: Callable[..., FakeP
     assert [(r.gateway, r.state) for r in frame.routes] == [("gw-1", NO_ROUTES)]
     assert frame.notes and all("bad_data" in note for note in frame.notes)
     assert any(note.startswith("waiting: ") for note in frame.notes)
+
+
+def test_a_named_prometheus_that_asks_who_is_calling_gets_the_fleets_login(
+    prometheus: Callable[..., FakePrometheus], fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--prometheus URL is read as the fleet's own Prometheus is: over https with the metrics login and the fleet
+    CA's certificate the converge left beside the fleet file, with or without --limit; never the password to an
+    http URL; without a fleet file here, no login."""
+    q = prometheus_queries()
+    pod = {"__name__": "up", "job": "vllm", "instance": "127.0.0.1:8000", "host": "rig-1", "pod": "dual",
+           "variant": "dual", "model": MODEL}
+    answers = {q["pod_up"]: vector((pod, "1")), q["running"]: vector(({"host": "rig-1", "pod": "dual"}, "2"))}
+    # the monitor's certificate from the fleet CA beside the fleet file (the fixture's), its login the fleet's
+    server = prometheus(answers, fleet_certificate(fleet.path.parent / "fleet-ca", "gw-1", "prometheus"),
+                        ("rigup-prometheus", "pw-of-the-fleet"))
+    for limit in (None, ["rig-1"]):
+        frame = fleet_source(str(fleet.path), limit, prometheus=server.url, timeout=2.0).frame()
+        assert [(p.host, p.pod, p.running) for p in frame.pods] == [("rig-1", "dual", 2.0)], frame.notes
+        assert frame.source == f"Prometheus {server.url}"
+    assert server.refused == 0 and server.asked
+    # no fleet file here: no login and no fleet CA to check the certificate by (the system store's refusal, one line)
+    monkeypatch.setenv("RIGUP_RIGS", str(fleet.path.parent / "elsewhere.yaml"))
+    bare = fleet_source(None, None, prometheus=server.url, timeout=2.0)
+    with pytest.raises(PrometheusError, match="TLS refused: its certificate is not signed by a CA this machine trusts"):
+        bare.frame()
+    # an http URL never gets the password: the fleet's login goes over https only
+    plain = prometheus(answers, None, ("rigup-prometheus", "pw-of-the-fleet"))
+    assert named_prometheus_login(plain.url, load_fleet(fleet.path)) is None
+    assert named_prometheus_login(server.url, load_fleet(fleet.path)).auth == ("rigup-prometheus", "pw-of-the-fleet")
 
 
 def test_query_prometheus_reads_the_documented_shapes(prometheus: Callable[..., FakePrometheus]) -> None:
