@@ -70,6 +70,8 @@ class Testbed:
         self.with_hub = hub
         self.ledger = Ledger(self.workdir / "state.json")
         self._hub: Any = None
+        # knobs every fleet() of this bed starts from, below its own data (the e2e suite's beds set some)
+        self.fleet_defaults: dict[str, Any] = {}
 
     # --- views of the recorded state ---------------------------------------------------------
 
@@ -247,7 +249,7 @@ class Testbed:
         missing = [k for k in knobs if k not in urls]
         if missing and require_all_urls:
             raise TestbedError(f"the hub serves nothing for {', '.join(missing)}; refusing to leave them on the internet")
-        top: dict[str, Any] = {"preflight_os_allowed": ["debian 12"]}
+        top: dict[str, Any] = {"preflight_os_allowed": ["debian 12"], **self.fleet_defaults}
         if self.ca_cert is not None:
             top["ca_bundle"] = str(self.ca_cert)
         top.update({k: urls[k] for k in knobs if k in urls})
