@@ -100,6 +100,7 @@ gateway_pip_index_url = None  # PEP 503 index the hash-pinned router (files/rout
 gateway_health_check_interval_s = 10  # seconds between the gateway's checks of each route; a failing route leaves rotation
 gateway_num_retries = 2  # a failed request is retried this many times, on another rig serving the same model
 gateway_ready_timeout_s = 180  # seconds a (re)started gateway has to answer before the host fails
+gateway_score_sample_rate = 0.05  # share of the pods' completions (chat and text, whole or streamed) the entrance's hop scores for degenerate text by club-3090's verify-full rules, counting verdicts per pod and model, never keeping text (RigupPodDegenerateAnswers; docs/sentinel.md); 0: none
 gateway_quarantine_removes_last_route = False  # a pod its rig's sentinel quarantined leaves its model's routes within a second; when every pod of a model is quarantined, False keeps them routed (the model answers, wrongly, and RigupPodQuarantined says so), True takes them out too (the model answers 503) (docs/sentinel.md)
 
 # --- Fleet CA: one CA on the control machine issues each host's service certificates at converge (docs/security.md) ---

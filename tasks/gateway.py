@@ -133,6 +133,7 @@ entrance_routes(
     bind_address=plan.bind_address,
     port=plan.port,
     tls=plan.tls,
+    score_sample_rate=plan.score_sample_rate,
 )
 secret_file(
     name="Write each pod's key the entrance's hop sends it (0600 nginx map)",

@@ -8,9 +8,11 @@ alone, below the knobs that check alert_for_s and the monitoring that renders th
 # what "sustained" means for an info alert. RigupPodOutvoted's 60 s is two sentinel rounds in a row at
 # the default sentinel_interval_s (30 s) in which the pod's greedy answer is its replicas' minority.
 # RigupPodLengthFinishSurge's 5 min: a surge that lasts, not one client's batch of long answers.
+# RigupPodDegenerateAnswers' 2 min: the text itself is judged, so less waiting than the surge alone needs.
 ALERT_FOR_S = {
     "RigupPodDown": 60, "RigupKvCacheFull": 300, "RigupTtftHigh": 600, "RigupGpuHot": 300, "RigupGpuThrottled": 300,
     "RigupGpuAtPowerCap": 900, "RigupExporterDown": 300, "RigupModelDiskFull": 300, "RigupDriverDrift": 900,
     "RigupReleaseDrift": 900, "RigupGatewayDown": 120, "RigupGatewayRouteUnhealthy": 60,
     "RigupPodOutvoted": 60, "RigupSpecDecodeAcceptanceCollapsed": 300, "RigupPodLengthFinishSurge": 300,
+    "RigupPodDegenerateAnswers": 120,
 }

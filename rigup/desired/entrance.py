@@ -253,13 +253,22 @@ class EntrancePaths:
         return posixpath.join(self.root, "rigup-entrance-usage")
 
 
+def score_percent(rate: float) -> str | None:
+    """gateway_score_sample_rate as nginx's split_clients writes a share ("5", "0.5"); None: nothing is scored."""
+    text = f"{rate * 100:.2f}".rstrip("0").rstrip(".")
+    return None if text in ("0", "") else text
+
+
 def nginx_site(routers: Sequence[ModelRouter], paths: EntrancePaths, *, bind_address: str, port: int,
-               tls: tuple[str, str] | None) -> str:
-    """The front's server: TLS when a certificate and key are named, keys, allowlist, model dispatch."""
+               tls: tuple[str, str] | None, scored: Sequence[tuple[str, str, str]] = (),
+               score_sample_rate: float = 0.0) -> str:
+    """The front's server: TLS when a certificate and key are named, keys, allowlist, model dispatch; the hop
+    scores `score_sample_rate` of the pods' completions, labelled by `scored` ((host:port, rig/pod, model) each)."""
     return render_template("rigup-entrance.nginx.conf.j2", routers=routers, paths=paths,
                            listen=f"[{bind_address}]:{port}" if ":" in bind_address else f"{bind_address}:{port}",
                            tls=tls, model_paths=MODEL_PATHS, usage_log=USAGE_LOG, usage_port=USAGE_PORT,
-                           pods=pod_upstreams(routers), hop_port=POD_HOP_PORT)
+                           pods=pod_upstreams(routers), hop_port=POD_HOP_PORT,
+                           score_percent=score_percent(score_sample_rate), pod_labels=list(scored))
 
 
 def dispatch_js(routers: Sequence[ModelRouter]) -> str:

@@ -137,6 +137,20 @@ def pod_of_unit(unit: str) -> str:
     return unit.removeprefix("rigup-").removesuffix(".service")
 
 
+def score_sample_rate(data: Mapping[str, Any]) -> float:
+    """gateway_score_sample_rate: the share of the pods' completions the entrance's hop scores (0 to 1)."""
+    value = knob(data, "gateway_score_sample_rate")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise GatewayError(f"gateway_score_sample_rate must be a share of completions from 0 to 1, got {value!r}")
+    return float(value)
+
+
+def scored_pods(routes: Iterable[Route]) -> list[tuple[str, str, str]]:
+    """(host:port, rig/pod, model) of each routed pod: how the hop's scored completions are labelled, with the
+    rig's inventory name and the pod's name as the sentinel and vLLM's scrape label them."""
+    return sorted({(pod_address(r.api_base), f"{r.host}/{pod_of_unit(r.unit)}", r.model) for r in routes})
+
+
 def key_env(host_name: str) -> str:
     """The gateway environment variable that holds one rig's serving API key."""
     return "RIGUP_RIG_KEY_" + re.sub(r"[^A-Za-z0-9]", "_", host_name).upper()
@@ -269,6 +283,7 @@ class GatewayPlan:
     plain_http: bool = False  # gateway_plain_http: no TLS at all; False without tls_files: the fleet CA issues one
     client_ca: str | None = None  # control-machine CA certificate its clients trust for it; None: the system's store
     cert_sans: tuple[str, ...] = ()  # the names of the fleet CA's certificate for it (when fleet_ca_issues)
+    score_sample_rate: float = 0.0  # gateway_score_sample_rate: the share of completions the hop scores
 
     def pod_keys(self, routes: Sequence[Route]) -> dict[str, str]:
         """Each routed pod's host:port -> its key, which the entrance's hop sends it (rigup.desired.pod_keys): its
@@ -422,6 +437,7 @@ def gateway_plan(
         health_check_interval_s=knob_int(data, "gateway_health_check_interval_s", minimum=1),
         num_retries=knob_int(data, "gateway_num_retries", minimum=0),
         ready_timeout_s=knob_int(data, "gateway_ready_timeout_s", minimum=1),
+        score_sample_rate=score_sample_rate(data),
         rigs=tuple(rigs),
         install_roots=roots,
         clients=clients,

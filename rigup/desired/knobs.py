@@ -425,6 +425,8 @@ def _rule_table() -> dict[str, Rule]:
         "gateway_health_check_interval_s": _int_at_least(1),
         "gateway_num_retries": _int_at_least(0),
         "gateway_ready_timeout_s": _int_at_least(1),
+        "gateway_score_sample_rate": Rule("a share of completions from 0 to 1 (0: none scored)",
+                                          lambda v: _is_number(v) and 0 <= v <= 1),
         "node_exporter_port": port,
         "gpu_exporter_image": Rule(
             "an image reference registry/repository:tag (e.g. nvcr.io/nvidia/k8s/dcgm-exporter:4.5.3-4.8.2-ubuntu22.04)",

@@ -33,6 +33,7 @@ from rigup.desired.gateway import (
     route_for,
     routes_in_config,
     routes_text,
+    scored_pods,
     workers_by_model,
 )
 from rigup.desired.trust import RIG_CA_BUNDLE
@@ -157,7 +158,7 @@ def _routes_now(rigs: Sequence[RigEndpoint], install_roots: dict[str, str], carr
 @operation()
 def entrance_routes(paths: GatewayPaths, rigs: Sequence[RigEndpoint], install_roots: dict[str, str],
                     health_check_interval_s: int, num_retries: int, bind_address: str, port: int,
-                    tls: tuple[str, str] | None):
+                    tls: tuple[str, str] | None, score_sample_rate: float = 0.0):
     """
     Write the entrance's routes from what each rig serves when this operation runs: routes.json, one router
     environment file per served model, the front's site, its model dispatch and its /v1/models answer.
@@ -167,6 +168,7 @@ def entrance_routes(paths: GatewayPaths, rigs: Sequence[RigEndpoint], install_ro
     + install_roots: rig name -> its install_root (where its provenance record is)
     + health_check_interval_s, num_retries: the routers' health checks and retries
     + bind_address, port, tls: where the front listens, and its certificate and key on the host (None: HTTP)
+    + score_sample_rate: the share of the pods' completions the hop scores for degenerate text (0: none)
 
     Every rig is read when this runs (after the serving phase of the rigs in this run): its provenance
     record and running units decide its route. A rig outside this run (--limit, a rollout step) is
@@ -184,7 +186,8 @@ def entrance_routes(paths: GatewayPaths, rigs: Sequence[RigEndpoint], install_ro
         paths.config_file: routes_text(routes),
         paths.models_json: models_document(routers),
         paths.dispatch_js: dispatch_js(routers),
-        paths.site_file: nginx_site(routers, paths, bind_address=bind_address, port=port, tls=tls),
+        paths.site_file: nginx_site(routers, paths, bind_address=bind_address, port=port, tls=tls,
+                                    scored=scored_pods(routes), score_sample_rate=score_sample_rate),
         **{paths.router_env(r.slug): router_env_text(r, health_check_interval_s=health_check_interval_s,
                                                      num_retries=num_retries) for r in routers},
     }

@@ -12,6 +12,12 @@ the prompt and completion tokens njs read from the response's `usage`), and this
     rigup_gateway_client_completion_tokens_total{client, model}
     rigup_gateway_client_unmetered_requests_total{client, model}   (answered 2xx with no usage in the response)
 
+and, from the lines of the completions the entrance's hop scored (a sample, gateway_score_sample_rate: the pod as
+rig/pod, its model, the verdict of club-3090's verify-full rules, entrance.js's score; issue 43):
+
+    rigup_entrance_completions_scored_total{rig, pod, model}
+    rigup_entrance_completions_degenerate_total{rig, pod, model, rule}   (rule: variety or repeats)
+
 served on 127.0.0.1:PORT/metrics (the entrance's /metrics/ joins it). It follows the log from its end when it
 starts and across logrotate's rename or truncation, keeps nothing on disk (counters start at 0 when it starts:
 Prometheus' rate() and increase() take the reset) and sees no key and no text. Run by rigup-entrance-usage.service
@@ -35,7 +41,12 @@ COUNTERS = (
     ("rigup_gateway_client_completion_tokens_total", "Completion tokens of each client's requests, from the responses' usage"),
     ("rigup_gateway_client_unmetered_requests_total",
      "Requests answered 2xx whose response carried no usage (a stream without stream_options.include_usage)"),
+    ("rigup_entrance_completions_scored_total",
+     "Sampled completions of each pod the entrance scored by club-3090's verify-full rules (no text kept)"),
+    ("rigup_entrance_completions_degenerate_total",
+     "Of those, the degenerate ones: lexical variety under 0.30 over the first 200 words, or a line 5 times in a row"),
 )
+VERDICTS = ("ok", "variety", "repeats")  # entrance.js's score: what nginx logs of a scored completion
 
 
 class Usage:
@@ -55,6 +66,8 @@ class Usage:
             entry = json.loads(line)
         except ValueError:
             return False
+        if isinstance(entry, dict) and "scored" in entry:
+            return self._scored(entry)
         if not isinstance(entry, dict) or not isinstance(entry.get("client"), str) or not entry["client"]:
             return False
         client, model, code = entry["client"], str(entry.get("model") or ""), str(entry.get("status") or "")
@@ -68,6 +81,18 @@ class Usage:
             else:
                 self._add("rigup_gateway_client_prompt_tokens_total", who, prompt)
                 self._add("rigup_gateway_client_completion_tokens_total", who, completion or 0)
+        return True
+
+    def _scored(self, entry: dict[str, Any]) -> bool:
+        rig, _, pod = str(entry["scored"]).partition("/")
+        verdict = entry.get("verdict")
+        if not rig or not pod or verdict not in VERDICTS:
+            return False  # a pod the hop had no name for (not a routed pod's host:port), or no verdict
+        who = (("model", str(entry.get("model") or "")), ("pod", pod), ("rig", rig))
+        with self.lock:
+            self._add("rigup_entrance_completions_scored_total", who, 1)
+            if verdict != "ok":
+                self._add("rigup_entrance_completions_degenerate_total", (*who, ("rule", verdict)), 1)
         return True
 
     def exposition(self) -> str:

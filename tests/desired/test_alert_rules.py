@@ -155,6 +155,41 @@ CASES: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
               "status --limit rig-1 shows the sentinel's answers; else a client asking for longer answers than it "
               "allows", quiet_at="40m"),
     ),
+    "RigupPodDegenerateAnswers": (
+        # The entrance's hop scores 3 of rig-1's pod's completions a minute (rigup_entrance_completions_*_total, rig
+        # and pod naming the pod); from 20 to 35 min each is degenerate ('!!!!': rule variety) and every request
+        # ends at its token limit (vLLM's finished_reason), then it answers as before: it fires, and clears. rig-2's
+        # clients ask for repetitive text that ends at a stop (degenerate, not at the limit), rig-3's for long
+        # answers (at the limit, not degenerate): either half alone never fires.
+        [series("rigup_entrance_completions_scored_total", {**GATEWAY, "rig": "rig-1", "pod": "dual", "model": "qwen"},
+                "0+3x60"),
+         series("rigup_entrance_completions_degenerate_total",
+                {**GATEWAY, "rig": "rig-1", "pod": "dual", "model": "qwen", "rule": "variety"}, "0x20 3+3x14 45x24"),
+         series("vllm:request_success_total", {**POD, "engine": "0", "model_name": "qwen", "finished_reason": "stop"},
+                "0+27x20 540x14 567+27x24"),
+         series("vllm:request_success_total", {**POD, "engine": "0", "model_name": "qwen", "finished_reason": "length"},
+                "0+3x20 90+30x14 513+3x24"),
+         series("rigup_entrance_completions_scored_total", {**GATEWAY, "rig": "rig-2", "pod": "dual", "model": "qwen"},
+                "0+3x60"),
+         series("rigup_entrance_completions_degenerate_total",
+                {**GATEWAY, "rig": "rig-2", "pod": "dual", "model": "qwen", "rule": "repeats"}, "0+3x60"),
+         series("vllm:request_success_total", {**POD, "instance": "10.0.0.12:8000", "host": "rig-2", "engine": "0",
+                                               "model_name": "qwen", "finished_reason": "stop"}, "0+30x60"),
+         series("rigup_entrance_completions_scored_total", {**GATEWAY, "rig": "rig-3", "pod": "dual", "model": "qwen"},
+                "0+3x60"),
+         series("rigup_entrance_completions_degenerate_total",
+                {**GATEWAY, "rig": "rig-3", "pod": "dual", "model": "qwen", "rule": "variety"}, "0x60"),
+         series("vllm:request_success_total", {**POD, "instance": "10.0.0.13:8000", "host": "rig-3", "engine": "0",
+                                               "model_name": "qwen", "finished_reason": "length"}, "0+30x60")],
+        [*alert("RigupPodDegenerateAnswers", "30m", "45m",
+                {"host": "rig-1", "pod": "dual", "model": "qwen", "severity": "critical"},
+                "rig-1/dual (qwen): 100% of its sampled answers are degenerate text, and most of its requests end at "
+                "their token limit",
+                "its clients get garbage now (club-3090 #922's '!!!!'): rigup status --limit rig-1 shows the sentinel's "
+                "answers; take the pod out (rigup's sentinel quarantines one whose probes fail), check the peer path, "
+                "the driver and a recent image or nightly bump", quiet_at="20m"),
+         *[{"eval_time": at, "alertname": "RigupPodDegenerateAnswers", "exp_alerts": []} for at in ("5m", "15m", "55m")]],
+    ),
     "RigupUnitCrashLooping": (
         # rigup-dual crashes from minute 6, hits its start limit at 10 (failed) and a converge starts it at
         # 15: one alert while either cause holds (both at 10-14), none the minute the converge's start

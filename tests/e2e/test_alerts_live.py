@@ -43,7 +43,7 @@ from typing import Any
 import pytest
 import requests
 
-from rigup.desired.entrance import ROUTER_PORT_BASE
+from rigup.desired.entrance import ROUTER_PORT_BASE, USAGE_PORT
 from rigup.rig.servingctl import PROBE_NAMES
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import Host, HostSpec
@@ -263,7 +263,9 @@ def bed(testbed_factory: Callable[..., Testbed], tmp_path_factory: pytest.TempPa
               "gateway_health_check_interval_s": 5,
               "alert_for_s": {**{alert: HELD_S for alert in HELD_SHORTER}, "RigupPodOutvoted": OUTVOTED_FOR_S},
               # the sentinel's round as often as the scrape: a garbage pod is quarantined, and released, in seconds
-              "sentinel_interval_s": SCRAPE_S, "sentinel_pass_after": 2}
+              "sentinel_interval_s": SCRAPE_S, "sentinel_pass_after": 2,
+              # the entrance's hop scores every completion it carries (the third scenario's counters)
+              "gateway_score_sample_rate": 1.0}
     b.group_data = {"gateway": {"gateway_api_key_file": str(keys["gateway"])}}
     b.write()
     b.deploy()
@@ -436,6 +438,25 @@ def load_diagnosis(bed: Bed, rig: Host) -> str:
                check=False))
 
 
+def scored(bed: Bed) -> dict[tuple[str, str, str], int]:
+    """The entrance's scored-completion counters on gw-01 (rigup-entrance-usage), by (counter, rig, pod): scored, or
+    degenerate (its rules summed)."""
+    text = sh(bed.host("gw-01"), f"curl -fsS http://127.0.0.1:{USAGE_PORT}/metrics")
+    out: dict[tuple[str, str, str], int] = {}
+    for line in text.splitlines():
+        for kind in ("scored", "degenerate"):
+            if line.startswith(f"rigup_entrance_completions_{kind}_total{{"):
+                labels = dict(part.split("=", 1) for part in line[line.index("{") + 1:line.index("}")].split(","))
+                key = (kind, labels["rig"].strip('"'), labels["pod"].strip('"'))
+                out[key] = out.get(key, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return out
+
+
+def moved(before: dict[tuple[str, str, str], int], after: dict[tuple[str, str, str], int], kind: str, rig: str,
+          pod: str) -> int:
+    return after.get((kind, rig, pod), 0) - before.get((kind, rig, pod), 0)
+
+
 def quarantined_since(rig: Host) -> float | None:
     record = json.loads(root(rig, "cat /opt/rigup/state/sentinel.json")).get("quarantined")
     return calendar.timegm(time.strptime(record["since"][:19], "%Y-%m-%dT%H:%M:%S")) if record else None
@@ -447,7 +468,9 @@ def test_a_quarantined_pod_leaves_the_entrance_in_seconds_gets_no_request_and_co
     sentinel from its node_exporter every second); RigupPodQuarantined fires, and after the heal both clear and the
     pod is routed again. Then every pod of the model answers '!!!!': with gateway_quarantine_removes_last_route
     false (the default) the entrance keeps them, and the alert says so. The load goes to the model's router on
-    gw-01 (what the front forwards to), so the scenario does not depend on the front's scheme."""
+    gw-01 (what the front forwards to), so the scenario does not depend on the front's scheme. The router reaches
+    its pods through the entrance's hop, which scores every completion here (gateway_score_sample_rate 1.0): the
+    degenerate counter moves for rig-02's pod while it answers '!!!!', never for rig-01's healthy two."""
     gw, rig1, rig2 = bed.host("gw-01"), bed.host("rig-01"), bed.host("rig-02")
     port = port_of(VARIANT)
     pod1, pod2, twin = f"http://{rig1.ip}:{port}", f"http://{rig2.ip}:{port}", f"http://{rig1.ip}:{twin_port()}"
@@ -462,9 +485,11 @@ def test_a_quarantined_pod_leaves_the_entrance_in_seconds_gets_no_request_and_co
     sh(gw, "rm -f /tmp/rigup-load.stop /tmp/rigup-load.codes; for n in 1 2 3 4; do "
            f"setsid sh -c {shlex.quote(loop)} </dev/null >/dev/null 2>&1 & done")
     deadline = time.monotonic() + 30
+    at_start = scored(bed)
     try:
         wait_for(lambda: load_requests(rig2) >= 20 or time.monotonic() > deadline, 60, "the load")
         assert load_requests(rig2) >= 20, f"the load does not reach rig-02's pod: {load_diagnosis(bed, rig2)}"
+        healthy = scored(bed)
         faulted = time.time()
         responder_faults(rig2, mode="garbage")  # club-3090 #922: "!" until max_tokens
         garbage = Watch(bed, "RigupPodQuarantined", "firing", host="rig-02", pod=VARIANT, probe="arithmetic")
@@ -487,6 +512,16 @@ def test_a_quarantined_pod_leaves_the_entrance_in_seconds_gets_no_request_and_co
         print(f"the load's requests that reached rig-02's pod after it left the router: {after} ({served_at_removal} "
               f"before; the router's own count of requests sent to it: {sent} after, {sent_at_removal} before)")
         assert after == 0
+        faulty = scored(bed)
+        pods = (("rig-01", VARIANT), ("rig-01", TWIN), ("rig-02", VARIANT))
+        account = {f"{r}/{p}": (moved(at_start, healthy, "scored", r, p), moved(at_start, healthy, "degenerate", r, p),
+                                moved(healthy, faulty, "scored", r, p), moved(healthy, faulty, "degenerate", r, p))
+                   for r, p in pods}
+        print(f"the entrance's scored completions (scored, degenerate) before the fault and while rig-02 answered '!!!!' "
+              f"until it left the router: {account}")
+        assert all(before_scored >= 1 and before_bad == 0 for before_scored, before_bad, _, _ in account.values()), account
+        assert account[f"rig-02/{VARIANT}"][3] >= 1, account  # its '!!!!' answers, each scored
+        assert all(account[f"rig-01/{p}"][2] >= 1 and account[f"rig-01/{p}"][3] == 0 for p in (VARIANT, TWIN)), account
         healed = time.time()
         responder_faults(rig2, mode="ok")
         garbage.heal()

@@ -32,7 +32,26 @@ def test_requests_tokens_and_unmetered_answers_per_client() -> None:
     assert 'rigup_gateway_client_unmetered_requests_total{client="bob",model="m"} 1' in text
     assert 'rigup_gateway_client_requests_total{client="bob",model="m",code="502"} 1' in text
     assert 'client="bob"' not in "".join(t for t in text.splitlines() if "tokens_total{" in t)
-    assert text.count("# TYPE ") == 4 and all(t.startswith("# ") or "} " in t for t in text.splitlines())
+    assert text.count("# TYPE ") == 6 and all(t.startswith("# ") or "} " in t for t in text.splitlines())
+    assert "rigup_entrance_completions_scored_total{" not in text  # no series before a scored completion
+
+
+def test_the_hops_scored_completions_per_pod_and_model() -> None:
+    """The lines the entrance's hop logs for a scored completion (log_format rigup_scored: the pod as rig/pod, its
+    model, the verdict of entrance.js's score) count per pod; a degenerate one also by its rule."""
+    usage = Usage()
+    for pod, verdict in (("rig-02/dual", "variety"), ("rig-02/dual", "variety"), ("rig-02/dual", "ok"),
+                         ("rig-02/dual", "repeats"), ("rig-01/twin", "ok")):
+        assert usage.count(json.dumps({"scored": pod, "model": "m", "verdict": verdict}))
+    # a host:port the hop has no pod for, or a verdict it does not write: not counted
+    assert not usage.count(json.dumps({"scored": "", "model": "", "verdict": "ok"}))
+    assert not usage.count(json.dumps({"scored": "rig-02/dual", "model": "m", "verdict": ""}))
+    text = usage.exposition()
+    assert 'rigup_entrance_completions_scored_total{model="m",pod="dual",rig="rig-02"} 4' in text
+    assert 'rigup_entrance_completions_scored_total{model="m",pod="twin",rig="rig-01"} 1' in text
+    assert 'rigup_entrance_completions_degenerate_total{model="m",pod="dual",rig="rig-02",rule="variety"} 2' in text
+    assert 'rigup_entrance_completions_degenerate_total{model="m",pod="dual",rig="rig-02",rule="repeats"} 1' in text
+    assert 'pod="twin",rig="rig-01",rule=' not in text and "rigup_gateway_client_requests_total{" not in text
 
 
 def test_label_values_are_escaped() -> None:

@@ -28,11 +28,14 @@ FOREGROUND = "daemon off; user root;"  # -g for a test's nginx: its own process,
 
 
 def site_text(tmp_path: Path, routers: Sequence[ModelRouter], port: int, usage_port: int | None = None,
-              hop_port: int | None = None) -> str:
+              hop_port: int | None = None, scored: Sequence[tuple[str, str, str]] = (),
+              score_sample_rate: float = 0.0) -> str:
     """The front's site as the converge renders it for `routers` (EntrancePaths under tmp_path, plain HTTP on
     127.0.0.1:port), its logs in tmp_path; `usage_port`: where its /metrics/ finds rigup-entrance-usage, `hop_port`:
-    where the routers' hop listens (default: the entrance's own)."""
-    site = nginx_site(list(routers), EntrancePaths(str(tmp_path)), bind_address="127.0.0.1", port=port, tls=None)
+    where the routers' hop listens (default: the entrance's own); `scored`, `score_sample_rate`: the hop's scoring
+    (nginx_site's)."""
+    site = nginx_site(list(routers), EntrancePaths(str(tmp_path)), bind_address="127.0.0.1", port=port, tls=None,
+                      scored=scored, score_sample_rate=score_sample_rate)
     if usage_port is not None:
         site = site.replace(f"127.0.0.1:{USAGE_PORT}", f"127.0.0.1:{usage_port}")
     if hop_port is not None:
@@ -42,11 +45,12 @@ def site_text(tmp_path: Path, routers: Sequence[ModelRouter], port: int, usage_p
 
 def write_front(tmp_path: Path, routers: list[ModelRouter], clients: list[Client], port: int,
                 pod_keys: dict[str, str] | None = None, hop_port: int | None = None,
-                usage_port: int | None = None) -> list[str]:
+                usage_port: int | None = None, scored: Sequence[tuple[str, str, str]] = (),
+                score_sample_rate: float = 0.0) -> list[str]:
     """The rendered front (site, dispatch, key includes, /v1/models' answer) under tmp_path and an nginx.conf
     including it; the nginx command line that runs it with that configuration (append -t to only check it, or
     -g FOREGROUND to serve). `pod_keys`: each pod's host:port -> its key (pod_key_text); `hop_port`, `usage_port`:
-    see site_text."""
+    `scored`, `score_sample_rate`: see site_text."""
     from rigup_testbed.debarchive import DebianArchive
 
     archive = DebianArchive()
@@ -59,7 +63,7 @@ def write_front(tmp_path: Path, routers: list[ModelRouter], clients: list[Client
     Path(paths.pod_key).write_text(pod_key_text(pod_keys))
     Path(paths.dispatch_js).write_text(dispatch_js(routers))
     Path(paths.models_json).write_text(models_document(routers))
-    (tmp_path / "site.conf").write_text(site_text(tmp_path, routers, port, usage_port, hop_port))
+    (tmp_path / "site.conf").write_text(site_text(tmp_path, routers, port, usage_port, hop_port, scored, score_sample_rate))
     (tmp_path / "nginx.conf").write_text(
         f"load_module {module};\npid {tmp_path}/nginx.pid;\nevents {{}}\n"
         f"http {{\n" + "".join(f"    {kind}_temp_path {tmp_path}/{kind};\n" for kind in TEMP_PATHS)
