@@ -15,6 +15,7 @@ does, with it); from the hub, no member, only SSH and the entrance answer (tests
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -191,6 +192,20 @@ def test_verify_moves_every_pods_generated_tokens(bed: Bed) -> None:
     assert set(after) == {"rig-01", "rig-02"}
     ttft = query(bed, "sum by (host) (vllm:time_to_first_token_seconds_count)")
     assert all(float(r["value"][1]) > 0 for r in ttft) and len(ttft) == 2
+
+
+def test_top_logs_in_to_the_prometheus_it_is_named(bed: Bed) -> None:
+    """`rigup top --prometheus URL` asks the monitor as the fleet's own commands do: with the metrics login and the
+    fleet CA's certificate the converge left beside the fleet file (Prometheus asks who is calling: without them
+    every query is refused, and top had no row)."""
+    url = f"https://{bed.host('gw-01').ip}:9090"
+    proc = subprocess.run([sys.executable, "-m", "rigup", "top", "--json", "--interval", "1", "--prometheus", url],
+                          cwd=REPO_ROOT, env=bed.env(), capture_output=True, text=True, timeout=120)
+    assert proc.stdout, proc.stderr
+    frame = json.loads(proc.stdout)
+    assert frame["source"] == f"Prometheus {url}", frame
+    assert {(p["host"], p["pod"]) for p in frame["pods"]} == {("rig-01", VARIANT), ("rig-02", VARIANT)}, frame
+    assert not [note for note in frame["notes"] if "401" in note or "refused" in note], frame["notes"]
 
 
 def test_every_dashboard_panel_query_returns_data(bed: Bed) -> None:
