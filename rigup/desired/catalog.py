@@ -251,6 +251,10 @@ def _validate(cat: Any, origin: Mapping[tuple[str, str], Path] | None = None) ->
                 raise CatalogError(f"images.{key}: missing {field!r}")
         if not isinstance(image["cuda_runtime"], str) or not re.fullmatch(r"\d+\.\d+", image["cuda_runtime"]):
             raise CatalogError(f"images.{key}.cuda_runtime: a quoted MAJOR.MINOR string")
+        # ray_version: the Ray the image carries, where it was read (a cluster refuses one older than token auth)
+        if "ray_version" in image and not (isinstance(image["ray_version"], str)
+                                           and re.fullmatch(r"\d+\.\d+(\.\d+)?", image["ray_version"])):
+            raise CatalogError(f"images.{key}.ray_version: a quoted MAJOR.MINOR[.PATCH] string (the Ray the image carries)")
         # digest: upstream pins the image by digest (its tag is mutable); rigup pulls that digest.
         if "digest" in image and not (isinstance(image["digest"], str) and _DIGEST.match(image["digest"])):
             raise CatalogError(f"images.{key}.digest: sha256:<64 lowercase hex>")

@@ -196,6 +196,8 @@ class VariantFacts:
     environment: Mapping[str, str] | None = None  # the container's (recipe only)
     deploy_config: bool = False  # vLLM-Omni --deploy-config stages (recipe only)
     genesis: bool = False  # Genesis patches at container start (recipe only)
+    image: str = ""  # the catalog image's key
+    ray_version: str | None = None  # the Ray the image carries (catalog images.<key>.ray_version); None: not recorded
 
 
 @dataclass(frozen=True)
@@ -234,7 +236,38 @@ def recipe_facts(recipe: Any) -> VariantFacts:
         environment={env.name: env.value for env in recipe.environment},
         deploy_config="--deploy-config" in recipe.vllm_args or recipe.gpu_count != recipe.tensor_parallel_size,
         genesis=bool(recipe.genesis),
+        image=recipe.image.key,
+        ray_version=image_ray_version(recipe.image.key),
     )
+
+
+# Ray's token authentication (RAY_AUTH_MODE=token, rigup.desired.cluster_token), which every member runs with, is
+# Ray 2.52's: an older Ray ignores the variable and its GCS, raylets and job API answer anyone (CVE-2023-48022).
+# files/cluster/rigup-cluster-member reads the version of the Ray `ray` runs before it starts it and refuses the
+# same; a catalog image that records its Ray (ray_version) is refused here, before anything changes.
+RAY_TOKEN_AUTH_SINCE = (2, 52)
+
+
+def image_ray_version(image: str) -> str | None:
+    """The Ray catalog image `image` carries (its ray_version), None when the catalog does not record it."""
+    value = load_catalog()["images"].get(image, {}).get("ray_version")
+    return str(value) if value is not None else None
+
+
+def ray_refusal(cluster: Cluster, facts: VariantFacts) -> str | None:
+    """Why `cluster` cannot run its variant's image with Ray's token authentication (the image's Ray, as the catalog
+    records it, is older than RAY_TOKEN_AUTH_SINCE); None when it can, or when the catalog does not say (the member
+    script checks it at start)."""
+    if facts.ray_version is None:
+        return None
+    major, minor = (int(part) for part in facts.ray_version.split(".")[:2])
+    if (major, minor) >= RAY_TOKEN_AUTH_SINCE:
+        return None
+    since = ".".join(map(str, RAY_TOKEN_AUTH_SINCE))
+    return (f"variant: {cluster.variant!r} runs image {facts.image}, whose Ray is {facts.ray_version} (the catalog's "
+            f"images.{facts.image}.ray_version), but every member of a cluster (here {', '.join(cluster.hosts)}) "
+            f"runs Ray with token authentication (RAY_AUTH_MODE=token), which Ray reads from {since} on: an older "
+            f"Ray ignores it and answers anyone; variant takes a variant whose image carries Ray {since} or later")
 
 
 def _facts(recipe_or_facts: Any) -> VariantFacts:

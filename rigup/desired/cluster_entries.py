@@ -17,7 +17,9 @@ from rigup.desired.cluster import (
     Cluster,
     ClusterError,
     VariantFacts,
+    image_ray_version,
     positive_int,
+    ray_refusal,
     refusals,
     split,
 )
@@ -111,6 +113,9 @@ def parse_clusters(listed: Any, known_hosts: Iterable[str]) -> list[Cluster]:
         refused = refusals(Cluster(name, str(variant), hosts, 1, overrides, index), facts)
         if refused:
             raise ClusterError(f"{where}: vLLM cannot serve variant {variant!r} across hosts: " + "; ".join(refused))
+        old_ray = ray_refusal(Cluster(name, str(variant), hosts, 1, overrides, index), facts)
+        if old_ray is not None:
+            raise ClusterError(f"{where}: {old_ray}")
         if "gpus_per_host" in entry:
             gpus = entry["gpus_per_host"]
             if not positive_int(gpus):
@@ -151,4 +156,6 @@ def variant_facts(variant: str, overrides: Mapping[str, Any] | None = None) -> V
         speculative_method=speculative.get("kind"),
         language_model_only=bool(entry["language_model_only"]),
         num_hidden_layers=layers if positive_int(layers) else None,
+        image=str(entry["image"]),
+        ray_version=image_ray_version(str(entry["image"])),
     )

@@ -290,6 +290,7 @@ def test_an_empty_fleet_names_no_hosts() -> None:
 
 def test_variant_facts_read_the_catalog_through_its_api() -> None:
     facts = variant_facts(QUAD_MTP, {"port": 8030})
-    assert facts == VariantFacts(QUAD_MTP, 4, "qwen38-27b-autoround-int4", "vllm/vllm-openai", "mtp", False, None)
+    assert facts == VariantFacts(QUAD_MTP, 4, "qwen38-27b-autoround-int4", "vllm/vllm-openai", "mtp", False, None,
+                                 image="vllm-v0.27.1", ray_version=None)  # the catalog records no image's Ray
     assert variant_facts("dual", {"tensor_parallel_size": 4}).tensor_parallel_size == 4
     assert re.fullmatch(r"lmcache/vllm-openai", variant_facts("qwen-dual-fp8-lmcache").image_repository)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 import yaml
 
 from rigup import REPO_ROOT
+from rigup.desired.catalog import CATALOG_DIR, CATALOG_FILE, CatalogError, load_catalog, load_catalog_file
 from rigup.desired.fleet import FleetError, load_fleet
 from rigup.desired.knobs import load_defaults
 from rigup.desired.plan import host_plans
@@ -116,17 +118,28 @@ def test_a_preview_without_the_network_read_names_it_by_variables(tmp_path: Path
     assert env["RIGUP_CLUSTER_HEAD"] == "${RIGUP_CLUSTER_HEAD_ADDRESS}:6379"
 
 
-def _run_member(tmp_path: Path, role: str, *args: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
-    """The member script with `ray` and `vllm` on PATH that record their argv (one line each)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
+def _run_member(tmp_path: Path, role: str, *args: str, ray_version: str | None = "2.58.0",
+                shebang: str = f"#!{sys.executable}") -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """The member script with `ray` and `vllm` on PATH that record their argv (one line each); `ray` a console script
+    on `shebang`'s Python, whose package metadata says `ray_version` (None: no Ray package at all)."""
+    bin_dir, site = tmp_path / "bin", tmp_path / "site"
+    bin_dir.mkdir(parents=True, exist_ok=True)
     log = tmp_path / "calls"
+    (bin_dir / "vllm").write_text(f'#!/bin/sh\necho "vllm $*" >> {log}\n')
+    (bin_dir / "ray").write_text(f'{shebang}\nimport sys\nwith open({str(log)!r}, "a") as log:\n'
+                                 '    log.write(" ".join(["ray", *sys.argv[1:]]) + "\\n")\n')
     for tool in ("ray", "vllm"):
-        (bin_dir / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> {log}\n')
         (bin_dir / tool).chmod(0o755)
+    site.mkdir(exist_ok=True)
+    if ray_version is not None:  # what pip leaves beside the package: its dist-info
+        (site / f"ray-{ray_version}.dist-info").mkdir(exist_ok=True)
+        (site / f"ray-{ray_version}.dist-info" / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: ray\nVersion: {ray_version}\n")
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "VLLM_HOST_IP": "10.0.0.12", "RIGUP_CLUSTER_ROLE": role,
            "RIGUP_CLUSTER_HEAD": "10.0.0.11:6379", "RIGUP_CLUSTER_GPUS": "2",
-           "RIGUP_RAY_PORTS": "6379 6380 6381 52365 10002 10100"}
+           "RIGUP_RAY_PORTS": "6379 6380 6381 52365 10002 10100",
+           # the fake package alone: -I would drop PYTHONPATH, -S keeps the venv's real Ray out of sight
+           "PYTHONPATH": str(site), "PYTHONNOUSERSITE": "1"}
     proc = subprocess.run(["bash", str(MEMBER_SCRIPT), *args], env=env, capture_output=True, text=True, timeout=30)
     return proc, log.read_text().splitlines() if log.exists() else []
 
@@ -154,6 +167,65 @@ def test_the_member_script_refuses_what_it_cannot_run(tmp_path: Path) -> None:
     proc, calls = _run_member(tmp_path, "observer")
     assert proc.returncode == 2 and "must be head or worker" in proc.stderr and calls == []
     assert os.access(MEMBER_SCRIPT, os.X_OK)
+
+
+@pytest.mark.parametrize(("version", "shebang"), [("2.51.2", None), ("1.13.0", None), (None, None),
+                                                   ("2.58.0", "#!/bin/sh")])
+def test_the_member_script_refuses_a_ray_without_token_auth_before_any_port_opens(
+    tmp_path: Path, version: str | None, shebang: str | None
+) -> None:
+    """Ray older than 2.52 ignores RAY_AUTH_MODE and answers anyone: the member script reads the Ray `ray` runs (its
+    package's metadata, by its console script's interpreter) and refuses an older one, or one it cannot read (no
+    package, a `ray` that is no Python console script), in one line, before `ray start`; 2.52 itself starts."""
+    for role in ("head", "worker"):
+        proc, calls = _run_member(tmp_path, role, "vllm", "serve", "--model", "/m", ray_version=version,
+                                  shebang=shebang or f"#!{sys.executable} -S")
+        assert proc.returncode == 2 and calls == [], (role, proc.stderr)
+        (line,) = proc.stderr.splitlines()
+        assert line == (f"rigup cluster member: the image's Ray is {version if not shebang and version else 'unknown'}; "
+                        "the cluster's Ray asks every caller for its token (RAY_AUTH_MODE=token), which Ray reads from "
+                        "2.52 on, and an older one would answer anyone: not starting; serve a variant whose image "
+                        "carries Ray 2.52 or later"), line
+    proc, calls = _run_member(tmp_path / "new", "worker", ray_version="2.52.0", shebang="#!/usr/bin/env python3")
+    assert proc.returncode == 0 and calls == [f"ray start --block --address=10.0.0.11:6379 {NODE_FLAGS}"], proc.stderr
+
+
+def test_a_cluster_whose_image_carries_an_older_ray_is_refused_at_plan_time_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A catalog image that records its Ray (ray_version) older than 2.52 cannot run a cluster: the fleet file is
+    refused before anything connects, in one line naming the file, the entry, its hosts, the key and what it takes;
+    2.52 and a Ray the catalog does not record (the member script checks it at start) are not refused."""
+    catalog = load_catalog()
+    image = catalog["variants"][VARIANT]["image"]
+    listed = f"  - {{name: big, variant: {VARIANT}, hosts: [rig-a, rig-b]}}\n"
+    monkeypatch.setitem(catalog["images"], image, {**catalog["images"][image], "ray_version": "2.48.0"})
+    with pytest.raises(FleetError) as caught:
+        load_fleet(_fleet(tmp_path, listed))
+    (line,) = str(caught.value).splitlines()
+    assert line == (f"{tmp_path / 'rigs.yaml'}: clusters[0] (big): variant: {VARIANT!r} runs image {image}, whose Ray is "
+                    f"2.48.0 (the catalog's images.{image}.ray_version), but every member of a cluster (here rig-a, "
+                    "rig-b) runs Ray with token authentication (RAY_AUTH_MODE=token), which Ray reads from 2.52 on: an "
+                    "older Ray ignores it and answers anyone; variant takes a variant whose image carries Ray 2.52 or later")
+    for fine in ("2.52", "2.58.0"):
+        monkeypatch.setitem(catalog["images"], image, {**catalog["images"][image], "ray_version": fine})
+        assert [c.name for c in load_fleet(_fleet(tmp_path, listed)).clusters] == ["big"]
+    monkeypatch.setitem(catalog["images"], image, {k: v for k, v in catalog["images"][image].items() if k != "ray_version"})
+    assert [c.name for c in load_fleet(_fleet(tmp_path, listed)).clusters] == ["big"]
+
+
+def test_the_catalog_takes_an_images_ray_version_as_a_quoted_version(tmp_path: Path) -> None:
+    text = CATALOG_FILE.read_text()
+    image = load_catalog()["variants"][VARIANT]["image"]
+    marker = f"  {image}:\n"
+    assert marker in text
+    for bad in ("2.52", "'latest'", "'2'"):  # 2.52 unquoted is YAML's float
+        path = tmp_path / "catalog.yaml"
+        path.write_text(text.replace(marker, f"{marker}    ray_version: {bad}\n", 1))
+        with pytest.raises(CatalogError, match=rf"images.{image}.ray_version: a quoted MAJOR.MINOR\[.PATCH\] string"):
+            load_catalog_file(path, CATALOG_DIR.glob("*.yaml"))
+    path.write_text(text.replace(marker, f"{marker}    ray_version: '2.58.0'\n", 1))
+    assert load_catalog_file(path, CATALOG_DIR.glob("*.yaml"))["images"][image]["ray_version"] == "2.58.0"
 
 
 def test_the_ray_ports_are_knobs_declared_once() -> None:
