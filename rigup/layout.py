@@ -72,6 +72,9 @@ class RigLayout:
     def variant_dir(self, pod: str) -> str:  # the pod's compose.yaml, .env, release.json, generations
         return self._under("variants", pod)
 
+    def pod_secrets_dir(self, pod: str) -> str:  # 0700: one 0600 file per secret, bound read-only in the container
+        return self._under("variants", pod, "secrets")
+
     def cache_dir(self, pod: str) -> str:  # the pod's torch.compile and Triton caches
         return self._under("cache", pod)
 

@@ -2,8 +2,10 @@
 
 A host serves one variant (`variant:`; its one pod is named after it) or the pods it lists (`pods:`,
 rigup.desired.pods), each a variant on GPUs of its own. For every pod:
-True afterwards: {install_root}/variants/<pod>/ holds the rendered compose.yaml, .env (mode 0600,
-the only place the secrets HF_TOKEN and VLLM_API_KEY are written) and release.json (image, source
+True afterwards: {install_root}/variants/<pod>/ holds the rendered compose.yaml, .env (mode 0600, no secret
+in it), secrets/ (0700: one 0600 root file per secret the pod carries, VLLM_API_KEY, HF_TOKEN, a cluster
+member's RAY_AUTH_TOKEN, bound read-only into the container: the only place they are written; a secret no
+longer configured is removed) and release.json (image, source
 commits, model revisions and file manifests, engine settings, hashes of the rendered files);
 /etc/systemd/system/rigup-<pod>.service runs `docker compose up` in the foreground, restarts on
 failure and starts at boot after Docker; the container reserves exactly the pod's GPUs; no rigup
@@ -17,7 +19,7 @@ serving_bind_address, serving_api_key_file, serving_health_timeout_s, serving_ke
 hf_token_file (or $HF_TOKEN on the control machine), gpu_interconnect (with the GPU topology: read
 while planning, or, on a rig whose driver this run installs, when the files are written), and the driver
 task's reboot decision.
-Restarts: rigup-<pod>.service only when its compose.yaml, .env, unit or release.json changed after
+Restarts: rigup-<pod>.service only when its compose.yaml, .env, a secret file, unit or release.json changed after
 the service started (a new image, source commit, model revision or file manifest, engine setting or
 secret), judged on the rig, so a run interrupted after writing them is finished by the next; a pod
 whose files did not change keeps running. Reloads systemd only when systemd reports the unit file
@@ -55,6 +57,8 @@ from rigup.desired.knobs import knob, knob_int
 from rigup.desired.lock import LockError
 from rigup.desired.recipe import RecipeError
 from rigup.desired.release import release_path
+from rigup.desired.render import SECRET_NAMES
+from rigup.desired.render import secret_file as secret_file_path
 from rigup.desired.secrets import SecretError
 from rigup.facts.gpu import GpuTopology
 from rigup.layout import RigLayout
@@ -83,7 +87,9 @@ from rigup.runstate import driver_changed, pins_missing, serving_blocked
 with stop_the_run_on(host, LockError, RecipeError, SecretError, ValueError):
     pod_plans = PodPlans(host, cluster_host_data(host), host.get_fact(GpuTopology), require_lock=False)
     plans = pod_plans.planned
-    env_texts = [plan.env_text() for plan in plans]  # refuses quotes/newlines that would break the .env
+    for plan in plans:  # refuses a secret that is not one line before anything changes
+        for name in plan.secret_names:
+            plan.secret_text(name)
     timeouts = [health_timeout_s(plan.recipe, knob(host.data, "serving_health_timeout_s")) for plan in plans]
     keep = knob_int(host.data, "serving_keep_generations", minimum=1)
 # no release without pins: --dry warns, a real run fails
@@ -95,7 +101,7 @@ if blocked is None and not missing_pins:
     paths = plans[0].recipe.paths  # the host's paths (install root, state) are every pod's
     layout = RigLayout(paths.install_root)
     ctl = layout.servingctl
-    pods = list(zip(plans, env_texts, timeouts))
+    pods = list(zip(plans, timeouts))
 
     os_packages(name="Install python3 for rigup-servingctl", packages=["python3"])
     files.directory(name="Create the rigup bin directory", path=layout.bin_dir, mode="755")
@@ -126,7 +132,7 @@ if blocked is None and not missing_pins:
     for ref in host.loop(dict.fromkeys(plan.recipe.image.ref for plan in plans)):
         image_pulled(name="Pull the container image", ref=ref)
 
-    for index, (plan, _, _) in host.loop(enumerate(pods)):
+    for index, (plan, _) in host.loop(enumerate(pods)):
         pod, recipe = plan.pod_suffix, plan.recipe
         files.directory(name=f"Create the variant directory{pod}", path=recipe.paths.variant_dir, mode="755")
         for cache_dir in host.loop(recipe.host_dirs):
@@ -138,11 +144,23 @@ if blocked is None and not missing_pins:
             mode="644",
         )
         secret_file(
-            name=f"Write the environment file (0600: the only place secrets go){pod}",
+            name=f"Write the environment file (0600; no secret in it){pod}",
             path=recipe.paths.env_file,
-            content=pod_plans.text(index, "env"),  # called when it runs: the secrets never enter pyinfra's output
+            content=pod_plans.text(index, "env"),
             mode=plan.env.mode,
         )
+        files.directory(name=f"Create the pod's secrets directory (0700){pod}", path=recipe.paths.secrets_dir,
+                        mode="700")
+        for name in host.loop(SECRET_NAMES):
+            if name in plan.secret_names:
+                secret_file(
+                    name=f"Write the secret file {name} (0600: the only place it goes){pod}",
+                    path=plan.secret_files[name],
+                    content=pod_plans.secret(index, name),  # called when it runs: never in pyinfra's output
+                )
+            else:
+                files.file(name=f"Remove the secret file {name} (not configured){pod}",
+                           path=secret_file_path(recipe, name), present=False)
         text_file(
             name=f"Write the systemd unit{pod}",
             text=pod_plans.text(index, "unit"),
@@ -163,7 +181,7 @@ if blocked is None and not missing_pins:
         unit=[plan.recipe.paths.unit_name for plan in plans],
         install_root=paths.install_root,
     )
-    for index, (plan, _, timeout_s) in host.loop(enumerate(pods)):
+    for index, (plan, timeout_s) in host.loop(enumerate(pods)):
         pod, recipe = plan.pod_suffix, plan.recipe
         revalidated = None if member is None else member_revalidated(
             name=f"Re-validate the member if its rig changed: vLLM's P2P cache removed, restarted for the cluster's gate{pod}",

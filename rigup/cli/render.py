@@ -145,8 +145,9 @@ def _cmd_render(args: argparse.Namespace) -> int:
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(rendered.content)
         dest.chmod(int(rendered.mode, 8))
-        note = f"  (deploy appends: {', '.join(rendered.secret_keys)})" if rendered.secret_keys else ""
-        print(f"{rendered.mode} {dest}{note}")
+        print(f"{rendered.mode} {dest}")
+    if plan.secret_names:
+        print(f"secrets the deploy writes as 0600 files of {recipe.paths.secrets_dir}: {', '.join(plan.secret_names)}")
     if lock is not None:
         print(f"pins from {lock.path}:")
         print(f"  {recipe.image.lock_name}: {recipe.image.digest or 'tag only (no digest locked)'}")

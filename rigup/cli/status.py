@@ -210,8 +210,9 @@ def gather_facts(runner: Runner, install_root: str, record: str | None = None,
 
 
 def hash_files(runner: Runner, recorded: Provenance) -> dict[str, str | None]:
-    """SHA-256 now of every file the provenance records, the .env without its secret lines (the
-    release hashes it as rendered, before the deploy appends the secrets; secrets never leave the rig)."""
+    """SHA-256 now of every file the provenance records, the .env without its secret lines (a release written
+    before the pods' secret files hashed it as rendered, before the deploy appended them; secrets never leave
+    the rig). The secret files are not recorded with a hash: nothing here reads them."""
     release = recorded.raw["release"]
     variant_dir = release["variant_dir"]
     secret_keys = [k for k in release.get("secret_env_keys") or () if k.replace("_", "").isalnum()]

@@ -205,7 +205,7 @@ SERVICES: tuple[Service, ...] = (
             "registry in the fleet's chains (model_fleet_source auto)", "the other hosts of the chains", "a per-run token, only while "
             "a peer needs files", _chain_port, _chain_peers, ("/", "/_rigfetch/ping", "/_rigfetch/pieces/")),
     Service("Ray, NCCL, Gloo (a cluster)", "every port, Ray's pinned (cluster_ray_*) and the ephemeral range",
-            "every cluster member", "the cluster's other members", "Ray: the cluster's token (RAY_AUTH_MODE=token, from each member's 0600 .env); NCCL, Gloo: none, the firewall",
+            "every cluster member", "the cluster's other members", "Ray: the cluster's token (RAY_AUTH_MODE=token, from each member's 0600 secret file); NCCL, Gloo: none, the firewall",
             _cluster_ports, _cluster_peers, RAY_PROBES, probe_ports=("8265",)),
 )
 

@@ -25,11 +25,13 @@ token, or with a wrong one, the GCS answers "Unauthenticated: RPC error: Invalid
 token is missing or incorrect" (ray.exceptions.AuthenticationError); with it, it answers.
 
 Every process of a member's container is a child of `ray start` or `vllm serve` and inherits the container's
-environment, so rigup hands the token as `RAY_AUTH_TOKEN` from the pod's 0600 .env (compose reads it as
-`${RAY_AUTH_TOKEN:-}`, like the HF token and the API key: never in the compose file, argv or a log) and
-`RAY_AUTH_MODE=token` in the compose environment. The token is made once per cluster on the control
-machine, 0600 beside the fleet CA (`fleet_ca_dir/ray-<cluster>.token`), and every member's .env carries
-the same one; a new token (the file removed) changes every member's .env, which restarts them together.
+environment, which names the token's file: `RAY_AUTH_TOKEN_PATH=/run/rigup/secrets/RAY_AUTH_TOKEN` (the loader's
+second source), with `RAY_AUTH_MODE=token`. The token itself is never a value of the container's environment
+(containerd keeps that in world-readable files: issue 42), the compose file, argv or a log: it is the 0600 file
+RAY_AUTH_TOKEN of the member's secrets directory, bound read-only at /run/rigup/secrets (rigup.desired.transforms
+SECRETS_TARGET). The token is made once per cluster on the control machine, 0600 beside the fleet CA
+(`fleet_ca_dir/ray-<cluster>.token`), and every member's file carries the same one; a new token (the file
+removed) changes every member's file, which restarts them together.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from rigup.desired.fleet_ca import ca_directory, make_ca_directory
 from rigup.desired.secrets import make_secret_file, read_secret_file
 
 RAY_AUTH_MODE = "token"  # RAY_AUTH_MODE's value that turns token authentication on
-RAY_TOKEN_KEY = "RAY_AUTH_TOKEN"  # the .env key and the container's variable (Ray's first token source)
+RAY_TOKEN_KEY = "RAY_AUTH_TOKEN"  # the secret's name: its file in the pod's secrets directory
 
 
 def token_file(host_data: Mapping[str, Any], cluster: str, base_dir: Path | None = None) -> Path:

@@ -113,7 +113,7 @@ def interpolate(
     """Resolve `${VAR...}` and `$VAR` in `text` the way Compose v2 does.
 
     + lookup(name): the value rigup sets for a variable (compose-literal text), None when unset
-    + keep(name): the expression stays for the rig's compose to resolve from the .env file (secrets)
+    + keep(name): the expression stays as written (a secret's: the secrets transform removes the entry naming it)
     `$$` and a `$` before anything but a name or `{` stay as written (compose treats them as literal).
     Unset with no default: `${X}`/`$X` and `${X:?err}` fail (compose would give a blank or stop).
     """

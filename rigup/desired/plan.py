@@ -24,7 +24,15 @@ from rigup.desired.pod_keys import key_owner, pod_api_key
 from rigup.desired.pods import Pod
 from rigup.desired.recipe import Recipe, pods_of, resolve
 from rigup.desired.release import build_release, release_json, release_sha256
-from rigup.desired.render import API_KEY_KEY, HF_TOKEN_KEY, RenderedFile, render_variant
+from rigup.desired.render import (
+    API_KEY_KEY,
+    HF_TOKEN_KEY,
+    RenderedFile,
+    render_variant,
+    secret_file,
+    secret_names,
+    secret_text,
+)
 from rigup.desired.secrets import read_hf_token, secrets_configured
 from rigup.parsers.topology import Topology
 
@@ -39,7 +47,8 @@ class HostPlan:
     rendered: Mapping[str, RenderedFile]  # rig path without the leading "/" -> file
     release: Mapping[str, Any] | None  # release.json; None without a usable lock
     lock_problem: str | None = None
-    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)  # only ever written to the 0600 .env
+    secret_names: tuple[str, ...] = ()  # the secrets the pod carries (rigup.desired.render.secret_names)
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)  # name -> value: only ever a 0600 file
 
     def file(self, rig_path: str) -> RenderedFile:
         return self.rendered[rig_path.lstrip("/")]
@@ -61,9 +70,16 @@ class HostPlan:
         """What operation names end with for a listed pod (" [pod right]"); "" in the simple form."""
         return f" [pod {self.recipe.pod}]" if self.recipe.pod_listed else ""
 
-    def env_text(self) -> str:
-        """The .env with its secret lines; refuses values that would break the file."""
-        return self.env.with_secrets({key: self.secrets[key] for key in self.env.secret_keys})
+    @property
+    def secret_files(self) -> dict[str, str]:
+        """Secret name -> its file on the rig ({secrets_dir}/NAME), for every secret the pod carries."""
+        return {name: secret_file(self.recipe, name) for name in self.secret_names}
+
+    def secret_text(self, name: str) -> str:
+        """Secret `name`'s file text (read_secrets plans only); refuses a value that is not one line."""
+        if name not in self.secret_names or name not in self.secrets:
+            raise ValueError(f"{self.host}: pod {self.recipe.pod} carries no secret {name} in this plan")
+        return secret_text(name, self.secrets[name])
 
     @property
     def release_text(self) -> str:
@@ -149,18 +165,18 @@ def host_plan(
         hf_present, api_present = HF_TOKEN_KEY in secrets, API_KEY_KEY in secrets
     else:
         hf_present, api_present = secrets_configured(host_data)
-    rendered = render_variant(recipe, hf_token_present=hf_present, api_key_present=api_present)
+    rendered = render_variant(recipe)
+    names = secret_names(recipe, hf_token_present=hf_present, api_key_present=api_present)
     release = None
     if lock is not None:
-        env = rendered[recipe.paths.env_file.lstrip("/")]
         release = build_release(
             recipe,
             {path: f.content for path, f in rendered.items()},
             api_key_present=api_present,
-            secret_env_keys=env.secret_keys,
+            secret_files={name: secret_file(recipe, name) for name in names},
             lock=lock,
         )
-    return HostPlan(host_name, recipe, lock, rendered, release, lock_problem, secrets)
+    return HostPlan(host_name, recipe, lock, rendered, release, lock_problem, names, secrets)
 
 
 def host_plans(host_data: Mapping[str, Any], host_name: str = "this host", topology: Topology | None = None,

@@ -8,8 +8,10 @@ vllm/entrypoints/openai/api_server.py at 0001948bc769 (build_app: `tokens := [ke
 lambda: os.environ.get("VLLM_API_KEY", None)`); the `if token := envs.VLLM_API_KEY or args.api_key` of earlier
 releases reads the same variable. The catalog's images (the nightly 7a1eb8ac, 0.20.1rc1.dev16, and v0.22.0,
 v0.27.1) were not readable here at their own commits; the test bed's stand-in engine keys itself the same way.
-So the key reaches a pod as VLLM_API_KEY in its 0600 .env, which the compose file reads as `${VLLM_API_KEY:-}`:
-never in argv, a journal or a world-readable file. vLLM's /metrics, /health and its other unguarded paths are not
+So the key reaches a pod as the 0600 file VLLM_API_KEY of its secrets directory, bound read-only in the container,
+and the container's entrypoint wrapper exports VLLM_API_KEY from it before it execs upstream's entrypoint
+(rigup.desired.transforms KEY_WRAPPER): never in argv, a journal, the container's configuration (which containerd
+keeps world-readable) or any other world-readable file. vLLM's /metrics, /health and its other unguarded paths are not
 behind the key (its security guide): the boundary firewall is what guards them.
 
 Whose key: `serving_api_key_file` names the user's own, one key for every pod of the host. Without it (the
@@ -17,7 +19,7 @@ default) each pod has its own, made once on the control machine, 0600 beside the
 (`fleet_ca_dir/pod-keys/<host>/<pod>.key`, secrets.token_hex(32) as the cluster's Ray token). A cluster's members
 carry its head's pod's key: the head publishes the cluster's API, and each member's gate asks it.
 
-Who calls a pod with it: the pod's own gate and sentinel (rigup-servingctl, from the .env), `rigup status`,
+Who calls a pod with it: the pod's own gate and sentinel (rigup-servingctl, from the pod's secret file), `rigup status`,
 `verify` and `bench` (from the control machine's file), and the entrance. The entrance's vllm-router 0.1.17
 (files/router/requirements.txt) holds no key per worker and forwards the request's one Authorization header to
 whichever pod it picks: its worker registration (`--worker-urls`, `/add_worker?url=`, the WorkerConfigRequest of

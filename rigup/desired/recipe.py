@@ -22,7 +22,6 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from rigup.desired.catalog import GPU_MEMORY_UTILIZATION_RANGE, CatalogError, closest_variants, load_catalog
 from rigup.desired.cluster import ClusterMember, ClusterNet, RayPorts, cluster_of, refusals
-from rigup.desired.cluster_token import RAY_TOKEN_KEY
 from rigup.desired.compose_doc import Change, ComposeEdit, ComposeError, UpstreamFile, dump
 from rigup.desired.image_mirror import pull_registry
 from rigup.desired.interconnect import Interconnect, effective, nccl_settings
@@ -33,10 +32,12 @@ from rigup.desired.transforms import (
     CACHE_TARGETS,
     MODEL_ROOT,
     OVERRIDE_FLAGS,
+    SECRETS_TARGET,
     Context,
     SourceCheckout,
     apply_all,
     entry_stage,
+    upstream_entrypoint,
 )
 from rigup.desired.upstream import UpstreamError, UpstreamReader, WorkingTrees, default_reader
 from rigup.layout import RigLayout
@@ -153,14 +154,6 @@ class EnvVar:
 
 
 @dataclass(frozen=True)
-class EnvRef:
-    """A container variable whose value compose takes from the variant's .env (secrets)."""
-
-    name: str  # variable inside the container
-    env_file_key: str  # key in .env; compose renders ${KEY:-} so an absent secret is empty
-
-
-@dataclass(frozen=True)
 class Envelope:
     """A (context, memory utilisation) pair the seeds measured as fitting the GPUs."""
 
@@ -177,7 +170,8 @@ class RigPaths:
     sources_dir: str  # {install_root}/sources
     variant_dir: str  # {install_root}/variants/<pod> (the pod is named after the variant without pods)
     compose_file: str  # {variant_dir}/compose.yaml
-    env_file: str  # {variant_dir}/.env
+    env_file: str  # {variant_dir}/.env (0600; no secret in it: they are files of secrets_dir)
+    secrets_dir: str  # {variant_dir}/secrets: 0700, one 0600 root file per secret, bound read-only in the container
     state_dir: str  # {install_root}/state (model stamps, fetch log; the record of an unlisted pod)
     record_dir: str  # where the pod's provenance.json is: state_dir, or {state_dir}/pods/<pod> for a listed pod
     cache_dir: str  # {install_root}/cache/<pod> (torch.compile and Triton caches)
@@ -228,10 +222,9 @@ class Recipe:
     genesis: bool  # Genesis patches applied at container start
     needs_network_at_start: bool  # upstream's entrypoint pip-installs at every start (needs PyPI)
     # container
-    entrypoint: tuple[str, ...]
+    entrypoint: tuple[str, ...]  # upstream's, as transformed; the compose file runs it behind KEY_WRAPPER_WORDS
     vllm_args: tuple[str, ...]  # the compose `command` (arguments to `vllm serve`)
     environment: tuple[EnvVar, ...]
-    environment_refs: tuple[EnvRef, ...]
     mounts: tuple[Mount, ...]
     shm_size: str
     ipc: str
@@ -551,7 +544,7 @@ def _model_argument(edit: ComposeEdit) -> list[str]:
     if values is not None:
         return values
     cmd = edit.command()
-    if not edit.get("entrypoint") and cmd[:2] == ["vllm", "serve"] and len(cmd) > 2 and not cmd[2].startswith("-"):
+    if not upstream_entrypoint(edit.get("entrypoint")) and cmd[:2] == ["vllm", "serve"] and len(cmd) > 2 and not cmd[2].startswith("-"):
         return [cmd[2]]
     return []
 
@@ -705,6 +698,7 @@ def rig_paths(host_data: Mapping[str, Any], pod: Pod) -> RigPaths:
         variant_dir=variant_dir,
         compose_file=posixpath.join(variant_dir, "compose.yaml"),
         env_file=posixpath.join(variant_dir, ".env"),
+        secrets_dir=layout.pod_secrets_dir(pod.name),
         state_dir=layout.state_dir,
         record_dir=layout.record_dir(pod.name, pod.listed),
         cache_dir=layout.cache_dir(pod.name),
@@ -807,6 +801,8 @@ def transform_context(
         container_port_default=CONTAINER_PORT,
         model_mounts=[(m.path, m.container_path) for m in models],
         cache_dir=paths.cache_dir,
+        secrets_dir=paths.secrets_dir,
+        image_repository=image.repository,
         upstream_source=checkouts[base.source],
         path_sources={prefix: checkouts[s] for prefix, s in (variant.get("source_paths") or {}).items()},
         mount_fixes={target: {**fix, "checkout": checkouts[fix["source"]]} for target, fix in mount_fixes.items()},
@@ -940,10 +936,12 @@ def mounts_of(
 ) -> tuple[Mount, ...]:
     """The transformed compose file's `volumes` as mounts, each with what it mounts: a model (by its
     container path), a cache or data directory (by target), a source checkout (by a rig path inside
-    it), else a host path."""
+    it), else a host path. The pod's secrets directory, bound at SECRETS_TARGET, is not one of them."""
     model_paths = {m.container_path: m for m in models}
     mounts: list[Mount] = []
     for vol in volumes:
+        if vol["target"] == SECRETS_TARGET:  # rigup's own bind of the pod's secrets directory (paths.secrets_dir)
+            continue
         if vol["target"] in model_paths:
             kind, origin = "model", f"model:{model_paths[vol['target']].name}"
         elif vol["target"] in CACHE_TARGETS or vol["target"] in data_dirs:
@@ -1021,7 +1019,7 @@ def assemble_recipe(
     """The Recipe from every stage's result; what is left to read off the transformed compose `edit`
     (entrypoint, environment, published port, the rendered text) is read here."""
     name = variant["name"]
-    entrypoint = tuple(str(t) for t in (edit.get("entrypoint") or ()))
+    entrypoint = tuple(upstream_entrypoint(edit.get("entrypoint")) or ())
     script = "\n".join(entrypoint)
     rendered_text = dump(edit.doc, _header(name, variant, base, ctx.interconnect_note))
     ports = edit.get("ports")
@@ -1074,8 +1072,6 @@ def assemble_recipe(
         entrypoint=entrypoint,
         vllm_args=tuple(edit.command()),
         environment=tuple(EnvVar(k, val) for k, val in edit.env().items() if val is not None),
-        environment_refs=(EnvRef("HUGGING_FACE_HUB_TOKEN", HF_TOKEN_VAR), EnvRef("VLLM_API_KEY", API_KEY_VAR))
-        + ((EnvRef(RAY_TOKEN_KEY, RAY_TOKEN_KEY),) if ctx.cluster is not None else ()),
         mounts=mounts,
         shm_size=str(edit.get("shm_size") or ""),
         ipc=str(edit.get("ipc") or ""),
@@ -1097,10 +1093,6 @@ def assemble_recipe(
         cluster=ctx.cluster,
         pipeline_parallel_size=engine.pipeline_parallel_size,
     )
-
-
-HF_TOKEN_VAR = "HF_TOKEN"
-API_KEY_VAR = "VLLM_API_KEY"
 
 
 def _public_url(url: str) -> str:
@@ -1126,7 +1118,6 @@ def _header(name: str, v: Mapping[str, Any], base: UpstreamFile, note: str | Non
 
 __all__ = [
     "CatalogError",
-    "EnvRef",
     "EnvVar",
     "Envelope",
     "ImageSpec",

@@ -8,8 +8,8 @@ Two JSON documents, both free of secrets:
   (tag and digest), every source commit, every model revision, engine settings, the fields every chat
   request must carry (chat_request, only when the variant has some; the gate adds them), the gate's
   probes the model answers (gate_probes, only when the variant leaves some out), the rig directories
-  holding vLLM's P2P access cache (p2p_cache_dirs, only when the compose file mounts it) and the SHA-256
-  of each rendered file. tasks/serving.py uploads it next to the compose file, so a new pin (a source
+  holding vLLM's P2P access cache (p2p_cache_dirs, only when the compose file mounts it), the SHA-256
+  of each rendered file and the names (no hash, no value) of the pod's secret files (secret_files). tasks/serving.py uploads it next to the compose file, so a new pin (a source
   commit, a model revision, an image digest) changes this file, which restarts the service exactly
   like a changed compose file would.
 * provenance.json ({install_root}/state/provenance.json; a listed pod's in state/pods/<pod>/) — written on the rig by rigup-servingctl
@@ -33,7 +33,8 @@ from rigup.desired.recipe import Recipe
 from rigup.layout import RigLayout
 from rigup.rig.servingctl import PROBE_NAMES, PROVENANCE_NAME, RELEASE_NAME, SCHEMA
 
-API_KEY_ENV = "VLLM_API_KEY"  # the .env key vLLM reads its API key from (rigup.desired.render.API_KEY_KEY)
+API_KEY_ENV = "VLLM_API_KEY"  # the secret vLLM reads its API key as (rigup.desired.render.API_KEY_KEY): the gate
+# reads it from the file secret_files names for it
 
 
 def sha256_text(text: str) -> str:
@@ -93,20 +94,30 @@ def p2p_cache_dirs(recipe: Recipe) -> list[str]:
     return [posixpath.normpath(posixpath.join(mount.source, posixpath.relpath(root, mount.target)))]
 
 
+def _relative(path: str, variant_dir: str) -> str:
+    rel = posixpath.relpath(path, variant_dir)
+    if rel.startswith(".."):
+        raise ValueError(f"{path} is outside {variant_dir}")
+    return rel
+
+
 def build_release(
     recipe: Recipe,
     rendered: Mapping[str, str],
     *,
     api_key_present: bool,
-    secret_env_keys: tuple[str, ...],
+    secret_files: Mapping[str, str],
     lock: ModelFilesLock | None = None,
 ) -> dict[str, Any]:
     """The release document for `recipe`.
 
-    + rendered: rig path -> file content as rendered, *without* secret values (hashing the
-      secret-bearing .env would publish a hash of the key in a world-readable file)
-    + api_key_present: the .env carries VLLM_API_KEY; the gate sends it as a bearer token
-    + secret_env_keys: .env keys holding secrets; the rig redacts their values from printed logs
+    + rendered: rig path -> file content as rendered (no file of these holds a secret)
+    + api_key_present: the pod has its API key (the file secret_files names for VLLM_API_KEY); the gate sends
+      it as a bearer token
+    + secret_files: secret name -> its 0600 file on the rig (rigup.desired.render.secret_file). The release
+      names them, relative to the variant directory, with no hash (a hash of a key in this world-readable file
+      is not published): the rig keeps them with each generation, restarts the pod when one changes, and
+      redacts their values from printed logs
     + lock: the deploy's lock; adds each model's file manifest hash (a re-published file at the same
       revision still changes the release)
     """
@@ -143,7 +154,7 @@ def build_release(
         "bind_address": recipe.bind_address,
         "host_port": recipe.host_port,
         "api_key_env": API_KEY_ENV if api_key_present else None,
-        "secret_env_keys": list(secret_env_keys),
+        "secret_files": {name: _relative(path, paths.variant_dir) for name, path in sorted(secret_files.items())},
         "image": {
             "ref": recipe.image.ref,
             "repository": recipe.image.repository,

@@ -28,7 +28,8 @@ TRANSFORMS: dict[str, str] = {
     "image-pin": "the image is the catalog's, from the configured registry, pinned by the lock's digest "
                  "(or by the catalog's, for an image upstream pins by digest)",
     "command-list": "a one-string command is written as the list of words Compose splits it into",
-    "defaults": "upstream's ${VAR:-default} take their default (rig-time secrets stay references to the .env)",
+    "defaults": "upstream's ${VAR:-default} take their default (a secret's reference is left to the secrets transform, "
+                "which removes it)",
     "project": "the compose project is rigup-<pod> (a pod is named after its variant unless the host lists pods)",
     "container-name": "the container is rigup-<pod>: unique per pod, so a switch never meets a leftover",
     "restart": "systemd restarts the service; the container never restarts behind its back",
@@ -42,7 +43,9 @@ TRANSFORMS: dict[str, str] = {
     "host-paths": "upstream's relative and host paths point at rigup's checkouts at the locked commits",
     "catalog-fix": "a mount the catalog redirects, with its reason",
     "strict-binds": "a missing mount source fails the start instead of becoming an empty directory",
-    "secrets": "the API key (like the HF token) comes from the 0600 .env, never the command line",
+    "secrets": "every secret (the pod's API key, the HF token, a cluster's Ray token) reaches the container as a "
+               "file of the pod's 0700 secrets directory, bound read-only: never a value in the container's "
+               "environment, the compose file or a command line",
     "offline": "rigup verified every model file: the container must not fetch from the hub",
     "overrides": "the host's variant_overrides",
     "gpus": "the container gets exactly its tensor-parallel count of GPUs (with a vLLM-Omni deploy config: its "
@@ -62,6 +65,38 @@ TRANSFORMS: dict[str, str] = {
 MODEL_ROOT = "/root/.cache/huggingface"
 CACHE_TARGETS = {"/root/.cache/vllm/torch_compile_cache": "torch_compile", "/root/.triton/cache": "triton"}
 SECRET_VARIABLES = frozenset({"HF_TOKEN", "VLLM_API_KEY", RAY_TOKEN_KEY})
+# Where a pod's secrets directory (RigPaths.secrets_dir: one 0600 root file per secret, named after it) is bound
+# read-only in its container. Docker hands a container's environment to containerd, which keeps it in the runtime
+# bundle's config.json and its metadata database, 0644 under root's 0711 directories (issue 42): so no secret is a
+# value of the container's environment. Each consumer is pointed at its file instead:
+# - huggingface_hub reads its token from the file HF_TOKEN_PATH names when HF_TOKEN and HUGGING_FACE_HUB_TOKEN are
+#   unset (src/huggingface_hub/constants.py@03333b689b5a, `HF_TOKEN_PATH = ... os.getenv("HF_TOKEN_PATH", ...)`;
+#   utils/_auth.py `_get_token_from_file`: `_clean_token(Path(constants.HF_TOKEN_PATH).read_text())`, a missing
+#   file is no token);
+# - Ray's AuthenticationTokenLoader reads RAY_AUTH_TOKEN, then the file RAY_AUTH_TOKEN_PATH names
+#   (rigup.desired.cluster_token cites it);
+# - vLLM reads its key only from VLLM_API_KEY or --api-key (rigup.desired.pod_keys cites it; argv is world-readable):
+#   the entrypoint wrapper below exports VLLM_API_KEY from its file and execs upstream's entrypoint, so the value
+#   lives only in the processes' own environment (/proc/<pid>/environ, 0400), never in the container's config.
+SECRETS_TARGET = "/run/rigup/secrets"
+SECRET_PATH_VARIABLES = {"HF_TOKEN": "HF_TOKEN_PATH", RAY_TOKEN_KEY: "RAY_AUTH_TOKEN_PATH"}
+_SECRET_REFERENCE = re.compile(r"\$\{?(" + "|".join(sorted(SECRET_VARIABLES)) + r")\b")
+# The wrapper: bash's own `read` (no command line carries the key), then upstream's entrypoint and command as they
+# were ("$@"). `$$` is compose's escape of `$`. A pod without its key file stops here instead of serving open.
+KEY_WRAPPER = (f'IFS= read -r VLLM_API_KEY < {SECRETS_TARGET}/VLLM_API_KEY && export VLLM_API_KEY && exec "$$@"; '
+               f'echo "no API key at {SECRETS_TARGET}/VLLM_API_KEY: the pod does not start open" >&2; exit 1')
+KEY_WRAPPER_WORDS = ("/bin/bash", "-c", KEY_WRAPPER, "rigup-pod-key")
+# The ENTRYPOINT of the images whose composes have none (the wrapper must exec it): vllm/vllm-openai's
+# ["vllm", "serve"] (vllm-project/vllm docker/Dockerfile, as the cluster transform and the test bed's
+# rigup_testbed/standins/dockerd.image_config take it), vLLM-Omni's [] (vllm-project/vllm-omni
+# docker/Dockerfile.cuda@11a683cf: ENTRYPOINT []), LMCache's ["/opt/venv/bin/vllm", "serve"]
+# (LMCache/LMCache docker/Dockerfile@ab6cf272). Every image ships /bin/bash (vllm-openai's Ubuntu base; upstream's
+# entrypoints run `/bin/bash -c` in it).
+IMAGE_ENTRYPOINTS: dict[str, tuple[str, ...]] = {
+    "vllm/vllm-openai": ("vllm", "serve"),
+    "vllm/vllm-omni": (),
+    "lmcache/vllm-openai": ("/opt/venv/bin/vllm", "serve"),
+}
 VLLM_DEFAULT_PORT = 8000  # what `vllm serve` listens on without --port
 MEMBER_SCRIPT_TARGET = "/etc/rigup/cluster-member"  # where a cluster member's container sees rigup's member script
 
@@ -105,6 +140,8 @@ class Context:
     container_port_default: int
     model_mounts: list[tuple[str, str]]  # (rig path, container path) of the main model and the draft
     cache_dir: str
+    secrets_dir: str  # RigPaths.secrets_dir: the pod's secret files, bound read-only at SECRETS_TARGET
+    image_repository: str  # ImageSpec.repository, e.g. "vllm/vllm-openai": whose ENTRYPOINT the key wrapper execs
     upstream_source: SourceCheckout
     path_sources: Mapping[str, SourceCheckout]  # repository-path prefix or absolute host path -> checkout
     mount_fixes: Mapping[str, Mapping[str, Any]]  # target -> {source checkout, path, why}
@@ -143,11 +180,11 @@ def apply_all(edit: ComposeEdit, ctx: Context) -> None:
     publish(edit, ctx)
     mounts(edit, ctx)
     read_deploy_config(edit, ctx)
-    secrets(edit)
     offline(edit)
     overrides(edit, ctx)
     if ctx.cluster is not None:
         cluster(edit, ctx, ctx.cluster)
+    secrets(edit, ctx)  # after the cluster transform: the wrapper runs first, around the member script
     gpus(edit, ctx)
     interconnect(edit, ctx)
     labels = dict(edit.get("labels") or {})
@@ -173,7 +210,7 @@ def defaults(edit: ComposeEdit) -> None:
             if not path.startswith("environment"):
                 # A secret resolved into the command or entrypoint would be visible in ps and docker inspect.
                 raise ComposeError(f"{edit.where(path)}: ${{{name}}} outside environment would put a secret on a "
-                                   f"command line; rigup passes secrets only through the environment")
+                                   f"command line; rigup passes secrets only as files")
             return True
         return interpolate(text, lambda name: None, keep, edit.where(path))
     edit.interpolate(fn)
@@ -375,11 +412,48 @@ def stage_gpu_count(stages: list[dict[str, Any]]) -> int:
     return 1 + max(int(d) for st in stages for d in str(st["devices"]).replace(" ", "").split(","))
 
 
-def secrets(edit: ComposeEdit) -> None:
-    env = edit.env()
-    if "HUGGING_FACE_HUB_TOKEN" not in env:
-        edit.set_env("HUGGING_FACE_HUB_TOKEN", "${HF_TOKEN:-}", "secrets", "the HF token from the 0600 .env")
-    edit.set_env("VLLM_API_KEY", "${VLLM_API_KEY:-}", "secrets", TRANSFORMS["secrets"])
+def image_entrypoint(repository: str, where: str) -> tuple[str, ...]:
+    """The ENTRYPOINT of the image repository `repository` (IMAGE_ENTRYPOINTS)."""
+    if repository in IMAGE_ENTRYPOINTS:
+        return IMAGE_ENTRYPOINTS[repository]
+    raise ComposeError(f"{where}: no entrypoint, and rigup does not know image {repository}'s: it wraps the "
+                       f"entrypoint to hand the pod its API key from a file ({', '.join(IMAGE_ENTRYPOINTS)} known)")
+
+
+def upstream_entrypoint(entrypoint: Any) -> list[str] | None:
+    """The entrypoint without rigup's key wrapper (None: none)."""
+    if entrypoint is None:
+        return None
+    words = [str(w) for w in (entrypoint if isinstance(entrypoint, list) else [entrypoint])]
+    return words[len(KEY_WRAPPER_WORDS):] if tuple(words[:len(KEY_WRAPPER_WORDS)]) == KEY_WRAPPER_WORDS else words
+
+
+def secrets(edit: ComposeEdit, ctx: Context) -> None:
+    """The `secrets` transform (see SECRETS_TARGET): no secret in the environment, its files bound read-only,
+    the consumers pointed at them, and the entrypoint wrapped to export VLLM_API_KEY from its file."""
+    for name, value in edit.env().items():
+        if name in SECRET_VARIABLES or name == "HUGGING_FACE_HUB_TOKEN" or (value and _SECRET_REFERENCE.search(value)):
+            edit.set_env(name, None, "secrets", f"upstream's {name}={value}: a secret in the container's environment "
+                         f"is kept by containerd in world-readable files; rigup hands it as a file", remove=True)
+    paths = {"HF_TOKEN": "the HF token"} | ({RAY_TOKEN_KEY: f"cluster {ctx.cluster.cluster.name}'s Ray token"}
+                                           if ctx.cluster is not None else {})
+    for name, what in paths.items():
+        edit.set_env(SECRET_PATH_VARIABLES[name], posixpath.join(SECRETS_TARGET, name), "secrets",
+                     f"{what} from its file (absent: none)")
+    volumes = edit.volumes()
+    volumes.append({"type": "bind", "source": ctx.secrets_dir, "target": SECRETS_TARGET, "read_only": True,
+                    "create_host_path": False})
+    edit.set_volumes(volumes, "secrets", lambda key: f"the pod's 0700 secrets directory {ctx.secrets_dir}, read-only")
+    entrypoint = edit.get("entrypoint")
+    if entrypoint is None:
+        words = list(image_entrypoint(ctx.image_repository, edit.where("entrypoint")))
+    elif isinstance(entrypoint, list):
+        words = [str(w) for w in entrypoint]
+    else:
+        raise ComposeError(f"{edit.where('entrypoint')}: a one-string entrypoint is not understood; rigup wraps a list")
+    edit.set("entrypoint", [*KEY_WRAPPER_WORDS, *words], "secrets",
+             f"VLLM_API_KEY exported from {SECRETS_TARGET}/VLLM_API_KEY, then upstream's entrypoint "
+             f"{words or '(none: the command)'}")
 
 
 def offline(edit: ComposeEdit) -> None:
@@ -499,8 +573,6 @@ def cluster(edit: ComposeEdit, ctx: Context, member: ClusterMember) -> None:
     edit.set_flag("--host", [ctx.bind_address], "cluster", f"serving_bind_address {ctx.bind_address}")
     for name, value in member.environment().items():
         edit.set_env(name, value, "cluster", f"{member.role} of cluster {c.name} on interface {member.net.ifname}")
-    edit.set_env(RAY_TOKEN_KEY, f"${{{RAY_TOKEN_KEY}:-}}", "cluster",
-                 f"cluster {c.name}'s Ray token (RAY_AUTH_MODE=token) from the 0600 .env, never the compose file")
     volumes = edit.volumes()
     volumes.append({"type": "bind", "source": member.script, "target": MEMBER_SCRIPT_TARGET, "read_only": True,
                     "create_host_path": False})

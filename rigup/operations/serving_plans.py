@@ -63,11 +63,15 @@ class PodPlans:
                     raise OperationError(f"{self.host.name}: planning the pods with the GPU topology read now: {exc}") from exc
         return self._executed
 
+    def secret(self, index: int, name: str) -> Callable[[], str]:
+        """The text of pod `index`'s secret file `name` when asked (never planned into pyinfra's output)."""
+        return lambda: self.now()[index].secret_text(name)
+
     def text(self, index: int, which: str) -> Callable[[], str]:
         """The text of pod `index`'s file `which` ("compose", "env", "unit" or "release") when asked."""
         getters: dict[str, Callable[[HostPlan], str]] = {
             "compose": lambda plan: plan.compose.content,
-            "env": lambda plan: plan.env_text(),
+            "env": lambda plan: plan.env.content,
             "unit": lambda plan: plan.unit.content,
             "release": lambda plan: plan.release_text,
         }

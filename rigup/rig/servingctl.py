@@ -46,7 +46,8 @@ Files (all under {install_root}):
 Exit codes of `gate` and `rollback`: 0 passed (gate, recorded or held); 1 failed, nothing to roll back
 to; 2 failed and rolled back to the last good generation (which passed the gate again); 3 failed and the
 rollback failed too.
-Secrets (values of the release's secret env keys) are never printed: log lines are redacted.
+Secrets (the values of the release's secret files, and of the secret .env keys of a release written before them)
+are never printed: log lines are redacted.
 """
 
 from __future__ import annotations
@@ -215,6 +216,9 @@ class Release:
             self.api_key_env = data.get("api_key_env")  # None: the API is open
             self.secret_env_keys = [str(k) for k in data.get("secret_env_keys", [])]
             self.files = dict(data["files"])  # relpath under variant_dir -> sha256
+            # secret name -> relpath under variant_dir of its 0600 file (no hash in the release); a release
+            # written before them carried its secrets as .env lines (secret_env_keys)
+            self.secret_files = {str(k): str(v) for k, v in dict(data.get("secret_files") or {}).items()}
             # Fields every chat request to this server must carry (absent: none); the gate adds them.
             chat_request = data.get("chat_request") or {}
             if not isinstance(chat_request, dict):
@@ -256,15 +260,33 @@ class Release:
     def env(self) -> Dict[str, str]:
         return parse_env_file(self.env_file)
 
+    @property
+    def kept_files(self) -> List[str]:
+        """Relpaths of every file of the release under variant_dir: the rendered files and the secret files."""
+        return sorted(self.files) + sorted(self.secret_files.values())
+
+    def secret(self, name: str) -> Optional[str]:
+        """Secret `name` from its file (stripped); None when the release has none or the file is not there."""
+        if name not in self.secret_files:
+            return None
+        try:
+            with open(os.path.join(self.variant_dir, self.secret_files[name]), encoding="utf-8") as handle:
+                return handle.read().strip() or None
+        except FileNotFoundError:
+            return None
+
     def api_key(self) -> Optional[str]:
         if not self.api_key_env:
             return None
-        key = self.env().get(str(self.api_key_env))
+        if str(self.api_key_env) in self.secret_files:
+            return self.secret(str(self.api_key_env))
+        key = self.env().get(str(self.api_key_env))  # a release written before the secret files
         return key or None
 
     def redactor(self) -> Redactor:
         env = self.env()
-        return Redactor([env[k] for k in self.secret_env_keys if env.get(k)])
+        return Redactor([env[k] for k in self.secret_env_keys if env.get(k)]
+                        + [v for v in (self.secret(n) for n in self.secret_files) if v])
 
     @property
     def generations_dir(self) -> str:
@@ -975,12 +997,12 @@ def generation_matches(generations_dir: str, number: int, release: Release) -> b
     """True when generation `number` holds exactly the files the release runs now.
 
     Compares the files, not only release.json: the release carries no secrets, so a rotated API
-    key or HF token changes .env alone.
+    key or HF token changes its secret file alone.
     """
     gen_dir = os.path.join(generations_dir, str(number))
     if sha256_file(os.path.join(gen_dir, RELEASE_NAME)) != release.sha256:
         return False
-    for relpath in release.files:
+    for relpath in release.kept_files:
         if sha256_file(os.path.join(gen_dir, relpath)) != sha256_file(os.path.join(release.variant_dir, relpath)):
             return False
     return sha256_file(os.path.join(gen_dir, UNIT_COPY_NAME)) == sha256_file(release.unit_file)
@@ -1008,7 +1030,7 @@ def record_generation(release: Release, keep: int, dropped_images: Optional[set]
         staging = tempfile.mkdtemp(prefix=f".{number}-", dir=gens_dir)
         try:
             os.chmod(staging, 0o700)
-            for relpath in sorted(release.files):
+            for relpath in release.kept_files:
                 src = os.path.join(release.variant_dir, relpath)
                 dst = os.path.join(staging, relpath)
                 os.makedirs(os.path.dirname(dst), mode=0o700, exist_ok=True)
@@ -1075,12 +1097,12 @@ def restore_generation(install_root: str, variant: str, number: int, systemd: Sy
     variant_dir = os.path.join(install_root, "variants", variant)
     gen_dir = os.path.join(variant_dir, GENERATIONS_DIR, str(number))
     old = Release.load(os.path.join(gen_dir, RELEASE_NAME))
-    for relpath in sorted(old.files):
+    for relpath in old.kept_files:
         src = os.path.join(gen_dir, relpath)
         with open(src, "rb") as handle:
             data = handle.read()
         dst = os.path.join(variant_dir, relpath)
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        os.makedirs(os.path.dirname(dst), mode=0o700, exist_ok=True)
         atomic_write(dst, data, os.stat(src).st_mode & 0o7777)
     with open(os.path.join(gen_dir, RELEASE_NAME), "rb") as handle:
         atomic_write(os.path.join(variant_dir, RELEASE_NAME), handle.read(), 0o644)
@@ -1440,8 +1462,8 @@ def write_textfile(out_path: str, install_root: str, wanted_driver_branch: int, 
 
 
 def release_files(release: Release) -> List[str]:
-    """Every file the running service depends on: the rendered files, release.json, the unit."""
-    return [os.path.join(release.variant_dir, rel) for rel in sorted(release.files)] + [release.path, release.unit_file]
+    """Every file the running service depends on: the rendered files, the secret files, release.json, the unit."""
+    return [os.path.join(release.variant_dir, rel) for rel in release.kept_files] + [release.path, release.unit_file]
 
 
 def newest_mtime(paths: List[str]) -> Optional[float]:

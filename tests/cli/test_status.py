@@ -19,7 +19,7 @@ from rigup.client.targets import Target
 from rigup.desired.knobs import load_defaults
 from rigup.desired.recipe import resolve
 from rigup.desired.release import build_release, parse_provenance, release_sha256
-from rigup.desired.render import render_variant
+from rigup.desired.render import render_variant, secret_file
 from rigup.parsers.nvidia_smi import parse_gpu_query
 from tests.desired.test_release import FakeLock
 
@@ -36,9 +36,9 @@ def rig(tmp_path: Path, variant: str = "dual", **data: Any) -> tuple[Target, dic
               "model_dir": str(tmp_path / "opt" / "models"), "gpu_count": 2, **data}
     recipe = resolve(values, FakeLock())
     target = Target("rig-01", f"http://10.0.0.1:{recipe.host_port}", None, values, recipe)
-    rendered = render_variant(recipe, hf_token_present=False, api_key_present=True)
+    rendered = render_variant(recipe)
     release = build_release(recipe, {path: f.content for path, f in rendered.items()}, api_key_present=True,
-                            secret_env_keys=rendered[recipe.paths.env_file.lstrip("/")].secret_keys, lock=FakeLock())
+                            secret_files={"VLLM_API_KEY": secret_file(recipe, "VLLM_API_KEY")}, lock=FakeLock())
     return target, release
 
 
@@ -208,13 +208,16 @@ class LocalRunner:
 def test_gather_facts_hashes_files_without_their_secrets(tmp_path: Path) -> None:
     target, release = rig(tmp_path)
     recipe = target.recipe
-    rendered = render_variant(recipe, hf_token_present=False, api_key_present=True)
+    rendered = render_variant(recipe)
     unit_copy = tmp_path / "etc" / "rigup-dual.service"
     release = dict(release, unit_file=str(unit_copy))  # where this test can write the unit
     for path, f in rendered.items():
         dest = unit_copy if "/" + path == recipe.paths.unit_file else Path("/" + path)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(f.with_secrets({"VLLM_API_KEY": SECRET}) if f.secret_keys else f.content)
+        dest.write_text(f.content)
+    key = Path(secret_file(recipe, "VLLM_API_KEY"))  # the pod's key file: status hashes no secret file
+    key.parent.mkdir(mode=0o700)
+    key.write_text(SECRET + "\n")
     state = Path(recipe.paths.state_dir)
     state.mkdir(parents=True)
     (state / "provenance.json").write_text(provenance(release))
@@ -226,7 +229,7 @@ def test_gather_facts_hashes_files_without_their_secrets(tmp_path: Path) -> None
     })
     gathered = S.gather_facts(runner, recipe.paths.install_root)
     recorded = parse_provenance(gathered.provenance_text or "")
-    assert gathered.file_hashes == recorded.files  # .env matches once the appended key line is left out
+    assert gathered.file_hashes == recorded.files
     assert gathered.memory == [(22100, 24576), (21900, 24576)] and len(gathered.smi.gpus) == 2
     assert gathered.units["rigup-dual-turbo.service"]["state"] == "inactive"
     hash_command, sudo = runner.commands[-1]
@@ -236,7 +239,7 @@ def test_gather_facts_hashes_files_without_their_secrets(tmp_path: Path) -> None
 
     compose = Path(recipe.paths.compose_file)
     compose.write_text(compose.read_text() + "# edited by hand\n")
-    (tmp_path / "opt" / "variants" / "dual" / ".env").write_text("VLLM_API_KEY='other'\n")
+    (tmp_path / "opt" / "variants" / "dual" / ".env").write_text("OTHER=1\n")
     gathered = S.gather_facts(runner, recipe.paths.install_root)
     changed = {k for k, v in gathered.file_hashes.items() if v != recorded.files[k]}
     assert changed == {"compose.yaml", ".env"}

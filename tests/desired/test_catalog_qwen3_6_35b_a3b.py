@@ -115,7 +115,9 @@ def test_dual_variants_detect_nvlink(variant: str) -> None:
 @pytest.mark.parametrize("variant", [v for v in EXPECTED if EXPECTED[v][2] == 1])
 def test_single_variants_use_the_images_own_entrypoint(variant: str) -> None:
     r = recipe_for(variant)
-    assert r.entrypoint == ()  # upstream's single composes set none: the image's `vllm serve` runs the command
+    # upstream's single composes set none: the image's `vllm serve` runs the command, which rigup's key wrapper names
+    # (transforms.IMAGE_ENTRYPOINTS) since the compose file's entrypoint is the wrapper
+    assert r.entrypoint == ("vllm", "serve")
     assert not any(m.target == "/etc/club3090/detect_nvlink.sh" for m in r.mounts)
 
 

@@ -25,8 +25,8 @@ def recipe_for(variant: str) -> Recipe:
 
 
 def release_of(recipe: Recipe) -> dict[str, Any]:
-    rendered = render_variant(recipe, hf_token_present=False, api_key_present=False)
-    return build_release(recipe, {p: f.content for p, f in rendered.items()}, api_key_present=False, secret_env_keys=())
+    rendered = render_variant(recipe)
+    return build_release(recipe, {p: f.content for p, f in rendered.items()}, api_key_present=False, secret_files={})
 
 
 def load_with(tmp_path: Path, value: Any, key: str = "chat_request") -> dict[str, Any]:

@@ -19,7 +19,7 @@ from rigup.desired.knobs import load_defaults
 from rigup.desired.plan import host_plans
 from rigup.desired.recipe import RecipeError, pods_of
 from rigup.desired.secrets import SecretError
-from rigup.desired.transforms import MEMBER_SCRIPT_TARGET
+from rigup.desired.transforms import KEY_WRAPPER_WORDS, MEMBER_SCRIPT_TARGET
 
 VARIANT = "qwen-multi4-autoround-int4-mtp"  # TP 4, upstream's entrypoint script ends in `exec vllm serve`
 NET = {"ifname": "lan0", "address": "10.0.0.12", "head_address": "10.0.0.11"}
@@ -96,7 +96,8 @@ def test_the_head_serves_its_share_on_the_hosts_network_and_starts_ray_first(tmp
     assert (env["NCCL_SOCKET_IFNAME"], env["GLOO_SOCKET_IFNAME"], env["TP_SOCKET_IFNAME"]) == ("=lan0", "lan0", "lan0")
     assert env["NCCL_IB_DISABLE"] == "1" and env["RIGUP_CLUSTER_ROLE"] == "head"
     assert env["RIGUP_CLUSTER_HEAD"] == "10.0.0.11:6379" and env["RIGUP_RAY_PORTS"] == "6379 6380 6381 52365 10002 10100"
-    script = head["entrypoint"][2]
+    assert head["entrypoint"][:4] == list(KEY_WRAPPER_WORDS)  # rigup's key wrapper, then upstream's script
+    script = head["entrypoint"][6]
     assert f"exec {MEMBER_SCRIPT_TARGET} vllm serve" in script and "exec vllm serve" not in script
     assert {"type": "bind", "source": "/opt/rigup/cluster/rigup-cluster-member", "target": MEMBER_SCRIPT_TARGET,
             "read_only": True, "bind": {"create_host_path": False}} in head["volumes"]
@@ -249,17 +250,19 @@ def test_a_members_share_keeps_the_variants_measured_envelope(tmp_path: Path) ->
     assert recipe.envelope_is_documented
 
 
-def test_every_member_runs_ray_with_token_auth_and_the_token_comes_from_the_env_file(tmp_path: Path) -> None:
+def test_every_member_runs_ray_with_token_auth_and_the_token_comes_from_its_file(tmp_path: Path) -> None:
     for name in ("rig-a", "rig-b"):
         service = _service(_member(tmp_path, name, NET))
         env = _env(service)
         assert env["RAY_AUTH_MODE"] == "token"
-        assert env["RAY_AUTH_TOKEN"] == "${RAY_AUTH_TOKEN:-}"  # compose takes it from the 0600 .env
+        # Ray reads it from the file RAY_AUTH_TOKEN_PATH names: never a value of the container's environment
+        assert env["RAY_AUTH_TOKEN_PATH"] == "/run/rigup/secrets/RAY_AUTH_TOKEN" and "RAY_AUTH_TOKEN" not in env
         plan = service["plan"]
-        assert plan.env.mode == "0600" and "RAY_AUTH_TOKEN" in plan.env.secret_keys
+        assert "RAY_AUTH_TOKEN" in plan.secret_names
+        assert plan.secret_files["RAY_AUTH_TOKEN"] == "/opt/rigup/variants/big/secrets/RAY_AUTH_TOKEN"
     alone = load_fleet(_fleet(tmp_path, "  - {name: big, variant: " + VARIANT + ", hosts: [rig-a, rig-b]}\n"))
     (plan,) = host_plans(alone.resolved_data("rig-c"), require_lock=False, read_secrets=False)
-    assert "RAY_AUTH" not in plan.compose.content and "RAY_AUTH_TOKEN" not in plan.env.secret_keys
+    assert "RAY_AUTH" not in plan.compose.content and "RAY_AUTH_TOKEN" not in plan.secret_names
 
 
 def test_the_clusters_token_is_made_once_0600_beside_the_fleet_ca_and_every_member_gets_it(
@@ -268,13 +271,13 @@ def test_the_clusters_token_is_made_once_0600_beside_the_fleet_ca_and_every_memb
     texts = {}
     for name in ("rig-a", "rig-b", "rig-a"):
         (plan,) = host_plans(_member(tmp_path, name, NET), require_lock=False, base_dir=tmp_path)
-        texts[name] = plan.env_text()
+        texts[name] = plan.secret_text("RAY_AUTH_TOKEN")
     made = tmp_path / "fleet-ca" / "ray-big.token"
     assert made.stat().st_mode & 0o777 == 0o600 and (tmp_path / "fleet-ca").stat().st_mode & 0o777 == 0o700
     token = made.read_text().strip()
     assert len(token) == 64 and int(token, 16) >= 0  # as Ray's own generator: secrets.token_hex(32)
     for name, text in texts.items():
-        assert f"RAY_AUTH_TOKEN='{token}'" in text.splitlines(), name
+        assert text == token + "\n", name
         assert token not in _service(_member(tmp_path, name, NET))["plan"].compose.content
     made.chmod(0o644)
     with pytest.raises(SecretError, match="readable by group or others"):

@@ -209,8 +209,8 @@ def test_bad_knob_value() -> None:
 @pytest.mark.parametrize("variant", ["dual", "dual-turbo", "multi4", "gemma-dual-int8"])
 def test_nvlink_compose_validates(variant: str, tmp_path: Path) -> None:
     r = resolve(host(variant, gpu_interconnect="force_on"), interconnect=nvlink_host())
-    files = render_variant(r, hf_token_present=False, api_key_present=False)
-    write_tree(tmp_path, files, {})
+    files = render_variant(r)
+    write_tree(tmp_path, r, files, {})
     config = compose_config(r, tmp_path)
     service = config["services"][r.service_name]
     compose_text = files[r.paths.compose_file.lstrip("/")].content
@@ -229,9 +229,9 @@ def test_nvlink_compose_validates(variant: str, tmp_path: Path) -> None:
 def test_force_off_compose_is_the_default_compose(tmp_path: Path) -> None:
     off = resolve(host(gpu_interconnect="force_off"), interconnect=nvlink_host())
     base = resolve(host())
-    render = lambda r: {k: f.content for k, f in render_variant(r, hf_token_present=True, api_key_present=False).items()}  # noqa: E731
+    render = lambda r: {k: f.content for k, f in render_variant(r).items()}  # noqa: E731
     assert render(off) == render(base)
-    write_tree(tmp_path, render_variant(off, hf_token_present=False, api_key_present=False), {})
+    write_tree(tmp_path, off, render_variant(off), {})
     service = compose_config(off, tmp_path)["services"][off.service_name]
     assert service["environment"]["NCCL_P2P_DISABLE"] == "1" and "--disable-custom-all-reduce" in service["command"]
 

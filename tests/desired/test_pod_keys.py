@@ -59,7 +59,7 @@ def test_a_cluster_member_carries_its_heads_pod_key() -> None:
     assert key_owner("rig-b", "left", None) == ("rig-b", "left")
 
 
-def test_every_pod_is_keyed_by_default_with_its_own_key_in_its_0600_env_only(
+def test_every_pod_is_keyed_by_default_with_its_own_key_in_its_0600_key_file_only(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HF_TOKEN", raising=False)
     pods = [{"name": "left", "variant": DUAL, "gpus": [0, 1], "port": 8030},
@@ -69,12 +69,14 @@ def test_every_pod_is_keyed_by_default_with_its_own_key_in_its_0600_env_only(
     for plan in plans:
         key = pod_key(data(), "rig-01", plan.recipe.pod, tmp_path, make=False)  # the plan made it
         keys[plan.recipe.pod] = key
-        assert f"VLLM_API_KEY='{key}'" in plan.env_text().splitlines() and plan.env.mode == "0600"
-        assert "VLLM_API_KEY" in plan.env.secret_keys
+        assert plan.secret_names == ("VLLM_API_KEY",) and plan.secret_text("VLLM_API_KEY") == key + "\n"
+        assert plan.secret_files == {"VLLM_API_KEY": f"/opt/rigup/variants/{plan.recipe.pod}/secrets/VLLM_API_KEY"}
         (service,) = yaml.safe_load(plan.compose.content)["services"].values()
-        assert "VLLM_API_KEY=${VLLM_API_KEY:-}" in service["environment"]  # compose reads it from the .env
-        assert not [path for path, f in plan.rendered.items() if key in f.content]  # only the .env's secret line
+        # the container reads it from its file (the entrypoint wrapper exports it): no value of its environment
+        assert not any("VLLM_API_KEY" in str(item) for item in service["environment"])
+        assert "< /run/rigup/secrets/VLLM_API_KEY" in service["entrypoint"][2]
+        assert not [path for path, f in plan.rendered.items() if key in f.content]  # in no rendered file
     assert keys["left"] != keys["right"]  # two pods of one model on one rig: a key each
     # a preview says so without reading or making anything
     (preview,) = host_plans(data(), "rig-02", require_lock=False, read_secrets=False, base_dir=tmp_path / "none")
-    assert "VLLM_API_KEY" in preview.env.secret_keys and not (tmp_path / "none").exists()
+    assert preview.secret_names == ("VLLM_API_KEY",) and not (tmp_path / "none").exists()

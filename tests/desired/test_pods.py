@@ -89,7 +89,7 @@ def test_release_names_the_pod_only_when_listed() -> None:
     for data, pod in ((host(pods=TRI), "solo"), (host(variant="single"), None)):
         plan = host_plans(data, require_lock=False, read_secrets=False)[-1]
         release = build_release(plan.recipe, {p: f.content for p, f in plan.rendered.items()}, api_key_present=False,
-                                secret_env_keys=())
+                                secret_files={})
         if pod is None:
             assert not {"pod", "state_dir", "gpu_ids"} & set(release)
         else:

@@ -22,7 +22,7 @@ from rigup.desired.release import (
     release_json,
     release_path,
 )
-from rigup.desired.render import render_variant
+from rigup.desired.render import render_variant, secret_file, secret_text
 from rigup.rig import servingctl
 
 SECRET = "sk-never-in-a-release-0123"
@@ -52,11 +52,10 @@ def release_for(lock: FakeLock, api_key: bool = True, variant: str = "dual") -> 
     data = load_defaults()
     data["variant"] = variant
     recipe = resolve(data, lock)
-    rendered = render_variant(recipe, hf_token_present=True, api_key_present=api_key)
-    env = rendered[recipe.paths.env_file.lstrip("/")]
+    rendered = render_variant(recipe)
     return build_release(
         recipe, {p: f.content for p, f in rendered.items()}, api_key_present=api_key,
-        secret_env_keys=env.secret_keys, lock=lock,
+        secret_files={"HF_TOKEN": secret_file(recipe, "HF_TOKEN"), "VLLM_API_KEY": secret_file(recipe, "VLLM_API_KEY")}, lock=lock,
     )
 
 
@@ -70,7 +69,9 @@ def test_release_names_everything_the_gate_and_status_need():
     assert release["health_url"].startswith("http://127.0.0.1:") and release["health_url"].endswith("/v1/models")
     assert release["served_model_name"]
     assert release["api_key_env"] == "VLLM_API_KEY"
-    assert release["secret_env_keys"] == ["HF_TOKEN", "VLLM_API_KEY"]
+    # the secret files by name, relative to the variant directory, with no hash: the gate reads the key from its own
+    assert release["secret_files"] == {"HF_TOKEN": "secrets/HF_TOKEN", "VLLM_API_KEY": "secrets/VLLM_API_KEY"}
+    assert "secret_env_keys" not in release
     assert set(release["files"]) == {"compose.yaml", ".env"}
     assert release["image"]["digest"] == "sha256:" + "e" * 64
     assert release["image"]["ref"].endswith("@sha256:" + "e" * 64)
@@ -107,15 +108,14 @@ def test_release_carries_no_secret():
     data = load_defaults()
     data["variant"] = "dual"
     recipe = resolve(data, FakeLock())
-    rendered = render_variant(recipe, hf_token_present=True, api_key_present=True)
-    env = rendered[recipe.paths.env_file.lstrip("/")]
-    with_secrets = env.with_secrets({"HF_TOKEN": "hf_" + SECRET, "VLLM_API_KEY": SECRET})
-    assert SECRET in with_secrets
+    rendered = render_variant(recipe)
+    assert not any(SECRET in f.content for f in rendered.values())
     release = build_release(recipe, {p: f.content for p, f in rendered.items()}, api_key_present=True,
-                            secret_env_keys=env.secret_keys, lock=FakeLock())
+                            secret_files={"HF_TOKEN": secret_file(recipe, "HF_TOKEN"), "VLLM_API_KEY": secret_file(recipe, "VLLM_API_KEY")}, lock=FakeLock())
     text = release_json(release)
     assert SECRET not in text
-    assert hashlib.sha256(with_secrets.encode()).hexdigest() not in text
+    for text_of_file in (secret_text("VLLM_API_KEY", SECRET), SECRET):  # no hash of a secret file either
+        assert hashlib.sha256(text_of_file.encode()).hexdigest() not in text
     assert release_path(recipe) == "/opt/rigup/variants/dual/release.json"
 
 
@@ -124,9 +124,9 @@ def test_release_rejects_files_outside_the_variant_dir():
     data["variant"] = "dual"
     recipe = resolve(data, FakeLock())
     with pytest.raises(ValueError, match="outside"):
-        build_release(recipe, {"etc/passwd": "x", recipe.paths.unit_file.lstrip("/"): "u"}, api_key_present=False, secret_env_keys=())
+        build_release(recipe, {"etc/passwd": "x", recipe.paths.unit_file.lstrip("/"): "u"}, api_key_present=False, secret_files={})
     with pytest.raises(ValueError, match="do not include the unit"):
-        build_release(recipe, {recipe.paths.compose_file.lstrip("/"): "c"}, api_key_present=False, secret_env_keys=())
+        build_release(recipe, {recipe.paths.compose_file.lstrip("/"): "c"}, api_key_present=False, secret_files={})
 
 
 def test_provenance_written_on_the_rig_reads_back(tmp_path: Path):

@@ -27,7 +27,8 @@ from rigup.desired.catalog import variant_names
 from rigup.desired.compose_doc import command_items, explain
 from rigup.desired.knobs import load_defaults
 from rigup.desired.recipe import Recipe, resolve
-from rigup.desired.render import RenderedFile, render_variant
+from rigup.desired.render import RenderedFile, render_variant, secret_file, secret_names, secret_text
+from rigup.desired.transforms import KEY_WRAPPER_WORDS, SECRETS_TARGET
 from rigup_testbed.recipes import tree as upstream_tree
 
 HF_TOKEN = "hf_test_TOKEN_0123456789"
@@ -60,13 +61,18 @@ def recipe_for(variant: str, **data: Any) -> Recipe:
     return resolve(host)
 
 
-def write_tree(root: Path, files: dict[str, RenderedFile], secrets: dict[str, str]) -> None:
+def write_tree(root: Path, recipe: Recipe, files: dict[str, RenderedFile], secrets: dict[str, str]) -> None:
+    """The rendered files, and each secret as the deploy writes it: a 0600 file of the pod's secrets directory."""
     for relpath, rendered in files.items():
         dest = root / relpath
         dest.parent.mkdir(parents=True, exist_ok=True)
-        content = rendered.with_secrets({k: secrets[k] for k in rendered.secret_keys}) if rendered.secret_keys else rendered.content
-        dest.write_text(content)
+        dest.write_text(rendered.content)
         dest.chmod(int(rendered.mode, 8))
+    for name, value in secrets.items():
+        dest = root / secret_file(recipe, name).lstrip("/")
+        dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        dest.write_text(secret_text(name, value))
+        dest.chmod(0o600)
 
 
 def compose_config(recipe: Recipe, root: Path) -> dict[str, Any]:
@@ -104,14 +110,14 @@ def systemd_verify(root: Path, unit_path: str) -> subprocess.CompletedProcess[st
     )
 
 
-def render(recipe: Recipe, hf: bool = True, api: bool = True) -> dict[str, RenderedFile]:
-    return render_variant(recipe, hf_token_present=hf, api_key_present=api)
+def render(recipe: Recipe) -> dict[str, RenderedFile]:
+    return render_variant(recipe)
 
 
 @pytest.mark.parametrize("variant", variant_names())
 def test_compose_file_is_valid_and_matches_recipe(variant: str, tmp_path: Path) -> None:
     recipe = recipe_for(variant)
-    write_tree(tmp_path, render(recipe), {"HF_TOKEN": HF_TOKEN, "VLLM_API_KEY": API_KEY})
+    write_tree(tmp_path, recipe, render(recipe), {"HF_TOKEN": HF_TOKEN, "VLLM_API_KEY": API_KEY})
     assert render(recipe)[recipe.paths.compose_file.lstrip("/")].content == recipe.compose_text
     config = compose_config(recipe, tmp_path)
     assert config["name"] == f"rigup-{variant}"
@@ -120,7 +126,7 @@ def test_compose_file_is_valid_and_matches_recipe(variant: str, tmp_path: Path) 
     # compose prints literal "$" as "$$" (its output is re-parseable); undo that to compare.
     unescape = lambda items: [s.replace("$$", "$") for s in items]  # noqa: E731
     assert unescape(service["command"]) == [s.replace("$$", "$") for s in recipe.vllm_args]
-    assert unescape(service.get("entrypoint") or []) == [s.replace("$$", "$") for s in recipe.entrypoint]
+    assert unescape(service.get("entrypoint") or []) == [s.replace("$$", "$") for s in (*KEY_WRAPPER_WORDS, *recipe.entrypoint)]
     assert service["image"] == recipe.image.ref
     assert service["container_name"] == recipe.container_name == f"rigup-{variant}"
     assert service["restart"] == "no"
@@ -130,15 +136,18 @@ def test_compose_file_is_valid_and_matches_recipe(variant: str, tmp_path: Path) 
     devices = service["deploy"]["resources"]["reservations"]["devices"]
     assert devices == [{"driver": "nvidia", "count": recipe.gpu_count, "capabilities": ["gpu"]}]
     env = {k: (v or "").replace("$$", "$") for k, v in service["environment"].items()}
-    assert env["HUGGING_FACE_HUB_TOKEN"] == HF_TOKEN
-    assert env["VLLM_API_KEY"] == API_KEY  # taken literally from .env: no interpolation of $ or #
+    # no secret in the container's environment: each one a file of the secrets directory, bound read-only
+    assert not {"HUGGING_FACE_HUB_TOKEN", "HF_TOKEN", "VLLM_API_KEY", "RAY_AUTH_TOKEN"} & set(env)
+    assert HF_TOKEN not in json.dumps(service) and API_KEY not in json.dumps(service)
+    assert env["HF_TOKEN_PATH"] == f"{SECRETS_TARGET}/HF_TOKEN"
     assert env["HF_HUB_OFFLINE"] == env["TRANSFORMERS_OFFLINE"] == "1"
     assert "NVIDIA_VISIBLE_DEVICES" not in env  # the GPU reservation decides
     for var in recipe.environment:
-        if var.name not in ("HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY"):
-            assert env[var.name] == var.value.replace("$$", "$"), var.name
+        assert env[var.name] == var.value.replace("$$", "$"), var.name
     volumes = [(v["source"], v["target"], v.get("read_only", False)) for v in service["volumes"]]
-    assert volumes == [(m.source, m.target, m.read_only) for m in recipe.mounts]
+    # the mounts, then the pod's secrets directory, read-only (not a mount of upstream's: recipe.mounts leaves it out)
+    assert volumes == [(m.source, m.target, m.read_only) for m in recipe.mounts] + [
+        (recipe.paths.secrets_dir, SECRETS_TARGET, True)]
     assert all(v["type"] == "bind" and not v["bind"].get("create_host_path", False) for v in service["volumes"])
     # Models: one read-only bind per verified model directory, where upstream's command expects them.
     models = [(m.source, m.target) for m in recipe.mounts if m.kind == "model"]
@@ -215,52 +224,55 @@ def test_defaults_interpolate_like_compose(variant: str, tmp_path: Path) -> None
             assert rendered.get(key) == raw.get(key), key
 
 
-def test_secrets_only_in_env_file(tmp_path: Path) -> None:
+def test_secrets_only_in_their_files(tmp_path: Path) -> None:
+    """Issue 42: no secret in the .env, the compose file or the unit, nor in the container's environment as
+    compose resolves it (containerd keeps that world-readable): each is a 0600 file the container reads."""
     recipe = recipe_for("dual-turbo")
     files = render(recipe)
-    write_tree(tmp_path, files, {"HF_TOKEN": HF_TOKEN, "VLLM_API_KEY": API_KEY})
+    write_tree(tmp_path, recipe, files, {"HF_TOKEN": HF_TOKEN, "VLLM_API_KEY": API_KEY})
     env_file = tmp_path / recipe.paths.env_file.lstrip("/")
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
-    assert f"HF_TOKEN='{HF_TOKEN}'" in env_file.read_text()
-    for relpath in (recipe.paths.compose_file, recipe.paths.unit_file):
+    for relpath in (recipe.paths.env_file, recipe.paths.compose_file, recipe.paths.unit_file):
         text = (tmp_path / relpath.lstrip("/")).read_text()
-        assert HF_TOKEN not in text and "k3y-with" not in text
+        assert HF_TOKEN not in text and API_KEY not in text, relpath
     unit = files[recipe.paths.unit_file.lstrip("/")].content
     assert "VLLM_API_KEY" not in unit and "HF_TOKEN" not in unit
+    key_file = tmp_path / secret_file(recipe, "VLLM_API_KEY").lstrip("/")
+    assert key_file.read_text() == API_KEY + "\n" and str(key_file.parent).endswith("/variants/dual-turbo/secrets")
+    service = compose_config(recipe, tmp_path)["services"][recipe.service_name]
+    assert HF_TOKEN not in json.dumps(service) and API_KEY not in json.dumps(service)
+    env = service["environment"]
+    assert "VLLM_API_KEY" not in env and "HUGGING_FACE_HUB_TOKEN" not in env and "HF_TOKEN" not in env
+    assert env["HF_TOKEN_PATH"] == f"{SECRETS_TARGET}/HF_TOKEN"
+    (bound,) = [v for v in service["volumes"] if v["target"] == SECRETS_TARGET]
+    assert bound["source"] == recipe.paths.secrets_dir and bound["read_only"] is True
+    assert service["entrypoint"][:2] == ["/bin/bash", "-c"] and f"< {SECRETS_TARGET}/VLLM_API_KEY" in service["entrypoint"][2]
 
 
-def test_env_file_secret_keys_follow_presence() -> None:
+def test_secret_names_follow_presence() -> None:
     recipe = recipe_for("dual")
-    key = recipe.paths.env_file.lstrip("/")
-    assert render(recipe, hf=False, api=False)[key].secret_keys == ()
-    assert render(recipe, hf=True, api=False)[key].secret_keys == ("HF_TOKEN",)
-    assert render(recipe, hf=False, api=True)[key].secret_keys == ("VLLM_API_KEY",)
-    assert render(recipe, hf=False, api=False)[key].mode == "0600"
-    # Same bytes whatever is configured: only the deploy's appended lines differ.
-    assert render(recipe, hf=False, api=False)[key].content == render(recipe)[key].content
+    assert secret_names(recipe, hf_token_present=False, api_key_present=True) == ("VLLM_API_KEY",)
+    assert secret_names(recipe, hf_token_present=True, api_key_present=True) == ("HF_TOKEN", "VLLM_API_KEY")
+    assert secret_names(recipe, hf_token_present=True, api_key_present=False) == ("HF_TOKEN",)
+    assert secret_file(recipe, "HF_TOKEN") == "/opt/rigup/variants/dual/secrets/HF_TOKEN"
+    with pytest.raises(ValueError, match="no secret 'OTHER'"):
+        secret_file(recipe, "OTHER")
+    # the files rendered are the same bytes whatever is configured: no secret is in any of them
+    assert render(recipe)[recipe.paths.env_file.lstrip("/")].mode == "0600"
 
 
-@pytest.mark.parametrize("value", ["", "it's", "two\nlines"])
+@pytest.mark.parametrize("value", ["", "two\nlines", "cr\rhere", "nul\0here"])
 def test_unsafe_secret_values_are_refused(value: str) -> None:
-    rendered = render(recipe_for("dual"), hf=True, api=False)["opt/rigup/variants/dual/.env"]
-    with pytest.raises(ValueError):
-        rendered.with_secrets({"HF_TOKEN": value})
-    with pytest.raises(ValueError):
-        rendered.with_secrets({})  # the configured secret must be given
-
-
-def test_compose_without_secrets_leaves_them_empty(tmp_path: Path) -> None:
-    recipe = recipe_for("single-minimal")
-    write_tree(tmp_path, render(recipe, hf=False, api=False), {})
-    env = compose_config(recipe, tmp_path)["services"][recipe.service_name]["environment"]
-    assert not env["VLLM_API_KEY"] and not env["HUGGING_FACE_HUB_TOKEN"]
+    with pytest.raises(ValueError, match="HF_TOKEN: empty, or contains a newline or NUL"):
+        secret_text("HF_TOKEN", value)
+    assert secret_text("HF_TOKEN", "it's-one-line") == "it's-one-line\n"  # a file takes any one line
 
 
 def test_missing_bind_source_is_not_created(tmp_path: Path) -> None:
     """create_host_path: false is what makes Docker refuse a missing sidecar instead of mounting an empty dir."""
     recipe = recipe_for("dual-turbo")
     text = render(recipe)[recipe.paths.compose_file.lstrip("/")].content
-    assert text.count("create_host_path: false") == len(recipe.mounts)
+    assert text.count("create_host_path: false") == len(recipe.mounts) + 1  # and the secrets directory
 
 
 @pytest.mark.parametrize("variant", variant_names())
@@ -295,10 +307,10 @@ def test_systemd_verify_catches_a_broken_unit(systemd_root: Path) -> None:
 
 def test_compose_config_catches_a_broken_file(tmp_path: Path) -> None:
     recipe = recipe_for("dual")
-    files = render(recipe, hf=False, api=False)
+    files = render(recipe)
     compose_key = recipe.paths.compose_file.lstrip("/")
     files[compose_key] = RenderedFile(files[compose_key].content.replace("ipc:", "ipcc:"), "0644")
-    write_tree(tmp_path, files, {})
+    write_tree(tmp_path, recipe, files, {})
     proc = subprocess.run([compose_bin(), "--file", str(tmp_path / compose_key), "config"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "ipcc" in proc.stderr
@@ -322,7 +334,7 @@ def test_cli_writes_what_the_deploy_renders(tmp_path: Path, monkeypatch: pytest.
     assert code == 0
     recipe = recipe_for("dual-dflash", install_root="/srv/rig",
                         variant_overrides={"max_model_len": 100000, "port": 9100})
-    expected = render(recipe, hf=False, api=False)
+    expected = render(recipe)
     written = {str(p.relative_to(tmp_path)): p for p in tmp_path.rglob("*") if p.is_file()}
     assert sorted(written) == sorted(expected)
     for relpath, rendered in expected.items():

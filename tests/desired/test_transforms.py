@@ -6,6 +6,8 @@ WorkingTrees reader over tmp_path (what `exists` asks for the host-paths transfo
 
 from __future__ import annotations
 
+import os
+import subprocess
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,10 @@ import yaml
 from rigup.desired.compose_doc import ComposeEdit, ComposeError, UpstreamFile, audit, dump, explain
 from rigup.desired.interconnect import Interconnect, nccl_settings
 from rigup.desired.transforms import (
+    KEY_WRAPPER,
+    KEY_WRAPPER_WORDS,
+    SECRET_VARIABLES,
+    SECRETS_TARGET,
     Context,
     SourceCheckout,
     apply_all,
@@ -27,7 +33,7 @@ from rigup.desired.transforms import (
     offline,
     overrides,
     publish,
-    secrets,
+    upstream_entrypoint,
 )
 from rigup.desired.upstream import WorkingTrees
 
@@ -115,6 +121,8 @@ def context(repo: Path, **changes: Any) -> Context:
         container_port_default=8000,
         model_mounts=[("/opt/rigup/models/test-model", "/root/.cache/huggingface/test-model")],
         cache_dir="/opt/rigup/cache/test",
+        secrets_dir="/opt/rigup/variants/test/secrets",
+        image_repository="vllm/vllm-openai",
         upstream_source=checkouts["club3090"],
         path_sources={"/opt/ai/vllm-src": checkouts["vllm-fork"]},
         mount_fixes={},
@@ -173,12 +181,62 @@ def test_defaults_take_upstream_defaults(repo: Path) -> None:
     assert change.transform == "defaults" and "${MAX_MODEL_LEN:-32768}" in change.why
 
 
-def test_secrets_stay_references(repo: Path) -> None:
+def test_defaults_keep_secret_references_for_the_secrets_transform(repo: Path) -> None:
     edit = pinned(context(repo))
-    assert env(edit)["HUGGING_FACE_HUB_TOKEN"] == "${HF_TOKEN:-}"
-    secrets(edit)
-    assert env(edit)["VLLM_API_KEY"] == "${VLLM_API_KEY:-}"
-    assert env(edit)["HUGGING_FACE_HUB_TOKEN"] == "${HF_TOKEN:-}"  # upstream's own entry is kept
+    assert env(edit)["HUGGING_FACE_HUB_TOKEN"] == "${HF_TOKEN:-}"  # never resolved: the secrets transform drops it
+
+
+def test_secrets_are_files_never_values_of_the_environment(repo: Path) -> None:
+    ctx = context(repo)
+    edit = edit_of()
+    apply_all(edit, ctx)
+    environment = env(edit)
+    # upstream's HUGGING_FACE_HUB_TOKEN=${HF_TOKEN:-} is gone, and nothing else names a secret
+    assert "HUGGING_FACE_HUB_TOKEN" not in environment and "VLLM_API_KEY" not in environment
+    text = dump(edit.doc, "h")
+    for name in SECRET_VARIABLES:
+        assert f"${{{name}" not in text and f"${name}" not in text, name
+    assert environment["HF_TOKEN_PATH"] == f"{SECRETS_TARGET}/HF_TOKEN"
+    assert "RAY_AUTH_TOKEN_PATH" not in environment  # a cluster member's only
+    (bound,) = [v for v in edit.volumes() if v["target"] == SECRETS_TARGET]
+    assert bound == {"type": "bind", "source": "/opt/rigup/variants/test/secrets", "target": SECRETS_TARGET,
+                     "read_only": True, "create_host_path": False}
+    # upstream's entrypoint, whole, after rigup's wrapper
+    script = "for f in /patches/*.py; do python3 \"$$f\"; done\nexec vllm serve \"$@\"\n"
+    assert edit.get("entrypoint") == [*KEY_WRAPPER_WORDS, "/bin/bash", "-c", script, "--"]
+    assert upstream_entrypoint(edit.get("entrypoint")) == ["/bin/bash", "-c", script, "--"]
+    lines, unexplained = explain(edit.origin, text, edit.changes)
+    assert unexplained == 0
+    assert "secrets" in transforms_of(edit, "entrypoint") and "secrets" in transforms_of(edit, "environment HF_TOKEN_PATH")
+
+
+def test_without_an_entrypoint_the_wrapper_execs_the_images(repo: Path) -> None:
+    text = BASE[:BASE.index("    entrypoint:")] + BASE[BASE.index("    command:"):]
+    for repository, words in (("vllm/vllm-openai", ["vllm", "serve"]), ("vllm/vllm-omni", [])):
+        edit = edit_of(text)
+        apply_all(edit, context(repo, image_repository=repository))
+        assert edit.get("entrypoint") == [*KEY_WRAPPER_WORDS, *words]
+    edit = edit_of(text)
+    with pytest.raises(ComposeError, match="does not know image example/server's"):
+        apply_all(edit, context(repo, image_repository="example/server"))
+
+
+@pytest.mark.parametrize("present", [True, False])
+def test_the_wrapper_exports_the_key_from_its_file_and_execs_the_rest(tmp_path: Path, present: bool) -> None:
+    """The wrapper as bash runs it (compose's `$$` unescaped, its directory a temporary one): the key reaches the
+    command's environment, never its argv; without its file the container stops instead of serving open."""
+    key = "k" * 64
+    if present:
+        (tmp_path / "VLLM_API_KEY").write_text(key + "\n")
+    script = KEY_WRAPPER.replace(SECRETS_TARGET, str(tmp_path)).replace("$$", "$")
+    argv = ["bash", "-c", script, "rigup-pod-key", "python3", "-c",
+            "import os, sys; print(os.environ.get('VLLM_API_KEY')); print(sys.argv[1:])", "--flag"]
+    proc = subprocess.run(argv, capture_output=True, text=True, env={"PATH": os.environ["PATH"]})
+    assert key not in " ".join(argv)
+    if present:
+        assert proc.returncode == 0 and proc.stdout.splitlines() == [key, "['--flag']"], proc
+    else:
+        assert proc.returncode == 1 and f"no API key at {tmp_path}/VLLM_API_KEY: the pod does not start open" in proc.stderr, proc
 
 
 def test_a_variable_without_default_fails_naming_file_key_and_commit(repo: Path) -> None:

@@ -148,35 +148,66 @@ def pod_key_of(fleet: Path, host: str, pod: str) -> str:
     return (fleet.parent / "fleet-ca" / "pod-keys" / host / f"{pod}.key").read_text().strip()
 
 
-def keyed_curl(env_file: str) -> str:
-    """The start of a curl command run as root on a rig that presents the pod's own key, read from its 0600 .env
-    (VLLM_API_KEY='...', rigup.desired.render), without putting it on any command line: the shell reads it and
-    hands it to curl as a config file on stdin (`curl -K -`). Append curl's own arguments."""
-    return (f"sed -n 's/^VLLM_API_KEY=//p' {env_file} | tr -d \"'\" | {{ read -r key; "
+def keyed_curl(key_file: str) -> str:
+    """The start of a curl command run as root on a rig that presents the pod's own key, read from its 0600 key file
+    (secrets/VLLM_API_KEY of the pod's directory, rigup.desired.render.secret_file), without putting it on any
+    command line: the shell reads it and hands it to curl as a config file on stdin (`curl -K -`). Append curl's
+    own arguments."""
+    return (f"{{ read -r key < {key_file}; "
             "printf 'header = \"Authorization: Bearer %s\"\\n' \"$key\"; } | curl -K -")
 
 
+# containerd's state of a running container, as docker's engine keeps it: the runtime bundle's config.json (the OCI
+# spec, the container's environment among it) and the metadata database
+CONTAINERD_BUNDLES = "/run/containerd/io.containerd.runtime.v2.task/moby"
+CONTAINERD_META = "/var/lib/containerd/io.containerd.metadata.v1.bolt/meta.db"
+CONTAINERD_STATE = "/run/containerd /var/lib/containerd"
+# the bundle of every running container: its id is on its shim's command line (`containerd-shim-runc-v2 -namespace
+# moby -id <id> ...`), which any local user reads
+BUNDLE_CONFIGS = (r"$(ps -eo args | sed -n 's/.*containerd-shim.* -id \([0-9a-f]\{64\}\).*/\1/p' | sort -u"
+                  f" | sed 's|^|{CONTAINERD_BUNDLES}/|; s|$|/config.json|')")
+
+
 def secret_holders(host: Host, secret: str, where: str) -> dict[str, Any]:
-    """Where `secret` shows on `host`: in a process's argv, in the journal, and the files under `where` holding it
-    (each as 'mode owner path'). The secret never goes on a command line here either: it is joined from two halves
-    by printf into a pipe and grep reads it as a pattern file (sudo logs the command lines it runs)."""
+    """Where `secret` shows on `host`: in a process's argv, in the journal, the files under `where` holding it
+    (each as 'mode owner path'), and containerd's files a local user who is not root can read ('mode hits path'
+    for each: the bundle's config.json of every container whose id the shims' command lines show, and the
+    metadata database). The secret never goes on a command line here either: it is joined from two halves by
+    printf into a pipe and grep reads it as a pattern file (sudo logs the command lines it runs)."""
     half = len(secret) // 2
     joined = f"printf '%s%s\\n' {secret[:half]} {secret[half:]} |"
     pattern = joined + " { exec 3<&0; "  # grep's pattern file on fd 3, its input the command's output
     argv = host.ssh(pattern + "ps -eo args | grep -cF -f /dev/fd/3; }", check=False).stdout.strip()
     journal = host.ssh(pattern + "sudo journalctl --no-pager -o cat | grep -cF -f /dev/fd/3; }", check=False).stdout.strip()
-    # sudo closes descriptors past 2: the pattern on stdin there. containerd's own state is left out: it keeps every
-    # container's environment (a pod's .env secrets among it) in its runtime bundle's config.json and its meta.db,
-    # 0644 under root's 0711 directories (docs/security.md says so); Docker's own record of it is 0600
-    files = host.ssh(joined + f" sudo grep -rlF --exclude-dir=containerd -f - {where} 2>/dev/null"
-                     " | xargs -r sudo stat -c '%a %U %n'", check=False).stdout.splitlines()
-    return {"argv": int(argv or 0), "journal": int(journal or 0), "files": files}
+    # sudo closes descriptors past 2: the pattern on stdin there, in a 0600 file of root's for the command's length.
+    # containerd's state: every bundle's config.json and the metadata database (not a container's rootfs under
+    # the bundle, the image's files again, which the sweep of /var/lib/docker reads once)
+    sweep = (f"grep -rlF --exclude-dir=containerd -f $p {where}; find {CONTAINERD_STATE} -maxdepth 4 "
+             r"\( -name config.json -o -name meta.db \) -type f -exec grep -lF -f $p {} +")
+    files = host.ssh(joined + f" sudo sh -c 'p=$(mktemp -p /root) && cat > $p; {{ {sweep}; }} 2>/dev/null"
+                     " | xargs -r stat -c \"%a %U %n\"; rm -f $p'", check=False, timeout=180).stdout.splitlines()
+    # as the bed's user, not root: the pattern in a 0600 file of its own for the length of the command
+    local = host.ssh(
+        joined + ' { p=$(mktemp) && cat > "$p"; '
+        f'for f in {BUNDLE_CONFIGS} {CONTAINERD_META}; do '
+        'if [ -r "$f" ]; then printf "%s %s %s\\n" "$(stat -c %a "$f")" "$(grep -caF -f "$p" "$f")" "$f"; fi; done; '
+        'rm -f "$p"; }', check=False).stdout.splitlines()
+    return {"argv": int(argv or 0), "journal": int(journal or 0), "files": files, "containerd": local}
 
 
 def assert_secret_private(host: Host, secret: str, where: str = "/etc /opt/rigup /var/log /run /tmp /var/lib") -> list[str]:
-    """`secret` on no process's argv, in no journal line, and in no file under `where` that group or others can read;
-    the files that hold it (their owner's alone)."""
+    """`secret` on no process's argv, in no journal line, in no file under `where` that group or others can read
+    (containerd's state included), and in none of containerd's files a local user reads; the files that hold it
+    (their owner's alone)."""
     found = secret_holders(host, secret, where)
     assert found["argv"] == 0 and found["journal"] == 0, (host.name, found)
     assert [line for line in found["files"] if line.split()[0][1:] != "00"] == [], (host.name, found["files"])
+    assert [line for line in found["containerd"] if line.split()[1] != "0"] == [], (host.name, found["containerd"])
     return found["files"]
+
+
+def containerd_bundles_read(host: Host) -> list[str]:
+    """The containerd files of `host` a local user who is not root reads ('mode path'): the runtime bundle's
+    config.json of each container whose id the shims' command lines show, and the metadata database."""
+    return host.ssh(f'for f in {BUNDLE_CONFIGS} {CONTAINERD_META}; '
+                    'do [ -r "$f" ] && stat -c "%a %n" "$f"; done; true', check=False).stdout.splitlines()

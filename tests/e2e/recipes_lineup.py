@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import posixpath
 import shutil
 import subprocess
 import sys
@@ -193,7 +194,7 @@ def check_serving(bed: Bed, rig: str, variant: str, previous: str | None = None)
     old = f"rigup-{previous}.service" if previous else "rigup-e2e-none.service"
     script = f"; echo {SEPARATOR}; ".join([
         f"systemctl show -p ActiveState --value {unit} {old}",
-        f"{keyed_curl(recipe.paths.env_file)} -s -o /tmp/models.json -w '%{{http_code}}\\n' "
+        f"{keyed_curl(posixpath.join(recipe.paths.secrets_dir, 'VLLM_API_KEY'))} -s -o /tmp/models.json -w '%{{http_code}}\\n' "
         f"http://127.0.0.1:{recipe.host_port}/v1/models; cat /tmp/models.json",
         "cat /opt/rigup/state/provenance.json",
         f"cat /opt/rigup/variants/{variant}/compose.yaml",

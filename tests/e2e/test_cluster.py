@@ -26,7 +26,7 @@ import yaml
 from rigup_testbed.fleet import Testbed
 from rigup_testbed.hosts import HostSpec
 from tests.e2e.boundary_probe import check_from_outside, plan_of, refused_from_members
-from tests.e2e.helpers import REPO_ROOT, entrance_url, fleet_ca_file, key_files
+from tests.e2e.helpers import REPO_ROOT, assert_secret_private, entrance_url, fleet_ca_file, key_files
 from tests.e2e.test_serving import API_KEY, Bed, _tail, served_name, sh, unit_prop
 
 pytestmark = pytest.mark.e2e
@@ -166,7 +166,7 @@ def _ray_client(bed: Bed, member: str, env: str = "") -> str:
 
 def test_ray_asks_every_caller_for_the_clusters_token(bed: Bed) -> None:
     """Issue 42: RAY_AUTH_MODE=token on every member, the cluster's token made once 0600 beside the fleet CA and
-    handed to each member's Ray from its 0600 .env: a client the firewall admits (the worker) is refused by the
+    handed to each member's Ray as its 0600 secret file: a client the firewall admits (the worker) is refused by the
     head's GCS without the token or with a wrong one, and answered with it."""
     made = bed.fleet.parent / "fleet-ca" / "ray-big.token"
     assert made.stat().st_mode & 0o777 == 0o600
@@ -175,10 +175,15 @@ def test_ray_asks_every_caller_for_the_clusters_token(bed: Bed) -> None:
     for host in ("rig-a", "rig-b"):
         rig = bed.testbed.host(host)
         assert _env(bed, host)["RAY_AUTH_MODE"] == "token"
-        assert _env(bed, host)["RAY_AUTH_TOKEN"] == "${RAY_AUTH_TOKEN:-}"  # compose reads it from the .env
-        assert token not in sh(rig, "cat /opt/rigup/variants/big/compose.yaml")
-        assert sh(rig, "stat -c '%a %U' /opt/rigup/variants/big/.env") == "600 root"
-        assert f"RAY_AUTH_TOKEN='{token}'" in sh(rig, "cat /opt/rigup/variants/big/.env").splitlines()
+        # Ray reads the token from the file RAY_AUTH_TOKEN_PATH names: never a value of the container's environment
+        assert _env(bed, host)["RAY_AUTH_TOKEN_PATH"] == "/run/rigup/secrets/RAY_AUTH_TOKEN"
+        assert "RAY_AUTH_TOKEN" not in _env(bed, host)
+        for path in ("compose.yaml", ".env"):
+            assert token not in sh(rig, f"cat /opt/rigup/variants/big/{path}"), path
+        assert sh(rig, "stat -c '%a %U' /opt/rigup/variants/big/secrets/RAY_AUTH_TOKEN") == "600 root"
+        assert sh(rig, "cat /opt/rigup/variants/big/secrets/RAY_AUTH_TOKEN") == token
+        assert token not in sh(rig, "docker inspect rigup-big"), host
+        assert_secret_private(rig, token)  # containerd's state a local user reads among the rest
         assert token not in sh(rig, "ps -eo args"), host  # never on a command line
         assert token not in sh(rig, "journalctl -q --no-pager -o cat"), host  # nor in a log
     assert _ray_client(bed, "rig-b") == "ANSWERED"  # the member's own environment: the token

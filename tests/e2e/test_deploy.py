@@ -99,8 +99,8 @@ def test_hf_token_stays_out_of_output_and_world_readable_files(bed: Testbed, con
             [*host.ssh_argv(), "sudo grep -rlF -f /dev/stdin /opt/rigup /etc/systemd/system /var/log /tmp || true"],
             input=TOKEN + "\n", text=True, capture_output=True, timeout=60,
         ).stdout.split()
-        # The token must reach the rig (the serving .env) but nowhere readable by others.
-        assert any(path.endswith("/.env") for path in found), found
+        # The token must reach the rig (the pod's 0600 secret file) but nowhere readable by others.
+        assert any(path.endswith("/secrets/HF_TOKEN") for path in found), found
         for path in found:
             mode = host.ssh(f"sudo stat -c %a {path}", check=False).stdout.strip()
             assert mode == "600", f"{host.name}: {path} holds the token with mode {mode}"

@@ -46,7 +46,7 @@ DEPLOY = "deploy.py"
 VARIANT_UNIT = "rigup-dual.service"
 CONTAINER = "rigup-dual"
 PORT = 8010  # the dual recipe's published port
-ENV_FILE = "/opt/rigup/variants/dual/.env"  # its 0600 .env: the pod's own key (VLLM_API_KEY), keyed by default
+KEY_FILE = "/opt/rigup/variants/dual/secrets/VLLM_API_KEY"  # the pod's own key, keyed by default: its 0600 file
 BUSYBOX = "rigup-testbed/busybox:1.35"
 PROJECT_DIR = "/opt/rigup-engine-test"
 
@@ -94,7 +94,7 @@ def status(fleet: Path) -> tuple[int, str]:
 
 
 def models(rig: Host) -> int:
-    code, out = attempt(rig, f"{keyed_curl(ENV_FILE)} -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{PORT}/v1/models")
+    code, out = attempt(rig, f"{keyed_curl(KEY_FILE)} -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{PORT}/v1/models")
     return int(out.strip() or 0) if code == 0 else 0
 
 
@@ -256,7 +256,7 @@ def test_the_vllm_pods_metrics_count_a_chat_it_served(engine: dict[str, object],
         before = scrape()
         body = json.dumps({"model": "qwen3.6-27b-autoround", "max_tokens": 24,
                            "messages": [{"role": "user", "content": "What is the capital of France?"}]})
-        answer = json.loads(root(rig, f"{keyed_curl(ENV_FILE)} -sf http://127.0.0.1:{PORT}/v1/chat/completions "
+        answer = json.loads(root(rig, f"{keyed_curl(KEY_FILE)} -sf http://127.0.0.1:{PORT}/v1/chat/completions "
                                       f"-H 'Content-Type: application/json' -d {shlex.quote(body)}"))
         after = scrape()
     finally:

@@ -165,7 +165,7 @@ def test_bring_up_routes_to_every_rig_and_answers(bed: Bed) -> None:
         for secret in (GATEWAY_KEY, TEAMMATE_KEY, *pod_keys):
             assert secret not in output
             # on no argv, in no journal line, and only in files their owner alone reads: root's (nginx's includes,
-            # the last good record; a serving rig's 0600 .env and Docker's container record), or prometheus' (the
+            # the last good record; a serving rig's 0600 key file), or prometheus' (the
             # monitor's scrape key)
             assert assert_secret_private(gw, secret), (gateway, secret[:4])
         assert sh(gw, "sudo grep -c Bearer /opt/rigup/gateway/pod-key.conf") == "2"  # the hop's map: a key per pod
@@ -176,7 +176,7 @@ def test_bring_up_routes_to_every_rig_and_answers(bed: Bed) -> None:
         assert models(host, port)[0] == 401 and models(host, port, pod_key_of(bed.fleet, other, VARIANT))[0] == 401
         assert models(host, port, pod_key_of(bed.fleet, rig, VARIANT))[0] == 200
         holders = assert_secret_private(host, pod_key_of(bed.fleet, rig, VARIANT))
-        assert f"600 root /opt/rigup/variants/{VARIANT}/.env" in holders, holders
+        assert f"600 root /opt/rigup/variants/{VARIANT}/secrets/VLLM_API_KEY" in holders, holders
         version = sh(gw, "/opt/rigup/gateway/venv-*/bin/pip show vllm-router | sed -n 's/^Version: //p'")
         assert version and f"vllm-router=={version} " in REQUIREMENTS_FILE.read_text()
     # rigup verify's checks (models, completion, tool call) pass through the entrance as on a rig, its certificate

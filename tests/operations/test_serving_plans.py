@@ -68,16 +68,18 @@ def converge(data: dict[str, Any], monkeypatch: pytest.MonkeyPatch, topology_whe
     (plan,) = plans.planned
     paths = plan.recipe.paths
     add_op(state, text_file, name="Write the compose file", dest=paths.compose_file, text=plans.text(0, "compose"))
-    add_op(state, secret_file, name="Write the environment file", path=paths.env_file, content=plans.text(0, "env"))
+    key_file = plan.secret_files["VLLM_API_KEY"]
+    add_op(state, secret_file, name="Write the secret file VLLM_API_KEY", path=key_file,
+           content=plans.secret(0, "VLLM_API_KEY"))
     add_op(state, text_file, name="Write the release file", dest=f"{paths.variant_dir}/release.json",
            text=plans.text(0, "release"))
     # the driver task ran in between (the connector keeps its own copy of the host's data)
     host.connector.data["fake_responses"] = {TOPOLOGY: topology_when_written.splitlines()}
     run_ops(state)
     disconnect_all(state)
-    env_writes = [c for c in written if "mktemp" in c]
-    if env_writes:
-        uploaded[paths.env_file] = env_writes[-1]
+    key_writes = [c for c in written if "mktemp" in c]
+    if key_writes:
+        uploaded[key_file] = key_writes[-1]
     return plans, uploaded
 
 
@@ -107,13 +109,13 @@ def test_a_fresh_members_first_converge_writes_what_the_second_plans(tmp_path: P
     assert planned_fresh.release_sha256 != plan.release_sha256
 
 
-def test_the_environment_file_is_written_from_the_same_plan_and_its_secret_stays_out_of_the_arguments(
+def test_the_key_file_is_written_from_the_same_plan_and_its_secret_stays_out_of_the_arguments(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     data = member_data(tmp_path)
     bed = bed_topology_output()
     plans, uploaded = converge(data, monkeypatch, ABSENT, bed)
     (plan,) = plans.planned
-    written = uploaded[plan.recipe.paths.env_file]
+    written = uploaded[plan.secret_files["VLLM_API_KEY"]]
     assert API_KEY in written.split("\n", 1)[1]  # on the command's stdin
     assert API_KEY not in written.split("\n", 1)[0]  # never in the command itself
 

@@ -207,13 +207,19 @@ class Rig:
 
     def deploy(self, variant: str, model: str, *, api_key: str | None = None, unit_extra: str = "", tag: str = "v1",
                chat_request: dict[str, Any] | None = None, pod: str | None = None,
-               gate_probes: list[str] | None = None) -> Path:
-        """Write the files pyinfra would upload (for a listed pod: in its directory); returns the release path."""
+               gate_probes: list[str] | None = None, legacy_env_key: bool = False) -> Path:
+        """Write the files pyinfra would upload (for a listed pod: in its directory); returns the release path.
+        The key is the 0600 file secrets/VLLM_API_KEY the release's secret_files names; legacy_env_key: a release
+        written before those, its key a line of the .env (secret_env_keys)."""
         name = pod or variant
         vdir = self.variant_dir(name)
         vdir.mkdir(parents=True, exist_ok=True)
         compose = f"# compose for {variant}\nimage: vllm/vllm-openai:{tag}\nmodel={model} \n"
-        env = "# env\n" + (f"VLLM_API_KEY='{api_key}'\n" if api_key else "")
+        env = "# env\n" + (f"VLLM_API_KEY='{api_key}'\n" if api_key and legacy_env_key else "")
+        if api_key and not legacy_env_key:
+            (vdir / "secrets").mkdir(mode=0o700, exist_ok=True)
+            (vdir / "secrets/VLLM_API_KEY").write_text(api_key + "\n")
+            os.chmod(vdir / "secrets/VLLM_API_KEY", 0o600)
         unit = f"[Service]\nExecStart=/usr/bin/docker compose up\n{unit_extra}"
         (vdir / "compose.yaml").write_text(compose)
         (vdir / ".env").write_text(env)
@@ -236,7 +242,8 @@ class Rig:
             "health_url": f"http://127.0.0.1:{self.port}/v1/models",
             "served_model_name": MODEL,
             "api_key_env": "VLLM_API_KEY" if api_key else None,
-            "secret_env_keys": ["VLLM_API_KEY"] if api_key else [],
+            **({"secret_env_keys": ["VLLM_API_KEY"] if api_key else []} if legacy_env_key else
+               {"secret_files": {"VLLM_API_KEY": "secrets/VLLM_API_KEY"} if api_key else {}}),
             "image": {"ref": f"docker.io/vllm/vllm-openai:{tag}", "digest": None},
             "sources": [{"name": "genesis", "commit": "2db18df4bc3abd4eb58a9b2e0342082fa7012c64"}],
             "models": [{"repo_id": "Lorbus/Qwen3.6-27B-int4-AutoRound", "revision": "a" * 40}],
@@ -464,10 +471,13 @@ def test_gate_fails_fast_on_a_crash_loop(rig, systemd, server):
     assert "crash loop" in lines[0]
 
 
-def test_gate_uses_the_api_key_and_never_prints_it(rig, systemd, server):
+@pytest.mark.parametrize("legacy_env_key", [False, True])
+def test_gate_uses_the_api_key_and_never_prints_it(rig, systemd, server, legacy_env_key):
+    """The key from its file (secret_files), or from the .env of a release written before them (a rollback to
+    one restores it so)."""
     server.behaviour.api_key = API_KEY
     systemd.journal.append(f"vllm  | api_key={API_KEY}")
-    release = rig.deploy("dual", MODEL, api_key=API_KEY)
+    release = rig.deploy("dual", MODEL, api_key=API_KEY, legacy_env_key=legacy_env_key)
     code, lines = run_gate(release, systemd)
     assert code == ctl.EXIT_PASSED, lines
     # A wrong key is refused, and the failure output (with the journal) hides the real one.
@@ -532,9 +542,27 @@ def test_a_rotated_secret_is_a_new_generation(rig, systemd, server):
     assert run_gate(rig.deploy("dual", MODEL, api_key="sk-first-key-000000"), systemd)[0] == 0
     server.behaviour.api_key = "sk-second-key-11111"
     assert run_gate(rig.deploy("dual", MODEL, api_key="sk-second-key-11111"), systemd)[0] == 0
-    # Same release.json (it has no secrets), different .env: generation 2 holds the new key.
+    # Same release.json (it has no secrets), another key file: generation 2 holds the new key, 0600 in a 0700 dir.
     assert rig.generations("dual") == [1, 2]
-    assert "sk-second-key-11111" in (rig.variant_dir("dual") / "generations/2/.env").read_text()
+    kept = rig.variant_dir("dual") / "generations/2/secrets/VLLM_API_KEY"
+    assert kept.read_text() == "sk-second-key-11111\n" and kept.stat().st_mode & 0o777 == 0o600
+    assert (rig.variant_dir("dual") / "generations/2").stat().st_mode & 0o777 == 0o700
+    # a rollback to generation 1 puts its key file back, 0600
+    restored = ctl.restore_generation(str(rig.install_root), "dual", 1, systemd)
+    key = rig.variant_dir("dual") / "secrets/VLLM_API_KEY"
+    assert restored.api_key() == "sk-first-key-000000" and key.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_rotated_key_file_alone_makes_the_running_pod_stale(rig, systemd, server):
+    """The restart decision (probe's stale) sees the secret files: a new key restarts the pod, once."""
+    release = rig.deploy("dual", MODEL, api_key="sk-first-key-000000")
+    systemd.restart("rigup-dual.service")
+    assert ctl.probe(str(release), systemd)["stale"] is False
+    time.sleep(0.01)
+    key = rig.variant_dir("dual") / "secrets/VLLM_API_KEY"
+    key.write_text("sk-second-key-11111\n")
+    assert ctl.probe(str(release), systemd)["stale"] is True
+    assert ctl.Release.load(str(release)).redactor()("key sk-second-key-11111") == "key ***"
 
 
 def test_interrupted_staging_dirs_are_cleaned(rig, systemd, server):
