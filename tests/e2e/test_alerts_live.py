@@ -518,10 +518,18 @@ def test_a_quarantined_pod_leaves_the_entrance_in_seconds_gets_no_request_and_co
                                 moved(healthy, faulty, "scored", r, p), moved(healthy, faulty, "degenerate", r, p))
                    for r, p in pods}
         print(f"the entrance's scored completions (scored, degenerate) before the fault and while rig-02 answered '!!!!' "
-              f"until it left the router: {account}")
-        assert all(before_scored >= 1 and before_bad == 0 for before_scored, before_bad, _, _ in account.values()), account
-        assert account[f"rig-02/{VARIANT}"][3] >= 1, account  # its '!!!!' answers, each scored
-        assert all(account[f"rig-01/{p}"][2] >= 1 and account[f"rig-01/{p}"][3] == 0 for p in (VARIANT, TWIN)), account
+              f"until it left the router: {account}; the router's own count of requests sent to each: "
+              f"{ {w: router_sent(bed, w) for w in (pod1, twin, pod2)} }; its view of them: "
+              f"{sh(gw, f'curl -sS {ROUTER}/workers', check=False)[:600]}")
+        # No healthy answer is ever degenerate; rig-02's were scored before the fault and its '!!!!' after it; rig-01
+        # answered scored completions all along. Which of rig-01's two pods the router picks is its hash ring's and
+        # its health's business (in the full module, after the crash-loop scenario restarted rig-01's pods, the router
+        # sent twin nothing here once: (0, 0, 0, 0)), so rig-01 is counted as one.
+        assert all(before_bad == 0 for _, before_bad, _, _ in account.values()), account
+        assert account[f"rig-02/{VARIANT}"][0] >= 1 and account[f"rig-02/{VARIANT}"][3] >= 1, account
+        assert all(account[f"rig-01/{p}"][3] == 0 for p in (VARIANT, TWIN)), account
+        assert sum(account[f"rig-01/{p}"][0] for p in (VARIANT, TWIN)) >= 1, account
+        assert sum(account[f"rig-01/{p}"][2] for p in (VARIANT, TWIN)) >= 1, account
         healed = time.time()
         responder_faults(rig2, mode="ok")
         garbage.heal()
