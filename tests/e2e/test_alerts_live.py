@@ -522,9 +522,10 @@ def test_a_quarantined_pod_leaves_the_entrance_in_seconds_gets_no_request_and_co
               f"{ {w: router_sent(bed, w) for w in (pod1, twin, pod2)} }; its view of them: "
               f"{sh(gw, f'curl -sS {ROUTER}/workers', check=False)[:600]}")
         # No healthy answer is ever degenerate; rig-02's were scored before the fault and its '!!!!' after it; rig-01
-        # answered scored completions all along. Which of rig-01's two pods the router picks is its hash ring's and
-        # its health's business (in the full module, after the crash-loop scenario restarted rig-01's pods, the router
-        # sent twin nothing here once: (0, 0, 0, 0)), so rig-01 is counted as one.
+        # answered scored completions all along, counted as one rig: in the full module the router sends twin its
+        # share (1,215 requests, all 200, in the warm run of 5d7f0c1) but the hop scores none of them, as its label
+        # map ($entrance_pod_name, rigup.desired.gateway.scored_pods) holds the routes of gw-01's last converge and
+        # twin was not among them, while its key map was (issue 43, open: one source for both maps).
         assert all(before_bad == 0 for _, before_bad, _, _ in account.values()), account
         assert account[f"rig-02/{VARIANT}"][0] >= 1 and account[f"rig-02/{VARIANT}"][3] >= 1, account
         assert all(account[f"rig-01/{p}"][3] == 0 for p in (VARIANT, TWIN)), account
