@@ -152,7 +152,7 @@ def datasource_text(prometheus_url: str, login: MetricsCredentials, ca_pem: str)
         "url": prometheus_url, "isDefault": True, "editable": False,
         "basicAuth": True, "basicAuthUser": login.user, "jsonData": {"tlsAuthWithCACert": True},
         "secureJsonData": {"basicAuthPassword": login.password, "tlsCACert": ca_pem}}]}
-    return "# Written by rigup (tasks/monitoring.py).\n" + yaml.safe_dump(document, sort_keys=False)
+    return "# Written by rigup (tasks/grafana.py).\n" + yaml.safe_dump(document, sort_keys=False)
 
 
 def dashboards_provider_text(vllm_refs: Iterable[str] = ()) -> str:
@@ -163,7 +163,7 @@ def dashboards_provider_text(vllm_refs: Iterable[str] = ()) -> str:
         providers.append({"name": f"vllm-{ref_label(ref)}", "folder": f"vLLM {ref_label(ref)}", "type": "file",
                           "disableDeletion": True, "allowUiUpdates": False, "options": {"path": vllm_ref_dir(ref)}})
     document = {"apiVersion": 1, "providers": providers}
-    return "# Written by rigup (tasks/monitoring.py).\n" + yaml.safe_dump(document, sort_keys=False)
+    return "# Written by rigup (tasks/grafana.py).\n" + yaml.safe_dump(document, sort_keys=False)
 
 
 def port_dropin_text(port: int) -> str:

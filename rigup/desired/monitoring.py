@@ -307,7 +307,7 @@ class MonitorPlan:
         auth: rigup.desired.metrics_auth), so it asks every caller who it is."""
         args = (f"--web.listen-address={self.listen_address} --storage.tsdb.retention.time={self.retention} "
                 f"--web.config.file={web_file(PROMETHEUS_SERVICE, 'yml')}")
-        return f"# Written by rigup (tasks/monitoring.py): Prometheus' flags.\nARGS='{args}'\n"
+        return f"# Written by rigup (tasks/prometheus.py): Prometheus' flags.\nARGS='{args}'\n"
 
     def config_document(self) -> dict[str, Any]:
         interval = f"{self.scrape_interval_s}s"
@@ -347,7 +347,7 @@ class MonitorPlan:
         return document
 
     def config_text(self) -> str:
-        header = "# Written by rigup (tasks/monitoring.py) from the fleet file; the pod targets are in rigup-targets/.\n"
+        header = "# Written by rigup (tasks/prometheus.py) from the fleet file; the pod targets are in rigup-targets/.\n"
         return header + yaml.safe_dump(self.config_document(), sort_keys=False, default_flow_style=False)
 
     def static_targets(self) -> dict[str, list[dict[str, Any]]]:
@@ -369,7 +369,7 @@ class MonitorPlan:
                       "group_interval": "5m", "repeat_interval": "4h"},
             "receivers": [{"name": "webhook", "webhook_configs": [{"url": self.webhook_url, "send_resolved": True}]}],
         }
-        header = "# Written by rigup (tasks/monitoring.py): every alert goes to the webhook of alertmanager_webhook_url_file.\n"
+        header = "# Written by rigup (tasks/alertmanager.py): every alert goes to the webhook of alertmanager_webhook_url_file.\n"
         return header + yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
 
     def alertmanager_defaults_text(self) -> str:
@@ -378,7 +378,7 @@ class MonitorPlan:
         cmd/alertmanager/main.go line 201 at v0.23.0, 61046b1)."""
         args = (f"--web.listen-address=127.0.0.1:{self.alertmanager_port} "
                 f"--web.config.file={web_file(ALERTMANAGER_SERVICE, 'yml')} --cluster.listen-address=")
-        return f"# Written by rigup (tasks/monitoring.py): Alertmanager's flags.\nARGS='{args}'\n"
+        return f"# Written by rigup (tasks/alertmanager.py): Alertmanager's flags.\nARGS='{args}'\n"
 
 
 def targets_file(job: str) -> str:
