@@ -17,6 +17,7 @@ import fcntl
 import ipaddress
 import os
 import re
+import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from rigup_testbed.hardware import preset
 from rigup_testbed.hosts import Host, HostSpec, create_host, start_host, wait_ready
 from rigup_testbed.hub import Hub, url_knobs
 from rigup_testbed.image import ImageSpec, ensure_image, ensure_layer
@@ -116,16 +118,24 @@ class Testbed:
         *,
         image: ImageSpec | None = None,
         ready_timeout: float = 180.0,
+        host_layer: bool = False,
     ) -> list[Host]:
-        """Create and boot everything; on any failure, undo what was made and re-raise."""
+        """Create and boot everything; on any failure, undo what was made and re-raise. With `host_layer`, every
+        host with GPUs (a rig; a gateway box has none) boots with the packages of rigup's host layer installed
+        (hub.HOST_LAYER_PACKAGES: the NVIDIA driver, loaded at the first boot, Docker CE, the container toolkit), as
+        from an image baked with them: the first converge configures them and installs nothing, which a module
+        testing what comes after the host layer need not watch on every rig (test_hostlayer.py and the others that
+        install watch it)."""
         if self.created:
             raise TestbedError(f"{self.ledger.path} lists resources of an earlier bed; tear it down first")
+        if host_layer and not self.with_hub:
+            raise TestbedError("host_layer installs packages from the hub's repositories: a bed without a hub has none")
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise TestbedError(f"duplicate host names in {names}")
         ensure_inotify_room(len(specs))
         try:
-            return self._up(specs, image, ready_timeout)
+            return self._up(specs, image, ready_timeout, host_layer)
         except BaseException as exc:
             try:
                 self.down()
@@ -133,7 +143,8 @@ class Testbed:
                 exc.add_note(f"and cleaning up after it: {down_exc}")
             raise
 
-    def _up(self, specs: Sequence[HostSpec], image_spec: ImageSpec | None, ready_timeout: float) -> list[Host]:
+    def _up(self, specs: Sequence[HostSpec], image_spec: ImageSpec | None, ready_timeout: float,
+            host_layer: bool) -> list[Host]:
         timings: dict[str, float] = {}
         t0 = time.monotonic()
         img = ensure_image(image_spec)
@@ -169,6 +180,7 @@ class Testbed:
         urls: dict[str, str] = {}
         host_files: dict[str, Any] = {}
         layer: Path | None = None
+        rig_layer: Path | None = None
         t2 = time.monotonic()
         if self.with_hub:
             hub_dir = self.workdir / "hub"
@@ -180,6 +192,8 @@ class Testbed:
             urls = dict(self._hub.urls)
             host_files = self._hub.host_files()
             layer = ensure_layer(img, self._hub.preinstall(), self._hub.trusted_cas())
+            if host_layer:  # a second layer, the first's packages and the host layer's, for the hosts with GPUs
+                rig_layer = ensure_layer(img, self._hub.preinstall() + self._hub.host_layer_debs(), self._hub.trusted_cas())
         timings["hub_s"] = time.monotonic() - t2
         ca_cert = self._hub.ca_cert if self._hub is not None else None
         self.ledger.set_info(urls=urls, ca_cert=str(ca_cert) if ca_cert else None)
@@ -192,7 +206,7 @@ class Testbed:
                 known_hosts=known_hosts,
                 ssh_key=key,
                 extra_files=host_files,
-                layer=layer,
+                layer=rig_layer if rig_layer is not None and preset(spec.hardware, spec.name).gpus else layer,
             )
             for index, spec in enumerate(specs)
         ]  # fmt: skip
@@ -209,6 +223,11 @@ class Testbed:
     def down(self) -> list[str]:
         """Undo everything the state file lists. Returns problems met (also raised as one error)."""
         t0 = time.monotonic()
+        for host in self.hosts:
+            try:
+                host.close_ssh()
+            except (OSError, subprocess.SubprocessError):
+                pass  # the master goes by itself once the host is gone
         problems = self.ledger.teardown()
         if problems:
             raise TestbedError("teardown left problems:\n  " + "\n  ".join(problems))

@@ -41,6 +41,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import sys
 import time
 import urllib.parse
@@ -65,6 +66,18 @@ PORTS = {"apt": 8080, "git": 8081, "hf": 8082, "hf_cdn": 8084, "pypi": 8083, "re
 GATEWAY_REQUIREMENTS = REPO_ROOT / "files" / "router" / "requirements.txt"  # the entrance's vllm-router
 READY_TIMEOUT_S = 60.0
 PREINSTALLED = ("pciutils", "mokutil")
+# What rigup's host layer (tasks/nvidia_driver.py, docker.py, container_toolkit.py) installs on a bed's Debian 12 rig
+# with the fleet's defaults (nvidia_driver_branch 580, nvidia_driver_flavour open, the real engine, the newest toolkit),
+# as (the hub's repository directory, packages): a bed whose module tests what comes after the host layer can start
+# with them installed (Testbed.up(host_layer=True)), as an image baked with them would.
+HOST_LAYER_PACKAGES = (
+    ("ubuntu-archive/pool/restricted/n/nvidia-graphics-drivers-580",
+     ("nvidia-driver-580-open", "nvidia-dkms-580-open", "nvidia-kernel-common-580", "nvidia-utils-580")),
+    ("docker-engine/linux/ubuntu/dists/bookworm/pool/stable/amd64",
+     ("containerd.io", "docker-ce", "docker-ce-cli", "docker-compose-plugin")),
+    ("libnvidia-container/stable/deb/amd64",
+     ("libnvidia-container1", "libnvidia-container-tools", "nvidia-container-toolkit-base", "nvidia-container-toolkit")),
+)
 
 
 @dataclass
@@ -79,6 +92,26 @@ class Service:
     knobs: Callable[[dict[str, Any]], dict[str, str]]
     entry: dict[str, Any] | None = None
     ready: dict[str, Any] = field(default_factory=dict)
+
+
+def _deb_version(deb: Path) -> list[tuple[int, int | str]]:
+    """A sort key of a .deb file's version (name_VERSION_arch.deb): its digit runs compared as numbers, as dpkg
+    compares them (enough for one package's versions in one repository)."""
+    version = deb.name.split("_")[1]
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", version) if part]
+
+
+def host_layer_debs(repos: Path) -> list[Path]:
+    """The newest .deb of each of HOST_LAYER_PACKAGES under `repos` (rigup_testbed.aptrepo's tree): what rigup's host
+    layer installs from those repositories on a bed's rig."""
+    debs = []
+    for directory, names in HOST_LAYER_PACKAGES:
+        for name in names:
+            found = sorted((repos / directory).glob(f"{name}_*.deb"), key=_deb_version)
+            if not found:
+                raise TestbedError(f"the hub's repositories have no {name} package under {repos / directory}")
+            debs.append(found[-1])
+    return debs
 
 
 def url_knobs(group_data: Path = KNOBS_FILE) -> dict[str, str | None]:
@@ -345,6 +378,12 @@ class Hub:
                 raise TestbedError(f"the stand-in archive has no {name} package under {pool}")
             debs.append(found[-1])
         return debs
+
+    def host_layer_debs(self) -> list[Path]:
+        """host_layer_debs of the hub's repositories."""
+        if self.repo_info is None:
+            raise TestbedError("hub not started")
+        return host_layer_debs(self.repo_info.root)
 
     def _archive_files(self) -> dict[str, str | bytes]:
         """A rig's distribution archive is configured before rigup runs: give every host the stand-in

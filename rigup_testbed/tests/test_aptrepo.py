@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from rigup_testbed import aptrepo, debarchive
+from rigup_testbed.hub import host_layer_debs
 from rigup_testbed.image import cache_dir
 
 pytestmark = pytest.mark.skipif(
@@ -349,3 +350,23 @@ def test_apt_installs_prometheus_from_universe_on_the_image(repo: aptrepo.RepoIn
     assert not re.search(r"^(W|E):", out.stdout + out.stderr, re.M), out.stdout + out.stderr
     got = installs(apt("install", "-s", *debarchive.ROOTS).stdout)
     assert got == {d.name: d.version for d in manifest}
+
+
+def test_the_host_layer_a_bed_may_preinstall_is_what_a_converge_installs_on_a_debian_12_rig(repo: aptrepo.RepoInfo) -> None:
+    """rigup_testbed.hub.host_layer_debs (Testbed.up(host_layer=True)): the newest of each host-layer package, from the
+    repositories a bed's rig installs them from (the archive's driver, the real engine, the toolkit), as dpkg listed
+    them on a sandbox rig after `pyinfra inventory.py deploy.py` (2026-12-07)."""
+    assert sorted(deb.name for deb in host_layer_debs(repo.root)) == [
+        "containerd.io_1.6.20-1~debian.12~bookworm_amd64.deb",
+        "docker-ce-cli_20.10.24-1~debian.12~bookworm_amd64.deb",
+        "docker-ce_20.10.24-1~debian.12~bookworm_amd64.deb",
+        "docker-compose-plugin_2.40.3-1~debian.12~bookworm_amd64.deb",
+        "libnvidia-container-tools_1.18.0-1_amd64.deb",
+        "libnvidia-container1_1.18.0-1_amd64.deb",
+        "nvidia-container-toolkit-base_1.18.0-1_amd64.deb",
+        "nvidia-container-toolkit_1.18.0-1_amd64.deb",
+        "nvidia-dkms-580-open_580.95.05-0ubuntu1_amd64.deb",
+        "nvidia-driver-580-open_580.95.05-0ubuntu1_amd64.deb",
+        "nvidia-kernel-common-580_580.95.05-0ubuntu1_amd64.deb",
+        "nvidia-utils-580_580.95.05-0ubuntu1_amd64.deb",
+    ]

@@ -206,9 +206,10 @@ class BedFactory:
         self.made = 0
 
     def __call__(self, specs: Sequence[HostSpec], instance: str | None = None, *, hub: bool = True,
-                 for_the_session: bool = False) -> Testbed:
+                 for_the_session: bool = False, host_layer: bool = False) -> Testbed:
         """Boot a bed of `specs`. Without `instance`, a name unique to this session is used (several
-        sessions can run at once: each bed has its own namespaces, cgroups and subnet)."""
+        sessions can run at once: each bed has its own namespaces, cgroups and subnet). `host_layer`: its hosts
+        boot with rigup's host-layer packages installed (Testbed.up), for a module that tests what comes after."""
         name = instance or f"t{self.session_id}{self.made}"
         self.made += 1
         try:
@@ -223,7 +224,7 @@ class BedFactory:
         # what an earlier session's tests left in a named bed's directory (a lock file pinning that
         # session's moved commits, a token) must not carry into this one
         shutil.rmtree(bed.workdir, ignore_errors=True)
-        bed.up(specs)
+        bed.up(specs, host_layer=host_layer)
         if _running_item:
             _running_item[0].user_properties.append((BED_UP_PROPERTY, round(bed.timings.get("up_s", 0.0), 1)))
         return bed

@@ -52,7 +52,8 @@ def served(bed: Bed, host: str, port: int = PORT) -> list[str]:
 
 @pytest.fixture(scope="module")
 def bed(testbed_factory: Callable[..., Testbed], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
-    testbed = testbed_factory([HostSpec("rig-a", group="gateway"), HostSpec("rig-b", group="rigs")], "rigcl")
+    testbed = testbed_factory([HostSpec("rig-a", group="gateway"), HostSpec("rig-b", group="rigs")], "rigcl",
+                               host_layer=True)
     b = Bed(testbed, testbed.workdir)
     keys = key_files(tmp_path_factory.mktemp("keys"), rig=API_KEY, gateway=GATEWAY_KEY)
     b.gateway_key = str(keys["gateway"])  # type: ignore[attr-defined]

@@ -89,7 +89,7 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> float:
 def bed(testbed_factory: Callable[..., Testbed], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
     specs = [HostSpec("gw-01", hardware="none", group="gateway", data={"serves_variant": False}), HostSpec("rig-01", group="gateway"),
              HostSpec("rig-02", group="rigs")]
-    testbed = testbed_factory(specs, "rigsgw")
+    testbed = testbed_factory(specs, "rigsgw", host_layer=True)
     b = Bed(testbed, testbed.workdir)
     keys = key_files(tmp_path_factory.mktemp("keys"), gateway=GATEWAY_KEY, teammate=TEAMMATE_KEY)
     gateway_key = keys["gateway"]

@@ -78,7 +78,7 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
 def bed(testbed_factory: Callable[..., Testbed], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
     specs = [HostSpec("gw-01", hardware="none", group="gateway", data={"serves_variant": False}),
              HostSpec("rig-01", group="rigs"), HostSpec("rig-02", group="lab")]
-    testbed = testbed_factory(specs, "monitor")
+    testbed = testbed_factory(specs, "monitor", host_layer=True)
     b = Bed(testbed, testbed.workdir)
     # the webhook answers nothing (the discard port): Alertmanager runs, Prometheus sends it alerts with its login
     keys = key_files(tmp_path_factory.mktemp("keys"), rig=API_KEY, gateway=GATEWAY_KEY, hook="http://127.0.0.1:9/rigup-e2e")

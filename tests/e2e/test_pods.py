@@ -82,7 +82,7 @@ def status_with_key(bed: Bed, host: str, port: int, key: str | None) -> int:
 @pytest.fixture(scope="module")
 def bed(testbed_factory: Callable[..., Testbed], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
     specs = [HostSpec("quad", hardware="4x3090", group="gateway"), HostSpec("tri", hardware="3x3090", group="rigs")]
-    testbed = testbed_factory(specs, "rigpods")
+    testbed = testbed_factory(specs, "rigpods", host_layer=True)
     b = Bed(testbed, testbed.workdir)
     gateway_key = key_files(tmp_path_factory.mktemp("keys"), gateway=GATEWAY_KEY)["gateway"]
     # no serving_api_key_file: every pod carries its own key (rigup.desired.pod_keys)

@@ -28,7 +28,8 @@ pytestmark = pytest.mark.e2e
 
 def test_rollout_with_a_canary_and_a_host_down(testbed_factory: Callable[..., Testbed]) -> None:
     testbed = testbed_factory(
-        [HostSpec("rig-01", group="canary")] + [HostSpec(f"rig-0{i}", group="rigs") for i in (2, 3, 4)], "rigro"
+        [HostSpec("rig-01", group="canary")] + [HostSpec(f"rig-0{i}", group="rigs") for i in (2, 3, 4)], "rigro",
+        host_layer=True,
     )
     b = Bed(testbed, testbed.workdir)
     b.data["rollout_batch"] = 2

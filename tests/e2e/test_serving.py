@@ -170,7 +170,8 @@ def served_name(variant: str) -> str:
 
 @pytest.fixture(scope="module")
 def bed(testbed_factory: Callable[..., Testbed], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
-    testbed = testbed_factory([HostSpec("rig-01", group="canary"), HostSpec("rig-02", group="rigs")], "rigsv")
+    testbed = testbed_factory([HostSpec("rig-01", group="canary"), HostSpec("rig-02", group="rigs")], "rigsv",
+                              host_layer=True)
     b = Bed(testbed, testbed.workdir)
     b.write()
     yield b

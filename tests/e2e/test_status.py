@@ -48,7 +48,8 @@ def test_fresh_hosts_are_reached_over_ssh_and_reported_undeployed(testbed: Testb
 
 @pytest.fixture(scope="module")
 def bed(testbed_factory: Callable[..., Testbed]) -> Iterator[Bed]:
-    testbed = testbed_factory([HostSpec("rig-01", group="canary"), HostSpec("rig-02", group="rigs")], "rigst")
+    testbed = testbed_factory([HostSpec("rig-01", group="canary"), HostSpec("rig-02", group="rigs")], "rigst",
+                              host_layer=True)
     b = Bed(testbed, testbed.workdir)
     b.write()
     b.deploy()

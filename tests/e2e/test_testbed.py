@@ -22,7 +22,8 @@ import pytest
 from rigup.desired.trust import origin_of
 from rigup_testbed import hardware as hw
 from rigup_testbed.fleet import Testbed
-from rigup_testbed.hosts import Host
+from rigup_testbed.hosts import Host, HostSpec
+from rigup_testbed.hub import HOST_LAYER_PACKAGES
 from rigup_testbed.image import CA_FILE_NAME, CA_STORE, REPO_ROOT
 from rigup_testbed.state import CGROUP_TOP, TestbedError, cgroup_roots, is_same_process
 from tests.e2e.conftest import PYINFRA, lock_instance, runs_dir
@@ -271,3 +272,20 @@ def test_the_hub_speaks_https_with_the_beds_ca_which_the_rigs_trust_as_ubuntu_do
 def _hf_repos(testbed: Testbed) -> dict[str, object]:
     ready = json.loads((testbed.workdir / "hub" / "hf" / "ready.json").read_text())
     return ready["repos"]
+
+
+def test_a_host_layer_bed_boots_its_rigs_with_the_driver_loaded_and_docker_installed(
+        testbed_factory: Callable[..., Testbed]) -> None:
+    """Testbed.up(host_layer=True), as the modules that test what comes after the host layer boot their beds: a
+    host with GPUs boots once with rigup's host-layer packages installed (the driver's module loaded at that boot,
+    Docker CE's engine running, the container toolkit), a host without GPUs with none of them."""
+    bed = testbed_factory([HostSpec("rig-01"), HostSpec("gw-01", hardware="none", group="gateway")], host_layer=True)
+    names = [name for _, packages in HOST_LAYER_PACKAGES for name in packages]
+    query = f"dpkg-query -W -f='${{Package}} ${{Status}}\\n' {' '.join(names)} 2>/dev/null | grep -c ' ok installed$'"
+    rig, box = bed.host("rig-01"), bed.host("gw-01")
+    assert rig.ssh(query, check=False).stdout.strip() == str(len(names))
+    assert "580.95.05" in rig.ssh("cat /proc/driver/nvidia/version").stdout
+    assert rig.ssh("systemctl is-active docker.service").stdout.strip() == "active"
+    assert rig.boots() == 1
+    assert box.ssh(query, check=False).stdout.strip() == "0"
+    assert box.ssh("systemctl is-system-running", check=False).stdout.strip() == "running"
