@@ -21,14 +21,13 @@ from typing import Any
 
 from rigup.desired.knobs import FIREWALL_ALLOW_FORM, allow_problem, knob
 from rigup.desired.models import in_fleet_chains
-from rigup.desired.roles import HostRoles, mirror_host
+from rigup.desired.roles import HostRoles, is_local, mirror_host
 from rigup.desired.templating import render_template
 
 TABLE = "rigup_boundary"
 RULES_FILE = "/etc/rigup/boundary.nft"
 UNIT = "rigup-boundary.service"
 CONTROL = "control machine"  # the source name of the address the deploy's SSH connection comes from
-LOCAL_HOST = "@local"  # pyinfra's own host: no address a peer sees
 
 
 class BoundaryError(ValueError):
@@ -228,7 +227,7 @@ def holes(fleet: Any, name: str) -> list[Hole]:
             continue
         sources = service.sources(fleet, name)
         if sources is not None:
-            sources = [s for s in sources if s != LOCAL_HOST]
+            sources = [s for s in sources if not is_local(s)]  # pyinfra's own host: no address a peer sees
             if not sources:
                 continue
         out.append(Hole(service.name, tuple(ports), None if sources is None else tuple(sources)))

@@ -31,7 +31,7 @@ from rigup.desired.entrance import Client, EntranceError, EntrancePaths, client_
 from rigup.desired.fleet_ca import FleetCAError, ca_cert_path, host_sans, sans_of
 from rigup.desired.knobs import knob, knob_int
 from rigup.desired.pod_keys import pod_api_key
-from rigup.desired.roles import gateway_group, is_gateway, serves_variant
+from rigup.desired.roles import gateway_group, is_gateway, is_local, serves_variant
 from rigup.desired.secrets import SecretError, load_api_key, read_secret_file
 from rigup.desired.templating import render_template
 from rigup.layout import RigLayout
@@ -40,7 +40,6 @@ REQUIREMENTS_FILE = DEPLOY_ROOT / "files" / "router" / "requirements.txt"
 ROUTER_UNIT = "rigup-router@.service"  # one instance per served model: rigup-router@<slug>.service
 UNIT_FILE = f"/etc/systemd/system/{ROUTER_UNIT}"
 FRONT_UNIT = "nginx.service"  # the archive package's unit
-LOCAL_HOST = "@local"  # pyinfra's local connector: the machine the deploy runs on
 TLS_SERVICE = "entrance"  # the fleet CA's name for the front's certificate: fleet-ca/issued/<host>/entrance.crt
 DEFAULT_CLIENT = "default"  # the client whose key is gateway_api_key_file's
 
@@ -213,7 +212,7 @@ def reach_address(name: str, data: Mapping[str, Any], seen_from: str) -> str | N
     ssh_hostname (or its name)."""
     if name == seen_from:
         return "127.0.0.1"
-    if name == LOCAL_HOST:
+    if is_local(name):
         return None
     return str(data.get("ssh_hostname") or name)
 
