@@ -19,7 +19,7 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -118,14 +118,14 @@ class Testbed:
         *,
         image: ImageSpec | None = None,
         ready_timeout: float = 180.0,
-        host_layer: bool = False,
+        host_layer: bool | Collection[str] = False,
     ) -> list[Host]:
         """Create and boot everything; on any failure, undo what was made and re-raise. With `host_layer`, every
         host with GPUs (a rig; a gateway box has none) boots with the packages of rigup's host layer installed
         (hub.HOST_LAYER_PACKAGES: the NVIDIA driver, loaded at the first boot, Docker CE, the container toolkit), as
         from an image baked with them: the first converge configures them and installs nothing, which a module
         testing what comes after the host layer need not watch on every rig (test_hostlayer.py and the others that
-        install watch it)."""
+        install watch it). A collection of host names gives it to those hosts alone."""
         if self.created:
             raise TestbedError(f"{self.ledger.path} lists resources of an earlier bed; tear it down first")
         if host_layer and not self.with_hub:
@@ -144,7 +144,7 @@ class Testbed:
             raise
 
     def _up(self, specs: Sequence[HostSpec], image_spec: ImageSpec | None, ready_timeout: float,
-            host_layer: bool) -> list[Host]:
+            host_layer: bool | Collection[str]) -> list[Host]:
         timings: dict[str, float] = {}
         t0 = time.monotonic()
         img = ensure_image(image_spec)
@@ -206,7 +206,8 @@ class Testbed:
                 known_hosts=known_hosts,
                 ssh_key=key,
                 extra_files=host_files,
-                layer=rig_layer if rig_layer is not None and preset(spec.hardware, spec.name).gpus else layer,
+                layer=rig_layer if rig_layer is not None and preset(spec.hardware, spec.name).gpus and (
+                    host_layer is True or spec.name in host_layer) else layer,
             )
             for index, spec in enumerate(specs)
         ]  # fmt: skip

@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -206,7 +206,7 @@ class BedFactory:
         self.made = 0
 
     def __call__(self, specs: Sequence[HostSpec], instance: str | None = None, *, hub: bool = True,
-                 for_the_session: bool = False, host_layer: bool = False) -> Testbed:
+                 for_the_session: bool = False, host_layer: bool | Collection[str] = False) -> Testbed:
         """Boot a bed of `specs`. Without `instance`, a name unique to this session is used (several
         sessions can run at once: each bed has its own namespaces, cgroups and subnet). `host_layer`: its hosts
         boot with rigup's host-layer packages installed (Testbed.up), for a module that tests what comes after."""
