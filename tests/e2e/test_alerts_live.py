@@ -517,10 +517,14 @@ def test_a_quarantined_pod_leaves_the_entrance_in_seconds_gets_no_request_and_co
         account = {f"{r}/{p}": (moved(at_start, healthy, "scored", r, p), moved(at_start, healthy, "degenerate", r, p),
                                 moved(healthy, faulty, "scored", r, p), moved(healthy, faulty, "degenerate", r, p))
                    for r, p in pods}
+        router_metrics = sh(gw, f"curl -sS http://127.0.0.1:{ROUTER_PORT_BASE + 100}/metrics", check=False)
         print(f"the entrance's scored completions (scored, degenerate) before the fault and while rig-02 answered '!!!!' "
               f"until it left the router: {account}; the router's own count of requests sent to each, at the start and "
               f"now: {sent_at_start} { {w: router_sent(bed, w) for w in (pod1, twin, pod2)} }; its view of them: "
-              f"{sh(gw, f'curl -sS {ROUTER}/workers', check=False)[:600]}; the hop's scored lines by pod: "
+              f"{sh(gw, f'curl -sS {ROUTER}/workers', check=False)[:600]}; its circuit breakers and health checks: "
+              + "; ".join(line for line in router_metrics.splitlines()
+                          if line.startswith(("vllm_router_cb_", "vllm_router_worker_health")))
+              + "; the hop's scored lines by pod: "
               + sh(gw, "grep -o '\"scored\":\"[^\"]*\"' /var/log/nginx/rigup-entrance-usage.log | sort | uniq -c",
                    check=False))
         # No healthy answer is ever degenerate; rig-02's were scored before the fault and its '!!!!' after it; rig-01
