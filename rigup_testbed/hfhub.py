@@ -1233,9 +1233,13 @@ class HubHandler(http.server.BaseHTTPRequestHandler):
         for k, v in headers.items():
             self.send_header(k, v)
         self.end_headers()
+        fkey = f"{repo.repo_id}/{path}"
         with self.state.lock:
             key = str(status)
             self.state.stats.status[key] = self.state.stats.status.get(key, 0) + 1
+            if bps is not None and not is_head:
+                # counted as the slow answer starts: a client that has it all finds it counted
+                self.state.stats.file(fkey)["throttled"] += 1
         if is_head:
             return
 
@@ -1244,7 +1248,6 @@ class HubHandler(http.server.BaseHTTPRequestHandler):
             chunk = max(1024, min(chunk, bps // 10))
         sent = 0
         t0 = time.monotonic()
-        fkey = f"{repo.repo_id}/{path}"
         try:
             pos = start
             while pos < end:
@@ -1273,8 +1276,6 @@ class HubHandler(http.server.BaseHTTPRequestHandler):
                 st = self.state.stats.file(fkey)
                 if corrupt_range is not None:
                     st["corrupted"] += 1
-                if bps is not None:
-                    st["throttled"] += 1
                 if sent == end - start and start == 0 and end == size:
                     st["complete"] += 1
 
