@@ -191,9 +191,16 @@ class Testbed:
             self._hub.start()
             urls = dict(self._hub.urls)
             host_files = self._hub.host_files()
-            layer = ensure_layer(img, self._hub.preinstall(), self._hub.trusted_cas())
+            preinstalled, cas = self._hub.preinstall(), self._hub.trusted_cas()
+            layer = ensure_layer(img, preinstalled, cas)
             if host_layer:  # a second layer, the first's packages and the host layer's, for the hosts with GPUs
-                rig_layer = ensure_layer(img, self._hub.preinstall() + self._hub.host_layer_debs(), self._hub.trusted_cas())
+                rig_layer = ensure_layer(img, preinstalled + self._hub.host_layer_debs(), cas)
+
+        def layer_of(spec: HostSpec) -> Path | None:
+            """The host layer's for a host with GPUs that `host_layer` names (True: every one), else the first."""
+            if rig_layer is None or not (host_layer is True or spec.name in host_layer):
+                return layer
+            return rig_layer if preset(spec.hardware, spec.name).gpus else layer
         timings["hub_s"] = time.monotonic() - t2
         ca_cert = self._hub.ca_cert if self._hub is not None else None
         self.ledger.set_info(urls=urls, ca_cert=str(ca_cert) if ca_cert else None)
@@ -206,8 +213,7 @@ class Testbed:
                 known_hosts=known_hosts,
                 ssh_key=key,
                 extra_files=host_files,
-                layer=rig_layer if rig_layer is not None and preset(spec.hardware, spec.name).gpus and (
-                    host_layer is True or spec.name in host_layer) else layer,
+                layer=layer_of(spec),
             )
             for index, spec in enumerate(specs)
         ]  # fmt: skip

@@ -124,12 +124,13 @@ class Host:
     def ssh(self, command: str, *, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run `command` on the host as the SSH user (prefix `sudo` for root), over its shared connection."""
         *options, target = self.ssh_argv()
+        proc = None
         if self._mux_master():
             shared = [*options, "-o", "ControlMaster=no", "-o", f"ControlPath={self.control_path}", target, command]
             proc = subprocess.run(shared, text=True, capture_output=True, timeout=timeout)
             if proc.returncode == 255 and any(word in proc.stderr for word in MUX_ERRORS):
-                proc = subprocess.run([*options, target, command], text=True, capture_output=True, timeout=timeout)
-        else:
+                proc = None  # the master went away before the command reached it
+        if proc is None:  # a connection of its own
             proc = subprocess.run([*options, target, command], text=True, capture_output=True, timeout=timeout)
         if check and proc.returncode != 0:
             raise TestbedError(f"{self.name}: `{command}` failed ({proc.returncode}): {proc.stderr.strip()}")

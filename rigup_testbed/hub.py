@@ -101,17 +101,18 @@ def _deb_version(deb: Path) -> list[tuple[int, int | str]]:
     return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", version) if part]
 
 
+def newest_deb(directory: Path, name: str) -> Path:
+    """The newest .deb of package `name` in `directory` of the hub's repositories."""
+    found = sorted(directory.glob(f"{name}_*.deb"), key=_deb_version)
+    if not found:
+        raise TestbedError(f"the hub's repositories have no {name} package under {directory}")
+    return found[-1]
+
+
 def host_layer_debs(repos: Path) -> list[Path]:
     """The newest .deb of each of HOST_LAYER_PACKAGES under `repos` (rigup_testbed.aptrepo's tree): what rigup's host
     layer installs from those repositories on a bed's rig."""
-    debs = []
-    for directory, names in HOST_LAYER_PACKAGES:
-        for name in names:
-            found = sorted((repos / directory).glob(f"{name}_*.deb"), key=_deb_version)
-            if not found:
-                raise TestbedError(f"the hub's repositories have no {name} package under {repos / directory}")
-            debs.append(found[-1])
-    return debs
+    return [newest_deb(repos / directory, name) for directory, names in HOST_LAYER_PACKAGES for name in names]
 
 
 def url_knobs(group_data: Path = KNOBS_FILE) -> dict[str, str | None]:
@@ -371,13 +372,7 @@ class Hub:
         if self.repo_info is None:
             raise TestbedError("hub not started")
         pool = self.repo_info.root / "ubuntu-archive/pool/main"
-        debs = []
-        for name in PREINSTALLED:
-            found = sorted(pool.glob(f"{name[0]}/{name}/{name}_*.deb"))
-            if not found:
-                raise TestbedError(f"the stand-in archive has no {name} package under {pool}")
-            debs.append(found[-1])
-        return debs
+        return [newest_deb(pool / name[0] / name, name) for name in PREINSTALLED]
 
     def host_layer_debs(self) -> list[Path]:
         """host_layer_debs of the hub's repositories."""
