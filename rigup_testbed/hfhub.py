@@ -1237,7 +1237,7 @@ class HubHandler(http.server.BaseHTTPRequestHandler):
         with self.state.lock:
             key = str(status)
             self.state.stats.status[key] = self.state.stats.status.get(key, 0) + 1
-            if bps is not None and not is_head:
+            if not is_head and bps is not None:  # bps is set for a GET only
                 # counted as the slow answer starts: a client that has it all finds it counted
                 self.state.stats.file(fkey)["throttled"] += 1
         if is_head:
