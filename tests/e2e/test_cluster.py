@@ -265,7 +265,7 @@ def test_a_wrong_socket_interface_fails_the_gate_with_the_rendezvous_error_and_r
     assert proc.returncode != 0, _tail(proc)
     assert "Traceback" not in output
     assert "socket_interface 'lo' on rig-a is not" in output  # preflight's warning
-    assert "Gloo connectFullMesh failed" in output  # the rendezvous error, in the gate's reason
+    assert "Gloo connectFullMesh failed" in output, _tail(proc, 200)  # the rendezvous error, in the gate's reason
     assert output.count("cluster big: the health gate failed; this member rolled back to its last good generation") == 2, _tail(proc)
     for host in ("rig-a", "rig-b"):
         rec = record(bed, host)

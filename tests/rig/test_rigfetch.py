@@ -760,6 +760,32 @@ def test_an_upstream_never_forwards_bytes_it_has_not_verified(chain, hub: hfhub.
     assert _hub_bytes(hub) == 0  # rig 1 re-fetched its bad shard from the head
 
 
+def test_a_head_that_starts_late_still_vouches_for_the_pieces_below_it(chain, hub: hfhub.HfHub) -> None:  # noqa: ANN001
+    # pyinfra starts every rig's rigfetch in one operation, in no set order: a rig whose only authority
+    # for a piece is the head must give the head its grace before reading the hub (seen under load).
+    c = chain(3)
+    total = _total(c.manifest(0))
+    c.start(0)
+    assert c.finish(0)[0] == 0
+    c.start(1)
+    assert c.finish(1)[0] == 0
+    shard = c.dir(1) / SHARD1
+    rotten = bytearray(shard.read_bytes())
+    rotten[12345] ^= 0xFF
+    shard.write_bytes(bytes(rotten))
+    (c.root / "rig1" / "state" / "model-stamps.json").write_text('{"version": 1, "files": {}}')
+    hub.admin().reset_stats()
+    c.procs = [None, None, None]
+    c.start(2)
+    c.start(1)
+    time.sleep(1.5)
+    c.start(0)
+    reports = [c.finish(i) for i in range(3)]
+    assert all(code == 0 for code, _, _ in reports) and all(c.intact(i) for i in range(3))
+    assert reports[2][1]["bytes_from_peer"] == total and reports[2][1]["bytes_from_hub"] == 0
+    assert _hub_bytes(hub) == 0
+
+
 @pytest.mark.parametrize(
     "mutate, message",
     [

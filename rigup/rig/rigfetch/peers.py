@@ -111,7 +111,13 @@ class Upstreams:
             with self.lock:
                 if base in self.vouch_dead:
                     continue
+                first = self.first_try.setdefault(base, time.monotonic())
             digests = self.ask_digests(base, item, index)
+            # An upstream that starts later than this rig (one pyinfra operation starts them all, in no set
+            # order) gets the same grace as for serving before this rig stops asking it.
+            while digests is None and time.monotonic() - first < min(PEER_GRACE, self.peer_wait):
+                time.sleep(0.3)
+                digests = self.ask_digests(base, item, index)
             if digests is None:
                 with self.lock:
                     self.vouch_dead.add(base)
