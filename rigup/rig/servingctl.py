@@ -89,6 +89,10 @@ COMPLETION_TIMEOUT_S = 120.0
 CRASH_RESTARTS = 3  # the unit restarted this often during one gate: a crash loop, stop waiting
 DEAD_POLLS = 3  # consecutive polls with the unit inactive/failed: it is not coming up
 JOURNAL_LINES = 40
+# How far back the gate looks for the log's last error: every line since the gate began, up to this many. A
+# cluster's head restarts every minute or more while its rendezvous fails, and the next start's Ray output
+# buries the last start's error under more than JOURNAL_LINES lines by the time the gate gives up.
+ERROR_SCAN_LINES = 5000
 # The completion the gate asks for: greedy decoding with a fixed seed, a few tokens, no thinking.
 GATE_PROMPT = "Reply with the single word OK."
 GATE_MAX_TOKENS = 8
@@ -346,9 +350,11 @@ class Systemd:
     def daemon_reload(self) -> None:
         self._run("daemon-reload")
 
-    def journal_tail(self, unit: str, lines: int) -> List[str]:
+    def journal_tail(self, unit: str, lines: int, since: Optional[float] = None) -> List[str]:
+        """The unit's last `lines` journal lines; with `since` (seconds since the epoch), only those logged since."""
+        window = ["--since", f"@{int(since)}"] if since is not None else []
         proc = subprocess.run(
-            ["journalctl", "-u", unit, "-n", str(lines), "--no-pager", "-o", "short-iso"],
+            ["journalctl", "-u", unit, "-n", str(lines), *window, "--no-pager", "-o", "short-iso"],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -1563,11 +1569,14 @@ def last_error(lines: List[str]) -> Optional[str]:
     return None
 
 
-def _print_failure(release: Release, reason: str, systemd: Systemd, out: Callable[[str], None]) -> str:
-    """Print the failure and the unit's last log lines; returns the reason with the log's last error."""
+def _print_failure(release: Release, reason: str, systemd: Systemd, out: Callable[[str], None],
+                   since: Optional[float] = None) -> str:
+    """Print the failure and the unit's last log lines; returns the reason with the log's last error since
+    `since` (the gate's start, seconds since the epoch; None: in the printed lines)."""
     redact = release.redactor()
     journal = [redact(line) for line in systemd.journal_tail(release.unit, JOURNAL_LINES)]
-    error = last_error(journal)
+    scanned = journal if since is None else [redact(line) for line in systemd.journal_tail(release.unit, ERROR_SCAN_LINES, since=since)]
+    error = last_error(scanned)
     if error is not None:
         reason = f"{reason}; the log's last error: {error}"
     out(f"rigup: health gate FAILED for {release.unit} (variant {release.variant}): {redact(reason)}")
@@ -1597,10 +1606,11 @@ def gate(
     control machine has every member's result."""
     release = Release.load(release_path)
     previous = read_json(release.provenance_path)
+    began = time.time()
     try:
         result = wait_until_serving(release, timeout_s, systemd, clock=clock, sleep=sleep, poll_s=poll_s, progress=out)
     except GateFailure as exc:
-        reason = _print_failure(release, str(exc), systemd, out)
+        reason = _print_failure(release, str(exc), systemd, out, since=began)
         if hold:
             out(f"{RESULT_MARKER} failed")
             return EXIT_FAILED
@@ -1687,10 +1697,11 @@ def _roll_back(
         out(f"rigup: FAILED and the rollback to {what} generation {number} could not be done: {detail}")
         out(f"{RESULT_MARKER} rollback-failed")
         return EXIT_ROLLBACK_FAILED
+    began = time.time()
     try:
         result = wait_until_serving(restored, timeout_s, systemd, clock=clock, sleep=sleep, poll_s=poll_s, progress=out)
     except GateFailure as exc:
-        _print_failure(restored, f"after rollback: {exc}", systemd, out)
+        _print_failure(restored, f"after rollback: {exc}", systemd, out, since=began)
         note_rollback(failed.provenance_path, previous, failed, reason, f"rollback failed: {exc}")
         out(
             f"rigup: FAILED and the rollback to {what} generation {number} failed too; "

@@ -185,7 +185,7 @@ class FakeSystemd(ctl.Systemd):
     def daemon_reload(self) -> None:
         self.calls.append(("daemon-reload",))
 
-    def journal_tail(self, unit: str, lines: int) -> list[str]:
+    def journal_tail(self, unit: str, lines: int, since: float | None = None) -> list[str]:
         self.calls.append(("journal", unit))
         return self.journal[-lines:]
 
@@ -639,6 +639,18 @@ def test_the_failure_reason_carries_the_logs_last_error(rig, systemd, server):
     assert code == ctl.EXIT_FAILED
     assert lines[0].endswith("; the log's last error: RuntimeError: Gloo connectFullMesh failed with [pair.cc:144] no error")
     assert ctl.last_error(["INFO all good", "Traceback (most recent call last):"]) is None
+
+
+def test_the_reason_finds_the_last_error_since_the_gate_began_beyond_the_printed_lines(rig, systemd, server):
+    # a cluster head between two failed starts: the last start's error lies further back than the lines printed
+    error = "2026-12-04T05:00:02+0000 rig-a docker[812]: rigup-big  | RuntimeError: Gloo connectFullMesh failed with [pair.cc:144] no error"
+    startup = [f"2026-12-04T05:01:{i % 60:02d}+0000 rig-a docker[901]: rigup-big  | INFO ray start: line {i}" for i in range(120)]
+    systemd.journal = [error, *startup]
+    server.behaviour.model = None
+    code, lines = run_gate(rig.deploy("dual", MODEL), systemd, timeout=0.2)
+    assert code == ctl.EXIT_FAILED
+    assert lines[0].endswith("; the log's last error: RuntimeError: Gloo connectFullMesh failed with [pair.cc:144] no error")
+    assert error not in "\n".join(lines)  # the printed tail is the last JOURNAL_LINES lines alone
 
 
 def test_a_held_gate_records_nothing_and_rolls_nothing_back(rig, systemd, server):
