@@ -735,15 +735,13 @@ def test_a_rig_whose_upstreams_never_answer_reads_the_hub(chain, hub: hfhub.HfHu
     assert fetch["bytes_from_hub"] == _total(c.manifest(2))
 
 
-def test_an_upstream_never_forwards_bytes_it_has_not_verified(chain, hub: hfhub.HfHub) -> None:  # noqa: ANN001
-    c = chain(3)
+def _rotten_second_rig(c: Chain, hub: hfhub.HfHub) -> int:
+    """Rigs 0 and 1 fetched; then rig 1's shard rots on disk and its stamps are lost, so it must hash it, find it
+    wrong and fetch it again before it serves a byte of it. The hub's counts start over; returns the model's bytes."""
     total = _total(c.manifest(0))
-    c.start(0)
-    assert c.finish(0)[0] == 0
-    c.start(1)
-    assert c.finish(1)[0] == 0
-    # Rig 1's shard rots on disk and its stamps are lost: it must hash it, find it wrong and fetch it again
-    # before it serves a byte of it; the rig below gets only verified bytes.
+    for i in (0, 1):
+        c.start(i)
+        assert c.finish(i)[0] == 0
     shard = c.dir(1) / SHARD1
     rotten = bytearray(shard.read_bytes())
     rotten[12345] ^= 0xFF
@@ -751,11 +749,18 @@ def test_an_upstream_never_forwards_bytes_it_has_not_verified(chain, hub: hfhub.
     (c.root / "rig1" / "state" / "model-stamps.json").write_text('{"version": 1, "files": {}}')
     hub.admin().reset_stats()
     c.procs = [None, None, None]
+    return total
+
+
+def test_an_upstream_never_forwards_bytes_it_has_not_verified(chain, hub: hfhub.HfHub) -> None:  # noqa: ANN001
+    c = chain(3)
+    total = _rotten_second_rig(c, hub)
     for i in range(3):
         c.start(i)
     reports = [c.finish(i) for i in range(3)]
     assert all(code == 0 for code, _, _ in reports) and all(c.intact(i) for i in range(3))
     assert reports[1][1]["files_verified"] == len(c.manifest(1)["models"][0]["files"]) - 1
+    # the rig below gets only verified bytes
     assert reports[2][1]["pieces_rejected"] == 0 and reports[2][1]["bytes_from_peer"] == total
     assert _hub_bytes(hub) == 0  # rig 1 re-fetched its bad shard from the head
 
@@ -764,18 +769,7 @@ def test_a_head_that_starts_late_still_vouches_for_the_pieces_below_it(chain, hu
     # pyinfra starts every rig's rigfetch in one operation, in no set order: a rig whose only authority
     # for a piece is the head must give the head its grace before reading the hub (seen under load).
     c = chain(3)
-    total = _total(c.manifest(0))
-    c.start(0)
-    assert c.finish(0)[0] == 0
-    c.start(1)
-    assert c.finish(1)[0] == 0
-    shard = c.dir(1) / SHARD1
-    rotten = bytearray(shard.read_bytes())
-    rotten[12345] ^= 0xFF
-    shard.write_bytes(bytes(rotten))
-    (c.root / "rig1" / "state" / "model-stamps.json").write_text('{"version": 1, "files": {}}')
-    hub.admin().reset_stats()
-    c.procs = [None, None, None]
+    total = _rotten_second_rig(c, hub)
     c.start(2)
     c.start(1)
     time.sleep(1.5)
