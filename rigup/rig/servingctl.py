@@ -1569,14 +1569,12 @@ def last_error(lines: List[str]) -> Optional[str]:
     return None
 
 
-def _print_failure(release: Release, reason: str, systemd: Systemd, out: Callable[[str], None],
-                   since: Optional[float] = None) -> str:
+def _print_failure(release: Release, reason: str, systemd: Systemd, out: Callable[[str], None], since: float) -> str:
     """Print the failure and the unit's last log lines; returns the reason with the log's last error since
-    `since` (the gate's start, seconds since the epoch; None: in the printed lines)."""
+    `since` (the gate's start, seconds since the epoch)."""
     redact = release.redactor()
     journal = [redact(line) for line in systemd.journal_tail(release.unit, JOURNAL_LINES)]
-    scanned = journal if since is None else [redact(line) for line in systemd.journal_tail(release.unit, ERROR_SCAN_LINES, since=since)]
-    error = last_error(scanned)
+    error = last_error([redact(line) for line in systemd.journal_tail(release.unit, ERROR_SCAN_LINES, since=since)])
     if error is not None:
         reason = f"{reason}; the log's last error: {error}"
     out(f"rigup: health gate FAILED for {release.unit} (variant {release.variant}): {redact(reason)}")

@@ -60,7 +60,7 @@ class Upstreams:
                         if self.ok[base]:
                             return base
                     continue
-                if time.monotonic() - first < min(PEER_GRACE, self.peer_wait) and time.monotonic() < deadline:
+                if self.in_grace(first) and time.monotonic() < deadline:
                     waiting = True
                     break
                 with self.lock:
@@ -71,6 +71,10 @@ class Upstreams:
             if not waiting:
                 return None
             time.sleep(0.3)
+
+    def in_grace(self, first: float) -> bool:
+        """Whether an upstream first tried at `first` (time.monotonic) is still within its grace to answer."""
+        return time.monotonic() - first < min(PEER_GRACE, self.peer_wait)
 
     def ping(self, base: str) -> bool:
         try:
@@ -115,7 +119,7 @@ class Upstreams:
             digests = self.ask_digests(base, item, index)
             # An upstream that starts later than this rig (one pyinfra operation starts them all, in no set
             # order) gets the same grace as for serving before this rig stops asking it.
-            while digests is None and time.monotonic() - first < min(PEER_GRACE, self.peer_wait):
+            while digests is None and self.in_grace(first):
                 time.sleep(0.3)
                 digests = self.ask_digests(base, item, index)
             if digests is None:
