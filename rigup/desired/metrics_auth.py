@@ -31,6 +31,7 @@ import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +92,7 @@ def metrics_credentials(host_data: Mapping[str, Any], ca: FleetCA) -> MetricsCre
         password, hash_file = read_secret_file(password_file, f"the metrics password ({password_file})"), ca.directory / HASH_NAME
     try:
         kept = hash_file.read_text().strip()
-        if not bcrypt.checkpw(password.encode(), kept.encode()):
+        if not _hash_matches(password, kept):
             kept = ""
     except (OSError, ValueError):
         kept = ""
@@ -99,6 +100,13 @@ def metrics_credentials(host_data: Mapping[str, Any], ca: FleetCA) -> MetricsCre
         kept = bcrypt.hashpw(password.encode(), bcrypt.gensalt(BCRYPT_ROUNDS)).decode()
         _private_write(hash_file, kept + "\n")
     return MetricsCredentials(METRICS_USER, password, kept)
+
+
+@lru_cache(maxsize=16)
+def _hash_matches(password: str, kept: str) -> bool:
+    """bcrypt's check, once per run for a password and hash: it costs ~70 ms of CPU at BCRYPT_ROUNDS by design,
+    and a converge asks for every host's web configs."""
+    return bcrypt.checkpw(password.encode(), kept.encode())
 
 
 def web_config_text(service: str, credentials: MetricsCredentials) -> str:

@@ -79,6 +79,20 @@ def test_the_password_is_made_once_0600_and_its_hash_is_stable(tmp_path: Path) -
     assert bcrypt.checkpw(b"changed", metrics_credentials(knobs(metrics_password_file=str(own)), ca).password_hash.encode())
 
 
+def test_a_run_checks_the_kept_hash_once_for_all_its_hosts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bcrypt's check costs ~70 ms of CPU by design; a converge asks for the credentials of every host's web config."""
+    ca = ensure_ca(knobs(), base_dir=tmp_path)
+    first = metrics_credentials(knobs(), ca)  # made and kept
+    checks: list[bytes] = []
+    real_check = bcrypt.checkpw
+    monkeypatch.setattr(bcrypt, "checkpw", lambda password, hashed: checks.append(hashed) or real_check(password, hashed))
+    hosts = [metrics_credentials(knobs(), ca) for _ in range(5)]
+    assert hosts == [first] * 5 and len(checks) <= 1, checks
+    (ca.directory / "metrics.bcrypt").write_text("$2b$10$" + "x" * 53 + "\n")  # a kept hash that does not match
+    assert bcrypt.checkpw(first.password.encode(), metrics_credentials(knobs(), ca).password_hash.encode())
+    assert metrics_credentials(knobs(), ca).password_hash != "$2b$10$" + "x" * 53
+
+
 def test_node_exporter_refuses_a_caller_without_the_password_and_answers_prometheus_over_tls(tmp_path: Path) -> None:
     ca = ensure_ca(knobs(), base_dir=tmp_path)
     login = metrics_credentials(knobs(), ca)
