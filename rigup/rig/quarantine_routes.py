@@ -33,14 +33,13 @@ kept them), true takes them all out (the model's router has no worker and answer
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import ssl
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from base64 import b64encode
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -95,6 +94,63 @@ def quarantined_pods(exposition: str) -> Dict[str, bool]:
     return pods
 
 
+class Connections:
+    """One kept-alive connection per scheme, host and port, and one TLS context: a pass every second would
+    otherwise open a TCP connection and a TLS handshake per rig and router call, on both ends (node_exporter's
+    server keeps connections alive, as vllm-router's does). A request on a kept connection that the other end
+    closed meanwhile is sent once more on a new one; any other failure drops the connection and is raised."""
+
+    def __init__(self, ca_file: Optional[str]) -> None:
+        self.ca_file = ca_file
+        self.context: Optional[ssl.SSLContext] = None
+        self.open: Dict[Tuple[str, str, int], http.client.HTTPConnection] = {}
+
+    def _connection(self, parts: urllib.parse.SplitResult) -> Tuple[Tuple[str, str, int], http.client.HTTPConnection]:
+        https = parts.scheme == "https"
+        key = (parts.scheme, parts.hostname or "", parts.port or (443 if https else 80))
+        conn = self.open.get(key)
+        if conn is None:
+            if https:
+                if self.context is None:
+                    self.context = ssl.create_default_context(cafile=self.ca_file)
+                conn = http.client.HTTPSConnection(key[1], key[2], timeout=TIMEOUT_S, context=self.context)
+            else:
+                conn = http.client.HTTPConnection(key[1], key[2], timeout=TIMEOUT_S)
+            self.open[key] = conn
+        return key, conn
+
+    def request(self, method: str, url: str, headers: Dict[str, str]) -> Tuple[int, str, str]:
+        """(status, reason, body) of one request; OSError when there is no answer."""
+        parts = urllib.parse.urlsplit(url)
+        try:
+            return self._send(parts, method, headers)
+        except _ClosedMeanwhile:
+            return self._send(parts, method, headers)  # on a new connection: what fails now is raised
+
+    def _send(self, parts: urllib.parse.SplitResult, method: str, headers: Dict[str, str]) -> Tuple[int, str, str]:
+        key, conn = self._connection(parts)
+        reused = conn.sock is not None
+        try:
+            conn.request(method, (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
+                         body=b"" if method == "POST" else None, headers=headers)
+            reply = conn.getresponse()
+            body = reply.read().decode("utf-8", "replace")
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            del self.open[key]
+            if reused and isinstance(exc, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)):
+                raise _ClosedMeanwhile() from exc
+            raise exc if isinstance(exc, OSError) else OSError(f"{type(exc).__name__}: {exc}") from exc
+        if reply.will_close:
+            conn.close()
+            del self.open[key]
+        return reply.status, reply.reason, body
+
+
+class _ClosedMeanwhile(OSError):
+    """A kept connection the other end had closed: the request is sent once more on a new one."""
+
+
 class Watcher:
     """One entrance host's routers kept in step with its rigs' quarantines."""
 
@@ -109,30 +165,27 @@ class Watcher:
         self.known: Dict[Tuple[str, str], bool] = {}  # (rig, pod) -> quarantined, as last read
         self.unreadable: Dict[str, str] = {}  # rig -> why it could not be read (said once)
         self.told: Dict[str, str] = {}  # model -> the account last printed for it
+        self.connections = Connections(config.get("ca_file"))
 
     def _fetch(self, url: str) -> str:
-        context = ssl.create_default_context(cafile=self.config.get("ca_file")) if url.startswith("https:") else None
-        request = urllib.request.Request(url)
+        headers = {}
         if self.password is not None:
             token = b64encode(f"{self.config.get('user', '')}:{self.password}".encode()).decode()
-            request.add_header("Authorization", f"Basic {token}")
-        with urllib.request.urlopen(request, timeout=TIMEOUT_S, context=context) as reply:
-            return reply.read().decode("utf-8", "replace")
+            headers["Authorization"] = f"Basic {token}"
+        status, reason, body = self.connections.request("GET", url, headers)
+        if status != 200:
+            raise OSError(f"HTTP Error {status}: {reason}")
+        return body
 
-    @staticmethod
-    def _call(method: str, url: str) -> Tuple[int, str]:
-        request = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
-        try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as reply:
-                return reply.status, reply.read().decode("utf-8", "replace")
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode("utf-8", "replace")
+    def _call(self, method: str, url: str) -> Tuple[int, str]:
+        status, _, body = self.connections.request(method, url, {})
+        return status, body
 
     def read_rigs(self) -> None:
         for rig, url in sorted(self.config.get("sentinels", {}).items()):
             try:
                 pods = quarantined_pods(self.fetch(url))
-            except (OSError, ValueError, urllib.error.URLError) as exc:
+            except (OSError, ValueError) as exc:
                 why = str(getattr(exc, "reason", exc))
                 if self.unreadable.get(rig) != why:
                     self.out(f"rigup-quarantine-routes: {rig}: its sentinel's series cannot be read ({why}); "

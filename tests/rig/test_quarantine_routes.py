@@ -168,3 +168,74 @@ def test_the_config_names_each_routers_workers_with_their_rig_and_pod() -> None:
                                                  {"url": B, "host": "rig-2", "pod": "big"}]}]
     assert document["removes_last_route"] is False and document["ca_file"] == "/opt/rigup/gateway/fleet-ca.crt"
     assert pod_of("rigup-dual.service") == "dual"
+
+
+class KeptAliveServer:
+    """A node_exporter-like HTTP/1.1 server on loopback that counts the connections it accepted and can close a
+    kept connection after answering (as a server's idle timeout does), or ask for a login."""
+
+    def __init__(self, textfile: str) -> None:
+        import http.server
+        import threading
+
+        owner = self
+        self.connections, self.requests, self.close_after_next, self.want = 0, 0, False, ""
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                owner.connections += 1
+                super().setup()
+
+            def do_GET(self) -> None:  # noqa: N802
+                owner.requests += 1
+                if owner.want and self.headers.get("Authorization") != owner.want:
+                    self.send_response(401, "Unauthorized")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                body = textfile.encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                if owner.close_after_next:  # closed without saying so: the client finds out at its next request
+                    owner.close_after_next = False
+                    self.close_connection = True
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics?collect%5B%5D=textfile"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_each_rig_is_read_over_one_kept_connection_and_one_its_server_closed_is_opened_again() -> None:
+    server = KeptAliveServer(sentinel_textfile(dual=True))
+    try:
+        router = Router(A, B)
+        config = {"sentinels": {"rig-1": server.url},
+                  "routers": [{"model": "qwen", "admin": "http://127.0.0.1:30100",
+                               "workers": [{"url": A, "host": "rig-1", "pod": "dual"}, {"url": B, "host": "rig-2", "pod": "dual"}]}]}
+        lines: list[str] = []
+        w = qr.Watcher(config, None, call=router, out=lines.append)  # the rigs read over HTTP for real
+        for _ in range(5):
+            w.once()
+        assert router.workers == [B] and (server.requests, server.connections) == (5, 1)
+        server.close_after_next = True
+        w.once()  # answered, then closed by the server
+        w.once()  # the kept connection is found closed: sent again on a new one, nothing said
+        assert router.workers == [B] and (server.requests, server.connections) == (7, 2) and lines == [
+            "rigup-quarantine-routes: qwen: out of its routes (quarantined): rig-1/dual"]
+        server.want = "Basic nobody"  # a login the rig does not take: the rig cannot be read, its state kept
+        w.once()
+        assert router.workers == [B] and lines[-1] == ("rigup-quarantine-routes: rig-1: its sentinel's series cannot be "
+                                                       "read (HTTP Error 401: Unauthorized); its pods keep the state last read")
+    finally:
+        server.close()
