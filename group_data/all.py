@@ -125,6 +125,7 @@ monitor_group = None  # inventory group whose hosts run Prometheus over the flee
 prometheus_listen_address = "0.0.0.0:9090"  # Prometheus' web and API address on the monitor host
 prometheus_retention = "15d"  # how long Prometheus keeps samples (its --storage.tsdb.retention.time)
 prometheus_scrape_interval_s = 15  # seconds between scrapes of every target
+metrics_facts_interval_s = 15  # seconds between refreshes of rigup's facts for node_exporter (rigup-metrics.timer: releases, gates, drift, the driver, the models' filesystem); each run is a Python start on the rig
 sentinel_interval_s = 30  # seconds between the sentinel's rounds on each rig: every serving pod asked the gate's probes directly (docs/sentinel.md)
 sentinel_fail_after = 2  # rounds in a row with a wrong answer that quarantine a pod (RigupPodQuarantined); 2 catches a pod within 2 intervals while one odd answer does not
 sentinel_pass_after = 3  # rounds in a row with every answer right that release a quarantined pod (a converge that changes it releases it too)

@@ -6,7 +6,7 @@ certificate issued or renewed on the control machine by rigup.desired.fleet_ca, 
 prometheus user; rigup.desired.metrics_auth), with the systemd
 collector over rigup's and Docker's units and the textfile collector reading
 /var/lib/prometheus/node-exporter (flags in /etc/default/prometheus-node-exporter);
-rigup-metrics.timer runs `rigup-servingctl textfile` every 15 s, writing rigup.prom there: per pod the
+rigup-metrics.timer runs `rigup-servingctl textfile` every metrics_facts_interval_s (15 s), writing rigup.prom there: per pod the
 release it serves, its generation, the last gate's result, whether the fleet still asks it for a
 release that failed its gate, rollbacks, pinned commits and release drift, the driver branch loaded and wanted, the models' filesystem;
 rigup-sentinel.timer runs `rigup-servingctl sentinel` every sentinel_interval_s, asking every serving pod
@@ -15,10 +15,10 @@ the gate's probes and writing rigup-sentinel.prom there (docs/sentinel.md); the 
 GPU on gpu_exporter_port, at boot too, reading rigup's DCGM fields (files/monitoring/dcgm-counters.csv,
 uploaded to {install_root}/metrics/) and asking for TLS and basic auth as node_exporter does (its own
 certificate, key and web config under /etc/prometheus/rigup-web, mounted read-only into its container).
-Reads: metrics_exporters, serves_variant, node_exporter_port, sentinel_interval_s, sentinel_fail_after,
-sentinel_pass_after, gpu_exporter_image, gpu_exporter_port,
-install_root, model_dir, nvidia_driver_branch, lock_file, docker_insecure_registries, fleet_ca_dir,
-fleet_ca_cert_file, fleet_ca_key_file, fleet_ca_key_passphrase_file, fleet_cert_days, fleet_cert_renew_days,
+Reads: metrics_exporters, serves_variant, node_exporter_port, metrics_facts_interval_s, sentinel_interval_s,
+sentinel_fail_after, sentinel_pass_after, gpu_exporter_image, gpu_exporter_port, install_root, model_dir,
+nvidia_driver_branch, lock_file, docker_insecure_registries, fleet_ca_dir, fleet_ca_cert_file,
+fleet_ca_key_file, fleet_ca_key_passphrase_file, fleet_cert_days, fleet_cert_renew_days,
 metrics_password_file, model_fleet_address.
 Restarts: prometheus-node-exporter when its flags, certificate, key or web config changed after it started; rigup-gpu-exporter when
 its unit (the image digest, the port), its fields file, certificate, key or web config changed after it started. Nothing else.
@@ -84,7 +84,7 @@ if exporters is not None:
         mode="644",
     )
     facts_timer = files.put(
-        name="Write its timer (every 15 s)",
+        name="Write its timer (every metrics_facts_interval_s)",
         src=StringIO(exporters.facts_timer_text()),
         dest=f"/etc/systemd/system/{FACTS_TIMER}",
         mode="644",

@@ -442,6 +442,7 @@ def _rule_table() -> dict[str, Rule]:
             lambda v: isinstance(v, str) and bool(re.fullmatch(r"[1-9][0-9]*[ywdhm]", v)),
         ),
         "prometheus_scrape_interval_s": _int_at_least(1),
+        "metrics_facts_interval_s": _int_at_least(5),
         "sentinel_interval_s": _int_at_least(5),
         "sentinel_fail_after": _int_at_least(1),
         "sentinel_pass_after": _int_at_least(1),

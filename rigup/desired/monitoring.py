@@ -156,6 +156,7 @@ class RigExporters:
     gpu_port: int
     image: GpuExporterImage
     install_root: str
+    facts_interval_s: int  # metrics_facts_interval_s: rigup-metrics.timer's period
     sentinel_interval_s: int  # the sentinel's knobs (group_data/all.py), rendered into its unit and timer
     sentinel_fail_after: int
     sentinel_pass_after: int
@@ -200,7 +201,7 @@ class RigExporters:
                                model_dir=model_dir)
 
     def facts_timer_text(self) -> str:
-        return render_template("rigup-metrics.timer.j2")
+        return render_template("rigup-metrics.timer.j2", interval_s=self.facts_interval_s)
 
     def sentinel_unit_text(self, ctl: str) -> str:
         return render_template("rigup-sentinel.service.j2", exporters=self, ctl=ctl,
@@ -228,6 +229,7 @@ def rig_exporters(data: Mapping[str, Any], lock: LockFile | None = None) -> RigE
         gpu_port=knob(data, "gpu_exporter_port"),
         image=gpu_exporter_image(data, lock),
         install_root=str(knob(data, "install_root")),
+        facts_interval_s=knob_int(data, "metrics_facts_interval_s", minimum=5),
         sentinel_interval_s=knob_int(data, "sentinel_interval_s", minimum=5),
         sentinel_fail_after=knob_int(data, "sentinel_fail_after", minimum=1),
         sentinel_pass_after=knob_int(data, "sentinel_pass_after", minimum=1),

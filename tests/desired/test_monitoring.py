@@ -211,6 +211,20 @@ def test_rig_exporters_and_the_locked_gpu_exporter_image() -> None:
     assert "--collector.textfile.directory=/var/lib/prometheus/node-exporter" in exporters.defaults_text()
 
 
+def test_the_facts_and_sentinel_timers_run_at_their_knobs_periods() -> None:
+    import configparser
+
+    def timer(text: str) -> dict[str, str]:
+        parsed = configparser.ConfigParser(strict=False)
+        parsed.read_string(text)
+        return dict(parsed["Timer"])
+
+    assert timer(rig_exporters(data()).facts_timer_text())["onunitactivesec"] == "15s"  # group_data/all.py's
+    exporters = rig_exporters(data(metrics_facts_interval_s=120, sentinel_interval_s=45))
+    assert timer(exporters.facts_timer_text()) == {"onactivesec": "1s", "onunitactivesec": "120s", "accuracysec": "1s"}
+    assert timer(exporters.sentinel_timer_text())["onunitactivesec"] == "45s"
+
+
 def test_the_fields_file_asks_for_what_the_alerts_and_top_read() -> None:
     fields = {line.split(",")[0] for line in GPU_COUNTERS_FILE.read_text().splitlines() if line and not line.startswith("#")}
     rules = rules_text(data())
