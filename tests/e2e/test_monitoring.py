@@ -33,6 +33,7 @@ from rigup_testbed.hosts import HostSpec
 from rigup_testbed.image import REPO_ROOT
 from tests.desired.test_monitoring import ALERTS
 from tests.e2e.boundary_probe import check_from_outside, plan_of, refused_from_members
+from tests.e2e.conftest import FACTS_INTERVAL_S
 from tests.e2e.helpers import entrance_url, fleet_ca_file, key_files, remote_commands
 from tests.e2e.test_serving import API_KEY, OTHER_VARIANT, VARIANT, Bed, port_of, served_name, sh
 
@@ -43,13 +44,22 @@ SCRAPE_S = 5  # prometheus_scrape_interval_s: short, so targets and alerts move 
 POD_DOWN_FOR_S = 60  # RigupPodDown's `for:` in templates/rigup-alerts.yml.j2
 
 
+# One kept-alive session per Prometheus and login: the alert scenarios poll every half second, several watches at
+# once, and a new TLS connection (and CA file read) for each read was a large part of their CPU (issue 39).
+_SESSIONS: dict[tuple[str, Any, str], requests.Session] = {}
+
+
 def prometheus(bed: Bed, path: str, **params: Any) -> Any:
     """Prometheus' API as `rigup top` reads it: over TLS (the fleet CA's certificate) with the login it asks for,
     as the converge left them beside the fleet file."""
     login = prometheus_login({**load_defaults(), **bed.data}, bed.fleet.parent)
     assert isinstance(login, PrometheusLogin), login
-    reply = requests.get(f"https://{bed.host('gw-01').ip}:9090{path}", params=params, timeout=30, auth=login.auth,
-                         verify=login.ca_file)
+    base = f"https://{bed.host('gw-01').ip}:9090"
+    session = _SESSIONS.get((base, login.auth, login.ca_file))
+    if session is None:
+        session = _SESSIONS[(base, login.auth, login.ca_file)] = requests.Session()
+    # verify per request: a session's own would lose to REQUESTS_CA_BUNDLE (requests' merge_environment_settings)
+    reply = session.get(f"{base}{path}", params=params, timeout=30, auth=login.auth, verify=login.ca_file)
     assert reply.status_code == 200, reply.text
     body = reply.json()
     assert body["status"] == "success", body
@@ -83,7 +93,7 @@ def bed(testbed_factory: Callable[..., Testbed], tmp_path_factory: pytest.TempPa
     # the webhook answers nothing (the discard port): Alertmanager runs, Prometheus sends it alerts with its login
     keys = key_files(tmp_path_factory.mktemp("keys"), rig=API_KEY, gateway=GATEWAY_KEY, hook="http://127.0.0.1:9/rigup-e2e")
     b.data = {**b.data, "serving_api_key_file": str(keys["rig"]), "prometheus_scrape_interval_s": SCRAPE_S,
-              "gateway_health_check_interval_s": 5}
+              "gateway_health_check_interval_s": 5, "metrics_facts_interval_s": FACTS_INTERVAL_S}
     b.group_data = {"gateway": {"gateway_api_key_file": str(keys["gateway"]),
                                 "alertmanager_webhook_url_file": str(keys["hook"])}}
     b.write()
