@@ -140,7 +140,9 @@ class Connections:
             del self.open[key]
             if reused and isinstance(exc, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)):
                 raise _ClosedMeanwhile() from exc
-            raise exc if isinstance(exc, OSError) else OSError(f"{type(exc).__name__}: {exc}") from exc
+            if isinstance(exc, OSError):
+                raise
+            raise OSError(f"not HTTP ({type(exc).__name__}: {exc})") from exc
         if reply.will_close:
             conn.close()
             del self.open[key]

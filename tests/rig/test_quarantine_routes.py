@@ -239,3 +239,36 @@ def test_each_rig_is_read_over_one_kept_connection_and_one_its_server_closed_is_
                                                        "read (HTTP Error 401: Unauthorized); its pods keep the state last read")
     finally:
         server.close()
+
+
+def test_a_rig_that_answers_something_other_than_http_is_unreadable_and_keeps_its_state() -> None:
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer_garbage() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(4096)
+                conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")  # another service on the exporter's port
+
+    threading.Thread(target=answer_garbage, daemon=True).start()
+    try:
+        router = Router(A)
+        config = {"sentinels": {"rig-1": f"http://127.0.0.1:{listener.getsockname()[1]}/metrics"},
+                  "routers": [{"model": "qwen", "admin": "http://127.0.0.1:30100",
+                               "workers": [{"url": A, "host": "rig-1", "pod": "dual"}]}]}
+        lines: list[str] = []
+        w = qr.Watcher(config, None, call=router, out=lines.append)
+        w.once()
+        w.once()
+        assert router.workers == [A] and len(lines) == 2, lines  # said once, then the account of the router
+        assert lines[0].startswith("rigup-quarantine-routes: rig-1: its sentinel's series cannot be read (not HTTP "
+                                   "(BadStatusLine: "), lines[0]
+    finally:
+        listener.close()
