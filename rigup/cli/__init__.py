@@ -105,11 +105,20 @@ def _with_exit_codes(parser: argparse.ArgumentParser, text: str) -> None:
                 _with_exit_codes(child, text)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_of(module_name: str) -> str:
+    """The command a module of COMMAND_MODULES adds (its last name: rigup.cli.lock adds `lock`)."""
+    return module_name.rpartition(".")[2]
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with `only` (a command's name), the parser of that command alone: a run of one
+    command imports its own module, not every command's (`rigup lock` 0.37 s of CPU instead of 0.65 s)."""
     parser = argparse.ArgumentParser(prog="rigup", description=__doc__, epilog=_exit_codes_summary(),
                                      formatter_class=_KeepsExitCodes)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_name in COMMAND_MODULES:
+        if only is not None and command_of(module_name) != only:
+            continue
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -120,6 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
     for command, child in subparsers.choices.items():
         _with_exit_codes(child, exit_codes_text(command))
     return parser
+
+
+def commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The commands `parser` (build_parser's) has, by name."""
+    (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(action.choices)
 
 
 # Commands whose --data KEY=VALUE sets knobs (checked here like a fleet file's values, before the command runs).
@@ -160,7 +175,13 @@ def check_data_args(pairs: list[str], variant: str | None = None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command. A bad input is one line on stderr, `rigup <command>: <message>`, and exit 2."""
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    # the command named first gets its parser alone; anything else (--help, a typo) the whole command line's
+    named = words[0] if words and words[0] in EXIT_CODES else None
+    parser = build_parser(only=named)
+    if named is not None and named not in commands(parser):  # not shipped in this tree: the whole list says so
+        parser = build_parser()
+    args = parser.parse_args(argv)
     try:
         if args.command in KNOB_DATA_COMMANDS:
             check_data_args(getattr(args, "data", None) or [], getattr(args, "variant", None))

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from rigup import REPO_ROOT
-from rigup.cli import EXIT_CODES, build_parser, exit_codes_text
+from rigup.cli import COMMAND_MODULES, EXIT_CODES, build_parser, command_of, commands, exit_codes_text
 from rigup.cli import rollout as rollout_cli
 from rigup.cli import status as status_cli
 from rigup.cli import top as top_cli
@@ -71,3 +71,29 @@ def test_table_matches_what_the_commands_return():
     assert {str(c) for c in (rollout_cli.EXIT_OK, rollout_cli.EXIT_SOME_FAILED, rollout_cli.EXIT_STOPPED,
                              rollout_cli.EXIT_ERROR)} == codes("rollout")
     assert f"at most {verify_cli.MAX_EXIT}" in exit_codes_text("verify")
+
+
+@pytest.mark.parametrize("command", sorted(EXIT_CODES))
+def test_a_command_parsed_alone_is_the_command_of_the_whole_line(command):
+    alone = commands(build_parser(only=command))
+    assert list(alone) == [command]
+    assert alone[command].format_help() == command_parsers()[command].format_help()
+
+
+def test_running_one_command_imports_no_other_commands_module():
+    others = sorted(name for name in COMMAND_MODULES if command_of(name) != "lock")
+    probe = ("import sys, rigup.cli\n"
+             "try:\n    rigup.cli.main(['lock', '--help'])\nexcept SystemExit:\n    pass\n"
+             f"print([m for m in {others!r} if m in sys.modules])")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.splitlines()[-1] == "[]", result.stdout + result.stderr
+    assert "exit status:" in result.stdout  # lock's own help, with its exit statuses
+
+
+def test_a_command_not_on_the_list_is_refused_with_the_whole_list(capsys):
+    from rigup.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["lcok"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "invalid choice: 'lcok'" in err and all(f"'{c}'" in err for c in EXIT_CODES), err
