@@ -18,9 +18,7 @@ from rigup.cli import verify as verify_cli
 
 
 def command_parsers() -> dict[str, argparse.ArgumentParser]:
-    parser = build_parser()
-    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return dict(action.choices)
+    return commands(build_parser())
 
 
 def test_every_command_has_its_exit_codes():
