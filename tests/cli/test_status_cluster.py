@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyinfra.context import ctx_host, ctx_state
 
 from rigup.cli import status as S
 from rigup.client.targets import Target, fleet_targets
@@ -26,7 +25,7 @@ from rigup.parsers.iproute import parse_peer_routes
 from tests.cli.test_status import BOOTED, SMI_2X3090, LocalRunner, provenance
 from tests.support.bed_topology import bed_topology_output
 from tests.support.fit_fake import offline_lock
-from tests.support.opharness import ScriptedHost, ScriptedState
+from tests.support.opharness import ScriptedHost, scripted
 
 VARIANT = "qwen-multi4-autoround-int4-mtp"  # upstream's entrypoint sources detect_nvlink.sh: NVLINK_MODE
 ADDRESS = {"rig-a": "10.0.0.11", "rig-b": "10.0.0.12"}
@@ -66,9 +65,9 @@ def converged_release(data: dict[str, Any], host: str) -> dict[str, Any]:
     files written after the driver task ran, from the host data with its network read (cluster_host_data)."""
     network = member_net(cluster_of(knob(data, "cluster")), host, parse_peer_routes(peer_routes_output(host)))
     rig = ScriptedHost({GpuTopology: GpuTopology().process(bed_topology_output().splitlines())}, name=host)
-    with ctx_host.use(rig), ctx_state.use(ScriptedState(False)):
+    with scripted(rig, False):
         plans = PodPlans(rig, member_data(data, network), None, require_lock=False)
-    with ctx_host.use(rig), ctx_state.use(ScriptedState(True)):
+    with scripted(rig, True):
         (plan,) = plans.now()
     assert plan.release is not None
     return dict(plan.release)

@@ -597,3 +597,17 @@ def test_invalid_daemon_json_is_a_parse_error():
     with pytest.raises(ParseError, match="not valid JSON"):
         parse_daemon_json('{"a": ')
     assert parse_daemon_json("") is None
+
+
+def test_a_scripted_operation_that_raises_leaves_pyinfras_context_as_it_was() -> None:
+    """pyinfra's own ctx_host.use() restores the host only on a normal exit: tests/facts/test_file_reads.py
+    then met a scripted host left behind by an earlier module in the same worker (a clean-clone run of a899ea8)."""
+    from pyinfra.context import ctx_host, ctx_state
+
+    from tests.support.opharness import ScriptedHost, scripted
+
+    before = (ctx_host.get(), ctx_state.get())
+    with pytest.raises(RuntimeError), scripted(ScriptedHost({}), True):
+        assert ctx_host.get() is not before[0]
+        raise RuntimeError("the operation failed")
+    assert (ctx_host.get(), ctx_state.get()) == before

@@ -19,6 +19,7 @@ from pyinfra.facts.server import Which
 from pyinfra.operations import server
 
 from rigup.pyinfra_patches import fact_batching as once
+from tests.support.opharness import using
 
 COUNTER = Path("/nonexistent")  # replaced per test (tmp_path)
 
@@ -204,7 +205,7 @@ def test_while_a_hosts_task_files_load_its_batch_is_sent_before_any_fact_is_aske
     second = _state(read_once=False)
     host = second.inventory.get_host("@local")
     client = host.connector.client = _SshLikeClient()
-    with ctx_host.use(host):  # as pyinfra does around each host's task files
+    with using(ctx_host, host):  # as pyinfra does around each host's task files
         once.read_facts_once(second)
     stats = once.remote_commands(host)
     # sent and answered before the deploy asked for anything; the client is as it was

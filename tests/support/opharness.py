@@ -6,12 +6,33 @@ argument-less facts: a scripted fact value comes back exactly as given.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from pyinfra.api import Config, FunctionCommand, StringCommand
-from pyinfra.context import ctx_host, ctx_state
+from pyinfra.context import ContextManager, ctx_host, ctx_state
+
+
+@contextmanager
+def using(context: ContextManager, module: Any) -> Iterator[None]:
+    """pyinfra's `context.use(module)` that puts the old value back when the block raises too: pyinfra's own
+    (3.10.0) restores it only on a normal exit, so a test whose operation raised left its scripted host as
+    pyinfra's current host for every later test in the same process."""
+    old = context.get()
+    context.set(module)
+    try:
+        yield
+    finally:
+        context.set(old)
+
+
+@contextmanager
+def scripted(host: Any, executing: bool) -> Iterator[None]:
+    """`host` as pyinfra's current host, in a ScriptedState that is executing or planning."""
+    with using(ctx_host, host), using(ctx_state, ScriptedState(executing)):
+        yield
 
 
 class ScriptedData:
@@ -91,14 +112,14 @@ def run_op(op: Callable[..., Any], host: ScriptedHost, executing: bool = True, *
 
 
 def raw_commands(op: Callable[..., Any], host: ScriptedHost, executing: bool = True, **kwargs: Any) -> list[Any]:
-    with ctx_host.use(host), ctx_state.use(ScriptedState(executing)):
+    with scripted(host, executing):
         return list(op._inner(**kwargs))  # type: ignore[attr-defined]
 
 
 def call_function(command: FunctionCommand, host: ScriptedHost) -> Any:
     """Run a FunctionCommand through pyinfra's own FunctionCommand.execute: functions whose
     parameters are named (state, host) get both and their return value is the status."""
-    with ctx_host.use(host), ctx_state.use(ScriptedState(True)):
+    with scripted(host, True):
         return command.execute(ScriptedState(True), host, {})  # type: ignore[arg-type]
 
 
@@ -122,6 +143,6 @@ def judge_preflight(host: ScriptedHost, monkeypatch: Any) -> Judged:
     monkeypatch.setattr(preflight_ops, "fail_host_while_planning",
                         lambda state, target: failed.append(target._get_module()))  # the host behind pyinfra's proxy
     monkeypatch.setattr(preflight_ops, "record_preflight", lambda target, passed: None)
-    with ctx_host.use(host), ctx_state.use(ScriptedState(False)):
+    with scripted(host, False):
         passed = preflight_ops.preflight_gate(name="Run preflight checks")
     return Judged(passed, reported, failed)
