@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from rigup.desired.knobs import load_defaults
 from rigup.desired.upstream import TREES_ENV
 from rigup_testbed.fleet import Testbed, host_names
 from rigup_testbed.hosts import HostSpec
@@ -195,7 +196,8 @@ _factories: list["BedFactory"] = []  # the session's, once made
 # node_exporter (metrics_facts_interval_s, 15 s by default): ~0.09 s of a rig's CPU a run (a Python start),
 # read only by the modules whose Prometheus alerts on them (test_monitoring, test_alerts_live: they set the default).
 E2E_FLEET_DEFAULTS = {"sentinel_interval_s": 300, "metrics_facts_interval_s": 300}
-FACTS_INTERVAL_S = 15  # group_data/all.py's metrics_facts_interval_s, for the modules that watch those series
+# group_data/all.py's metrics_facts_interval_s, for the modules that watch those series
+FACTS_INTERVAL_S = load_defaults()["metrics_facts_interval_s"]
 
 
 class BedFactory:
